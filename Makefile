@@ -1,0 +1,49 @@
+# KernelFarm. Every target builds or refreshes .venv first; a second run with nothing changed
+# costs a stat of the stamp file.
+PYTHON     ?= python3
+VENV       := .venv
+BIN        := $(VENV)/bin
+# A GPU host picks its own torch/triton build, e.g. make test FARM_TORCH='torch==2.13.0'
+FARM_TORCH  ?= torch==2.13.0
+FARM_TRITON ?= triton==3.7.1
+STAMP      := $(VENV)/.kernelfarm-installed
+PINS       := $(VENV)/.kernelfarm-pins
+SPEC       ?= jobs/specs/gemm_cpu.yaml
+PYTEST_ARGS ?=
+
+.PHONY: all venv run test bench lint gateway clean FORCE
+
+all: test
+
+# Rewritten only when the chosen torch/triton pins change, so the stamp stays fresh otherwise.
+$(PINS): FORCE
+	@mkdir -p $(VENV)
+	@echo "$(FARM_TORCH) $(FARM_TRITON)" | cmp -s - $@ || echo "$(FARM_TORCH) $(FARM_TRITON)" > $@
+
+$(STAMP): pyproject.toml Makefile $(PINS)
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(FARM_TORCH)" "$(FARM_TRITON)"
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	@touch $@
+
+venv: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/farm sweep run $(SPEC)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks
+
+lint: $(STAMP)
+	$(BIN)/ruff check cluster gateway kernels jobs tests benchmarks
+	$(BIN)/ruff format --check cluster gateway kernels jobs tests benchmarks
+
+gateway: $(STAMP)
+	$(BIN)/farm gateway serve --config gateway/example-config.yaml
+
+clean:
+	rm -rf $(VENV) .pytest_cache .farm

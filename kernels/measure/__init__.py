@@ -1,0 +1,3 @@
+from kernels.measure.policy import MeasurePolicy
+
+__all__ = ["MeasurePolicy"]
