@@ -1,0 +1,66 @@
+"""What every kernel family gives the farm, and what one trial returns.
+
+A family is a module `kernels/<name>/case.py` exposing `FAMILY`, an object with:
+  name: str
+  backends: dict[str, str]            backend name -> one-line description
+  shape_keys: tuple[str, ...]         the keys every shape point must have
+  def validate(shape, config, dtype, backend) -> None   raise ValueError naming the bad field
+  def cost(shape, dtype) -> Cost      FLOPs and bytes moved, for throughput figures
+  def run(req: TrialRequest) -> TrialOutcome
+The farm (cluster/, jobs/) only ever talks to a family through this surface. Nothing here imports
+Ray, a database or HTTP.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from kernels.measure.policy import MeasurePolicy
+
+
+@dataclass(frozen=True)
+class Cost:
+    flops: float
+    bytes: float
+
+
+@dataclass(frozen=True)
+class TrialRequest:
+    family: str
+    backend: str
+    shape: dict[str, Any]
+    config: dict[str, Any]
+    dtype: str
+    policy: MeasurePolicy = field(default_factory=MeasurePolicy)
+    seeds: int = 2
+    device: str = "cpu"
+
+
+@dataclass
+class TrialOutcome:
+    status: str  # "ok" | "incorrect" | "error"
+    samples_ns: list[int] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+    stop_reason: str | None = None
+    timer: str | None = None
+    correctness: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    memory: dict[str, Any] = field(default_factory=dict)
+    resources: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Family(Protocol):
+    name: str
+    backends: dict[str, str]
+    shape_keys: tuple[str, ...]
+
+    def validate(self, shape: dict[str, Any], config: dict[str, Any], dtype: str, backend: str) -> None: ...
+
+    def cost(self, shape: dict[str, Any], dtype: str) -> Cost: ...
+
+    def run(self, req: TrialRequest) -> TrialOutcome: ...
