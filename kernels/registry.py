@@ -1,0 +1,28 @@
+"""Kernel families by name. A family is imported only when a spec or a worker asks for it."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kernels.base import Family
+
+# name -> module holding FAMILY
+FAMILIES: dict[str, str] = {
+    "gemm": "kernels.gemm.case",
+    "probe": "kernels.probe.case",
+}
+
+
+class UnknownFamily(KeyError):
+    def __str__(self) -> str:
+        return f"unknown kernel family {self.args[0]!r} (known: {', '.join(sorted(FAMILIES))})"
+
+
+def get_family(name: str) -> Family:
+    try:
+        module = FAMILIES[name]
+    except KeyError:
+        raise UnknownFamily(name) from None
+    return importlib.import_module(module).FAMILY

@@ -1,0 +1,20 @@
+"""Process-wide test setup. Runs before any test module imports triton or ray."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+# Triton kernels run in the interpreter on CPU; this must be set before triton is imported.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+# Ray: no telemetry, no auth tokens on the local test cluster, temp files in a folder we remove.
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+_RAY_TMP = tempfile.mkdtemp(prefix="kfray-", dir="/tmp")
+os.environ.setdefault("FARM_RAY_TEMP_DIR", _RAY_TMP)
+
+
+def pytest_sessionfinish(session, exitstatus):  # noqa: ARG001
+    shutil.rmtree(_RAY_TMP, ignore_errors=True)
