@@ -1,3 +1,44 @@
-from kernels.measure.policy import MeasurePolicy
+"""The farm's one measurement core: timing, stopping rule, correctness, memory, resources, comparisons.
 
-__all__ = ["MeasurePolicy"]
+Pure compute: nothing here imports Ray, a database or HTTP.
+"""
+
+from kernels.measure.correctness import (
+    CorrectnessReport,
+    calc_diff,
+    check_allclose,
+    check_calc_diff,
+    check_flashmla,
+    combine_seeds,
+    fill_nan,
+    poison_like,
+    seed_list,
+)
+from kernels.measure.policy import MeasurePolicy
+from kernels.measure.stats import Comparison, Step, compare, detect_step
+from kernels.measure.stopping import StoppingRule, run_stream
+from kernels.measure.summary import Summary, summarize
+from kernels.measure.timing import Measurement, measure
+
+__all__ = [
+    "Comparison",
+    "CorrectnessReport",
+    "MeasurePolicy",
+    "Measurement",
+    "Step",
+    "StoppingRule",
+    "Summary",
+    "calc_diff",
+    "check_allclose",
+    "check_calc_diff",
+    "check_flashmla",
+    "combine_seeds",
+    "compare",
+    "detect_step",
+    "fill_nan",
+    "measure",
+    "poison_like",
+    "run_stream",
+    "seed_list",
+    "summarize",
+]

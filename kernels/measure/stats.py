@@ -1,0 +1,193 @@
+"""Comparison statistics over raw timing samples, and a step (changepoint) detector for a sample stream.
+
+`compare(baseline, candidate)` follows the regression anchors of REFERENCE.md: the ratio of medians
+(candidate / baseline; above 1 is slower), a bootstrap confidence interval of that ratio (seeded, so the
+same samples always give the same answer), and a two-sided Mann-Whitney U test. Verdict:
+  "faster"/"slower"  |ratio - 1| >= min_effect, p < alpha, and the interval excludes 1; when either side's
+                     dispersion (cv) is above max_cv the shift must also exceed that dispersion;
+  "same"             neither side noisy and the whole interval lies within 1 +- min_effect;
+  "ambiguous"        everything else, in particular any noisy pair whose shift is not clearly outside the
+                     noise: high dispersion is never a pass.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+from scipy.stats import mannwhitneyu
+
+VERDICTS = ("faster", "slower", "same", "ambiguous")
+
+
+def _cv(x: np.ndarray) -> float:
+    if x.size < 2 or x.mean() <= 0:
+        return math.inf
+    return float(x.std(ddof=1) / x.mean())
+
+
+@dataclass(frozen=True)
+class Comparison:
+    verdict: str
+    reason: str
+    ratio: float  # median(candidate) / median(baseline); > 1 means the candidate is slower
+    ci_low: float
+    ci_high: float
+    confidence: float
+    p_value: float
+    cv_baseline: float
+    cv_candidate: float
+    n_baseline: int
+    n_candidate: int
+    min_effect: float
+    alpha: float
+    max_cv: float
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(self).items()
+        }
+
+
+def bootstrap_ratio_ci(
+    baseline: np.ndarray, candidate: np.ndarray, *, n_boot: int, confidence: float, seed: int
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of median(candidate)/median(baseline), resampling each side."""
+    rng = np.random.default_rng(seed)
+    ratios = np.empty(n_boot)
+    chunk = max(1, 4_000_000 // max(baseline.size, candidate.size))  # bound the resample matrices' size
+    for lo in range(0, n_boot, chunk):
+        m = min(chunk, n_boot - lo)
+        b = np.median(baseline[rng.integers(0, baseline.size, (m, baseline.size))], axis=1)
+        c = np.median(candidate[rng.integers(0, candidate.size, (m, candidate.size))], axis=1)
+        ratios[lo : lo + m] = c / b
+    tail = (1.0 - confidence) / 2.0 * 100.0
+    low, high = np.percentile(ratios, [tail, 100.0 - tail])
+    return float(low), float(high)
+
+
+def compare(
+    baseline_samples: Sequence[float],
+    candidate_samples: Sequence[float],
+    *,
+    min_effect: float = 0.05,
+    alpha: float = 0.002,
+    max_cv: float = 0.02,
+    n_boot: int = 2000,
+    confidence: float = 0.99,
+    seed: int = 0,
+) -> Comparison:
+    """Compare two sets of raw timing samples (lower is better); see the module docstring for the rule.
+
+    asv's regression factor 1.1 corresponds to min_effect=0.1."""
+    if not 0 < min_effect < 1:
+        raise ValueError(f"min_effect must be in (0, 1), got {min_effect}")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    b = np.asarray(baseline_samples, dtype=np.float64)
+    c = np.asarray(candidate_samples, dtype=np.float64)
+    params = {"min_effect": min_effect, "alpha": alpha, "max_cv": max_cv, "confidence": confidence}
+    if b.size < 3 or c.size < 3 or not (np.all(np.isfinite(b)) and np.all(np.isfinite(c))):
+        nan = math.nan
+        return Comparison(
+            "ambiguous",
+            f"too few or non-finite samples (baseline n={b.size}, candidate n={c.size})",
+            nan, nan, nan, confidence, nan, _cv(b), _cv(c), int(b.size), int(c.size),
+            min_effect, alpha, max_cv,
+        )  # fmt: skip
+    ratio = float(np.median(c) / np.median(b))
+    low, high = bootstrap_ratio_ci(b, c, n_boot=n_boot, confidence=confidence, seed=seed)
+    p = float(mannwhitneyu(b, c, alternative="two-sided").pvalue)
+    cv_b, cv_c = _cv(b), _cv(c)
+    noise = max(cv_b, cv_c)
+    verdict, reason = _verdict(ratio, low, high, p, noise, **params)
+    return Comparison(
+        verdict, reason, ratio, low, high, confidence, p, cv_b, cv_c, int(b.size), int(c.size),
+        min_effect, alpha, max_cv,
+    )  # fmt: skip
+
+
+def _verdict(
+    ratio: float,
+    low: float,
+    high: float,
+    p: float,
+    noise: float,
+    *,
+    min_effect: float,
+    alpha: float,
+    max_cv: float,
+    confidence: float,
+) -> tuple[str, str]:
+    effect = abs(ratio - 1.0)
+    noisy = noise > max_cv
+    excludes_one = low > 1.0 or high < 1.0
+    direction = "slower" if ratio > 1.0 else "faster"
+    if effect >= min_effect and p < alpha and excludes_one:
+        if not noisy:
+            return direction, f"{effect:.1%} change >= {min_effect:.1%}, p={p:.2g} < {alpha}"
+        if effect > noise:
+            return direction, f"{effect:.1%} change exceeds the noise (cv {noise:.1%}), p={p:.2g}"
+        return "ambiguous", f"{effect:.1%} change is inside the noise (cv {noise:.1%} > {max_cv:.1%})"
+    if noisy:
+        return "ambiguous", f"dispersion too high (cv {noise:.1%} > {max_cv:.1%}): no pass on noisy data"
+    if 1.0 - min_effect < low and high < 1.0 + min_effect:
+        return "same", f"{confidence:.0%} interval [{low:.4f}, {high:.4f}] within 1 +- {min_effect:.1%}"
+    return "ambiguous", (
+        f"ratio {ratio:.4f}, {confidence:.0%} interval [{low:.4f}, {high:.4f}], p={p:.2g}: "
+        f"neither a clear change of >= {min_effect:.1%} nor clearly within it"
+    )
+
+
+# -- step detection ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Step:
+    index: int  # first sample of the second segment
+    before_median: float
+    after_median: float
+    shift: float  # after_median / before_median - 1
+    t_stat: float
+
+    def to_dict(self) -> dict[str, float | int]:
+        return asdict(self)
+
+
+def detect_step(
+    samples: Sequence[float] | np.ndarray,
+    *,
+    min_segment: int = 10,
+    min_shift: float = 0.02,
+    threshold: float = 6.0,
+) -> Step | None:
+    """Find the single split of the stream that best separates two means (max two-sample t statistic
+    over all splits, pooled variance); report it when t >= threshold and the medians on the two sides
+    differ by at least min_shift (relative), else None. The median check keeps lone spikes from
+    counting as a step; the high threshold allows for having searched over every split."""
+    x = np.asarray(samples, dtype=np.float64)
+    n = x.size
+    if n < 2 * min_segment or not np.all(np.isfinite(x)):
+        return None
+    centred = x - np.median(x)
+    s1 = np.concatenate([[0.0], np.cumsum(centred)])
+    s2 = np.concatenate([[0.0], np.cumsum(centred * centred)])
+    k = np.arange(min_segment, n - min_segment + 1)
+    left_mean = s1[k] / k
+    right_mean = (s1[n] - s1[k]) / (n - k)
+    within = (s2[k] - k * left_mean**2) + (s2[n] - s2[k] - (n - k) * right_mean**2)
+    var = np.maximum(within, 0.0) / (n - 2)
+    diff = np.abs(left_mean - right_mean)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.where(
+            var > 0, diff / np.sqrt(var * (1.0 / k + 1.0 / (n - k))), np.where(diff > 0, np.inf, 0.0)
+        )
+    best = int(np.argmax(t))
+    split = int(k[best])
+    before, after = float(np.median(x[:split])), float(np.median(x[split:]))
+    shift = after / before - 1.0 if before > 0 else math.inf
+    if t[best] < threshold or abs(shift) < min_shift:
+        return None
+    return Step(split, before, after, shift, float(t[best]))

@@ -1,0 +1,306 @@
+"""Measure a zero-argument callable on the device where it runs: raw samples, summary, stop reason.
+
+Timers (the `timer` label of a Measurement):
+  cpu_perf_counter  time.perf_counter_ns around each call (CPU timings, labelled so);
+  cuda_event        CUDA events around each call, L2 flushed before each sample;
+  cuda_graph        CUDA events around a replay of a CUDA graph captured from the callable;
+  cupti             kernel-only time from the torch profiler (CUPTI), summed over the kernels whose name
+                    contains the filter, per call.
+Warm-up is by time (`warmup_ms`, after one first call that absorbs JIT compilation). The stopping rule
+(kernels.measure.stopping) decides when to stop. On a GPU, the SM clock is read after each batch of
+samples and samples taken while throttled are flagged (and left out of the summary if the policy says so).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from kernels.measure.clocks import ClockSampler
+from kernels.measure.policy import MeasurePolicy
+from kernels.measure.stats import detect_step
+from kernels.measure.stopping import StoppingRule
+from kernels.measure.summary import Summary, summarize
+
+DEFAULT_FLUSH_BYTES = 256 * 1024 * 1024  # when the device does not report its L2 size
+
+
+@dataclass
+class Measurement:
+    samples_ns: list[int]
+    summary: Summary  # over the kept samples (throttled ones left out when the policy discards them)
+    stop_reason: str
+    timer: str
+    device: str
+    throttled: list[bool] = field(default_factory=list)
+    kept: list[bool] = field(default_factory=list)  # False where a throttled sample was discarded
+    clocks: dict[str, Any] = field(default_factory=dict)
+    warmup_iters: int = 0
+    warmup_ms: float = 0.0
+    flags: list[str] = field(default_factory=list)  # "noisy", "throttled", "step", "few_samples"
+    step: dict[str, Any] | None = None
+    l2_flush_bytes: int | None = None
+    kernel_name: str | None = None
+    wall_s: float = 0.0
+
+    @property
+    def kept_samples_ns(self) -> list[int]:
+        """The samples the summary is over (all of them unless throttled ones were discarded)."""
+        if len(self.kept) != len(self.samples_ns) or not any(self.kept):
+            return list(self.samples_ns)
+        return [s for s, k in zip(self.samples_ns, self.kept, strict=True) if k]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "samples_ns": [int(s) for s in self.samples_ns],
+            "summary": self.summary.to_dict(),
+            "stop_reason": self.stop_reason,
+            "timer": self.timer,
+            "device": self.device,
+            "throttled": [bool(t) for t in self.throttled],
+            "kept": [bool(k) for k in self.kept],
+            "clocks": self.clocks,
+            "warmup_iters": self.warmup_iters,
+            "warmup_ms": self.warmup_ms,
+            "flags": list(self.flags),
+            "step": self.step,
+            "l2_flush_bytes": self.l2_flush_bytes,
+            "kernel_name": self.kernel_name,
+            "wall_s": self.wall_s,
+        }
+
+
+def measure(
+    fn: Callable[[], object],
+    policy: MeasurePolicy | None = None,
+    *,
+    device: str | torch.device = "cpu",
+    kernel_name: str | None = None,
+) -> Measurement:
+    """Time `fn` under `policy`. `kernel_name` (or policy.kernel_name) filters kernel-only timing."""
+    policy = policy or MeasurePolicy()
+    dev = torch.device(device)
+    if dev.type == "cpu":
+        return _measure_cpu(fn, policy)
+    if dev.type != "cuda":
+        raise ValueError(f"measure() times on 'cpu' or 'cuda', not {dev.type!r}")
+    if not torch.cuda.is_available():
+        raise RuntimeError("measure(device='cuda') needs a CUDA GPU; none is available here")
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    with torch.cuda.device(index):
+        return _measure_cuda(fn, policy, index, kernel_name or policy.kernel_name)
+
+
+# -- CPU ---------------------------------------------------------------------------------------------------
+
+
+def _warm_up(fn: Callable[[], object], warmup_ms: float, sync: Callable[[], None]) -> tuple[int, float]:
+    """One call (absorbs JIT compilation), then calls until warmup_ms has passed since that call ended."""
+    fn()
+    sync()
+    iters = 1
+    start = time.perf_counter()
+    while (time.perf_counter() - start) * 1e3 < warmup_ms:
+        fn()
+        sync()
+        iters += 1
+    return iters, (time.perf_counter() - start) * 1e3
+
+
+def _measure_cpu(fn: Callable[[], object], policy: MeasurePolicy) -> Measurement:
+    warmup_iters, warmup_ms = _warm_up(fn, policy.warmup_ms, lambda: None)
+    rule = StoppingRule(policy)
+    samples: list[int] = []
+    start = time.perf_counter()
+    while True:
+        t0 = time.perf_counter_ns()
+        fn()
+        t1 = time.perf_counter_ns()
+        samples.append(t1 - t0)
+        if rule.add(t1 - t0, wall_s=time.perf_counter() - start):
+            break
+    return _finish(
+        samples,
+        [False] * len(samples),
+        rule,
+        policy,
+        timer="cpu_perf_counter",
+        device="cpu",
+        clocks={"available": False, "reason": "CPU timing: no SM clock"},
+        warmup=(warmup_iters, warmup_ms),
+        wall_s=time.perf_counter() - start,
+    )
+
+
+def _finish(
+    samples: list[int],
+    throttled: list[bool],
+    rule: StoppingRule,
+    policy: MeasurePolicy,
+    *,
+    timer: str,
+    device: str,
+    clocks: dict[str, Any],
+    warmup: tuple[int, float],
+    wall_s: float,
+    l2_flush_bytes: int | None = None,
+    kernel_name: str | None = None,
+) -> Measurement:
+    keep = [not (t and policy.discard_throttled) for t in throttled]
+    kept = [s for s, k in zip(samples, keep, strict=True) if k] or samples
+    summary = summarize(kept)
+    flags: list[str] = []
+    if summary.n >= 2 and summary.cv > policy.max_cv:
+        flags.append("noisy")
+    if any(throttled):
+        flags.append("throttled")
+    step = detect_step(kept)
+    if step is not None:
+        flags.append("step")
+    if summary.n < policy.min_samples:
+        flags.append("few_samples")
+    return Measurement(
+        samples_ns=samples,
+        summary=summary,
+        stop_reason=rule.reason or "max_samples",
+        timer=timer,
+        device=device,
+        throttled=throttled,
+        kept=keep,
+        clocks=clocks,
+        warmup_iters=warmup[0],
+        warmup_ms=warmup[1],
+        flags=flags,
+        step=step.to_dict() if step is not None else None,
+        l2_flush_bytes=l2_flush_bytes,
+        kernel_name=kernel_name,
+        wall_s=wall_s,
+    )
+
+
+# -- CUDA --------------------------------------------------------------------------------------------------
+
+
+def l2_flush_bytes(device_index: int) -> int:
+    """Twice the device's L2 size (the flush buffer must be at least that), 256 MB if it reports none."""
+    l2 = int(getattr(torch.cuda.get_device_properties(device_index), "L2_cache_size", 0) or 0)
+    return 2 * l2 if l2 > 0 else DEFAULT_FLUSH_BYTES
+
+
+def _measure_cuda(
+    fn: Callable[[], object], policy: MeasurePolicy, index: int, kernel_name: str | None
+) -> Measurement:
+    timer = policy.timer_name(on_gpu=True)
+    if timer == "cupti" and not kernel_name:
+        raise ValueError("kernel-only timing needs a kernel name filter (kernel_name)")
+    stream = torch.cuda.current_stream(index)
+    flush_bytes = l2_flush_bytes(index) if policy.flush_l2 else None
+    flush_buf = torch.empty(flush_bytes or 0, dtype=torch.uint8, device=f"cuda:{index}")
+
+    def flush() -> None:
+        if flush_bytes:
+            flush_buf.zero_()
+
+    warmup = _warm_up(fn, policy.warmup_ms, stream.synchronize)
+    call = fn
+    graph = None
+    if timer == "cuda_graph":
+        graph = _capture_graph(fn, stream)
+        call = graph.replay
+
+    clock = ClockSampler.open(index, policy.throttle_clock_fraction)
+    rule = StoppingRule(policy)
+    samples: list[int] = []
+    throttled: list[bool] = []
+    start = time.perf_counter()
+    while rule.reason is None:
+        batch = min(policy.gpu_batch, policy.max_samples - rule.n_raw)
+        if timer == "cupti":
+            times = _kernel_times(call, flush, batch, kernel_name or "", stream)
+        else:
+            times = _event_times(call, flush, batch, stream)
+        hot = clock.sample()
+        for t in times:
+            samples.append(t)
+            throttled.append(hot)
+            if rule.add(t, wall_s=time.perf_counter() - start, keep=not (hot and policy.discard_throttled)):
+                break
+    del graph, flush_buf
+    return _finish(
+        samples,
+        throttled,
+        rule,
+        policy,
+        timer=timer,
+        device=f"cuda:{index} ({torch.cuda.get_device_name(index)})",
+        clocks=clock.to_dict(),
+        warmup=warmup,
+        wall_s=time.perf_counter() - start,
+        l2_flush_bytes=flush_bytes,
+        kernel_name=kernel_name if timer == "cupti" else None,
+    )
+
+
+def _event_times(
+    call: Callable[[], object], flush: Callable[[], None], batch: int, stream: torch.cuda.Stream
+) -> list[int]:
+    """Enqueue `batch` samples (flush, start event, call, end event) and synchronise once."""
+    events = [
+        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(batch)
+    ]
+    for begin, end in events:
+        flush()
+        begin.record(stream)
+        call()
+        end.record(stream)
+    stream.synchronize()
+    return [int(round(begin.elapsed_time(end) * 1e6)) for begin, end in events]
+
+
+def _capture_graph(fn: Callable[[], object], stream: torch.cuda.Stream) -> torch.cuda.CUDAGraph:
+    side = torch.cuda.Stream(device=stream.device)
+    side.wait_stream(stream)
+    with torch.cuda.stream(side):  # allocations settle outside capture, as torch asks
+        fn()
+    stream.wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    stream.synchronize()
+    return graph
+
+
+def _kernel_times(
+    call: Callable[[], object],
+    flush: Callable[[], None],
+    batch: int,
+    name_filter: str,
+    stream: torch.cuda.Stream,
+) -> list[int]:
+    """Kernel-only time per call: the durations of the GPU kernels whose name contains `name_filter`,
+    from one profiler session over `batch` calls, grouped per call (each call must launch the same
+    number of matching kernels)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(batch):
+            flush()
+            call()
+        stream.synchronize()
+    kernels = sorted(
+        (e.start_ns(), e.duration_ns())
+        for e in prof.profiler.kineto_results.events()  # type: ignore[union-attr]
+        if e.device_type() == torch.autograd.DeviceType.CUDA and name_filter in e.name()
+    )
+    if not kernels or len(kernels) % batch:
+        raise RuntimeError(
+            f"kernel-only timing: {len(kernels)} kernels matching {name_filter!r} over {batch} calls; "
+            "the filter must match the same (non-zero) number of kernels in every call"
+        )
+    per_call = len(kernels) // batch
+    durations = [d for _, d in kernels]
+    return [int(sum(durations[i * per_call : (i + 1) * per_call])) for i in range(batch)]
