@@ -155,13 +155,14 @@ def check_flashmla(
     n_bad = int(e.bad_nonfinite.sum())
     cd = cos_diff(out.flatten()[e.finite], ref.flatten()[e.finite])
     passed = mismatches == 0 and cd <= max_cos_diff
-    msg = "ok" if passed else "; ".join(
-        m for m in (
-            f"{n_bad} NaN/inf position mismatches" if n_bad else "",
-            f"{mismatches - n_bad} elements beyond atol {atol:g} and rtol {rtol:g}" if mismatches > n_bad else "",
-            f"cos_diff {cd:.3g} > {max_cos_diff:g}" if not cd <= max_cos_diff else "",
-        ) if m
-    )  # fmt: skip
+    problems = []
+    if n_bad:
+        problems.append(f"{n_bad} NaN/inf position mismatches")
+    if mismatches > n_bad:
+        problems.append(f"{mismatches - n_bad} elements beyond atol {atol:g} and rtol {rtol:g}")
+    if not cd <= max_cos_diff:
+        problems.append(f"cos_diff {cd:.3g} > {max_cos_diff:g}")
+    msg = "; ".join(problems) if problems else "ok"
     return CorrectnessReport(
         passed=passed,
         method="flashmla",

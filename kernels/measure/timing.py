@@ -229,7 +229,6 @@ def _measure_cuda(
             throttled.append(hot)
             if rule.add(t, wall_s=time.perf_counter() - start, keep=not (hot and policy.discard_throttled)):
                 break
-    del graph, flush_buf
     return _finish(
         samples,
         throttled,
