@@ -1,0 +1,119 @@
+"""Input builder for paged MLA decode: seqlen distributions, q, and a cache built through the manager.
+
+Distributions (all seeded, all values >= min_seqlen):
+- "fixed":    every sequence has max_seqlen tokens.
+- "uniform":  uniform integers in [min_seqlen, max_seqlen].
+- "skewed":   long-tailed: seqlen = max_seqlen * u**4 (u uniform), so most sequences are short; the
+              first sequence is pinned to max_seqlen so the long context is always present.
+- "boundary": cycles through 1, page-1, page, page+1 and max_seqlen (page boundaries of the cache).
+
+The cache is built by `PagedKVCache.add_sequence` on a pool whose free list is shuffled (so block tables
+are non-contiguous), with an optional shared prompt prefix (prefix pages become cache hits). Every slot
+not holding a token is NaN (fp8: NaN bytes and NaN scale) and every unused block-table entry is
+INVALID_BLOCK_ID.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from kernels.paged_mla.cache import PagedKVCache
+from kernels.paged_mla.layout import D_QK, D_V
+
+SeqlenDist = Literal["fixed", "uniform", "skewed", "boundary"]
+SEQLEN_DISTS: tuple[str, ...] = ("fixed", "uniform", "skewed", "boundary")
+
+
+def sample_seqlens(
+    dist: str, batch: int, max_seqlen: int, page_size: int, *, seed: int = 0, min_seqlen: int = 1
+) -> list[int]:
+    if batch < 1 or max_seqlen < 1:
+        raise ValueError(f"batch and max_seqlen must be >= 1, got batch={batch}, max_seqlen={max_seqlen}")
+    g = torch.Generator().manual_seed(seed)
+    if dist == "fixed":
+        lens = [max_seqlen] * batch
+    elif dist == "uniform":
+        lens = torch.randint(min_seqlen, max_seqlen + 1, (batch,), generator=g).tolist()
+    elif dist == "skewed":
+        u = torch.rand(batch, generator=g, dtype=torch.float64)
+        lens = [max(min_seqlen, math.ceil(max_seqlen * float(x) ** 4)) for x in u]
+        lens[0] = max_seqlen
+    elif dist == "boundary":
+        cycle = [1, page_size - 1, page_size, page_size + 1, max_seqlen]
+        lens = [max(min_seqlen, cycle[i % len(cycle)]) for i in range(batch)]
+    else:
+        raise ValueError(f"seqlen distribution must be one of {SEQLEN_DISTS}, got {dist!r}")
+    return [int(n) for n in lens]
+
+
+@dataclass
+class DecodeInputs:
+    q: torch.Tensor  # [batch, s_q, h_q, d_qk]
+    kv_cache: torch.Tensor  # [num_pages, page_size, 1, d_qk]
+    block_table: torch.Tensor  # [batch, max_blocks] int32
+    cache_seqlens: torch.Tensor  # [batch] int32
+    kv_scales: torch.Tensor | None  # [num_pages, page_size] fp32 (fp8 only)
+    softmax_scale: float
+    seqlens: list[int]
+    cache: PagedKVCache  # the manager that built it: its stats() give hits, fragmentation, bytes
+    d_v: int
+
+
+def build_decode_inputs(
+    seqlens: list[int],
+    *,
+    h_q: int,
+    s_q: int = 1,
+    page_size: int = 64,
+    kv_dtype: str = "bf16",
+    q_dtype: torch.dtype = torch.bfloat16,
+    d_qk: int = D_QK,
+    d_v: int = D_V,
+    shared_prefix: int = 0,
+    extra_pages: int = 0,
+    pad_blocks: int = 1,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+) -> DecodeInputs:
+    """Build q and a paged cache holding `seqlens[i]` random tokens per sequence.
+
+    shared_prefix: the first min(shared_prefix, seqlen) tokens (ids and KV) are the same for every
+    sequence, so their full pages are shared through the cache's prefix hits.
+    extra_pages: spare pages in the pool beyond what the sequences need.
+    pad_blocks: extra INVALID_BLOCK_ID columns at the end of the block table.
+    """
+    if any(n < 0 for n in seqlens):
+        raise ValueError(f"seqlens must be >= 0, got {seqlens}")
+    g = torch.Generator(device="cpu").manual_seed(seed)  # ids and page order
+    gd = torch.Generator(device=device).manual_seed(seed + 1)  # KV and q values, made where they live
+    pages_needed = sum(-(-n // page_size) for n in seqlens) + extra_pages
+    num_pages = max(pages_needed, 1)
+    order = torch.randperm(num_pages, generator=g).tolist()
+    cache = PagedKVCache(
+        num_pages, page_size, head_dim=d_qk, kv_dtype=kv_dtype, device=device, page_order=order
+    )
+    prefix_len = min(shared_prefix, max(seqlens, default=0))
+    prefix_ids = torch.randint(0, 2**31 - 1, (prefix_len,), generator=g).tolist()
+    prefix_kv = torch.randn(prefix_len, d_qk, generator=gd, device=device)
+    for i, n in enumerate(seqlens):
+        k = min(prefix_len, n)
+        ids = prefix_ids[:k] + torch.randint(0, 2**31 - 1, (n - k,), generator=g).tolist()
+        kv = torch.cat([prefix_kv[:k], torch.randn(n - k, d_qk, generator=gd, device=device)])
+        cache.add_sequence(i, ids, kv)
+    t = cache.kernel_inputs(list(range(len(seqlens))), pad_blocks=pad_blocks)
+    q = torch.randn(len(seqlens), s_q, h_q, d_qk, generator=gd, device=device).to(q_dtype)
+    return DecodeInputs(
+        q=q,
+        kv_cache=t.kv_cache,
+        block_table=t.block_table,
+        cache_seqlens=t.cache_seqlens,
+        kv_scales=t.kv_scales,
+        softmax_scale=1.0 / math.sqrt(d_qk),
+        seqlens=list(seqlens),
+        cache=cache,
+        d_v=d_v,
+    )
