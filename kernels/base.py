@@ -53,6 +53,19 @@ class TrialOutcome:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def measured(cls, status: str, measurement: Any, **fields: Any) -> TrialOutcome:
+        """An outcome carrying a kernels.measure Measurement: raw samples, summary, stop reason, timer."""
+        m = measurement.to_dict()
+        return cls(
+            status=status,
+            samples_ns=list(m["samples_ns"]),
+            summary=m["summary"],
+            stop_reason=m["stop_reason"],
+            timer=m["timer"],
+            **fields,
+        )
+
 
 class Family(Protocol):
     name: str

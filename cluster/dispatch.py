@@ -1,0 +1,267 @@
+"""Dynamic dispatch of trials over long-lived worker actors.
+
+Each worker slot pulls the next trial as soon as it has room (no static partition), so a slow GPU or
+node never holds the job back. A trial past its timeout gets its actor killed; the trial is reported
+as timed out and the slot gets a fresh actor. A trial whose actor dies is retried on another worker
+up to `max_attempts`; a slot whose actors keep dying is retired.
+
+The dispatcher knows nothing about storage: it reports through the `Listener` callbacks, which the
+job runner turns into database writes and progress output.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import ray
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+
+from cluster.worker import RemoteWorker
+from kernels.base import TrialRequest
+
+_ACTOR_GONE = (RayActorError, ActorDiedError, ActorUnavailableError)
+
+
+@dataclass
+class WorkItem:
+    trial_id: int
+    request: TrialRequest
+    label: str = ""
+    attempts: int = 0  # attempts already made whose worker died
+    avoid: set[str] = field(default_factory=set)  # slots it died on; retried elsewhere when possible
+
+
+class Listener(Protocol):
+    def worker_ready(self, slot: str, info: dict[str, Any]) -> None: ...
+    def worker_lost(self, slot: str, reason: str, retired: bool) -> None: ...
+    def trial_started(self, item: WorkItem, slot: str) -> None: ...
+    def trial_finished(self, item: WorkItem, slot: str, result: dict[str, Any]) -> None: ...
+    def trial_timed_out(self, item: WorkItem, slot: str, seconds: float) -> None: ...
+    def trial_crashed(self, item: WorkItem, slot: str, error: str, final: bool) -> None: ...
+
+
+class NoWorkersLeft(RuntimeError):
+    pass
+
+
+@dataclass
+class _Slot:
+    name: str
+    generation: int = 0
+    actor: Any = None
+    ready_ref: Any = None
+    start_deadline: float = 0.0
+    info: dict[str, Any] | None = None
+    inflight: collections.deque = field(default_factory=collections.deque)  # (item, ref)
+    head_started: float = 0.0
+    deaths_in_row: int = 0
+    retired: bool = False
+
+    @property
+    def ready(self) -> bool:
+        return self.info is not None and not self.retired
+
+
+@dataclass
+class DispatchOptions:
+    workers: int
+    gpu: bool  # one GPU per actor (num_gpus=1) or a CPU slot
+    timeout_s: float
+    max_attempts: int = 3
+    max_worker_deaths: int = 3  # consecutive deaths without a finished trial before a slot retires
+    pipeline: int = 2  # trials queued on an actor at once, to hide the call latency
+    start_timeout_s: float = 180.0
+    threads_per_worker: int | None = None
+    name_prefix: str = "kf"
+    namespace: str = "kernelfarm"
+
+
+class Dispatcher:
+    def __init__(self, options: DispatchOptions, listener: Listener):
+        self.opt = options
+        self.listener = listener
+        self.slots = [_Slot(name=f"w{i}") for i in range(options.workers)]
+        self.queue: collections.deque[WorkItem] = collections.deque()
+        self._ref_owner: dict[Any, _Slot] = {}
+
+    # ---- actors ---------------------------------------------------------------------------------
+    def _start(self, slot: _Slot) -> None:
+        slot.generation += 1
+        slot.info = None
+        opts: dict[str, Any] = {
+            "name": f"{self.opt.name_prefix}-{slot.name}-{slot.generation}",
+            "namespace": self.opt.namespace,
+            "num_cpus": 0,
+            "num_gpus": 1 if self.opt.gpu else 0,
+            "scheduling_strategy": "SPREAD",
+        }
+        slot.actor = RemoteWorker.options(**opts).remote(slot.name, self.opt.threads_per_worker)
+        slot.ready_ref = slot.actor.info.remote()
+        self._ref_owner[slot.ready_ref] = slot
+        slot.start_deadline = time.monotonic() + self.opt.start_timeout_s
+
+    def _kill(self, slot: _Slot) -> list[WorkItem]:
+        """Kill the slot's actor; return the trials queued on it that never started."""
+        if slot.actor is not None:
+            ray.kill(slot.actor, no_restart=True)
+        for _, ref in slot.inflight:
+            self._ref_owner.pop(ref, None)
+        if slot.ready_ref is not None:
+            self._ref_owner.pop(slot.ready_ref, None)
+        orphans = [item for item, _ in slot.inflight]
+        slot.inflight.clear()
+        slot.actor, slot.ready_ref, slot.info = None, None, None
+        return orphans
+
+    def _lose(self, slot: _Slot, reason: str, *, count_death: bool) -> None:
+        """The slot's actor is gone (or killed): replace it, or retire the slot."""
+        if count_death:
+            slot.deaths_in_row += 1
+        retired = slot.deaths_in_row >= self.opt.max_worker_deaths
+        slot.retired = retired
+        self.listener.worker_lost(slot.name, reason, retired)
+        if not retired:
+            self._start(slot)
+
+    def live_actors(self) -> dict[str, Any]:
+        return {s.name: s.actor for s in self.slots if s.ready}
+
+    def shutdown(self) -> None:
+        for slot in self.slots:
+            self._kill(slot)
+
+    # ---- the loop -------------------------------------------------------------------------------
+    def run(self, items: Iterable[WorkItem]) -> None:
+        self.queue.extend(items)
+        if not self.queue:
+            return
+        for slot in self.slots:
+            self._start(slot)
+        try:
+            while self.queue or any(s.inflight for s in self.slots):
+                if all(s.retired for s in self.slots):
+                    raise NoWorkersLeft(
+                        f"every worker slot was retired after {self.opt.max_worker_deaths} deaths in a row; "
+                        f"{len(self.queue)} trials not run"
+                    )
+                self._fill()
+                self._wait_and_handle()
+                self._enforce_deadlines()
+        finally:
+            self.shutdown()
+
+    def _fill(self) -> None:
+        ready = [s for s in self.slots if s.ready]
+        # Queue a second trial per actor only while there is plenty left, so the tail stays balanced.
+        depth = self.opt.pipeline if len(self.queue) >= 2 * max(1, len(ready)) else 1
+        for slot in ready:
+            while self.queue and len(slot.inflight) < depth:
+                item = self._take_for(slot)
+                ref = slot.actor.run.remote(item.request)
+                self._ref_owner[ref] = slot
+                if not slot.inflight:
+                    slot.head_started = time.monotonic()
+                slot.inflight.append((item, ref))
+                self.listener.trial_started(item, slot.name)
+
+    def _take_for(self, slot: _Slot) -> WorkItem:
+        for i, item in enumerate(self.queue):
+            if slot.name not in item.avoid:
+                del self.queue[i]
+                return item
+        return self.queue.popleft()
+
+    def _next_deadline(self) -> float:
+        now = time.monotonic()
+        deadlines = [s.head_started + self.opt.timeout_s for s in self.slots if s.inflight]
+        deadlines += [s.start_deadline for s in self.slots if s.ready_ref is not None and s.info is None]
+        return max(0.0, min(deadlines, default=now + 1.0) - now)
+
+    def _wait_and_handle(self) -> None:
+        refs = list(self._ref_owner)
+        if not refs:
+            return
+        timeout = min(self._next_deadline(), 1.0)
+        done, _ = ray.wait(refs, num_returns=1, timeout=timeout)
+        if done:
+            done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        for ref in done:
+            slot = self._ref_owner.pop(ref, None)
+            if slot is None:  # its slot was killed while we waited
+                continue
+            if ref is slot.ready_ref:
+                self._handle_ready(slot, ref)
+            else:
+                self._handle_result(slot, ref)
+
+    def _handle_ready(self, slot: _Slot, ref: Any) -> None:
+        slot.ready_ref = None
+        try:
+            slot.info = ray.get(ref)
+        except _ACTOR_GONE as err:
+            self._kill(slot)
+            self._lose(slot, f"actor failed to start: {_first_line(err)}", count_death=True)
+            return
+        self.listener.worker_ready(slot.name, slot.info)
+
+    def _handle_result(self, slot: _Slot, ref: Any) -> None:
+        item, head_ref = slot.inflight[0]
+        if ref is not head_ref:  # results of one actor arrive in order; an out-of-order one means death
+            self._ref_owner[ref] = slot
+            return
+        try:
+            result = ray.get(ref)
+        except _ACTOR_GONE as err:
+            self._actor_died(slot, item, _first_line(err))
+            return
+        except ray.exceptions.RayTaskError as err:  # the framework failed, not the kernel
+            result = {"outcome": {"status": "error", "error": str(err)}, "started": None, "finished": None}
+        slot.inflight.popleft()
+        slot.head_started = time.monotonic()
+        slot.deaths_in_row = 0
+        self.listener.trial_finished(item, slot.name, result)
+
+    def _actor_died(self, slot: _Slot, item: WorkItem, error: str) -> None:
+        slot.inflight.popleft()
+        orphans = self._kill(slot)
+        item.attempts += 1
+        item.avoid.add(slot.name)
+        final = item.attempts >= self.opt.max_attempts
+        self.listener.trial_crashed(item, slot.name, error, final)
+        if not final:
+            self.queue.appendleft(item)
+        self.queue.extendleft(reversed(orphans))
+        self._lose(slot, f"actor died: {error}", count_death=True)
+
+    def _enforce_deadlines(self) -> None:
+        now = time.monotonic()
+        for slot in self.slots:
+            if slot.inflight and now - slot.head_started > self.opt.timeout_s:
+                item, _ = slot.inflight.popleft()
+                seconds = now - slot.head_started
+                orphans = self._kill(slot)
+                self.listener.trial_timed_out(item, slot.name, seconds)
+                self.queue.extendleft(reversed(orphans))
+                self._lose(
+                    slot, f"killed: trial {item.label} ran past {self.opt.timeout_s:g} s", count_death=False
+                )
+            elif slot.ready_ref is not None and slot.info is None and now > slot.start_deadline:
+                self._kill(slot)
+                slot.retired = True
+                self.listener.worker_lost(
+                    slot.name,
+                    f"no actor could start in {self.opt.start_timeout_s:g} s (no free GPU or node?)",
+                    True,
+                )
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return text[0] if text else type(err).__name__
+
+
+__all__ = ["DispatchOptions", "Dispatcher", "Listener", "NoWorkersLeft", "WorkItem"]

@@ -1,0 +1,59 @@
+"""The long-lived worker actor: one per GPU (num_gpus=1, num_cpus=0), or one per logical CPU slot.
+
+A worker imports kernel families on demand, runs one trial per call and returns the outcome with
+where it ran. A family that raises is an `error` outcome; a worker process that dies (segfault, OOM,
+os._exit) surfaces in the driver as an actor error and is handled there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+import traceback
+from typing import Any
+
+import ray
+
+from cluster import environment
+from kernels.base import TrialOutcome, TrialRequest
+from kernels.registry import get_family
+
+
+class FarmWorker:
+    def __init__(self, slot: str, threads: int | None = None):
+        import torch
+
+        if threads:
+            torch.set_num_threads(threads)
+        self.slot = slot
+        self.node = ray.util.get_node_ip_address()
+        self.node_id = ray.get_runtime_context().get_node_id()
+        gpu_ids = ray.get_gpu_ids()
+        self.gpu_id = ",".join(str(g) for g in gpu_ids) if gpu_ids else None
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.env = environment.collect(threads)
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "slot": self.slot,
+            "node": self.node,
+            "node_id": self.node_id,
+            "gpu_id": self.gpu_id,
+            "device": self.device,
+            "pid": os.getpid(),
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "environment": self.env,
+        }
+
+    def run(self, request: TrialRequest) -> dict[str, Any]:
+        request = dataclasses.replace(request, device=self.device)
+        started = time.time()
+        try:
+            outcome = get_family(request.family).run(request)
+        except Exception:  # noqa: BLE001 - any failure of the kernel code is this trial's error
+            outcome = TrialOutcome(status="error", error=traceback.format_exc(limit=20))
+        return {"outcome": outcome.to_dict(), "started": started, "finished": time.time()}
+
+
+RemoteWorker = ray.remote(max_restarts=0, max_task_retries=0)(FarmWorker)

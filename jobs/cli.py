@@ -1,0 +1,260 @@
+"""The `farm` command line."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from jobs.settings import FarmSettings
+from jobs.spec import SpecError, load_spec
+from jobs.store import Store
+
+
+def _store(db: str | None) -> Store:
+    return Store(db or FarmSettings().db)
+
+
+def _echo(message: str) -> None:
+    click.echo(message, err=True)
+
+
+db_option = click.option(
+    "--db", default=None, help="SQLAlchemy URL or SQLite path (env FARM_DB; default .farm/farm.db)"
+)
+address_option = click.option(
+    "--address",
+    default=None,
+    help="join this Ray cluster (e.g. 10.0.0.5:6379 or 'auto'); default: start a local one",
+)
+gpus_option = click.option(
+    "--gpus",
+    type=click.IntRange(min=1),
+    default=None,
+    help="workers to run: GPUs to use, or logical GPU slots on a CPU-only machine",
+)
+quiet_option = click.option("--quiet", is_flag=True, help="no live progress bar")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """KernelFarm: sweep GPU kernels over a Ray cluster, store every sample, report and judge."""
+
+
+# ---- sweep -------------------------------------------------------------------------------------------
+@main.group()
+def sweep() -> None:
+    """Validate, run and resume sweep jobs."""
+
+
+@sweep.command("validate")
+@click.argument("spec_path", type=click.Path(dir_okay=False, path_type=Path))
+def sweep_validate(spec_path: Path) -> None:
+    """Check a spec and print the trials it expands to, without running anything."""
+    spec = _load(spec_path)
+    trials = spec.trials()
+    click.echo(f"{spec_path}: ok, family {spec.family}, baseline {spec.baseline}, {len(trials)} trials")
+    for t in trials:
+        click.echo(f"  {t.label()}")
+
+
+def _load(path: Path):
+    try:
+        return load_spec(path)
+    except SpecError as err:
+        click.echo(str(err), err=True)
+        sys.exit(2)
+
+
+def _finish(result, store: Store, report: bool) -> None:
+    from jobs.report import render_terminal
+
+    if report:
+        render_terminal(store, result.job_id, Console())
+    counts = " ".join(f"{k} {v}" for k, v in sorted(result.counts.items()))
+    _echo(f"job {result.job_id} {result.status}: {counts}" + (f"\n{result.note}" if result.note else ""))
+    sys.exit(result.exit_code)
+
+
+@sweep.command("run")
+@click.argument("spec_path", type=click.Path(dir_okay=False, path_type=Path))
+@address_option
+@gpus_option
+@db_option
+@quiet_option
+@click.option("--no-report", is_flag=True, help="do not print the report table at the end")
+def sweep_run(
+    spec_path: Path, address: str | None, gpus: int | None, db: str | None, quiet: bool, no_report: bool
+) -> None:
+    """Run the sweep in SPEC_PATH: expand the grid, dispatch trials to one worker per GPU, store results."""
+    from jobs.runner import run_sweep
+
+    spec = _load(spec_path)
+    settings = FarmSettings()
+    store = _store(db)
+    result = run_sweep(
+        spec,
+        store,
+        address=address or settings.ray_address,
+        gpus=gpus or settings.gpus,
+        show_progress=not quiet,
+        echo=_echo,
+    )
+    _finish(result, store, not no_report)
+
+
+@sweep.command("resume")
+@click.argument("job_id", type=int)
+@address_option
+@gpus_option
+@db_option
+@quiet_option
+@click.option("--no-report", is_flag=True)
+def sweep_resume(
+    job_id: int, address: str | None, gpus: int | None, db: str | None, quiet: bool, no_report: bool
+) -> None:
+    """Run only the trials of JOB_ID that have not finished."""
+    from jobs.runner import resume_job
+
+    settings = FarmSettings()
+    store = _store(db)
+    try:
+        result = resume_job(
+            job_id,
+            store,
+            address=address or settings.ray_address,
+            gpus=gpus or settings.gpus,
+            show_progress=not quiet,
+            echo=_echo,
+        )
+    except (LookupError, SpecError) as err:
+        raise click.ClickException(str(err)) from None
+    _finish(result, store, not no_report)
+
+
+# ---- jobs --------------------------------------------------------------------------------------------
+@main.group()
+def jobs() -> None:
+    """List and inspect stored jobs."""
+
+
+@jobs.command("list")
+@db_option
+@click.option("--limit", default=50, show_default=True)
+def jobs_list(db: str | None, limit: int) -> None:
+    """The most recent jobs with their trial counts."""
+    store = _store(db)
+    table = Table()
+    for col in ("job", "name", "family", "status", "trials", "ok", "not ok", "created", "kernels commit"):
+        table.add_column(col)
+    for job, counts in store.list_jobs(limit):
+        total = sum(counts.values())
+        bad = sum(n for s, n in counts.items() if s not in ("ok", "pending"))
+        table.add_row(
+            str(job.id),
+            job.name,
+            job.family,
+            job.status,
+            str(total),
+            str(counts.get("ok", 0)),
+            str(bad),
+            f"{job.created_at:%Y-%m-%d %H:%M:%S}",
+            (job.git_commit or "-")[:12],
+        )
+    Console().print(table)
+
+
+@jobs.command("show")
+@click.argument("job_id", type=int)
+@db_option
+def jobs_show(job_id: int, db: str | None) -> None:
+    """One job: spec, cluster, status counts and every trial."""
+    store = _store(db)
+    job = store.get_job(job_id)
+    if job is None:
+        raise click.ClickException(f"no job {job_id} in {store.url}")
+    console = Console()
+    console.print(f"[bold]job {job.id}[/bold] {job.name} family {job.family} status {job.status}")
+    console.print(f"created {job.created_at}  started {job.started_at}  finished {job.finished_at}")
+    console.print(f"spec hash {job.spec_hash}  kernels commit {job.git_commit or '-'}")
+    if job.cluster:
+        console.print(f"cluster: {job.cluster.get('address')} — {job.cluster.get('note')}")
+    if job.message:
+        console.print(f"message: {job.message}")
+    console.print("counts: " + " ".join(f"{k} {v}" for k, v in sorted(store.status_counts(job_id).items())))
+    table = Table()
+    for col in ("#", "backend", "shape", "config", "dtype", "status", "attempt", "node", "worker", "gpu"):
+        table.add_column(col)
+    for t in store.trials(job_id):
+        table.add_row(
+            str(t.seq),
+            t.backend,
+            str(t.shape),
+            str(t.config),
+            t.dtype,
+            t.status,
+            str(t.attempt),
+            t.node or "-",
+            t.worker or "-",
+            t.gpu_id or "-",
+        )
+    console.print(table)
+    console.print("[bold]spec[/bold]\n" + job.spec)
+
+
+# ---- report ------------------------------------------------------------------------------------------
+@main.command("report")
+@click.argument("job_id", type=int)
+@db_option
+@click.option(
+    "--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True
+)
+@click.option(
+    "--html",
+    "html_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="also write an HTML report with plots to this file",
+)
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="write the json/csv export here instead of stdout",
+)
+def report(job_id: int, db: str | None, fmt: str, html_path: Path | None, output: Path | None) -> None:
+    """Per shape and backend: median time, spread, speedup over baseline, throughput, correctness."""
+    from jobs import report as rep
+
+    store = _store(db)
+    if store.get_job(job_id) is None:
+        raise click.ClickException(f"no job {job_id} in {store.url}")
+    if fmt == "table":
+        rep.render_terminal(store, job_id, Console())
+    else:
+        text = rep.to_json(store, job_id) if fmt == "json" else rep.to_csv(store, job_id)
+        if output:
+            output.write_text(text)
+            _echo(f"wrote {output}")
+        else:
+            click.echo(text, nl=False)
+    if html_path:
+        html_path.write_text(rep.render_html(store, job_id))
+        _echo(f"wrote {html_path}")
+
+
+# ---- gateway (a separate service; mounted only when its package is present) ----------------------------
+try:
+    from gateway.cli import gateway as _gateway_group
+
+    main.add_command(_gateway_group, "gateway")
+except ImportError:  # the farm runs without the gateway package
+    pass
+
+
+if __name__ == "__main__":
+    main()

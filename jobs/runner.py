@@ -1,0 +1,290 @@
+"""Running a sweep: spec -> job rows -> Ray workers -> results streamed into the store.
+
+`run_sweep` creates a job with one pending row per trial and runs it; `resume_job` runs the rows of
+an existing job that are not finished. Both go through `_execute`, which connects to Ray, builds the
+dispatcher and turns its callbacks into store writes and progress output. Ctrl-C (or SIGTERM) stops
+the workers, keeps every finished result and leaves the job resumable.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from cluster import session
+from cluster.dispatch import Dispatcher, DispatchOptions, NoWorkersLeft, WorkItem
+from jobs.progress import ProgressView
+from jobs.spec import SweepSpec, dump_spec, loads_spec
+from jobs.store import Store
+from kernels.base import TrialRequest
+
+EXIT_OK, EXIT_TRIALS_FAILED, EXIT_INTERRUPTED, EXIT_NO_WORKERS = 0, 1, 130, 3
+
+
+@dataclass
+class RunResult:
+    job_id: int
+    status: str
+    counts: dict[str, int]
+    exit_code: int
+    note: str = ""
+
+
+def kernels_commit() -> str | None:
+    """The git commit of the kernels being measured, with `+dirty` when the tree has changes."""
+    here = Path(__file__).resolve().parent.parent / "kernels"
+    try:
+        sha = subprocess.run(
+            ["git", "-C", str(here), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(here), "status", "--porcelain", "--", "."],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return sha + ("+dirty" if dirty else "")
+
+
+def create_job(store: Store, spec: SweepSpec) -> int:
+    return store.create_job(
+        name=spec.name,
+        family=spec.family,
+        spec_yaml=dump_spec(spec),
+        spec_hash=spec.spec_hash(),
+        trials=spec.trials(),
+        git_commit=kernels_commit(),
+    )
+
+
+def run_sweep(
+    spec: SweepSpec,
+    store: Store,
+    *,
+    address: str | None = None,
+    gpus: int | None = None,
+    show_progress: bool = True,
+    echo: Any = print,
+) -> RunResult:
+    job_id = create_job(store, spec)
+    echo(f"job {job_id}: {spec.name} ({spec.family}), {len(spec.trials())} trials, store {store.url}")
+    return _execute(job_id, spec, store, address=address, gpus=gpus, show_progress=show_progress, echo=echo)
+
+
+def resume_job(
+    job_id: int,
+    store: Store,
+    *,
+    address: str | None = None,
+    gpus: int | None = None,
+    show_progress: bool = True,
+    echo: Any = print,
+) -> RunResult:
+    job = store.get_job(job_id)
+    if job is None:
+        raise LookupError(f"no job {job_id} in {store.url}")
+    spec = loads_spec(job.spec, source=f"job {job_id} spec")
+    return _execute(job_id, spec, store, address=address, gpus=gpus, show_progress=show_progress, echo=echo)
+
+
+class _StoreListener:
+    """Dispatcher callbacks -> buffered store writes (flushed every 50 ms or 32 results) + progress."""
+
+    FLUSH_S, FLUSH_N = 0.05, 32
+
+    def __init__(self, store: Store, progress: ProgressView):
+        self.store = store
+        self.progress = progress
+        self.workers: dict[str, dict[str, Any]] = {}
+        self.buffer: list[dict[str, Any]] = []
+        self.last_flush = time.monotonic()
+
+    def _row(self, item: WorkItem, slot: str, status: str, **extra: Any) -> dict[str, Any]:
+        info = self.workers.get(slot, {})
+        return {
+            "trial_id": item.trial_id,
+            "status": status,
+            "attempt": item.attempts + 1,
+            "node": info.get("node"),
+            "worker": slot,
+            "gpu_id": info.get("gpu_id"),
+            "environment": info.get("environment"),
+            **extra,
+        }
+
+    def _add(self, row: dict[str, Any]) -> None:
+        self.buffer.append(row)
+        self.progress.finished(row["status"], row.get("node"))
+        if len(self.buffer) >= self.FLUSH_N or time.monotonic() - self.last_flush > self.FLUSH_S:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.buffer:
+            self.store.record_results(self.buffer)
+            self.buffer = []
+        self.last_flush = time.monotonic()
+
+    def worker_ready(self, slot: str, info: dict[str, Any]) -> None:
+        self.workers[slot] = info
+        self.progress.worker(slot, info)
+
+    def worker_lost(self, slot: str, reason: str, retired: bool) -> None:
+        self.progress.log(f"worker {slot} {'retired' if retired else 'replaced'}: {reason}")
+
+    def trial_started(self, item: WorkItem, slot: str) -> None:
+        self.progress.started()
+
+    def trial_finished(self, item: WorkItem, slot: str, result: dict[str, Any]) -> None:
+        o = result["outcome"]
+        self._add(
+            self._row(
+                item,
+                slot,
+                o["status"],
+                started_at=_dt(result.get("started")),
+                finished_at=_dt(result.get("finished")),
+                error=o.get("error"),
+                summary=o.get("summary"),
+                stop_reason=o.get("stop_reason"),
+                timer=o.get("timer"),
+                correctness=o.get("correctness"),
+                correct=(o.get("correctness") or {}).get("passed"),
+                metrics=o.get("metrics"),
+                memory=o.get("memory"),
+                resources=o.get("resources"),
+                samples_ns=o.get("samples_ns"),
+            )
+        )
+
+    def trial_timed_out(self, item: WorkItem, slot: str, seconds: float) -> None:
+        self._add(
+            self._row(
+                item,
+                slot,
+                "timeout",
+                error=f"stopped after {seconds:.1f} s (timeout_s); its worker was killed",
+            )
+        )
+        self.progress.log(f"timeout: {item.label} on {slot}")
+
+    def trial_crashed(self, item: WorkItem, slot: str, error: str, final: bool) -> None:
+        self.progress.log(f"worker {slot} died under {item.label} (attempt {item.attempts}): {error}")
+        if final:
+            self._add(
+                self._row(
+                    item,
+                    slot,
+                    "crashed",
+                    attempt=item.attempts,
+                    error=f"worker died on all {item.attempts} attempts; last: {error}",
+                )
+            )
+        else:
+            self.flush()
+            self.store.mark_attempt(item.trial_id, item.attempts, error)
+            self.progress.retrying()
+
+
+def _dt(ts: float | None) -> datetime | None:
+    return datetime.fromtimestamp(ts, UTC).replace(tzinfo=None) if ts else None
+
+
+@dataclass
+class _Interrupt:
+    previous: dict[int, Any] = field(default_factory=dict)
+
+    def __enter__(self) -> _Interrupt:
+        def raise_interrupt(signum: int, frame: Any) -> None:
+            raise KeyboardInterrupt
+
+        try:
+            self.previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, raise_interrupt)
+        except ValueError:  # not the main thread: leave signals alone
+            pass
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+def _execute(
+    job_id: int,
+    spec: SweepSpec,
+    store: Store,
+    *,
+    address: str | None,
+    gpus: int | None,
+    show_progress: bool,
+    echo: Any,
+) -> RunResult:
+    todo = store.unfinished_trials(job_id)
+    if not todo:
+        counts = store.status_counts(job_id)
+        store.set_job_status(job_id, "completed")
+        return RunResult(job_id, "completed", counts, _exit_code(counts), "nothing left to run")
+    plan = session.connect(address, gpus)
+    echo(f"ray: {plan.address}; {plan.note}")
+    items = [
+        WorkItem(
+            trial_id=t.id,
+            attempts=t.attempt,
+            label=f"#{t.seq} {t.backend} {t.shape} {t.config} {t.dtype}",
+            request=TrialRequest(
+                family=t.family,
+                backend=t.backend,
+                shape=t.shape,
+                config=t.config,
+                dtype=t.dtype,
+                policy=spec.measure,
+            ),
+        )
+        for t in todo
+    ]
+    store.set_job_status(job_id, "running", cluster=plan.to_dict(), message=None)
+    total = len(store.trials(job_id))
+    progress = ProgressView(total=total, already=total - len(todo), enabled=show_progress, echo=echo)
+    listener = _StoreListener(store, progress)
+    dispatcher = Dispatcher(
+        DispatchOptions(
+            workers=plan.workers,
+            gpu=plan.gpu,
+            timeout_s=spec.timeout_s,
+            max_attempts=spec.max_attempts,
+            threads_per_worker=plan.threads_per_worker,
+            name_prefix=f"kf-job{job_id}-{int(time.time() * 1000) % 10**8}",
+        ),
+        listener,
+    )
+    progress.inflight = lambda: sum(len(slot.inflight) for slot in dispatcher.slots)
+    status, note, code = "completed", "", None
+    with _Interrupt(), progress:
+        try:
+            dispatcher.run(items)
+        except KeyboardInterrupt:
+            status, code = "interrupted", EXIT_INTERRUPTED
+            note = f"interrupted; finished trials are stored. Resume with: farm sweep resume {job_id}"
+        except NoWorkersLeft as err:
+            status, code, note = "failed", EXIT_NO_WORKERS, str(err)
+        finally:
+            listener.flush()
+    counts = store.status_counts(job_id)
+    store.set_job_status(job_id, status, message=note or None)
+    return RunResult(job_id, status, counts, code if code is not None else _exit_code(counts), note)
+
+
+def _exit_code(counts: dict[str, int]) -> int:
+    bad = sum(n for s, n in counts.items() if s != "ok")
+    return EXIT_TRIALS_FAILED if bad else EXIT_OK

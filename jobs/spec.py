@@ -1,0 +1,280 @@
+"""Sweep specs: a YAML file validated with pydantic and expanded into trials.
+
+A spec names a kernel family, its backends (exactly one is the baseline), a shape grid and a config
+grid (each a cartesian product with include/exclude rules), dtypes, the measurement policy, a
+per-trial timeout and the acceptance card to apply. Every error names the file, the field path and
+the bad value, and is raised before anything runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from kernels.measure.policy import MeasurePolicy
+from kernels.registry import UnknownFamily, get_family
+
+Scalar = int | float | str | bool
+Point = dict[str, Scalar]
+
+DTYPES = ("float32", "float16", "bfloat16", "float8_e4m3fn")
+
+
+class SpecError(ValueError):
+    """A spec that cannot run. `problems` holds one `path: message (got value)` line per fault."""
+
+    def __init__(self, source: str, problems: list[str]):
+        self.source = source
+        self.problems = problems
+        super().__init__(f"{source}: invalid sweep spec\n" + "\n".join(f"  {source}: {p}" for p in problems))
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Grid(_Strict):
+    """`grid` is expanded as a cartesian product; `exclude` drops every point that matches all keys
+    of one rule; `include` adds whole points (after exclusion)."""
+
+    grid: dict[str, list[Scalar]] = Field(default_factory=dict)
+    include: list[Point] = Field(default_factory=list)
+    exclude: list[Point] = Field(default_factory=list)
+
+    @field_validator("grid")
+    @classmethod
+    def _no_empty_axis(cls, grid: dict[str, list[Scalar]]) -> dict[str, list[Scalar]]:
+        for key, values in grid.items():
+            if not values:
+                raise ValueError(f"axis {key!r} has no values")
+        return grid
+
+    def points(self) -> list[Point]:
+        keys = list(self.grid)
+        product = [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*self.grid.values())]
+        if not keys:
+            product = [{}]
+        kept = [p for p in product if not any(_matches(p, rule) for rule in self.exclude)]
+        out: list[Point] = []
+        for p in kept + list(self.include):
+            if p not in out:
+                out.append(p)
+        return out
+
+
+def _matches(point: Point, rule: Point) -> bool:
+    return all(k in point and point[k] == v for k, v in rule.items())
+
+
+class Backend(_Strict):
+    name: str = Field(min_length=1)
+    baseline: bool = False
+    configs: Grid | None = None  # overrides the spec's config grid for this backend
+
+
+class SweepSpec(_Strict):
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")
+    family: str
+    description: str = ""
+    backends: list[Backend] = Field(min_length=1)
+    shapes: Grid
+    configs: Grid = Field(default_factory=Grid)
+    dtypes: list[str] = Field(default_factory=lambda: ["float32"], min_length=1)
+    measure: MeasurePolicy = Field(default_factory=MeasurePolicy)
+    timeout_s: float = Field(300.0, gt=0, description="per-trial timeout; the worker is killed past it")
+    max_attempts: int = Field(3, ge=1, le=10, description="attempts for a trial whose worker dies")
+    tags: list[str] = Field(default_factory=list)
+    card: str | None = None
+
+    @field_validator("dtypes")
+    @classmethod
+    def _known_dtypes(cls, dtypes: list[str]) -> list[str]:
+        for d in dtypes:
+            if d not in DTYPES:
+                raise ValueError(f"unknown dtype {d!r} (known: {', '.join(DTYPES)})")
+        return dtypes
+
+    @model_validator(mode="after")
+    def _one_baseline(self) -> SweepSpec:
+        names = [b.name for b in self.backends]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"backends: duplicate backend names {dupes}")
+        marked = [b.name for b in self.backends if b.baseline]
+        if len(self.backends) == 1 and not marked:
+            self.backends[0].baseline = True
+        elif len(marked) != 1:
+            raise ValueError(
+                f"backends: exactly one backend must be marked baseline: true (marked: {marked})"
+            )
+        return self
+
+    @property
+    def baseline(self) -> str:
+        return next(b.name for b in self.backends if b.baseline)
+
+    def spec_hash(self) -> str:
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+    def trials(self) -> list[Trial]:
+        return list(_expand(self))
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One point of the sweep: a backend run on one shape, config and dtype."""
+
+    family: str
+    backend: str
+    shape: Point
+    config: Point
+    dtype: str
+    baseline: bool
+
+    @property
+    def key(self) -> str:
+        """Stable identity inside a job: the same point always has the same key."""
+        ident = [
+            self.family,
+            self.backend,
+            sorted(self.shape.items()),
+            sorted(self.config.items()),
+            self.dtype,
+        ]
+        return hashlib.sha256(json.dumps(ident, default=str).encode()).hexdigest()[:20]
+
+    def label(self) -> str:
+        shape = "x".join(f"{k}{v}" for k, v in self.shape.items())
+        config = ",".join(f"{k}={v}" for k, v in self.config.items())
+        return f"{self.backend}[{shape}{' ' + config if config else ''} {self.dtype}]"
+
+
+def _expand(spec: SweepSpec) -> Iterator[Trial]:
+    shapes = spec.shapes.points()
+    for backend in spec.backends:
+        configs = (backend.configs or spec.configs).points()
+        for shape, config, dtype in itertools.product(shapes, configs, spec.dtypes):
+            yield Trial(spec.family, backend.name, shape, config, dtype, backend.baseline)
+
+
+# --------------------------------------------------------------------------------------------------
+# Loading
+
+
+def _fmt_loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(top level)"
+
+
+def _value_at(data: Any, loc: tuple[Any, ...]) -> tuple[bool, Any]:
+    cur = data
+    for part in loc:
+        try:
+            cur = cur[part]
+        except (KeyError, IndexError, TypeError):
+            return False, None
+    return True, cur
+
+
+def _problems_from(err: ValidationError, data: Any) -> list[str]:
+    problems = []
+    for e in err.errors():
+        # pydantic appends the union member / validator name to some locations: drop those
+        loc = tuple(
+            p for p in e["loc"] if not (isinstance(p, str) and ("[" in p or p.startswith("function-")))
+        )
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        found, value = _value_at(data, loc)
+        shown = f" (got {value!r})" if found and not isinstance(value, dict | list) else ""
+        problems.append(f"{_fmt_loc(loc)}: {msg}{shown}")
+    return problems
+
+
+def parse_spec(data: Any, source: str = "<spec>") -> SweepSpec:
+    """Validate a spec given as plain data; raise SpecError naming every bad field."""
+    if not isinstance(data, dict):
+        raise SpecError(
+            source, [f"(top level): expected a mapping of spec fields (got {type(data).__name__})"]
+        )
+    try:
+        spec = SweepSpec.model_validate(data)
+    except ValidationError as err:
+        raise SpecError(source, _problems_from(err, data)) from None
+    _check_against_family(spec, source)
+    return spec
+
+
+def _check_against_family(spec: SweepSpec, source: str) -> None:
+    try:
+        family = get_family(spec.family)
+    except UnknownFamily as err:
+        raise SpecError(source, [f"family: {err} (got {spec.family!r})"]) from None
+    problems = []
+    for i, b in enumerate(spec.backends):
+        if b.name not in family.backends:
+            known = ", ".join(sorted(family.backends))
+            problems.append(
+                f"backends[{i}].name: unknown backend for family {spec.family} (known: {known}) "
+                f"(got {b.name!r})"
+            )
+    if not spec.shapes.points():
+        problems.append("shapes: the grid expands to no points after exclude")
+    for i, b in enumerate(spec.backends):
+        where = f"backends[{i}].configs" if b.configs is not None else "configs"
+        if not (b.configs or spec.configs).points():
+            problems.append(f"{where}: the grid expands to no points after exclude")
+    if problems:
+        raise SpecError(source, problems)
+    seen: set[str] = set()
+    for t in spec.trials():
+        try:
+            family.validate(t.shape, t.config, t.dtype, t.backend)
+        except ValueError as err:
+            msg = f"{t.label()}: {err}"
+            if msg not in seen:
+                seen.add(msg)
+                problems.append(msg)
+    if problems:
+        raise SpecError(
+            source, problems[:20] + ([f"... and {len(problems) - 20} more"] if len(problems) > 20 else [])
+        )
+
+
+def load_spec(path: str | Path) -> SweepSpec:
+    path = Path(path)
+    source = str(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise SpecError(source, [f"cannot read the file: {err.strerror}"]) from None
+    return loads_spec(text, source)
+
+
+def loads_spec(text: str, source: str = "<spec>") -> SweepSpec:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise SpecError(source, [f"{where}not valid YAML: {getattr(err, 'problem', err)}"]) from None
+    return parse_spec(data, source)
+
+
+def dump_spec(spec: SweepSpec) -> str:
+    return yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)

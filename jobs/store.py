@@ -1,0 +1,312 @@
+"""The results store: jobs, trials, raw timing samples and environments, through SQLAlchemy 2.0.
+
+A SQLite file by default; any SQLAlchemy URL works (PostgreSQL for a team). A job's trials are all
+inserted as `pending` rows when the job is created, one row per trial key (unique per job), and each
+result updates its row as it arrives. So a trial can never be stored twice, and resuming a job means
+running the rows that are not finished.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    create_engine,
+    event,
+    func,
+    insert,
+    select,
+    update,
+)
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+DEFAULT_DB = ".farm/farm.db"
+
+# Trial states. A finished trial is never run again by `farm sweep resume`.
+PENDING, RUNNING = "pending", "running"
+FINISHED = ("ok", "incorrect", "error", "timeout", "crashed")
+
+
+def now() -> datetime:
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    family: Mapped[str] = mapped_column(String(64))
+    spec: Mapped[str] = mapped_column(Text)  # the spec as validated, YAML
+    spec_hash: Mapped[str] = mapped_column(String(32), index=True)
+    status: Mapped[str] = mapped_column(String(16), default="created")  # created running completed ...
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=now)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime)
+    git_commit: Mapped[str | None] = mapped_column(String(64))
+    cluster: Mapped[dict | None] = mapped_column(JSON)  # address, nodes, workers, mode (gpu or cpu)
+    message: Mapped[str | None] = mapped_column(Text)
+
+
+class Environment(Base):
+    __tablename__ = "environments"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    fingerprint: Mapped[str] = mapped_column(String(32), unique=True)
+    host: Mapped[str] = mapped_column(String(255))
+    device_kind: Mapped[str] = mapped_column(String(8))  # "gpu" or "cpu"
+    device_name: Mapped[str] = mapped_column(String(255))  # GPU model, or CPU model
+    data: Mapped[dict] = mapped_column(JSON)  # versions, driver, CUDA, clocks, counts
+
+
+class Trial(Base):
+    __tablename__ = "trials"
+    __table_args__ = (UniqueConstraint("job_id", "key", name="uq_trial_job_key"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    key: Mapped[str] = mapped_column(String(32))
+    seq: Mapped[int] = mapped_column(Integer)  # position in the expanded grid
+    family: Mapped[str] = mapped_column(String(64))
+    backend: Mapped[str] = mapped_column(String(64))
+    baseline: Mapped[bool] = mapped_column(Boolean, default=False)
+    shape: Mapped[dict] = mapped_column(JSON)
+    config: Mapped[dict] = mapped_column(JSON)
+    dtype: Mapped[str] = mapped_column(String(32))
+    status: Mapped[str] = mapped_column(String(16), default=PENDING, index=True)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    node: Mapped[str | None] = mapped_column(String(255))
+    worker: Mapped[str | None] = mapped_column(String(64))
+    gpu_id: Mapped[str | None] = mapped_column(String(32))
+    environment_id: Mapped[int | None] = mapped_column(ForeignKey("environments.id"))
+    started_at: Mapped[datetime | None] = mapped_column(DateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime)
+    error: Mapped[str | None] = mapped_column(Text)
+    median_ns: Mapped[float | None] = mapped_column(Float)
+    summary: Mapped[dict | None] = mapped_column(JSON)
+    stop_reason: Mapped[str | None] = mapped_column(String(32))
+    timer: Mapped[str | None] = mapped_column(String(32))
+    correct: Mapped[bool | None] = mapped_column(Boolean)
+    correctness: Mapped[dict | None] = mapped_column(JSON)
+    metrics: Mapped[dict | None] = mapped_column(JSON)
+    memory: Mapped[dict | None] = mapped_column(JSON)
+    resources: Mapped[dict | None] = mapped_column(JSON)
+
+
+class Sample(Base):
+    __tablename__ = "samples"
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    value_ns: Mapped[int] = mapped_column(BigInteger)
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cur = dbapi_conn.cursor()
+    # WAL + NORMAL: a commit costs no fsync of the main file, and readers never block the writer.
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.execute("PRAGMA busy_timeout=10000")
+    cur.close()
+
+
+def make_engine(url: str | None = None) -> Engine:
+    """`url` is an SQLAlchemy URL or a plain file path; None means the default SQLite file."""
+    url = url or DEFAULT_DB
+    if "://" not in url:
+        Path(url).parent.mkdir(parents=True, exist_ok=True)
+        url = f"sqlite:///{url}"
+    engine = create_engine(url)
+    if engine.dialect.name == "sqlite":
+        event.listen(engine, "connect", _sqlite_pragmas)
+    Base.metadata.create_all(engine)
+    return engine
+
+
+class Store:
+    """All reads and writes of the farm's results. One per process; cheap to construct."""
+
+    def __init__(self, url: str | None = None):
+        self.url = url or DEFAULT_DB
+        self.engine = make_engine(url)
+        self._env_ids: dict[str, int] = {}
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # ---- jobs -----------------------------------------------------------------------------------
+    def create_job(
+        self,
+        *,
+        name: str,
+        family: str,
+        spec_yaml: str,
+        spec_hash: str,
+        trials: Sequence[Any],
+        git_commit: str | None,
+    ) -> int:
+        """Create the job and one pending row per trial, in one transaction."""
+        with Session(self.engine) as s, s.begin():
+            job = Job(name=name, family=family, spec=spec_yaml, spec_hash=spec_hash, git_commit=git_commit)
+            s.add(job)
+            s.flush()
+            rows = [
+                dict(
+                    job_id=job.id,
+                    key=t.key,
+                    seq=i,
+                    family=t.family,
+                    backend=t.backend,
+                    baseline=t.baseline,
+                    shape=t.shape,
+                    config=t.config,
+                    dtype=t.dtype,
+                    status=PENDING,
+                    attempt=0,
+                )
+                for i, t in enumerate(trials)
+            ]
+            if rows:
+                s.execute(insert(Trial), rows)
+            return job.id
+
+    def get_job(self, job_id: int) -> Job | None:
+        with Session(self.engine, expire_on_commit=False) as s:
+            return s.get(Job, job_id)
+
+    def list_jobs(self, limit: int = 50) -> list[tuple[Job, dict[str, int]]]:
+        with Session(self.engine, expire_on_commit=False) as s:
+            jobs = list(s.scalars(select(Job).order_by(Job.id.desc()).limit(limit)))
+            counts = self._status_counts(s, [j.id for j in jobs])
+            return [(j, counts.get(j.id, {})) for j in jobs]
+
+    def status_counts(self, job_id: int) -> dict[str, int]:
+        with Session(self.engine) as s:
+            return self._status_counts(s, [job_id]).get(job_id, {})
+
+    @staticmethod
+    def _status_counts(s: Session, job_ids: list[int]) -> dict[int, dict[str, int]]:
+        out: dict[int, dict[str, int]] = {}
+        if not job_ids:
+            return out
+        q = (
+            select(Trial.job_id, Trial.status, func.count())
+            .where(Trial.job_id.in_(job_ids))
+            .group_by(Trial.job_id, Trial.status)
+        )
+        for job_id, status, n in s.execute(q):
+            out.setdefault(job_id, {})[status] = n
+        return out
+
+    def set_job_status(
+        self, job_id: int, status: str, *, message: str | None = None, cluster: dict | None = None
+    ) -> None:
+        values: dict[str, Any] = {"status": status}
+        if status == "running":
+            values["started_at"] = now()
+            values["finished_at"] = None
+        elif status in ("completed", "failed", "interrupted"):
+            values["finished_at"] = now()
+        if message is not None:
+            values["message"] = message
+        if cluster is not None:
+            values["cluster"] = cluster
+        with Session(self.engine) as s, s.begin():
+            s.execute(update(Job).where(Job.id == job_id).values(**values))
+
+    # ---- trials ---------------------------------------------------------------------------------
+    def unfinished_trials(self, job_id: int) -> list[Trial]:
+        with Session(self.engine, expire_on_commit=False) as s:
+            q = select(Trial).where(Trial.job_id == job_id, Trial.status.not_in(FINISHED)).order_by(Trial.seq)
+            return list(s.scalars(q))
+
+    def trials(self, job_id: int) -> list[Trial]:
+        with Session(self.engine, expire_on_commit=False) as s:
+            return list(s.scalars(select(Trial).where(Trial.job_id == job_id).order_by(Trial.seq)))
+
+    def samples(self, trial_id: int) -> list[int]:
+        with Session(self.engine) as s:
+            q = select(Sample.value_ns).where(Sample.trial_id == trial_id).order_by(Sample.seq)
+            return list(s.scalars(q))
+
+    def record_results(self, results: Iterable[dict[str, Any]]) -> None:
+        """Write finished trials (and their raw samples) in one transaction.
+
+        Each item has `trial_id`, `status` and any Trial column, plus `samples_ns` and `environment`.
+        A trial already finished is left as it is: a late duplicate result can never overwrite it.
+        """
+        with Session(self.engine) as s, s.begin():
+            for r in results:
+                r = dict(r)
+                samples = r.pop("samples_ns", None) or []
+                env = r.pop("environment", None)
+                trial_id = r.pop("trial_id")
+                if env is not None:
+                    r["environment_id"] = self._environment_id(s, env)
+                summary = r.get("summary") or {}
+                if "median" in summary:
+                    r["median_ns"] = summary["median"]
+                r.setdefault("finished_at", now())
+                res = s.execute(
+                    update(Trial).where(Trial.id == trial_id, Trial.status.not_in(FINISHED)).values(**r)
+                )
+                if res.rowcount and samples:
+                    s.execute(
+                        insert(Sample),
+                        [{"trial_id": trial_id, "seq": i, "value_ns": int(v)} for i, v in enumerate(samples)],
+                    )
+
+    def mark_attempt(self, trial_id: int, attempt: int, error: str | None = None) -> None:
+        """A worker died under this trial: count the attempt and keep it pending for a retry."""
+        with Session(self.engine) as s, s.begin():
+            s.execute(
+                update(Trial)
+                .where(Trial.id == trial_id, Trial.status.not_in(FINISHED))
+                .values(attempt=attempt, error=error, status=PENDING)
+            )
+
+    def _environment_id(self, s: Session, env: dict[str, Any]) -> int:
+        fp = hashlib.sha256(json.dumps(env, sort_keys=True, default=str).encode()).hexdigest()[:32]
+        if fp in self._env_ids:
+            return self._env_ids[fp]
+        found = s.scalar(select(Environment.id).where(Environment.fingerprint == fp))
+        if found is None:
+            row = Environment(
+                fingerprint=fp,
+                host=env.get("host", "?"),
+                device_kind=env.get("device_kind", "?"),
+                device_name=env.get("device_name", "?"),
+                data=env,
+            )
+            s.add(row)
+            s.flush()
+            found = row.id
+        self._env_ids[fp] = found
+        return found
+
+    def environments(self, job_id: int) -> list[Environment]:
+        with Session(self.engine, expire_on_commit=False) as s:
+            q = (
+                select(Environment)
+                .join(Trial, Trial.environment_id == Environment.id)
+                .where(Trial.job_id == job_id)
+                .distinct()
+            )
+            return list(s.scalars(q))

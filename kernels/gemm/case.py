@@ -1,0 +1,79 @@
+"""A plain GEMM family: C[M,N] = A[M,K] @ B[K,N] with two torch backends.
+
+It exercises the farm end to end with a real kernel before the FP8 GEMM family exists:
+  torch_fp32  fp32 matmul (the baseline and the reference)
+  torch_bf16  bf16 matmul of the same inputs, checked against the fp32 result
+FLOPs = 2*M*N*K; bytes = (M*K + K*N + M*N) * element size of the compute dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kernels.base import Cost, TrialOutcome, TrialRequest
+from kernels.measure.correctness import check_allclose, combine_seeds, seed_list
+from kernels.measure.timing import measure
+
+_COMPUTE = {"torch_fp32": torch.float32, "torch_bf16": torch.bfloat16}
+
+
+class GemmFamily:
+    name = "gemm"
+    backends = {
+        "torch_fp32": "torch.matmul in float32 (reference)",
+        "torch_bf16": "torch.matmul in bfloat16",
+    }
+    shape_keys = ("m", "n", "k")
+
+    def validate(self, shape: dict[str, Any], config: dict[str, Any], dtype: str, backend: str) -> None:
+        if set(shape) != set(self.shape_keys):
+            raise ValueError(f"shape needs exactly the keys m, n, k (got {sorted(shape)})")
+        for key in self.shape_keys:
+            if not isinstance(shape[key], int) or isinstance(shape[key], bool) or shape[key] < 1:
+                raise ValueError(f"shape.{key} must be a positive integer (got {shape[key]!r})")
+        if config:
+            raise ValueError(f"gemm backends take no config (got {config})")
+        if dtype != "float32":
+            raise ValueError(f"gemm inputs are float32; the backend picks the compute dtype (got {dtype})")
+
+    def cost(self, shape: dict[str, Any], dtype: str) -> Cost:
+        m, n, k = shape["m"], shape["n"], shape["k"]
+        elem = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+        return Cost(flops=2.0 * m * n * k, bytes=float((m * k + k * n + m * n) * elem))
+
+    def run(self, req: TrialRequest) -> TrialOutcome:
+        device = torch.device(req.device)
+        compute = _COMPUTE[req.backend]
+        m, n, k = req.shape["m"], req.shape["n"], req.shape["k"]
+        reports = []
+        seeds = seed_list(req.policy.seeds)
+        for seed in seeds:
+            gen = torch.Generator(device="cpu").manual_seed(seed)
+            a = torch.randn(m, k, generator=gen).to(device)
+            b = torch.randn(k, n, generator=gen).to(device)
+            reference = a @ b
+            out = a.to(compute) @ b.to(compute)
+            # Input rounding errors add up as a random walk over K: the absolute tolerance grows as sqrt(K).
+            atol = None if compute == torch.float32 else 2e-2 * k**0.5
+            reports.append(check_allclose(out, reference, atol=atol))
+        correctness = combine_seeds(reports, seeds).to_dict()
+        a, b = a.to(compute), b.to(compute)
+        m_ = measure(lambda: a @ b, req.policy, device=device)
+        cost = self.cost(req.shape, str(compute).removeprefix("torch."))
+        seconds = m_.summary.median / 1e9
+        return TrialOutcome.measured(
+            "ok" if correctness["passed"] else "incorrect",
+            m_,
+            correctness=correctness,
+            metrics={
+                "flops": cost.flops,
+                "bytes": cost.bytes,
+                "tflops": cost.flops / seconds / 1e12,
+                "gbps": cost.bytes / seconds / 1e9,
+            },
+        )
+
+
+FAMILY = GemmFamily()
