@@ -4,7 +4,8 @@
 (candidate / baseline; above 1 is slower), a bootstrap confidence interval of that ratio (seeded, so the
 same samples always give the same answer), and a two-sided Mann-Whitney U test. Verdict:
   "faster"/"slower"  |ratio - 1| >= min_effect, p < alpha, and the interval excludes 1; when either side's
-                     dispersion (cv) is above max_cv the shift must also exceed that dispersion;
+                     dispersion (cv) is above max_cv, the whole interval must also lie further from 1
+                     than that dispersion (and than min_effect): clearly outside the noise;
   "same"             neither side noisy and the whole interval lies within 1 +- min_effect;
   "ambiguous"        everything else, in particular any noisy pair whose shift is not clearly outside the
                      noise: high dispersion is never a pass.
@@ -128,8 +129,9 @@ def _verdict(
     if effect >= min_effect and p < alpha and excludes_one:
         if not noisy:
             return direction, f"{effect:.1%} change >= {min_effect:.1%}, p={p:.2g} < {alpha}"
-        if effect > noise:
-            return direction, f"{effect:.1%} change exceeds the noise (cv {noise:.1%}), p={p:.2g}"
+        near = (low - 1.0) if ratio > 1.0 else (1.0 - high)  # the interval's end nearest to no change
+        if near > max(noise, min_effect):
+            return direction, f"even the interval's near end ({near:.1%}) exceeds the noise (cv {noise:.1%})"
         return "ambiguous", f"{effect:.1%} change is inside the noise (cv {noise:.1%} > {max_cv:.1%})"
     if noisy:
         return "ambiguous", f"dispersion too high (cv {noise:.1%} > {max_cv:.1%}): no pass on noisy data"

@@ -206,11 +206,7 @@ def _measure_cuda(
             flush_buf.zero_()
 
     warmup = _warm_up(fn, policy.warmup_ms, stream.synchronize)
-    call = fn
-    graph = None
-    if timer == "cuda_graph":
-        graph = _capture_graph(fn, stream)
-        call = graph.replay
+    call = _capture_graph(fn, stream).replay if timer == "cuda_graph" else fn  # replay keeps the graph
 
     clock = ClockSampler.open(index, policy.throttle_clock_fraction)
     rule = StoppingRule(policy)
