@@ -1,0 +1,159 @@
+"""Gateway settings: one pydantic-settings object, loaded from YAML with environment overrides.
+
+Environment variables use the prefix ``FARM_GATEWAY_`` and ``__`` for nesting, e.g.
+``FARM_GATEWAY_PORT=9000`` or ``FARM_GATEWAY_PROVIDERS__OPENAI__BASE_URL=...``. Environment wins over YAML.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+log = logging.getLogger("gateway.config")
+
+DEV_SECRET = "kernelfarm-gateway-dev-secret-do-not-use-in-production"
+DEFAULT_DB_URL = "sqlite+aiosqlite:///.farm/gateway.db"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ProviderConfig(_Strict):
+    """An upstream API. ``base_url`` includes the version prefix, e.g. ``https://api.openai.com/v1``."""
+
+    kind: Literal["openai", "anthropic"]
+    base_url: str = Field(min_length=1)
+    api_key_env: str | None = None
+    connect_timeout_s: float = Field(10.0, gt=0)
+    read_timeout_s: float = Field(120.0, gt=0)
+    max_connections: int = Field(256, ge=1)
+
+
+class ModelRoute(_Strict):
+    provider: str
+    upstream_model: str
+
+
+class ProjectConfig(_Strict):
+    models: list[str] = Field(min_length=1)
+    max_concurrency: int = Field(8, ge=1)
+    queue_timeout_s: float = Field(30.0, ge=0)
+    rpm: int | None = Field(None, ge=1)
+    tpm: int | None = Field(None, ge=1)
+    daily_token_budget: int | None = Field(None, ge=1)
+    default_task: str = "default"
+    # Task names that get their own metrics label; any other X-Farm-Task value is labelled "other"
+    # (the ledger keeps the real name). Keeps the label set bounded.
+    tasks: list[str] = Field(default_factory=list)
+    default_max_tokens: int = Field(4096, ge=1)
+
+
+class RetryConfig(_Strict):
+    max_retries: int = Field(3, ge=0)
+    backoff_base_s: float = Field(0.5, ge=0)
+    backoff_cap_s: float = Field(8.0, ge=0)
+    jitter_s: float = Field(0.75, ge=0)
+    max_retry_after_s: float = Field(60.0, ge=0)
+    max_total_wait_s: float = Field(60.0, ge=0)
+
+
+class GatewaySettings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="FARM_GATEWAY_", env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    host: str = "127.0.0.1"
+    port: int = Field(8787, ge=0, le=65535)
+    database_url: str = DEFAULT_DB_URL
+    secret: SecretStr | None = None
+    providers: dict[str, ProviderConfig] = Field(default_factory=dict)
+    models: dict[str, ModelRoute] = Field(default_factory=dict)
+    projects: dict[str, ProjectConfig] = Field(default_factory=dict)
+    retry: RetryConfig = Field(default_factory=RetryConfig)
+    ledger_flush_interval_s: float = Field(0.25, gt=0)
+    ledger_batch_size: int = Field(500, ge=1)
+    key_cache_ttl_s: float = Field(5.0, ge=0)
+    key_rotation_grace_s: float = Field(3600.0, ge=0)
+    access_log: bool = False
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Environment overrides the YAML (which arrives as init kwargs).
+        return (env_settings, init_settings, file_secret_settings)
+
+    @model_validator(mode="after")
+    def _check_references(self) -> GatewaySettings:
+        for name, route in self.models.items():
+            if route.provider not in self.providers:
+                raise ValueError(
+                    f"models.{name}.provider: unknown provider {route.provider!r} "
+                    f"(known: {sorted(self.providers)})"
+                )
+        for pname, project in self.projects.items():
+            for i, model in enumerate(project.models):
+                if model not in self.models:
+                    raise ValueError(
+                        f"projects.{pname}.models.{i}: unknown model {model!r} (known: {sorted(self.models)})"
+                    )
+        return self
+
+    def secret_bytes(self) -> bytes:
+        """The server secret keys are hashed with. Falls back to a logged dev default when unset."""
+        if self.secret is None or not self.secret.get_secret_value():
+            log.warning(
+                "FARM_GATEWAY_SECRET is not set: using the built-in DEV secret. "
+                "Keys created this way are only as safe as this repository; set a secret for real use."
+            )
+            return DEV_SECRET.encode()
+        return self.secret.get_secret_value().encode()
+
+    def uses_dev_secret(self) -> bool:
+        return self.secret is None or not self.secret.get_secret_value()
+
+
+class ConfigError(Exception):
+    """Invalid configuration; the message names the field."""
+
+
+def _format_validation_error(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        msg = e["msg"]
+        lines.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(lines)
+
+
+def load_settings(path: str | Path | None = None, **overrides: Any) -> GatewaySettings:
+    """Load settings from a YAML file (optional) plus environment, raising ConfigError naming the field."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        try:
+            raw = yaml.safe_load(p.read_text()) or {}
+        except OSError as e:
+            raise ConfigError(f"cannot read config {p}: {e}") from e
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config {p} is not valid YAML: {e}") from e
+        if not isinstance(raw, dict):
+            raise ConfigError(f"config {p}: top level must be a mapping")
+        data.update(raw)
+    data.update(overrides)
+    try:
+        return GatewaySettings(**data)
+    except ValidationError as e:
+        where = f" {path}" if path else ""
+        raise ConfigError(f"invalid gateway config{where}: {_format_validation_error(e)}") from e

@@ -1,0 +1,194 @@
+"""Per-project API keys: stored only as HMAC-SHA256(server secret, key), compared in constant time.
+
+A key looks like ``kf_<12 hex id>_<secret>``. The id is public (it appears in ``keys list`` and in the
+ledger); the rest is shown once at creation and never stored or logged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway.db import api_keys
+
+KEY_PREFIX = "kf_"
+_ID_LEN = 12
+_KEY_RE = re.compile(r"^kf_([0-9a-f]{12})_[A-Za-z0-9_-]{20,}$")
+
+Clock = Callable[[], datetime]
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _utc(dt: datetime | None) -> datetime | None:
+    if dt is None:
+        return None
+    return dt if dt.tzinfo is not None else dt.replace(tzinfo=UTC)
+
+
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str) -> timedelta:
+    """``90s``, ``15m``, ``12h``, ``30d``, ``2w`` (bare numbers are seconds)."""
+    m = _DURATION_RE.match(text.lower())
+    if not m:
+        raise ValueError(f"invalid duration {text!r}: use e.g. 90s, 15m, 12h, 30d, 2w")
+    return timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)])
+
+
+@dataclass(frozen=True, slots=True)
+class KeyInfo:
+    id: str
+    project: str
+    name: str
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+    rotated_to: str | None
+
+    def state(self, now: datetime) -> str:
+        if self.revoked_at is not None:
+            return "revoked"
+        if self.expires_at is not None and now >= self.expires_at:
+            return "expired"
+        if self.rotated_to is not None:
+            return "rotating"
+        return "active"
+
+    def usable(self, now: datetime) -> bool:
+        return self.state(now) in ("active", "rotating")
+
+
+def _row_to_info(row) -> KeyInfo:
+    return KeyInfo(
+        id=row.id,
+        project=row.project,
+        name=row.name,
+        created_at=_utc(row.created_at),
+        expires_at=_utc(row.expires_at),
+        revoked_at=_utc(row.revoked_at),
+        rotated_to=row.rotated_to,
+    )
+
+
+class KeyStore:
+    def __init__(
+        self, engine: AsyncEngine, secret: bytes, *, cache_ttl_s: float = 5.0, clock: Clock = utcnow
+    ) -> None:
+        self._engine = engine
+        self._secret = secret
+        self._cache_ttl = cache_ttl_s
+        self._clock = clock
+        # digest -> (info, row hash, monotonic fetch time); holds no plaintext key
+        self._cache: dict[str, tuple[KeyInfo, str, float]] = {}
+
+    def _digest(self, key: str) -> str:
+        return hmac.new(self._secret, key.encode(), hashlib.sha256).hexdigest()
+
+    async def create(
+        self, project: str, name: str = "", expires_in: timedelta | None = None
+    ) -> tuple[str, KeyInfo]:
+        key_id = secrets.token_hex(_ID_LEN // 2)
+        key = f"{KEY_PREFIX}{key_id}_{secrets.token_urlsafe(32)}"
+        now = self._clock()
+        info = KeyInfo(
+            id=key_id,
+            project=project,
+            name=name,
+            created_at=now,
+            expires_at=now + expires_in if expires_in is not None else None,
+            revoked_at=None,
+            rotated_to=None,
+        )
+        async with self._engine.begin() as conn:
+            await conn.execute(
+                api_keys.insert().values(
+                    id=info.id,
+                    project=info.project,
+                    name=info.name,
+                    key_hash=self._digest(key),
+                    created_at=info.created_at,
+                    expires_at=info.expires_at,
+                )
+            )
+        return key, info
+
+    async def get(self, key_id: str) -> KeyInfo | None:
+        async with self._engine.connect() as conn:
+            row = (await conn.execute(select(api_keys).where(api_keys.c.id == key_id))).first()
+        return _row_to_info(row) if row else None
+
+    async def list(self, project: str | None = None) -> list[KeyInfo]:
+        q = select(api_keys).order_by(api_keys.c.project, api_keys.c.created_at)
+        if project:
+            q = q.where(api_keys.c.project == project)
+        async with self._engine.connect() as conn:
+            rows = (await conn.execute(q)).all()
+        return [_row_to_info(r) for r in rows]
+
+    async def revoke(self, key_id: str) -> bool:
+        async with self._engine.begin() as conn:
+            res = await conn.execute(
+                update(api_keys)
+                .where(api_keys.c.id == key_id, api_keys.c.revoked_at.is_(None))
+                .values(revoked_at=self._clock())
+            )
+        self._cache.clear()
+        return res.rowcount > 0
+
+    async def rotate(self, key_id: str, grace: timedelta) -> tuple[str, KeyInfo]:
+        """A new key for the same project and name; the old one keeps working for ``grace`` only."""
+        old = await self.get(key_id)
+        if old is None:
+            raise KeyError(key_id)
+        now = self._clock()
+        if not old.usable(now):
+            raise ValueError(f"key {key_id} is {old.state(now)}; only an active key can be rotated")
+        remaining = old.expires_at - now if old.expires_at is not None else None
+        new_key, new_info = await self.create(old.project, old.name, remaining)
+        old_expiry = now + grace
+        if old.expires_at is not None:
+            old_expiry = min(old_expiry, old.expires_at)
+        async with self._engine.begin() as conn:
+            await conn.execute(
+                update(api_keys)
+                .where(api_keys.c.id == key_id)
+                .values(expires_at=old_expiry, rotated_to=new_info.id)
+            )
+        self._cache.clear()
+        return new_key, new_info
+
+    async def authenticate(self, key: str) -> KeyInfo | None:
+        """The key's info if it is valid now, else None. Never raises on a malformed key."""
+        m = _KEY_RE.match(key)
+        if m is None:
+            return None
+        digest = self._digest(key)
+        mono = time.monotonic()
+        cached = self._cache.get(digest)
+        if cached is not None and mono - cached[2] <= self._cache_ttl:
+            info, row_hash = cached[0], cached[1]
+        else:
+            async with self._engine.connect() as conn:
+                row = (await conn.execute(select(api_keys).where(api_keys.c.id == m.group(1)))).first()
+            if row is None:
+                return None
+            info, row_hash = _row_to_info(row), row.key_hash
+        if not hmac.compare_digest(row_hash, digest):
+            return None
+        if cached is None or cached[0] is not info:
+            self._cache[digest] = (info, row_hash, mono)
+        return info if info.usable(self._clock()) else None

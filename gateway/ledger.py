@@ -1,0 +1,104 @@
+"""The token ledger: one row per client request, written in batches by a background task.
+
+``submit`` is synchronous and only appends to a list, so the request path never waits on the database.
+The writer flushes every ``interval`` seconds, sooner when a batch fills, and once more on ``stop``.
+A failed flush keeps its rows and tries again on the next tick.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import UTC, datetime
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway.db import ledger
+
+log = logging.getLogger("gateway.ledger")
+
+MAX_BACKLOG = 200_000
+
+
+class LedgerWriter:
+    def __init__(self, engine: AsyncEngine, *, interval_s: float = 0.25, batch_size: int = 500) -> None:
+        self._engine = engine
+        self._interval = interval_s
+        self._batch_size = batch_size
+        self._pending: list[dict] = []
+        self._wake = asyncio.Event()
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task | None = None
+        self._stopping = False
+        self.written = 0
+        self.failed_flushes = 0
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def submit(self, row: dict) -> None:
+        self._pending.append(row)
+        if len(self._pending) >= self._batch_size:
+            self._wake.set()
+
+    async def start(self) -> None:
+        self._stopping = False
+        self._task = asyncio.create_task(self._run(), name="gateway-ledger-writer")
+
+    async def _run(self) -> None:
+        while not self._stopping:
+            try:
+                async with asyncio.timeout(self._interval):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            try:
+                await self.flush()
+            except Exception:  # keep the writer alive; rows stay pending
+                log.exception("ledger flush failed; will retry")
+
+    async def flush(self) -> int:
+        """Write everything submitted so far; returns the number of rows written."""
+        async with self._lock:
+            if not self._pending:
+                return 0
+            batch, self._pending = self._pending, []
+            try:
+                async with self._engine.begin() as conn:
+                    await conn.execute(ledger.insert(), batch)
+            except BaseException:
+                self.failed_flushes += 1
+                self._pending[:0] = batch
+                if len(self._pending) > MAX_BACKLOG:
+                    dropped = len(self._pending) - MAX_BACKLOG
+                    del self._pending[:dropped]
+                    log.error("ledger backlog over %d rows: dropped the %d oldest", MAX_BACKLOG, dropped)
+                raise
+            self.written += len(batch)
+            return len(batch)
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._task is not None:
+            try:
+                await self._task
+            finally:
+                self._task = None
+        await self.flush()
+
+
+async def tokens_used_today(engine: AsyncEngine) -> dict[str, int]:
+    """Per project, tokens recorded since 00:00 UTC (to seed the daily budgets at start)."""
+    midnight = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    q = (
+        select(ledger.c.project, func.sum(ledger.c.input_tokens + ledger.c.output_tokens))
+        .where(ledger.c.ts >= midnight, ledger.c.project.is_not(None))
+        .group_by(ledger.c.project)
+    )
+    async with engine.connect() as conn:
+        rows = (await conn.execute(q)).all()
+    return {p: int(n or 0) for p, n in rows}

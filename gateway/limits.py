@@ -1,0 +1,169 @@
+"""Per-project limits: concurrency with a bounded queue wait, rpm and tpm (aiolimiter), daily token budget."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from aiolimiter import AsyncLimiter
+
+from gateway.config import ProjectConfig
+
+
+class LimitExceeded(Exception):
+    def __init__(self, limit: str, retry_after_s: float, message: str) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.retry_after_s = retry_after_s
+        self.message = message
+
+    @property
+    def retry_after_header(self) -> str:
+        return str(max(1, math.ceil(self.retry_after_s)))
+
+
+def _seconds_until_capacity(limiter: AsyncLimiter, amount: float) -> float:
+    """How long until ``amount`` fits in the leaky bucket (aiolimiter exposes no public API for this)."""
+    limiter.has_capacity(amount)  # leaks the bucket up to now
+    level = getattr(limiter, "_level", limiter.max_rate)
+    rate = limiter.max_rate / limiter.time_period
+    needed = level + amount - limiter.max_rate
+    return max(needed / rate, 0.0)
+
+
+def _adjust_level(limiter: AsyncLimiter, delta: float) -> None:
+    """Settle a reservation: return unused tokens to (or charge extra tokens against) the bucket."""
+    if hasattr(limiter, "_level"):
+        limiter.has_capacity(0)
+        limiter._level = max(0.0, limiter._level + delta)
+
+
+def _utc_day(now: datetime) -> str:
+    return now.strftime("%Y-%m-%d")
+
+
+def _seconds_to_midnight(now: datetime) -> float:
+    tomorrow = (now + timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
+    return (tomorrow - now).total_seconds()
+
+
+@dataclass(slots=True)
+class Admission:
+    project: ProjectLimits
+    reserved_tokens: int
+    queue_wait_s: float
+    released: bool = False
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self.project._release()
+
+    def settle(self, actual_tokens: int) -> None:
+        self.project._settle(self.reserved_tokens, actual_tokens)
+        self.reserved_tokens = 0
+
+
+class ProjectLimits:
+    def __init__(self, name: str, cfg: ProjectConfig, used_today: int = 0) -> None:
+        self.name = name
+        self.cfg = cfg
+        self._sem = asyncio.Semaphore(cfg.max_concurrency)
+        self._rpm = AsyncLimiter(cfg.rpm, 60) if cfg.rpm else None
+        self._tpm = AsyncLimiter(cfg.tpm, 60) if cfg.tpm else None
+        self.in_flight = 0
+        self.waiting = 0
+        self._day = _utc_day(datetime.now(UTC))
+        self.used_today = used_today
+
+    def budget_remaining(self) -> int | None:
+        if self.cfg.daily_token_budget is None:
+            return None
+        self._roll_day()
+        return max(0, self.cfg.daily_token_budget - self.used_today)
+
+    def _roll_day(self) -> None:
+        day = _utc_day(datetime.now(UTC))
+        if day != self._day:
+            self._day = day
+            self.used_today = 0
+
+    async def admit(self, max_tokens: int | None) -> Admission:
+        cfg = self.cfg
+        if cfg.daily_token_budget is not None:
+            self._roll_day()
+            if self.used_today >= cfg.daily_token_budget:
+                raise LimitExceeded(
+                    "daily_budget",
+                    _seconds_to_midnight(datetime.now(UTC)),
+                    f"project {self.name!r} has used its daily token budget "
+                    f"({self.used_today}/{cfg.daily_token_budget} tokens)",
+                )
+        if self._rpm is not None:
+            if not self._rpm.has_capacity(1):
+                raise LimitExceeded(
+                    "rpm",
+                    _seconds_until_capacity(self._rpm, 1),
+                    f"project {self.name!r} is over its rate limit of {cfg.rpm} requests per minute",
+                )
+            await self._rpm.acquire(1)
+        reserve = 0
+        if self._tpm is not None:
+            reserve = min(max_tokens or cfg.default_max_tokens, int(self._tpm.max_rate))
+            if not self._tpm.has_capacity(reserve):
+                raise LimitExceeded(
+                    "tpm",
+                    _seconds_until_capacity(self._tpm, reserve),
+                    f"project {self.name!r} is over its rate limit of {cfg.tpm} tokens per minute "
+                    f"(this request reserves {reserve})",
+                )
+            await self._tpm.acquire(reserve)
+        t0 = time.perf_counter()
+        if self._sem.locked():
+            self.waiting += 1
+            try:
+                async with asyncio.timeout(cfg.queue_timeout_s):
+                    await self._sem.acquire()
+            except TimeoutError:
+                if self._tpm is not None:
+                    _adjust_level(self._tpm, -reserve)
+                raise LimitExceeded(
+                    "concurrency",
+                    1.0,
+                    f"project {self.name!r} has {cfg.max_concurrency} requests in flight and the queue "
+                    f"wait of {cfg.queue_timeout_s:g} s ran out",
+                ) from None
+            except BaseException:
+                if self._tpm is not None:
+                    _adjust_level(self._tpm, -reserve)
+                raise
+            finally:
+                self.waiting -= 1
+        else:
+            await self._sem.acquire()
+        self.in_flight += 1
+        return Admission(self, reserve, time.perf_counter() - t0)
+
+    def _release(self) -> None:
+        self.in_flight -= 1
+        self._sem.release()
+
+    def _settle(self, reserved: int, actual: int) -> None:
+        if self._tpm is not None and actual != reserved:
+            _adjust_level(self._tpm, actual - reserved)
+        self._roll_day()
+        self.used_today += actual
+
+
+class Limits:
+    """All projects' limiters, built from the settings."""
+
+    def __init__(self, projects: dict[str, ProjectConfig], used_today: dict[str, int] | None = None) -> None:
+        used_today = used_today or {}
+        self.projects = {n: ProjectLimits(n, c, used_today.get(n, 0)) for n, c in projects.items()}
+
+    def __getitem__(self, name: str) -> ProjectLimits:
+        return self.projects[name]

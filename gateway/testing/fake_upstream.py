@@ -1,0 +1,386 @@
+"""A fake upstream: a real aiohttp server speaking OpenAI chat, Responses and Anthropic Messages.
+
+Streams included. Faults are queued per request (``fake.faults.append(Fault(...))``): an error status with
+an optional Retry-After, a slow first byte, a stall before the headers or mid-body (held until
+``fake.release`` is set), or a dropped connection. Used by tests/gateway and benchmarks/gateway_bench.py.
+
+Usage it reports is deterministic and logged in ``fake.usage_log`` so tests can compare ledger rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from aiohttp import web
+
+
+@dataclass
+class Fault:
+    status: int = 200  # != 200: answer this error status
+    retry_after: str | None = None
+    first_byte_delay_s: float = 0.0  # sleep before the status line
+    stall_before_headers: bool = False  # wait for ``release`` before the status line
+    stall_after_events: int | None = None  # stream: after N events (non-stream: after headers) wait
+    drop: bool = False  # close the connection without answering
+
+
+@dataclass
+class Seen:
+    path: str
+    headers: dict[str, str]
+    body: dict
+
+
+def _words(seq: int) -> list[str]:
+    n = 3 + seq % 5
+    return [f"w{seq}-{i} " for i in range(n)]
+
+
+def _input_tokens(body: dict) -> int:
+    src = body.get("messages", body.get("input", ""))
+    return 5 + len(json.dumps(src)) // 8
+
+
+def _sse(data: dict | str, event: str | None = None) -> bytes:
+    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {payload}\n\n".encode()
+
+
+class FakeUpstream:
+    def __init__(self, *, latency_s: float = 0.0, record: bool = True) -> None:
+        self.latency_s = latency_s
+        self.record = record
+        self.faults: deque[Fault] = deque()
+        self.seen: list[Seen] = []
+        self.usage_log: list[tuple[str, bool, int, int]] = []  # (path, stream, input, output)
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.requests = 0
+        self.cancelled = 0
+        self.cancelled_event = asyncio.Event()
+        self.release = asyncio.Event()
+        self._seq = 0
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/responses", self._responses)
+        app.router.add_post("/v1/messages", self._messages)
+        app.router.add_post("/v1/messages/count_tokens", self._count_tokens)
+        app.router.add_get("/v1/models", self._models)
+        self.app = app
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        self._runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+        return self.base_url
+
+    async def close(self) -> None:
+        self.release.set()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    # --- plumbing --------------------------------------------------------------------------------
+    async def _enter(self, request: web.Request, anthropic: bool) -> tuple[dict, int, Fault | None]:
+        self.requests += 1
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        body = await request.json()
+        if self.record:
+            self.seen.append(Seen(request.path, dict(request.headers), body))
+        self._seq += 1
+        fault = self.faults.popleft() if self.faults else None
+        if self.latency_s:
+            await asyncio.sleep(self.latency_s)
+        if fault is not None:
+            if fault.first_byte_delay_s:
+                await asyncio.sleep(fault.first_byte_delay_s)
+            if fault.stall_before_headers:
+                await self.release.wait()
+            if fault.drop:
+                assert request.transport is not None
+                request.transport.close()
+                raise asyncio.CancelledError
+        return body, self._seq, fault
+
+    def _error(self, fault: Fault, anthropic: bool) -> web.Response:
+        msg = f"fake upstream error {fault.status}"
+        if anthropic:
+            body = {"type": "error", "error": {"type": "api_error", "message": msg}}
+        else:
+            body = {"error": {"message": msg, "type": "server_error", "param": None, "code": None}}
+        headers = {"Retry-After": fault.retry_after} if fault.retry_after is not None else {}
+        return web.json_response(body, status=fault.status, headers=headers)
+
+    async def _wrap(self, request: web.Request, anthropic: bool, make) -> web.StreamResponse:
+        try:
+            body, seq, fault = await self._enter(request, anthropic)
+            if fault is not None and fault.status != 200:
+                return self._error(fault, anthropic)
+            return await make(request, body, seq, fault)
+        except (asyncio.CancelledError, ConnectionResetError):
+            self.cancelled += 1
+            self.cancelled_event.set()
+            raise
+        finally:
+            self.in_flight -= 1
+
+    async def _send_json(self, request: web.Request, obj: dict, fault: Fault | None, rid: str, hdr: str):
+        data = json.dumps(obj).encode()
+        if fault is not None and fault.stall_after_events is not None:
+            resp = web.StreamResponse(headers={"Content-Type": "application/json", hdr: rid})
+            resp.content_length = len(data)
+            await resp.prepare(request)
+            await resp.write(data[:1])
+            await self.release.wait()
+            await resp.write(data[1:])
+            await resp.write_eof()
+            return resp
+        return web.Response(body=data, content_type="application/json", headers={hdr: rid})
+
+    async def _send_stream(
+        self, request: web.Request, events: list[bytes], fault: Fault | None, rid: str, hdr: str
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", hdr: rid})
+        await resp.prepare(request)
+        stall_at = fault.stall_after_events if fault is not None else None
+        for i, ev in enumerate(events):
+            if stall_at is not None and i == stall_at:
+                await self.release.wait()
+            await resp.write(ev)
+        await resp.write_eof()
+        return resp
+
+    def _log(self, path: str, stream: bool, inp: int, out: int) -> None:
+        self.usage_log.append((path, stream, inp, out))
+
+    # --- OpenAI chat -----------------------------------------------------------------------------
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._wrap(request, False, self._chat_body)
+
+    async def _chat_body(self, request, body, seq, fault):
+        model = body.get("model", "?")
+        words = _words(seq)
+        inp, out = _input_tokens(body), len(words)
+        rid = f"req_fake_{seq}"
+        cid = f"chatcmpl-{seq}"
+        created = int(time.time())
+        stream = bool(body.get("stream"))
+        usage = {"prompt_tokens": inp, "completion_tokens": out, "total_tokens": inp + out}
+        if not stream:
+            self._log("chat", False, inp, out)
+            msg = {"role": "assistant", "content": "".join(words), "refusal": None}
+            obj = {
+                "id": cid,
+                "object": "chat.completion",
+                "created": created,
+                "model": model,
+                "choices": [{"index": 0, "message": msg, "logprobs": None, "finish_reason": "stop"}],
+                "usage": usage,
+            }
+            return await self._send_json(request, obj, fault, rid, "x-request-id")
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+
+        def chunk(delta: dict, finish: str | None) -> bytes:
+            c = {
+                "id": cid,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+            }
+            if include_usage:
+                c["usage"] = None
+            return _sse(c)
+
+        events = [chunk({"role": "assistant", "content": ""}, None)]
+        events += [chunk({"content": w}, None) for w in words]
+        events.append(chunk({}, "stop"))
+        if include_usage:
+            events.append(
+                _sse(
+                    {
+                        "id": cid,
+                        "object": "chat.completion.chunk",
+                        "created": created,
+                        "model": model,
+                        "choices": [],
+                        "usage": usage,
+                    }
+                )
+            )
+        events.append(_sse("[DONE]"))
+        self._log("chat", True, inp, out)
+        return await self._send_stream(request, events, fault, rid, "x-request-id")
+
+    # --- OpenAI Responses ------------------------------------------------------------------------
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        return await self._wrap(request, False, self._responses_body)
+
+    async def _responses_body(self, request, body, seq, fault):
+        model = body.get("model", "?")
+        words = _words(seq)
+        inp, out = _input_tokens(body), len(words)
+        rid = f"req_fake_{seq}"
+        text = "".join(words)
+        msg_id = f"msg_{seq}"
+
+        def response(status: str, output: list, usage: dict | None) -> dict:
+            return {
+                "id": f"resp_{seq}",
+                "object": "response",
+                "created_at": int(time.time()),
+                "status": status,
+                "model": model,
+                "output": output,
+                "parallel_tool_calls": True,
+                "tool_choice": "auto",
+                "tools": [],
+                "usage": usage,
+            }
+
+        part = {"type": "output_text", "text": text, "annotations": []}
+        item = {
+            "type": "message",
+            "id": msg_id,
+            "status": "completed",
+            "role": "assistant",
+            "content": [part],
+        }
+        usage = {
+            "input_tokens": inp,
+            "output_tokens": out,
+            "total_tokens": inp + out,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": 0},
+        }
+        self._log("responses", bool(body.get("stream")), inp, out)
+        if not body.get("stream"):
+            return await self._send_json(
+                request, response("completed", [item], usage), fault, rid, "x-request-id"
+            )
+        n = 0
+
+        def ev(kind: str, **fields) -> bytes:
+            nonlocal n
+            n += 1
+            return _sse({"type": kind, "sequence_number": n - 1, **fields}, kind)
+
+        loc = {"item_id": msg_id, "output_index": 0, "content_index": 0}
+        events = [
+            ev("response.created", response=response("in_progress", [], None)),
+            ev(
+                "response.output_item.added",
+                output_index=0,
+                item={**item, "status": "in_progress", "content": []},
+            ),
+            ev("response.content_part.added", part={**part, "text": ""}, **loc),
+        ]
+        events += [ev("response.output_text.delta", delta=w, logprobs=[], **loc) for w in words]
+        events += [
+            ev("response.output_text.done", text=text, logprobs=[], **loc),
+            ev("response.content_part.done", part=part, **loc),
+            ev("response.output_item.done", output_index=0, item=item),
+            ev("response.completed", response=response("completed", [item], usage)),
+        ]
+        return await self._send_stream(request, events, fault, rid, "x-request-id")
+
+    # --- Anthropic Messages ----------------------------------------------------------------------
+    async def _messages(self, request: web.Request) -> web.StreamResponse:
+        return await self._wrap(request, True, self._messages_body)
+
+    async def _messages_body(self, request, body, seq, fault):
+        model = body.get("model", "?")
+        words = _words(seq)
+        inp, out = _input_tokens(body), len(words)
+        rid = f"req_fake_{seq}"
+        message = {
+            "id": f"msg_{seq}",
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": [{"type": "text", "text": "".join(words)}],
+            "stop_reason": "end_turn",
+            "stop_sequence": None,
+            "usage": {"input_tokens": inp, "output_tokens": out},
+        }
+        self._log("messages", bool(body.get("stream")), inp, out)
+        if not body.get("stream"):
+            return await self._send_json(request, message, fault, rid, "request-id")
+        start = {
+            **message,
+            "content": [],
+            "stop_reason": None,
+            "usage": {"input_tokens": inp, "output_tokens": 1},
+        }
+        events = [
+            _sse({"type": "message_start", "message": start}, "message_start"),
+            _sse(
+                {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+                "content_block_start",
+            ),
+            _sse({"type": "ping"}, "ping"),
+        ]
+        events += [
+            _sse(
+                {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": w}},
+                "content_block_delta",
+            )
+            for w in words
+        ]
+        events += [
+            _sse({"type": "content_block_stop", "index": 0}, "content_block_stop"),
+            _sse(
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                    "usage": {"output_tokens": out},
+                },
+                "message_delta",
+            ),
+            _sse({"type": "message_stop"}, "message_stop"),
+        ]
+        return await self._send_stream(request, events, fault, rid, "request-id")
+
+    async def _count_tokens(self, request: web.Request) -> web.StreamResponse:
+        async def make(request, body, seq, fault):
+            return web.json_response(
+                {"input_tokens": _input_tokens(body)}, headers={"request-id": f"req_{seq}"}
+            )
+
+        return await self._wrap(request, True, make)
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+
+
+async def _main(port: int) -> None:  # pragma: no cover - used by the benchmark as a subprocess
+    fake = FakeUpstream(record=False)
+    await fake.start(port=port)
+    print(f"FAKE_READY {fake.port}", flush=True)
+    await asyncio.Event().wait()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    import sys
+
+    try:
+        import uvloop  # type: ignore[import-not-found]
+
+        uvloop.install()
+    except ImportError:
+        pass
+    asyncio.run(_main(int(sys.argv[1]) if len(sys.argv) > 1 else 0))

@@ -1,0 +1,167 @@
+"""Token usage from upstream bodies and SSE streams (chat, Responses, Messages), with a fallback estimate.
+
+The stream tracker works on whole SSE events: it forwards each event as soon as its terminating blank
+line arrives, looks inside only the few events that carry usage, and can drop the chat usage chunk that the
+gateway asked for on the client's behalf.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Literal
+
+Api = Literal["chat", "responses", "messages"]
+
+# Text fields of all three wire formats, used only for the estimate when an upstream reports no usage.
+_TEXT_RE = re.compile(rb'"(?:content|delta|text|partial_json|arguments)"\s*:\s*"((?:[^"\\]|\\.)*)"')
+_CHARS_PER_TOKEN = 4
+
+
+def estimate_tokens(raw: bytes) -> int:
+    return max(1, len(raw) // _CHARS_PER_TOKEN)
+
+
+def estimate_output_tokens(raw: bytes) -> int:
+    return max(1, sum(len(m) for m in _TEXT_RE.findall(raw)) // _CHARS_PER_TOKEN)
+
+
+def _anthropic_input(u: dict) -> int:
+    return (
+        int(u.get("input_tokens") or 0)
+        + int(u.get("cache_creation_input_tokens") or 0)
+        + int(u.get("cache_read_input_tokens") or 0)
+    )
+
+
+def usage_from_body(api: Api, body: object) -> tuple[int, int] | None:
+    """(input, output) tokens from a non-streamed response body, or None when it reports none."""
+    if not isinstance(body, dict):
+        return None
+    u = body.get("usage")
+    if not isinstance(u, dict):
+        return None
+    if api == "chat":
+        if "prompt_tokens" not in u and "completion_tokens" not in u:
+            return None
+        return int(u.get("prompt_tokens") or 0), int(u.get("completion_tokens") or 0)
+    if api == "responses":
+        if "input_tokens" not in u and "output_tokens" not in u:
+            return None
+        return int(u.get("input_tokens") or 0), int(u.get("output_tokens") or 0)
+    if "input_tokens" not in u and "output_tokens" not in u:
+        return None
+    return _anthropic_input(u), int(u.get("output_tokens") or 0)
+
+
+def _event_data(block: bytes) -> bytes:
+    parts = []
+    for line in block.split(b"\n"):
+        if line.startswith(b"data:"):
+            parts.append(line[5:].lstrip(b" "))
+    return b"\n".join(parts)
+
+
+class StreamUsage:
+    """Feeds on upstream SSE bytes, returns the bytes to forward, and collects usage on the way."""
+
+    __slots__ = ("api", "strip_usage_chunk", "_buf", "input_tokens", "output_tokens", "seen_usage", "_text")
+
+    def __init__(self, api: Api, strip_usage_chunk: bool = False) -> None:
+        self.api = api
+        self.strip_usage_chunk = strip_usage_chunk
+        self._buf = b""
+        self.input_tokens = 0
+        self.output_tokens = 0
+        self.seen_usage = False
+        self._text = 0
+
+    def feed(self, chunk: bytes) -> bytes:
+        if b"\r" in chunk:
+            chunk = chunk.replace(b"\r\n", b"\n")
+        buf = self._buf + chunk if self._buf else chunk
+        end = buf.rfind(b"\n\n")
+        if end < 0:
+            self._buf = buf
+            return b""
+        complete, self._buf = buf[: end + 2], buf[end + 2 :]
+        out = []
+        dropped = False
+        for block in complete.split(b"\n\n"):
+            if not block:
+                continue
+            if self._inspect(block):
+                out.append(block)
+            else:
+                dropped = True
+        if not dropped:
+            return complete
+        return b"".join(b + b"\n\n" for b in out)
+
+    def finish(self) -> bytes:
+        rest, self._buf = self._buf, b""
+        if rest.strip():
+            self._inspect(rest)
+        return rest
+
+    def _inspect(self, block: bytes) -> bool:
+        """Record usage carried by one event; False when the event must not reach the client."""
+        for m in _TEXT_RE.finditer(block):
+            self._text += len(m.group(1))
+        api = self.api
+        if api == "chat":
+            if b'"usage":{' not in block and b'"usage": {' not in block:
+                return True
+            obj = self._json(block)
+            u = obj.get("usage") if obj else None
+            if isinstance(u, dict):
+                self.seen_usage = True
+                self.input_tokens = int(u.get("prompt_tokens") or 0)
+                self.output_tokens = int(u.get("completion_tokens") or 0)
+                if self.strip_usage_chunk and not obj.get("choices"):
+                    return False
+            return True
+        if api == "responses":
+            if b'"usage"' not in block or b"response." not in block:
+                return True
+            obj = self._json(block)
+            resp = obj.get("response") if obj else None
+            u = resp.get("usage") if isinstance(resp, dict) else None
+            if isinstance(u, dict):
+                self.seen_usage = True
+                self.input_tokens = int(u.get("input_tokens") or 0)
+                self.output_tokens = int(u.get("output_tokens") or 0)
+            return True
+        # Anthropic messages
+        if b"message_start" in block:
+            obj = self._json(block)
+            msg = obj.get("message") if obj else None
+            u = msg.get("usage") if isinstance(msg, dict) else None
+            if isinstance(u, dict):
+                self.seen_usage = True
+                self.input_tokens = _anthropic_input(u)
+                self.output_tokens = int(u.get("output_tokens") or 0)
+        elif b"message_delta" in block:
+            obj = self._json(block)
+            u = obj.get("usage") if obj else None
+            if isinstance(u, dict):
+                self.seen_usage = True
+                if "output_tokens" in u:
+                    self.output_tokens = int(u["output_tokens"] or 0)  # cumulative
+                if u.get("input_tokens"):
+                    self.input_tokens = _anthropic_input(u)
+        return True
+
+    @staticmethod
+    def _json(block: bytes) -> dict | None:
+        data = _event_data(block)
+        if not data or data == b"[DONE]":
+            return None
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            return None
+        return obj if isinstance(obj, dict) else None
+
+    def estimated_output_tokens(self) -> int:
+        return max(1, self._text // _CHARS_PER_TOKEN)

@@ -1,0 +1,201 @@
+"""Fixtures: a real fake upstream on 127.0.0.1, and gateways built from settings on port 0."""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import anthropic
+import openai
+import pytest
+from aiohttp import web
+
+from gateway.app import GATEWAY, Gateway, create_app
+from gateway.config import GatewaySettings
+from gateway.testing.fake_upstream import FakeUpstream
+
+SECRET = "test-secret-0123456789"
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+def make_settings(fake: FakeUpstream, db_path: Path, **overrides) -> GatewaySettings:
+    projects = {
+        "alpha": {
+            "models": ["gpt-fake", "claude-fake"],
+            "max_concurrency": 8,
+            "queue_timeout_s": 5,
+            "default_task": "alpha-default",
+            "tasks": ["checklist"],
+        },
+        "beta": {"models": ["gpt-beta"], "max_concurrency": 8, "default_task": "beta-default"},
+    }
+    for name, extra in overrides.pop("projects", {}).items():
+        projects[name] = {**projects[name], **extra}
+    providers = {
+        "oa": {"kind": "openai", "base_url": fake.base_url, "read_timeout_s": 5, "connect_timeout_s": 2},
+        "an": {"kind": "anthropic", "base_url": fake.base_url, "read_timeout_s": 5, "connect_timeout_s": 2},
+    }
+    for name, extra in overrides.pop("providers", {}).items():
+        providers[name] = {**providers[name], **extra}
+    data = {
+        "host": "127.0.0.1",
+        "port": 0,
+        "database_url": f"sqlite+aiosqlite:///{db_path}",
+        "secret": SECRET,
+        "providers": providers,
+        "models": {
+            "gpt-fake": {"provider": "oa", "upstream_model": "gpt-upstream"},
+            "gpt-beta": {"provider": "oa", "upstream_model": "gpt-beta"},
+            "claude-fake": {"provider": "an", "upstream_model": "claude-upstream"},
+        },
+        "projects": projects,
+        "retry": {"backoff_base_s": 0.01, "backoff_cap_s": 0.05, "jitter_s": 0.0, "max_total_wait_s": 5},
+        "ledger_flush_interval_s": 0.05,
+        "key_cache_ttl_s": 0,
+    }
+    data.update(overrides)
+    return GatewaySettings(**data)
+
+
+@dataclass
+class RunningGateway:
+    app: web.Application
+    runner: web.AppRunner
+    port: int
+    db_path: Path
+    clock: FakeClock
+    keys: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def gw(self) -> Gateway:
+        return self.app[GATEWAY]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def v1(self) -> str:
+        return f"{self.url}/v1"
+
+    async def rows(self) -> list[sqlite3.Row]:
+        """Flush the writer, then read the ledger back from the database file."""
+        await self.gw.ledger.flush()
+        con = sqlite3.connect(self.db_path)
+        con.row_factory = sqlite3.Row
+        try:
+            return con.execute("SELECT * FROM gateway_ledger ORDER BY ts").fetchall()
+        finally:
+            con.close()
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+
+
+@pytest.fixture
+async def fake():
+    f = FakeUpstream()
+    await f.start()
+    yield f
+    await f.close()
+
+
+@pytest.fixture
+async def start_gateway(fake, tmp_path):
+    started: list[RunningGateway] = []
+
+    async def start(**overrides) -> RunningGateway:
+        settings = make_settings(fake, tmp_path / f"gw{len(started)}.db", **overrides)
+        clock = FakeClock()
+        app = create_app(settings, clock=clock)
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        rg = RunningGateway(app, runner, runner.addresses[0][1], tmp_path / f"gw{len(started)}.db", clock)
+        for project in ("alpha", "beta"):
+            key, _ = await rg.gw.keys.create(project, "test")
+            rg.keys[project] = key
+        started.append(rg)
+        return rg
+
+    yield start
+    fake.release.set()
+    for rg in started:
+        await rg.stop()
+
+
+@pytest.fixture
+async def gateway(start_gateway) -> RunningGateway:
+    return await start_gateway()
+
+
+def _strip_authorization(request) -> None:
+    request.headers.pop("Authorization", None)
+
+
+@pytest.fixture
+async def oai():
+    """``oai(gw, project="alpha", header="bearer"|"x-api-key")``: an openai SDK client (no SDK retries)."""
+    clients: list[openai.AsyncOpenAI] = []
+
+    def make(gw: RunningGateway, project: str = "alpha", header: str = "bearer", **kw) -> openai.AsyncOpenAI:
+        key = gw.keys[project] if project in gw.keys else project
+        if header == "bearer":
+            client = openai.AsyncOpenAI(base_url=gw.v1, api_key=key, max_retries=0, **kw)
+        else:  # the SDK always sends a Bearer header; strip it so only x-api-key carries the key
+            http = openai.DefaultAsyncHttpxClient(event_hooks={"request": [_async(_strip_authorization)]})
+            client = openai.AsyncOpenAI(
+                base_url=gw.v1,
+                api_key="placeholder",
+                max_retries=0,
+                default_headers={"x-api-key": key},
+                http_client=http,
+                **kw,
+            )
+        clients.append(client)
+        return client
+
+    yield make
+    for c in clients:
+        await c.close()
+
+
+@pytest.fixture
+async def anth():
+    """``anth(gw, project="alpha", header="x-api-key"|"bearer")``: an anthropic SDK client, no SDK retries."""
+    clients: list[anthropic.AsyncAnthropic] = []
+
+    def make(
+        gw: RunningGateway, project: str = "alpha", header: str = "x-api-key", **kw
+    ) -> anthropic.AsyncAnthropic:
+        key = gw.keys[project] if project in gw.keys else project
+        if header == "x-api-key":
+            client = anthropic.AsyncAnthropic(base_url=gw.url, api_key=key, max_retries=0, **kw)
+        else:
+            client = anthropic.AsyncAnthropic(base_url=gw.url, auth_token=key, max_retries=0, **kw)
+        clients.append(client)
+        return client
+
+    yield make
+    for c in clients:
+        await c.close()
+
+
+def _async(fn):
+    async def hook(request):
+        fn(request)
+
+    return hook
