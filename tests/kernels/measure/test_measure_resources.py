@@ -61,13 +61,20 @@ def test_triton_resources_from_a_compiled_kernel_object() -> None:
     assert triton_resources(None)["collected"] is False
 
 
-NCU_CSV = """==PROF== Connected to process 123
-==PROF== Profiling "my_kernel": 0%....50%....100% - 1 pass
-"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"
-"0","123","python","h","my_kernel","1","7","(128, 1, 1)","(132, 1, 1)","0","9.0","Command line profiler metrics","l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum","","1,024"
-"0","123","python","h","my_kernel","1","7","(128, 1, 1)","(132, 1, 1)","0","9.0","Command line profiler metrics","lts__t_sector_hit_rate.pct","%","61.5"
-"0","123","python","h","my_kernel","1","7","(128, 1, 1)","(132, 1, 1)","0","9.0","Command line profiler metrics","sm__warps_active.avg.pct_of_peak_sustained_active","%","47.25"
-"""
+_HEADER = [
+    "ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context", "Stream", "Block Size",
+    "Grid Size", "Device", "CC", "Section Name", "Metric Name", "Metric Unit", "Metric Value",
+]  # fmt: skip
+_LAUNCH = ["0", "123", "python", "h", "my_kernel", "1", "7", "(128, 1, 1)", "(132, 1, 1)", "0", "9.0", "cmd"]
+_ROWS = [
+    ["l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum", "", "1,024"],
+    ["lts__t_sector_hit_rate.pct", "%", "61.5"],
+    ["sm__warps_active.avg.pct_of_peak_sustained_active", "%", "47.25"],
+]
+NCU_CSV = "\n".join(
+    ["==PROF== Connected to process 123", '==PROF== Profiling "my_kernel": 100% - 1 pass']
+    + [",".join(f'"{v}"' for v in row) for row in [_HEADER] + [_LAUNCH + r for r in _ROWS]]
+)
 
 
 def test_ncu_command_and_csv_parsing() -> None:
