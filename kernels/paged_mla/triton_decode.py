@@ -1,0 +1,323 @@
+"""Triton split-KV MLA decode over a paged KV cache, plus the combine kernel.
+
+Stage 1, `_split_kernel`, grid (batch, num_splits, row blocks). The query rows of one sequence are the
+s_q x h_q (token, head) pairs, all attending to the same single KV head. Each program takes BLOCK_M rows
+and one split: split s of a sequence with P = cdiv(seqlen, page_size) pages covers pages
+[s * cdiv(P, num_splits), (s + 1) * cdiv(P, num_splits)), clipped to seqlen. It walks those tokens
+BLOCK_N at a time, looks each token's page up in the block table, loads the 576-channel rows (the first
+512 reused as V), dequantises fp8 with the per-token scale, and runs an online softmax (base 2). It
+writes a partial output (normalised, fp32) and a partial lse (natural log, fp32); a split with no
+visible key writes out 0 and lse -inf. Every load is masked by the token's position < seqlen, so no slot
+past a sequence's length and no unused block-table entry is ever dereferenced.
+
+Stage 2, `_combine_kernel`, grid (batch, rows): merges the splits by their lse
+(out = sum_s exp(lse_s - lse) out_s, lse = log sum_s exp(lse_s)), writes out [b, s_q, h_q, d_v] in
+q's dtype and lse [b, h_q, s_q] fp32; a row with no key anywhere gets out 0 and lse -inf.
+
+Causal rule for s_q > 1 (multi-token prediction): query token i sees keys 0 .. seqlen - s_q + i.
+
+Dots: on a GPU the operands are bf16 (fp32 accumulate; P is rounded to bf16 before P @ V, as FlashMLA
+does). In the interpreter (TRITON_INTERPRET=1) they are fp32, since the interpreter's bf16 dot is wrong.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.paged_mla.layout import D_V, is_fp8
+
+DEFAULT_NUM_SMS = 132  # H100 / H200
+MIN_TOKENS_PER_SPLIT = 256
+MAX_SPLITS = 64
+_LOG2E = 1.4426950408889634
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def choose_num_splits(
+    cache_seqlens: torch.Tensor | list[int],
+    *,
+    rows: int,
+    block_m: int = 16,
+    page_size: int = 64,
+    num_sms: int = DEFAULT_NUM_SMS,
+) -> int:
+    """How many splits per sequence, so that batch x splits x row blocks roughly fills the SMs once.
+
+    splits = ceil(num_sms / (batch x row_blocks)), then capped so that a split of the mean-length
+    sequence still holds >= MIN_TOKENS_PER_SPLIT tokens, by the longest sequence's page count (a split
+    never gets less than a page) and by MAX_SPLITS; at least 1. rows = s_q x h_q.
+    """
+    lens = cache_seqlens.tolist() if isinstance(cache_seqlens, torch.Tensor) else list(cache_seqlens)
+    batch = max(len(lens), 1)
+    if not lens or max(lens) <= 0:
+        return 1
+    programs = batch * triton.cdiv(rows, block_m)
+    want = triton.cdiv(num_sms, programs)
+    mean = sum(lens) / len(lens)
+    by_work = max(1, int(mean // MIN_TOKENS_PER_SPLIT))
+    by_pages = triton.cdiv(max(lens), page_size)
+    return max(1, min(want, by_work, by_pages, MAX_SPLITS))
+
+
+@triton.jit
+def _split_kernel(
+    q_ptr,
+    kv_ptr,
+    scale_ptr,
+    bt_ptr,
+    seqlens_ptr,
+    po_ptr,
+    pl_ptr,
+    sm_scale_log2,
+    stride_qb,
+    stride_qs,
+    stride_qh,
+    stride_kvb,
+    stride_kvp,
+    stride_sb,
+    stride_btb,
+    stride_pob,
+    stride_pos,
+    stride_pom,
+    stride_plb,
+    stride_pls,
+    H_Q,
+    S_Q,
+    NUM_SPLITS,
+    PAGE: tl.constexpr,
+    D_NOPE: tl.constexpr,
+    D_ROPE: tl.constexpr,
+    BLOCK_DN: tl.constexpr,
+    BLOCK_DR: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IS_FP8: tl.constexpr,
+    BF16_DOT: tl.constexpr,
+    OVERREAD: tl.constexpr,  # test-only: pretend every sequence is this many tokens longer
+):
+    b = tl.program_id(0)
+    split = tl.program_id(1)
+    mb = tl.program_id(2)
+    rows = S_Q * H_Q
+    offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_ok = offs_m < rows
+    tok = offs_m // H_Q  # query token index inside the s_q block
+    head = offs_m % H_Q
+    offs_dn = tl.arange(0, BLOCK_DN)
+    offs_dr = tl.arange(0, BLOCK_DR)
+    dn_ok = offs_dn < D_NOPE
+    dr_ok = offs_dr < D_ROPE
+
+    q_rows = q_ptr + b * stride_qb + tok * stride_qs + head * stride_qh
+    q_n = tl.load(q_rows[:, None] + offs_dn[None, :], mask=m_ok[:, None] & dn_ok[None, :], other=0.0)
+    q_r = tl.load(q_rows[:, None] + D_NOPE + offs_dr[None, :], mask=m_ok[:, None] & dr_ok[None, :], other=0.0)
+    if BF16_DOT:
+        q_n = q_n.to(tl.bfloat16)
+        q_r = q_r.to(tl.bfloat16)
+    else:
+        q_n = q_n.to(tl.float32)
+        q_r = q_r.to(tl.float32)
+
+    seqlen = tl.load(seqlens_ptr + b) + OVERREAD
+    n_pages = tl.cdiv(seqlen, PAGE)
+    pages_per_split = tl.cdiv(n_pages, NUM_SPLITS)
+    start = split * pages_per_split * PAGE
+    end = tl.minimum((split + 1) * pages_per_split * PAGE, seqlen)
+    limit = seqlen - S_Q + tok + 1  # keys visible to each row: [0, limit)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DN], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < end
+        blk = tl.load(bt_ptr + b * stride_btb + offs_n // PAGE, mask=n_ok, other=0).to(tl.int64)
+        kv_rows = kv_ptr + blk * stride_kvb + (offs_n % PAGE) * stride_kvp
+        k_n = tl.load(kv_rows[:, None] + offs_dn[None, :], mask=n_ok[:, None] & dn_ok[None, :], other=0.0)
+        k_r = tl.load(
+            kv_rows[:, None] + D_NOPE + offs_dr[None, :], mask=n_ok[:, None] & dr_ok[None, :], other=0.0
+        )
+        k_n = k_n.to(tl.float32)
+        k_r = k_r.to(tl.float32)
+        if IS_FP8:
+            sc = tl.load(scale_ptr + blk * stride_sb + offs_n % PAGE, mask=n_ok, other=0.0)
+            k_n = k_n * sc[:, None]
+            k_r = k_r * sc[:, None]
+        if BF16_DOT:
+            k_n = k_n.to(tl.bfloat16)
+            k_r = k_r.to(tl.bfloat16)
+        s = tl.dot(q_n, tl.trans(k_n)) + tl.dot(q_r, tl.trans(k_r))
+        s = s * sm_scale_log2
+        visible = n_ok[None, :] & (offs_n[None, :] < limit[:, None])
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m_i - m_safe)
+        p = tl.math.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if BF16_DOT:
+            pv = tl.dot(p.to(tl.bfloat16), k_n)
+        else:
+            pv = tl.dot(p, k_n)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+
+    has = l_i > 0.0
+    out = acc / tl.where(has, l_i, 1.0)[:, None]
+    lse = tl.where(has, (m_i + tl.math.log2(tl.where(has, l_i, 1.0))) / 1.4426950408889634, float("-inf"))
+    po = po_ptr + b * stride_pob + split * stride_pos + offs_m[:, None] * stride_pom + offs_dn[None, :]
+    tl.store(po, out, mask=m_ok[:, None] & dn_ok[None, :])
+    tl.store(pl_ptr + b * stride_plb + split * stride_pls + offs_m, lse, mask=m_ok)
+
+
+@triton.jit
+def _combine_kernel(
+    po_ptr,
+    pl_ptr,
+    out_ptr,
+    lse_ptr,
+    stride_pob,
+    stride_pos,
+    stride_pom,
+    stride_plb,
+    stride_pls,
+    stride_ob,
+    stride_os,
+    stride_oh,
+    stride_lb,
+    stride_lh,
+    H_Q,
+    NUM_SPLITS,
+    D_NOPE: tl.constexpr,
+    BLOCK_DN: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    b = tl.program_id(0)
+    r = tl.program_id(1)
+    tok = r // H_Q
+    head = r % H_Q
+    offs_s = tl.arange(0, BLOCK_S)
+    lses = tl.load(
+        pl_ptr + b * stride_plb + offs_s * stride_pls + r, mask=offs_s < NUM_SPLITS, other=float("-inf")
+    )
+    m = tl.max(lses, axis=0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    offs_d = tl.arange(0, BLOCK_DN)
+    d_ok = offs_d < D_NOPE
+    acc = tl.zeros([BLOCK_DN], tl.float32)
+    total = tl.full([], 0.0, tl.float32)
+    for s in range(0, NUM_SPLITS):
+        lse_s = tl.load(pl_ptr + b * stride_plb + s * stride_pls + r)
+        w = tl.exp(lse_s - m_safe)  # 0 for an empty split
+        o = tl.load(po_ptr + b * stride_pob + s * stride_pos + r * stride_pom + offs_d, mask=d_ok, other=0.0)
+        acc += w * o
+        total += w
+    has = total > 0.0
+    out = acc / tl.where(has, total, 1.0)
+    lse = tl.where(has, m_safe + tl.log(tl.where(has, total, 1.0)), float("-inf"))
+    o_ptr = out_ptr + b * stride_ob + tok * stride_os + head * stride_oh + offs_d
+    tl.store(o_ptr, out.to(out_ptr.dtype.element_ty), mask=d_ok)
+    tl.store(lse_ptr + b * stride_lb + head * stride_lh + tok, lse)
+
+
+def mla_decode_triton(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    *,
+    num_splits: int | None = None,
+    softmax_scale: float | None = None,
+    kv_scales: torch.Tensor | None = None,
+    d_v: int = D_V,
+    num_sms: int = DEFAULT_NUM_SMS,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    num_warps: int = 4,
+    num_stages: int = 1,
+    out_dtype: torch.dtype | None = None,
+    _overread: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Paged MLA decode. q [b, s_q, h_q, d], kv_cache [blocks, page, 1, d] (bf16/fp16, or fp8 e4m3 with
+    kv_scales [blocks, page] fp32 per token), block_table [b, max_blocks] int32, cache_seqlens [b] int32.
+    Returns out [b, s_q, h_q, d_v] (q's dtype unless out_dtype) and lse [b, h_q, s_q] fp32.
+
+    num_splits None picks `choose_num_splits` (reads cache_seqlens on the host). `_overread` is for tests
+    only: it makes the kernel read that many slots past every sequence's end.
+    """
+    b, s_q, h_q, d = q.shape
+    if kv_cache.dim() != 4 or kv_cache.shape[2] != 1 or kv_cache.shape[3] != d:
+        raise ValueError(f"kv_cache must be [blocks, page, 1, {d}], got {tuple(kv_cache.shape)}")
+    if not 0 < d_v <= d:
+        raise ValueError(f"d_v must be in (0, {d}], got {d_v}")
+    if block_table.shape[0] != b or cache_seqlens.shape != (b,):
+        raise ValueError("block_table and cache_seqlens must have the batch size of q")
+    fp8 = is_fp8(kv_cache.dtype)
+    page = kv_cache.shape[1]
+    if fp8 and (kv_scales is None or kv_scales.shape != kv_cache.shape[:2]):
+        raise ValueError(f"an fp8 cache needs kv_scales of shape {tuple(kv_cache.shape[:2])}")
+    if fp8 and kv_scales is not None and kv_scales.stride(1) != 1:
+        raise ValueError("kv_scales must be contiguous over the slots of a page")
+    if q.stride(-1) != 1 or kv_cache.stride(-1) != 1:
+        raise ValueError("q and kv_cache must be contiguous in the head dimension")
+    rows = s_q * h_q
+    bm = block_m or (16 if rows <= 16 else 32)
+    bn = block_n or max(16, min(64, page))
+    if num_splits is None:
+        lens = cache_seqlens.tolist()
+        if lens and max(lens) > block_table.shape[1] * page:
+            raise ValueError(
+                f"a seqlen of {max(lens)} needs more than the block table's {block_table.shape[1]} pages"
+            )
+        num_splits = choose_num_splits(lens, rows=rows, block_m=bm, page_size=page, num_sms=num_sms)
+    if num_splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    scale = 1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale
+    dev = q.device
+    block_table = block_table.to(torch.int32)
+    cache_seqlens = cache_seqlens.to(torch.int32)
+    part_out = torch.empty(b, num_splits, rows, d_v, dtype=torch.float32, device=dev)
+    part_lse = torch.empty(b, num_splits, rows, dtype=torch.float32, device=dev)
+    scales = kv_scales if fp8 else part_lse  # any pointer; never read unless IS_FP8
+    assert scales is not None
+    d_rope = d - d_v
+    _split_kernel[(b, num_splits, triton.cdiv(rows, bm))](
+        q, kv_cache, scales, block_table, cache_seqlens, part_out, part_lse,
+        scale * _LOG2E,
+        q.stride(0), q.stride(1), q.stride(2),
+        kv_cache.stride(0), kv_cache.stride(1),
+        scales.stride(0) if fp8 else 0,
+        block_table.stride(0),
+        part_out.stride(0), part_out.stride(1), part_out.stride(2),
+        part_lse.stride(0), part_lse.stride(1),
+        h_q, s_q, num_splits,
+        PAGE=page, D_NOPE=d_v, D_ROPE=d_rope,
+        BLOCK_DN=triton.next_power_of_2(d_v), BLOCK_DR=max(16, triton.next_power_of_2(max(d_rope, 1))),
+        BLOCK_M=bm, BLOCK_N=bn, IS_FP8=fp8, BF16_DOT=not interpreting(), OVERREAD=_overread,
+        num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    want = out_dtype or q.dtype
+    # The interpreter's fp32 -> bf16/fp16 cast truncates instead of rounding to nearest: there the kernel
+    # stores fp32 and torch rounds. On a GPU the kernel stores `want` directly (round to nearest even).
+    store = torch.float32 if interpreting() else want
+    out = torch.empty(b, s_q, h_q, d_v, dtype=store, device=dev)
+    lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=dev)
+    _combine_kernel[(b, rows)](
+        part_out, part_lse, out, lse,
+        part_out.stride(0), part_out.stride(1), part_out.stride(2),
+        part_lse.stride(0), part_lse.stride(1),
+        out.stride(0), out.stride(1), out.stride(2),
+        lse.stride(0), lse.stride(1),
+        h_q, num_splits,
+        D_NOPE=d_v, BLOCK_DN=triton.next_power_of_2(d_v), BLOCK_S=triton.next_power_of_2(num_splits),
+        num_warps=4,
+    )  # fmt: skip
+    return out.to(want), lse

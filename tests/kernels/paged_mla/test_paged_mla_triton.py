@@ -1,0 +1,114 @@
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
+
+import pytest
+import torch
+
+from kernels.paged_mla.check import check_decode
+from kernels.paged_mla.inputs import DecodeInputs, build_decode_inputs
+from kernels.paged_mla.reference import mla_decode_reference
+from kernels.paged_mla.triton_decode import choose_num_splits, mla_decode_triton
+
+D_QK, D_V = 96, 64  # small head dims for speed; the real 576/512 run once below
+
+
+def run_both(inp: DecodeInputs, **kw):
+    args = (inp.q, inp.kv_cache, inp.block_table, inp.cache_seqlens)
+    out, lse = mla_decode_triton(*args, kv_scales=inp.kv_scales, d_v=inp.d_v, **kw)
+    ref_out, ref_lse = mla_decode_reference(*args, kv_scales=inp.kv_scales, d_v=inp.d_v)
+    return out, lse, ref_out, ref_lse
+
+
+def boundary_lens(page: int) -> list[int]:
+    return [1, page - 1, page, page + 1, 2 * page + 3, 0]
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("s_q", [1, 2])
+@pytest.mark.parametrize("page", [16, 32, 64, 128])
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8"])
+def test_triton_matches_reference(kv_dtype, page, s_q, num_splits):
+    inp = build_decode_inputs(
+        boundary_lens(page), h_q=3, s_q=s_q, page_size=page, d_qk=D_QK, d_v=D_V, kv_dtype=kv_dtype, seed=page
+    )
+    out, lse, ref_out, ref_lse = run_both(inp, num_splits=num_splits)
+    assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
+    res = check_decode(out, lse, ref_out, ref_lse)
+    assert res.passed, res.message
+    assert (out[-1] == 0).all() and torch.isneginf(lse[-1]).all()  # seqlen 0
+    if s_q == 2:  # seqlen 1: the first query token sees nothing
+        assert torch.isneginf(lse[0, :, 0]).all() and (out[0, 0] == 0).all()
+
+
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8"])
+def test_triton_real_dims(kv_dtype):
+    inp = build_decode_inputs(
+        [1, 63, 64, 65], h_q=2, s_q=2, page_size=64, kv_dtype=kv_dtype, seed=7, shared_prefix=64
+    )
+    out, lse, ref_out, ref_lse = run_both(inp, num_splits=2)
+    assert out.shape == (4, 2, 2, 512) and lse.shape == (4, 2, 2)
+    res = check_decode(out, lse, ref_out, ref_lse)
+    assert res.passed, res.message
+
+
+def test_more_splits_than_pages_and_auto_splits():
+    inp = build_decode_inputs([3, 40, 17], h_q=2, s_q=1, page_size=16, d_qk=D_QK, d_v=D_V, seed=1)
+    for n in (None, 8):  # 8 splits over at most 3 pages: most splits are empty
+        res = check_decode(*run_both(inp, num_splits=n))
+        assert res.passed, res.message
+
+
+def test_choose_num_splits():
+    # One long sequence, few heads: spread over the SMs, capped by pages and by work per split.
+    assert choose_num_splits([16384], rows=16, block_m=16, page_size=64) == 64
+    assert choose_num_splits([16384], rows=16, block_m=16, page_size=64, num_sms=20) == 20
+    assert choose_num_splits([1000], rows=16, page_size=64) == 3  # 1000 // 256 tokens per split
+    assert choose_num_splits([100] * 4, rows=16, page_size=64) == 1
+    # A big batch already fills the machine.
+    assert choose_num_splits([4096] * 128, rows=128, block_m=32, page_size=64) == 1
+    assert choose_num_splits([0, 0], rows=4) == 1
+
+
+def test_overread_one_slot_is_caught():
+    inp = build_decode_inputs([5, 20], h_q=2, page_size=16, d_qk=D_QK, d_v=D_V, seed=3)
+    res = check_decode(*run_both(inp, num_splits=1, _overread=1))  # reads slot seqlen: NaN-poisoned
+    assert not res.passed and res.out.nonfinite_mismatches > 0
+
+
+def test_overread_caught_in_fp8_through_scales():
+    inp = build_decode_inputs([5, 20], h_q=2, page_size=16, d_qk=D_QK, d_v=D_V, kv_dtype="fp8", seed=3)
+    res = check_decode(*run_both(inp, num_splits=2, _overread=1))
+    assert not res.passed and res.out.nonfinite_mismatches > 0
+
+
+@pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning")
+def test_block_table_pointing_at_poisoned_page_is_caught():
+    inp = build_decode_inputs([20, 20], h_q=2, page_size=16, d_qk=D_QK, d_v=D_V, seed=4, extra_pages=1)
+    used = set(inp.block_table[inp.block_table < inp.kv_cache.shape[0]].tolist())
+    spare = next(p for p in range(inp.kv_cache.shape[0]) if p not in used)  # never written: all NaN
+    ref_out, ref_lse = mla_decode_reference(
+        inp.q, inp.kv_cache, inp.block_table, inp.cache_seqlens, d_v=inp.d_v
+    )
+    bad_table = inp.block_table.clone()
+    bad_table[1, 0] = spare
+    out, lse = mla_decode_triton(inp.q, inp.kv_cache, bad_table, inp.cache_seqlens, d_v=inp.d_v, num_splits=1)
+    res = check_decode(out, lse, ref_out, ref_lse)
+    assert not res.passed and res.out.nonfinite_mismatches > 0
+    assert torch.isfinite(out[0]).all()  # the other sequence is untouched
+
+
+def test_bad_arguments():
+    inp = build_decode_inputs([5], h_q=2, page_size=16, d_qk=D_QK, d_v=D_V, kv_dtype="fp8", seed=0)
+    with pytest.raises(ValueError, match="kv_scales"):
+        mla_decode_triton(inp.q, inp.kv_cache, inp.block_table, inp.cache_seqlens, d_v=D_V)
+    with pytest.raises(ValueError, match="num_splits"):
+        mla_decode_triton(
+            inp.q,
+            inp.kv_cache,
+            inp.block_table,
+            inp.cache_seqlens,
+            kv_scales=inp.kv_scales,
+            d_v=D_V,
+            num_splits=0,
+        )
