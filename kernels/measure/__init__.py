@@ -14,7 +14,9 @@ from kernels.measure.correctness import (
     poison_like,
     seed_list,
 )
+from kernels.measure.memory import MemoryReport, peak_memory
 from kernels.measure.policy import MeasurePolicy
+from kernels.measure.resources import H100, SMLimits, collect_ncu, occupancy, triton_resources
 from kernels.measure.stats import Comparison, Step, compare, detect_step
 from kernels.measure.stopping import StoppingRule, run_stream
 from kernels.measure.summary import Summary, summarize
@@ -23,8 +25,11 @@ from kernels.measure.timing import Measurement, measure
 __all__ = [
     "Comparison",
     "CorrectnessReport",
+    "H100",
     "MeasurePolicy",
     "Measurement",
+    "MemoryReport",
+    "SMLimits",
     "Step",
     "StoppingRule",
     "Summary",
@@ -32,13 +37,17 @@ __all__ = [
     "check_allclose",
     "check_calc_diff",
     "check_flashmla",
+    "collect_ncu",
     "combine_seeds",
     "compare",
     "detect_step",
     "fill_nan",
     "measure",
+    "occupancy",
+    "peak_memory",
     "poison_like",
     "run_stream",
     "seed_list",
     "summarize",
+    "triton_resources",
 ]

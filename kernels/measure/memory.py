@@ -70,7 +70,7 @@ def _peak_cpu(fn: Callable[[], object], working_set_bytes: float | None) -> Memo
         rss_before = _status_kb("VmRSS")
         result = fn()
         hwm_after = _status_kb("VmHWM")
-        del result
+    del result  # after the profiler stopped: what fn returned counts as retained
     events = sorted(
         (e.start_ns(), int(e.nbytes()))
         for e in prof.profiler.kineto_results.events()  # type: ignore[union-attr]

@@ -5,7 +5,8 @@ Timers (the `timer` label of a Measurement):
   cuda_event        CUDA events around each call, L2 flushed before each sample;
   cuda_graph        CUDA events around a replay of a CUDA graph captured from the callable;
   cupti             kernel-only time from the torch profiler (CUPTI), summed over the kernels whose name
-                    contains the filter, per call.
+                    contains the filter, per call. The filter must not match the L2 flush (a memset /
+                    fill of a byte buffer) nor memcpy/memset records.
 Warm-up is by time (`warmup_ms`, after one first call that absorbs JIT compilation). The stopping rule
 (kernels.measure.stopping) decides when to stop. On a GPU, the SM clock is read after each batch of
 samples and samples taken while throttled are flagged (and left out of the summary if the policy says so).
@@ -27,6 +28,7 @@ from kernels.measure.stopping import StoppingRule
 from kernels.measure.summary import Summary, summarize
 
 DEFAULT_FLUSH_BYTES = 256 * 1024 * 1024  # when the device does not report its L2 size
+CUPTI_MIN_BATCH = 50  # calls per profiler session: starting one costs far more than a kernel
 
 
 @dataclass
@@ -214,7 +216,8 @@ def _measure_cuda(
     throttled: list[bool] = []
     start = time.perf_counter()
     while rule.reason is None:
-        batch = min(policy.gpu_batch, policy.max_samples - rule.n_raw)
+        per_sync = max(policy.gpu_batch, CUPTI_MIN_BATCH) if timer == "cupti" else policy.gpu_batch
+        batch = min(per_sync, policy.max_samples - rule.n_raw)
         if timer == "cupti":
             times = _kernel_times(call, flush, batch, kernel_name or "", stream)
         else:
