@@ -1,0 +1,11 @@
+"""FlashMLA-style paged MLA decode: the KV cache manager, the torch reference, the Triton kernels.
+
+  layout         shapes, constants (INVALID_BLOCK_ID, EMPTY_ROW_LSE), fp8 per-token scale helpers
+  cache          PagedKVCache (pages, block tables, prefix hits, LRU eviction, counters), OutOfPagesError
+  reference      mla_decode_reference: fp32 torch decode over the paged layout (runs anywhere)
+  triton_decode  mla_decode_triton (split-KV + combine), choose_num_splits (imports triton)
+  cost           mla_decode_cost: FLOPs and bytes (FlashMLA's accounting)
+  inputs         sample_seqlens, build_decode_inputs (seeded; NaN-poisoned unused slots)
+  check          check_decode: the FlashMLA correctness rule on out and lse
+This package file imports nothing, so the torch reference works without triton installed.
+"""

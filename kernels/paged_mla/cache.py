@@ -169,11 +169,15 @@ class PagedKVCache:
         self._evictions = 0
         self.kv: torch.Tensor | None = None
         self.scales: torch.Tensor | None = None
+        self._dirty = [False] * num_pages  # written since it was last poisoned
         if store:
             dtype = kv_torch_dtype(kv_dtype)
-            self.kv = torch.full((num_pages, page_size, 1, head_dim), float("nan"), device=device).to(dtype)
-            if kv_dtype == "fp8":
+            shape = (num_pages, page_size, 1, head_dim)
+            if kv_dtype == "fp8":  # 0x7F is e4m3fn's NaN
+                self.kv = torch.full(shape, 0x7F, dtype=torch.uint8, device=device).view(dtype)
                 self.scales = torch.full((num_pages, page_size), float("nan"), device=device)
+            else:
+                self.kv = torch.full(shape, float("nan"), dtype=dtype, device=device)
 
     # ----------------------------------------------------------------- sequences
     @property
@@ -231,6 +235,7 @@ class PagedKVCache:
                 if s.kind == "full":
                     self._misses += 1
                 first = self._fill[page]
+                self._dirty[page] = True
                 rows.extend(range(s.src, s.src + s.count))
                 slots.extend(page * self.page_size + first + j for j in range(s.count))
                 self._fill[page] += s.count
@@ -369,10 +374,11 @@ class PagedKVCache:
         self._ref[page] = 1
         self._fill[page] = 0
         self._in_use += 1
-        if self.kv is not None:
+        if self.kv is not None and self._dirty[page]:
             self.kv[page] = float("nan")
             if self.scales is not None:
                 self.scales[page] = float("nan")
+            self._dirty[page] = False
         return page
 
     def _write(self, kv: torch.Tensor, rows: list[int], slots: list[int]) -> None:

@@ -126,3 +126,16 @@ def test_fragmentation_and_bytes_exact():
     assert s.bytes_resident == 3 * 4608 and s.bytes_per_token == pytest.approx(2 * 4608 / 5)
     f = PagedKVCache(2, 4, kv_dtype="fp8")
     assert f.stats().page_bytes == 4 * (576 + 4)
+
+
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8"])
+def test_reused_pages_are_poisoned_again(kv_dtype):
+    c = PagedKVCache(2, 4, head_dim=D, kv_dtype=kv_dtype)
+    c.add_sequence("a", list(range(8)), rows(8, 1))
+    c.free_sequence("a")
+    c.add_sequence("b", [50], rows(1, 1))  # evicts a cached page and reuses it
+    page = c.block_ids("b")[0]
+    assert c.kv is not None and c.stats().evictions == 1
+    assert torch.isnan(c.kv[page, 1:].float()).all() and torch.isfinite(c.kv[page, 0].float()).all()
+    if kv_dtype == "fp8":
+        assert c.scales is not None and torch.isnan(c.scales[page, 1:]).all()
