@@ -26,6 +26,7 @@ class Fault:
     stall_before_headers: bool = False  # wait for ``release`` before the status line
     stall_after_events: int | None = None  # stream: after N events (non-stream: after headers) wait
     drop: bool = False  # close the connection without answering
+    omit_usage: bool = False  # report no usage at all (the gateway must estimate)
 
 
 @dataclass
@@ -139,6 +140,8 @@ class FakeUpstream:
             self.in_flight -= 1
 
     async def _send_json(self, request: web.Request, obj: dict, fault: Fault | None, rid: str, hdr: str):
+        if fault is not None and fault.omit_usage:
+            obj = {k: v for k, v in obj.items() if k != "usage"}
         data = json.dumps(obj).encode()
         if fault is not None and fault.stall_after_events is not None:
             resp = web.StreamResponse(headers={"Content-Type": "application/json", hdr: rid})
@@ -157,6 +160,8 @@ class FakeUpstream:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", hdr: rid})
         await resp.prepare(request)
         stall_at = fault.stall_after_events if fault is not None else None
+        if fault is not None and fault.omit_usage:
+            events = [e for e in events if b'"usage":{' not in e]
         for i, ev in enumerate(events):
             if stall_at is not None and i == stall_at:
                 await self.release.wait()

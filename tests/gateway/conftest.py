@@ -21,7 +21,7 @@ SECRET = "test-secret-0123456789"
 
 class FakeClock:
     def __init__(self) -> None:
-        self.now = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+        self.now = datetime.now(UTC)
 
     def __call__(self) -> datetime:
         return self.now

@@ -117,7 +117,9 @@ async def test_wrong_key_401_in_each_format(gateway, fake, oai, anth):
         )
     assert_openai_error(ei.value, 401)
     with pytest.raises(openai.AuthenticationError):
-        await oai(gateway, project="garbage", header="x-api-key").responses.create(model="gpt-fake", input="x")
+        await oai(gateway, project="garbage", header="x-api-key").responses.create(
+            model="gpt-fake", input="x"
+        )
     with pytest.raises(anthropic.AuthenticationError) as ai:
         await anth(gateway, project="sk-ant-whatever").messages.create(
             model="claude-fake", max_tokens=8, messages=MSGS

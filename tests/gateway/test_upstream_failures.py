@@ -113,7 +113,9 @@ async def test_mid_stream_stall_ends_with_an_error_event(start_gateway, fake, oa
     fake.faults.append(Fault(stall_after_events=3))
     got = []
     with pytest.raises(openai.APIError, match="stalled mid-stream"):
-        async for chunk in await oai(gw).chat.completions.create(model="gpt-fake", messages=MSGS, stream=True):
+        async for chunk in await oai(gw).chat.completions.create(
+            model="gpt-fake", messages=MSGS, stream=True
+        ):
             got.append(chunk)
     assert len(got) == 3  # what arrived before the stall was passed through, and no retry happened
     assert fake.requests == 1

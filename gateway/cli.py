@@ -1,0 +1,245 @@
+"""``farm gateway ...``: serve, keys create/list/revoke/rotate, usage.
+
+Mounted by the main CLI as ``gateway.cli.gateway``; also runnable as ``python -m gateway.cli``.
+Every command takes ``--config PATH`` (or ``FARM_GATEWAY_CONFIG``); the default is the example config.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TypeVar
+
+import click
+from rich.console import Console
+from rich.table import Table
+from sqlalchemy import case, func, select
+
+from gateway.config import ConfigError, GatewaySettings, load_settings
+from gateway.db import create_engine, create_tables, ledger
+from gateway.keys import KeyStore, parse_duration
+
+DEFAULT_CONFIG = Path(__file__).parent / "example-config.yaml"
+T = TypeVar("T")
+
+
+def _settings(config_path: str | None) -> GatewaySettings:
+    path = Path(config_path) if config_path else (DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None)
+    try:
+        return load_settings(path)
+    except ConfigError as e:
+        raise click.ClickException(str(e)) from None
+
+
+def _duration(value: str | None, what: str) -> timedelta | None:
+    if value is None or value.lower() in ("never", "none", ""):
+        return None
+    try:
+        return parse_duration(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint=what) from None
+
+
+def _with_store(settings: GatewaySettings, fn: Callable[[KeyStore], Awaitable[T]]) -> T:
+    async def run() -> T:
+        engine = create_engine(settings.database_url)
+        try:
+            await create_tables(engine)
+            return await fn(KeyStore(engine, settings.secret_bytes(), cache_ttl_s=0))
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(run())
+
+
+def _console() -> Console:
+    return Console(width=None if sys.stdout.isatty() else 200)
+
+
+def _fmt(dt: datetime | None) -> str:
+    return dt.strftime("%Y-%m-%d %H:%M UTC") if dt else "-"
+
+
+config_option = click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, exists=True),
+    envvar="FARM_GATEWAY_CONFIG",
+    default=None,
+    help="Gateway YAML config (default: gateway/example-config.yaml; env FARM_GATEWAY_CONFIG).",
+)
+
+
+@click.group(name="gateway")
+def gateway() -> None:
+    """The agent gateway: OpenAI and Anthropic endpoints with per-project keys, limits and a ledger."""
+
+
+@gateway.command()
+@config_option
+@click.option("--host", default=None, help="Bind address (default from config: 127.0.0.1).")
+@click.option("--port", type=int, default=None, help="Port (default from config).")
+def serve(config_path: str | None, host: str | None, port: int | None) -> None:
+    """Run the gateway until interrupted (Ctrl-C stops it gracefully and flushes the ledger)."""
+    from gateway.app import serve as run_server
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = _settings(config_path)
+    click.echo(
+        f"gateway: {len(settings.projects)} projects, {len(settings.models)} models, "
+        f"store {settings.database_url}",
+        err=True,
+    )
+    run_server(settings, host=host, port=port)
+
+
+@gateway.group()
+def keys() -> None:
+    """Create, list, revoke and rotate project keys."""
+
+
+@keys.command("create")
+@config_option
+@click.option("--project", required=True, help="Project the key belongs to.")
+@click.option("--name", default="", help="A label for the key (who or what uses it).")
+@click.option("--expires", default=None, help="Lifetime, e.g. 30d, 12h, 2w (default: never).")
+def keys_create(config_path: str | None, project: str, name: str, expires: str | None) -> None:
+    """Create a key; it is printed once and stored only as a keyed hash."""
+    settings = _settings(config_path)
+    if project not in settings.projects:
+        raise click.BadParameter(
+            f"unknown project {project!r} (configured: {', '.join(sorted(settings.projects))})",
+            param_hint="--project",
+        )
+    expires_in = _duration(expires, "--expires")
+    key, info = _with_store(settings, lambda s: s.create(project, name, expires_in))
+    click.echo(f"key id:  {info.id}\nproject: {info.project}\nexpires: {_fmt(info.expires_at)}", err=True)
+    click.echo("This key is shown once; store it now:", err=True)
+    click.echo(key)
+
+
+@keys.command("list")
+@config_option
+@click.option("--project", default=None, help="Only this project's keys.")
+def keys_list(config_path: str | None, project: str | None) -> None:
+    """List keys (ids and states, never the keys themselves)."""
+    settings = _settings(config_path)
+    infos = _with_store(settings, lambda s: s.list(project))
+    now = datetime.now(UTC)
+    table = Table("id", "project", "name", "created", "expires", "state", "rotated to")
+    for i in infos:
+        table.add_row(
+            i.id, i.project, i.name, _fmt(i.created_at), _fmt(i.expires_at), i.state(now), i.rotated_to or ""
+        )
+    _console().print(table)
+
+
+@keys.command("revoke")
+@config_option
+@click.argument("key_id")
+def keys_revoke(config_path: str | None, key_id: str) -> None:
+    """Revoke a key at once."""
+    settings = _settings(config_path)
+    if not _with_store(settings, lambda s: s.revoke(key_id)):
+        raise click.ClickException(f"no active key with id {key_id!r}")
+    click.echo(f"revoked {key_id}")
+
+
+@keys.command("rotate")
+@config_option
+@click.argument("key_id")
+@click.option("--grace", default=None, help="How long the old key keeps working (default from config: 1h).")
+def keys_rotate(config_path: str | None, key_id: str, grace: str | None) -> None:
+    """Issue a replacement key; the old one keeps working for the grace period only."""
+    settings = _settings(config_path)
+    grace_td = _duration(grace, "--grace") if grace else timedelta(seconds=settings.key_rotation_grace_s)
+
+    async def rotate(store: KeyStore):
+        try:
+            return await store.rotate(key_id, grace_td or timedelta(0))
+        except KeyError:
+            raise click.ClickException(f"no key with id {key_id!r}") from None
+        except ValueError as e:
+            raise click.ClickException(str(e)) from None
+
+    key, info = _with_store(settings, rotate)
+    click.echo(f"new key id: {info.id} (old key {key_id} works for {grace_td} more)", err=True)
+    click.echo("This key is shown once; store it now:", err=True)
+    click.echo(key)
+
+
+BY_COLUMNS = {
+    "task": ledger.c.task,
+    "project": ledger.c.project,
+    "model": ledger.c.public_model,
+    "key": ledger.c.key_id,
+}
+
+
+def _since(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        day = datetime.strptime(value, "%Y-%m-%d")
+        return day.replace(tzinfo=UTC)
+    except ValueError:
+        pass
+    d = _duration(value, "--since")
+    return datetime.now(UTC) - d if d else None
+
+
+async def usage_rows(settings: GatewaySettings, by: str | None, since: datetime | None) -> tuple[list, list]:
+    """(column names, rows) of the ledger grouped by date and ``by`` (default: task, model, key)."""
+    dims = [by] if by else ["task", "model", "key"]
+    date = func.date(ledger.c.ts).label("date")
+    dim_cols = [BY_COLUMNS[d].label(d) for d in dims]
+
+    def count(status: str):
+        return func.sum(case((ledger.c.status == status, 1), else_=0))
+
+    q = select(
+        date,
+        *dim_cols,
+        func.count().label("requests"),
+        func.sum(ledger.c.input_tokens),
+        func.sum(ledger.c.output_tokens),
+        func.sum(ledger.c.input_tokens + ledger.c.output_tokens),
+        count("ok"),
+        count("error"),
+        count("rejected"),
+        count("cancelled"),
+    ).group_by(date, *dim_cols)
+    if since is not None:
+        q = q.where(ledger.c.ts >= since)
+    q = q.order_by(date, *dim_cols)
+    engine = create_engine(settings.database_url)
+    try:
+        await create_tables(engine)
+        async with engine.connect() as conn:
+            rows = (await conn.execute(q)).all()
+    finally:
+        await engine.dispose()
+    names = ["date", *dims, "requests", "input", "output", "total", "ok", "error", "rejected", "cancelled"]
+    return names, [list(r) for r in rows]
+
+
+@gateway.command()
+@config_option
+@click.option("--by", type=click.Choice(sorted(BY_COLUMNS)), default=None, help="Group by one dimension.")
+@click.option("--since", default=None, help="A date (2025-06-01) or a window (24h, 7d).")
+def usage(config_path: str | None, by: str | None, since: str | None) -> None:
+    """The token ledger as a table: tokens and status counts per date and task/model/key."""
+    settings = _settings(config_path)
+    names, rows = asyncio.run(usage_rows(settings, by, _since(since)))
+    table = Table(*names)
+    for r in rows:
+        table.add_row(*("-" if v is None else str(v) for v in r))
+    _console().print(table)
+
+
+if __name__ == "__main__":
+    gateway()
