@@ -7,5 +7,6 @@
   cost           mla_decode_cost: FLOPs and bytes (FlashMLA's accounting)
   inputs         sample_seqlens, build_decode_inputs (seeded; NaN-poisoned unused slots)
   check          check_decode: the FlashMLA correctness rule on out and lse
+  trace          synthetic_trace, replay_trace: a multi-turn serving trace through the cache manager
 This package file imports nothing, so the torch reference works without triton installed.
 """
