@@ -1,0 +1,140 @@
+"""One ledger row per request (failures included, graceful stop included), estimates, and metric hygiene."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.testing.fake_upstream import Fault
+
+MSGS = [{"role": "user", "content": "hi"}]
+ALLOWED_LABELS = {"project", "model", "task", "status", "reason", "limit", "le"}
+
+
+async def post(s: aiohttp.ClientSession, url: str, body: dict, headers: dict) -> tuple[int, str, bytes]:
+    async with s.post(url, json=body, headers=headers) as r:
+        return r.status, r.headers["x-request-id"], await r.read()
+
+
+async def test_every_request_has_exactly_one_row_with_the_fakes_usage(start_gateway, fake):
+    gw = await start_gateway(projects={"alpha": {"rpm": 9}}, providers={"oa": {"read_timeout_s": 0.5}})
+    bearer = {"Authorization": f"Bearer {gw.keys['alpha']}"}
+    xkey = {"x-api-key": gw.keys["alpha"]}
+    chat = {"model": "gpt-fake", "messages": MSGS}
+    resp = {"model": "gpt-fake", "input": "hello"}
+    msg = {"model": "claude-fake", "max_tokens": 8, "messages": MSGS}
+    plan = [
+        ("chat/completions", chat, bearer, None, 200),
+        ("chat/completions", {**chat, "stream": True}, bearer, None, 200),
+        ("responses", resp, bearer, None, 200),
+        ("responses", {**resp, "stream": True}, xkey, None, 200),
+        ("messages", msg, xkey, None, 200),
+        ("messages", {**msg, "stream": True}, bearer, None, 200),
+        ("chat/completions", chat, {"Authorization": "Bearer wrong"}, None, 401),
+        ("chat/completions", {**chat, "model": "gpt-beta"}, bearer, None, 403),
+        ("chat/completions", chat, bearer, Fault(status=400), 400),
+        ("chat/completions", chat, bearer, Fault(stall_after_events=0), 504),
+        ("messages", msg, xkey, Fault(status=429, retry_after="90"), 429),
+        ("messages", msg, xkey, None, 429),  # the 10th admitted request: over rpm
+    ]
+    results = []
+    async with aiohttp.ClientSession() as s:
+        for path, body, headers, fault, expect in plan:
+            if fault is not None:
+                fake.faults.append(fault)
+            status, rid, _ = await post(s, f"{gw.v1}/{path}", body, headers)
+            assert status == expect, (path, body, status)
+            results.append((rid, status))
+    rows = {r["request_id"]: r for r in await gw.rows()}
+    assert len(rows) == len(plan)
+    assert {rid: rows[rid]["http_status"] for rid, _ in results} == dict(results)
+    ok_rows = [rows[rid] for rid, status in results if status == 200]
+    assert [(r["input_tokens"], r["output_tokens"]) for r in ok_rows] == [u[2:] for u in fake.usage_log[:6]]
+    assert [bool(r["stream"]) for r in ok_rows] == [False, True] * 3
+    assert all(r["tokens_estimated"] == 0 and r["upstream_request_id"] for r in ok_rows)
+    assert rows[results[-1][0]]["error_class"] == "limit_rpm"
+
+
+async def test_missing_usage_is_estimated_and_marked(gateway, fake):
+    fake.faults.extend([Fault(omit_usage=True), Fault(omit_usage=True)])
+    headers = {"Authorization": f"Bearer {gateway.keys['alpha']}"}
+    body = {"model": "gpt-fake", "messages": MSGS}
+    async with aiohttp.ClientSession() as s:
+        assert (await post(s, f"{gateway.v1}/chat/completions", body, headers))[0] == 200
+        assert (await post(s, f"{gateway.v1}/chat/completions", {**body, "stream": True}, headers))[0] == 200
+    rows = await gateway.rows()
+    assert [r["tokens_estimated"] for r in rows] == [1, 1]
+    assert all(r["input_tokens"] > 0 and r["output_tokens"] > 0 for r in rows)
+
+
+async def test_graceful_stop_loses_no_rows(start_gateway, fake):
+    gw = await start_gateway(ledger_flush_interval_s=60, ledger_batch_size=10_000)
+    headers = {"x-api-key": gw.keys["alpha"]}
+    body = {"model": "claude-fake", "max_tokens": 8, "messages": MSGS}
+    async with aiohttp.ClientSession() as s:
+        for _ in range(25):
+            assert (await post(s, f"{gw.v1}/messages", body, headers))[0] == 200
+    con = sqlite3.connect(gw.db_path)
+    assert con.execute("SELECT count(*) FROM gateway_ledger").fetchone()[0] == 0  # nothing flushed yet
+    await gw.stop()
+    assert con.execute("SELECT count(*) FROM gateway_ledger").fetchone()[0] == 25
+    con.close()
+
+
+async def test_metrics_labels_are_bounded_and_carry_no_secrets(gateway, fake, oai):
+    headers = {"Authorization": f"Bearer {gateway.keys['alpha']}", "X-Farm-Task": "some-random-task-9f8e"}
+    body = {"model": "gpt-fake", "messages": MSGS}
+    ids = []
+    async with aiohttp.ClientSession() as s:
+        fake.faults.append(Fault(status=503))
+        ids.append((await post(s, f"{gateway.v1}/chat/completions", body, headers))[1])
+        ids.append((await post(s, f"{gateway.v1}/chat/completions", {**body, "stream": True}, headers))[1])
+        ids.append((await post(s, f"{gateway.v1}/chat/completions", {**body, "model": "x" * 40}, headers))[1])
+        async with s.get(f"{gateway.url}/metrics") as r:
+            text = await r.text()
+        async with s.get(f"{gateway.url}/healthz") as r:
+            assert r.status == 200
+        async with s.get(f"{gateway.url}/readyz") as r:
+            assert r.status == 200
+    for secret in [*gateway.keys.values(), *(k.split("_")[1] for k in gateway.keys.values()), *ids]:
+        assert secret not in text
+    assert "some-random-task-9f8e" not in text and "x" * 40 not in text
+    samples = {}
+    for fam in text_string_to_metric_families(text):
+        for smp in fam.samples:
+            assert set(smp.labels) <= ALLOWED_LABELS, smp
+            samples[(smp.name, tuple(sorted(smp.labels.items())))] = smp.value
+    tokens = sum(i for _, _, i, _ in fake.usage_log)
+    key = ("gateway_input_tokens_total", (("model", "gpt-fake"), ("project", "alpha"), ("task", "other")))
+    assert samples[key] == tokens
+    assert (
+        samples[
+            (
+                "gateway_upstream_retries_total",
+                (("model", "gpt-fake"), ("project", "alpha"), ("reason", "503")),
+            )
+        ]
+        == 1
+    )
+    for name in (
+        "gateway_request_latency_seconds_count",
+        "gateway_upstream_latency_seconds_count",
+        "gateway_overhead_seconds_count",
+        "gateway_time_to_first_token_seconds_count",
+    ):
+        assert any(n == name and v > 0 for (n, _), v in samples.items()), name
+    assert ("gateway_in_flight", (("project", "alpha"),)) in samples
+    assert ("gateway_queue_depth", (("project", "beta"),)) in samples
+
+
+async def test_two_gateways_side_by_side_keep_separate_state(start_gateway, oai):
+    a = await start_gateway()
+    b = await start_gateway()
+    await oai(a).chat.completions.create(model="gpt-fake", messages=MSGS)
+    count = "gateway_requests_total"
+    labels = {"project": "alpha", "model": "gpt-fake", "task": "alpha-default", "status": "ok"}
+    assert a.gw.metrics.registry.get_sample_value(count, labels) == 1
+    assert b.gw.metrics.registry.get_sample_value(count, labels) is None
+    assert len(await a.rows()) == 1 and len(await b.rows()) == 0
