@@ -193,7 +193,7 @@ class Dispatcher:
             slot = self._ref_owner.pop(ref, None)
             if slot is None:  # its slot was killed while we waited
                 continue
-            if ref is slot.ready_ref:
+            if ref == slot.ready_ref:
                 self._handle_ready(slot, ref)
             else:
                 self._handle_result(slot, ref)
@@ -210,7 +210,7 @@ class Dispatcher:
 
     def _handle_result(self, slot: _Slot, ref: Any) -> None:
         item, head_ref = slot.inflight[0]
-        if ref is not head_ref:  # results of one actor arrive in order; an out-of-order one means death
+        if ref != head_ref:  # results of one actor arrive in order; an out-of-order one means death
             self._ref_owner[ref] = slot
             return
         try:
@@ -241,9 +241,9 @@ class Dispatcher:
         now = time.monotonic()
         for slot in self.slots:
             if slot.inflight and now - slot.head_started > self.opt.timeout_s:
-                item, _ = slot.inflight.popleft()
+                item, _ = slot.inflight[0]
                 seconds = now - slot.head_started
-                orphans = self._kill(slot)
+                orphans = self._kill(slot)[1:]
                 self.listener.trial_timed_out(item, slot.name, seconds)
                 self.queue.extendleft(reversed(orphans))
                 self._lose(

@@ -27,8 +27,9 @@ class FarmWorker:
         if threads:
             torch.set_num_threads(threads)
         self.slot = slot
-        self.node = ray.util.get_node_ip_address()
         self.node_id = ray.get_runtime_context().get_node_id()
+        # IP plus a short node id: several Ray nodes can share one host (and one IP)
+        self.node = f"{ray.util.get_node_ip_address()}/{self.node_id[:6]}"
         gpu_ids = ray.get_gpu_ids()
         self.gpu_id = ",".join(str(g) for g in gpu_ids) if gpu_ids else None
         self.device = "cuda" if torch.cuda.is_available() else "cpu"

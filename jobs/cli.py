@@ -90,19 +90,13 @@ def sweep_run(
     spec_path: Path, address: str | None, gpus: int | None, db: str | None, quiet: bool, no_report: bool
 ) -> None:
     """Run the sweep in SPEC_PATH: expand the grid, dispatch trials to one worker per GPU, store results."""
-    from jobs.runner import run_sweep
+    from jobs.runner import RunOptions, run_sweep
 
     spec = _load(spec_path)
     settings = FarmSettings()
     store = _store(db)
-    result = run_sweep(
-        spec,
-        store,
-        address=address or settings.ray_address,
-        gpus=gpus or settings.gpus,
-        show_progress=not quiet,
-        echo=_echo,
-    )
+    options = RunOptions(address or settings.ray_address, gpus or settings.gpus, not quiet, _echo)
+    result = run_sweep(spec, store, options)
     _finish(result, store, not no_report)
 
 
@@ -117,19 +111,13 @@ def sweep_resume(
     job_id: int, address: str | None, gpus: int | None, db: str | None, quiet: bool, no_report: bool
 ) -> None:
     """Run only the trials of JOB_ID that have not finished."""
-    from jobs.runner import resume_job
+    from jobs.runner import RunOptions, resume_job
 
     settings = FarmSettings()
     store = _store(db)
     try:
-        result = resume_job(
-            job_id,
-            store,
-            address=address or settings.ray_address,
-            gpus=gpus or settings.gpus,
-            show_progress=not quiet,
-            echo=_echo,
-        )
+        options = RunOptions(address or settings.ray_address, gpus or settings.gpus, not quiet, _echo)
+        result = resume_job(job_id, store, options)
     except (LookupError, SpecError) as err:
         raise click.ClickException(str(err)) from None
     _finish(result, store, not no_report)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,6 +23,10 @@ from jobs.progress import ProgressView
 from jobs.spec import SweepSpec, dump_spec, loads_spec
 from jobs.store import Store
 from kernels.base import TrialRequest
+
+# Called on the driver after each finished trial with its row and what its worker reported about
+# itself (node, gpu_id, pid, ...). Tests and tools that embed the runner use it.
+Observer = Callable[[dict[str, Any], dict[str, Any]], None]
 
 EXIT_OK, EXIT_TRIALS_FAILED, EXIT_INTERRUPTED, EXIT_NO_WORKERS = 0, 1, 130, 3
 
@@ -69,34 +74,28 @@ def create_job(store: Store, spec: SweepSpec) -> int:
     )
 
 
-def run_sweep(
-    spec: SweepSpec,
-    store: Store,
-    *,
-    address: str | None = None,
-    gpus: int | None = None,
-    show_progress: bool = True,
-    echo: Any = print,
-) -> RunResult:
+@dataclass
+class RunOptions:
+    address: str | None = None  # join this Ray cluster; None starts a local one
+    gpus: int | None = None  # workers: GPUs to use, or logical GPU slots on a CPU-only machine
+    show_progress: bool = True
+    echo: Callable[[str], None] = print
+    observer: Observer | None = None
+
+
+def run_sweep(spec: SweepSpec, store: Store, options: RunOptions | None = None) -> RunResult:
+    options = options or RunOptions()
     job_id = create_job(store, spec)
-    echo(f"job {job_id}: {spec.name} ({spec.family}), {len(spec.trials())} trials, store {store.url}")
-    return _execute(job_id, spec, store, address=address, gpus=gpus, show_progress=show_progress, echo=echo)
+    options.echo(f"job {job_id}: {spec.name} ({spec.family}), {len(spec.trials())} trials, store {store.url}")
+    return _execute(job_id, spec, store, options)
 
 
-def resume_job(
-    job_id: int,
-    store: Store,
-    *,
-    address: str | None = None,
-    gpus: int | None = None,
-    show_progress: bool = True,
-    echo: Any = print,
-) -> RunResult:
+def resume_job(job_id: int, store: Store, options: RunOptions | None = None) -> RunResult:
     job = store.get_job(job_id)
     if job is None:
         raise LookupError(f"no job {job_id} in {store.url}")
     spec = loads_spec(job.spec, source=f"job {job_id} spec")
-    return _execute(job_id, spec, store, address=address, gpus=gpus, show_progress=show_progress, echo=echo)
+    return _execute(job_id, spec, store, options or RunOptions())
 
 
 class _StoreListener:
@@ -104,7 +103,8 @@ class _StoreListener:
 
     FLUSH_S, FLUSH_N = 0.05, 32
 
-    def __init__(self, store: Store, progress: ProgressView):
+    def __init__(self, store: Store, progress: ProgressView, observer: Observer | None = None):
+        self.observer = observer
         self.store = store
         self.progress = progress
         self.workers: dict[str, dict[str, Any]] = {}
@@ -129,6 +129,8 @@ class _StoreListener:
         self.progress.finished(row["status"], row.get("node"))
         if len(self.buffer) >= self.FLUSH_N or time.monotonic() - self.last_flush > self.FLUSH_S:
             self.flush()
+        if self.observer:
+            self.observer(row, self.workers.get(row["worker"], {}))
 
     def flush(self) -> None:
         if self.buffer:
@@ -220,23 +222,14 @@ class _Interrupt:
             signal.signal(sig, handler)
 
 
-def _execute(
-    job_id: int,
-    spec: SweepSpec,
-    store: Store,
-    *,
-    address: str | None,
-    gpus: int | None,
-    show_progress: bool,
-    echo: Any,
-) -> RunResult:
+def _execute(job_id: int, spec: SweepSpec, store: Store, options: RunOptions) -> RunResult:
     todo = store.unfinished_trials(job_id)
     if not todo:
         counts = store.status_counts(job_id)
         store.set_job_status(job_id, "completed")
         return RunResult(job_id, "completed", counts, _exit_code(counts), "nothing left to run")
-    plan = session.connect(address, gpus)
-    echo(f"ray: {plan.address}; {plan.note}")
+    plan = session.connect(options.address, options.gpus)
+    options.echo(f"ray: {plan.address}; {plan.note}")
     items = [
         WorkItem(
             trial_id=t.id,
@@ -255,8 +248,10 @@ def _execute(
     ]
     store.set_job_status(job_id, "running", cluster=plan.to_dict(), message=None)
     total = len(store.trials(job_id))
-    progress = ProgressView(total=total, already=total - len(todo), enabled=show_progress, echo=echo)
-    listener = _StoreListener(store, progress)
+    progress = ProgressView(
+        total=total, already=total - len(todo), enabled=options.show_progress, echo=options.echo
+    )
+    listener = _StoreListener(store, progress, options.observer)
     dispatcher = Dispatcher(
         DispatchOptions(
             workers=plan.workers,

@@ -14,7 +14,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -24,6 +24,7 @@ from kernels.registry import UnknownFamily, get_family
 
 Scalar = int | float | str | bool
 Point = dict[str, Scalar]
+Axis = Annotated[list[Scalar], Field(min_length=1)]
 
 DTYPES = ("float32", "float16", "bfloat16", "float8_e4m3fn")
 
@@ -45,17 +46,9 @@ class Grid(_Strict):
     """`grid` is expanded as a cartesian product; `exclude` drops every point that matches all keys
     of one rule; `include` adds whole points (after exclusion)."""
 
-    grid: dict[str, list[Scalar]] = Field(default_factory=dict)
+    grid: dict[str, Axis] = Field(default_factory=dict)
     include: list[Point] = Field(default_factory=list)
     exclude: list[Point] = Field(default_factory=list)
-
-    @field_validator("grid")
-    @classmethod
-    def _no_empty_axis(cls, grid: dict[str, list[Scalar]]) -> dict[str, list[Scalar]]:
-        for key, values in grid.items():
-            if not values:
-                raise ValueError(f"axis {key!r} has no values")
-        return grid
 
     def points(self) -> list[Point]:
         keys = list(self.grid)

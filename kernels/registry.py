@@ -10,7 +10,10 @@ if TYPE_CHECKING:
 
 # name -> module holding FAMILY
 FAMILIES: dict[str, str] = {
+    "attention": "kernels.attention.case",
+    "fp8_gemm": "kernels.fp8_gemm.case",
     "gemm": "kernels.gemm.case",
+    "paged_mla": "kernels.paged_mla.case",
     "probe": "kernels.probe.case",
 }
 
