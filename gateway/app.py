@@ -638,10 +638,12 @@ def create_app(
 
 def serve(settings: GatewaySettings, host: str | None = None, port: int | None = None) -> None:
     """Run the gateway until interrupted (graceful stop flushes the ledger)."""
-    try:
-        import uvloop  # type: ignore[import-not-found]
-    except ImportError:
-        uvloop = None
+    uvloop = None
+    if settings.uvloop:
+        try:
+            import uvloop  # type: ignore[import-not-found]
+        except ImportError:
+            log.info("uvloop is not installed: using the default asyncio event loop")
     app = create_app(settings)
     web.run_app(
         app,

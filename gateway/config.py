@@ -81,6 +81,7 @@ class GatewaySettings(BaseSettings):
     key_cache_ttl_s: float = Field(5.0, ge=0)
     key_rotation_grace_s: float = Field(3600.0, ge=0)
     access_log: bool = False
+    uvloop: bool = True  # use uvloop for `serve` when it is installed
 
     @classmethod
     def settings_customise_sources(

@@ -380,12 +380,14 @@ async def _main(port: int) -> None:  # pragma: no cover - used by the benchmark 
 
 
 if __name__ == "__main__":  # pragma: no cover
+    import os
     import sys
 
-    try:
-        import uvloop  # type: ignore[import-not-found]
+    if os.environ.get("FARM_GATEWAY_UVLOOP", "1").lower() not in ("0", "false", "no"):
+        try:
+            import uvloop  # type: ignore[import-not-found]
 
-        uvloop.install()
-    except ImportError:
-        pass
+            uvloop.install()
+        except ImportError:
+            pass
     asyncio.run(_main(int(sys.argv[1]) if len(sys.argv) > 1 else 0))

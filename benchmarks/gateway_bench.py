@@ -1,0 +1,233 @@
+"""Gateway overhead and throughput, side by side with calling the fake upstream directly.
+
+The fake upstream and the gateway each run in their own subprocess (own event loop, own core share);
+this process is the aiohttp client. Serial: added latency p50/p95. Concurrency 32: requests per second,
+non-stream and stream. Bounded in count and time (well under a minute).
+
+    .venv/bin/python -m benchmarks.gateway_bench [--serial N] [--seconds S] [--concurrency C]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = "bench-model"
+BODY = {
+    "model": MODEL,
+    "messages": [{"role": "user", "content": "Summarise the FP8 GEMM anomaly in one line."}],
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+async def _wait_http(url: str, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as s:
+        while True:
+            try:
+                async with s.get(url) as r:
+                    if r.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{url} did not come up")
+            await asyncio.sleep(0.05)
+
+
+async def _one(s: aiohttp.ClientSession, url: str, body: bytes, headers: dict, stream: bool) -> None:
+    async with s.post(url, data=body, headers=headers) as r:
+        if r.status != 200:
+            raise RuntimeError(f"{url}: HTTP {r.status}: {(await r.read())[:200]!r}")
+        if stream:
+            async for _ in r.content.iter_any():
+                pass
+        else:
+            await r.read()
+
+
+async def serial(url: str, headers: dict, n: int) -> list[float]:
+    body = json.dumps(BODY).encode()
+    out = []
+    async with aiohttp.ClientSession() as s:
+        for _ in range(20):
+            await _one(s, url, body, headers, False)
+        for _ in range(n):
+            t0 = time.perf_counter()
+            await _one(s, url, body, headers, False)
+            out.append(time.perf_counter() - t0)
+    return out
+
+
+async def throughput(url: str, headers: dict, stream: bool, conc: int, seconds: float) -> float:
+    body = json.dumps({**BODY, "stream": stream}).encode()
+    done = 0
+    connector = aiohttp.TCPConnector(limit=conc)
+    async with aiohttp.ClientSession(connector=connector) as s:
+        for _ in range(conc):  # warm the pools
+            await _one(s, url, body, headers, stream)
+        deadline = time.perf_counter() + seconds
+
+        async def worker() -> None:
+            nonlocal done
+            while time.perf_counter() < deadline:
+                await _one(s, url, body, headers, stream)
+                done += 1
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(conc)))
+        elapsed = time.perf_counter() - t0
+    return done / elapsed
+
+
+def _pct(xs: list[float], q: float) -> float:
+    return statistics.quantiles(xs, n=100, method="inclusive")[int(q) - 1] * 1000
+
+
+async def _create_key(cfg_path: Path, env: dict[str, str]) -> str:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "gateway.cli",
+        "keys",
+        "create",
+        "--config",
+        str(cfg_path),
+        "--project",
+        "bench",
+        cwd=ROOT,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    out, _ = await proc.communicate()
+    return out.decode().strip().splitlines()[-1]
+
+
+async def run(args: argparse.Namespace) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "FARM_GATEWAY_SECRET": "bench-secret"}
+    if args.no_uvloop:
+        env["FARM_GATEWAY_UVLOOP"] = "0"
+    fake_port, gw_port = _free_port(), _free_port()
+    tmp = Path(tempfile.mkdtemp(prefix="gwbench-"))
+    cfg = {
+        "host": "127.0.0.1",
+        "port": gw_port,
+        "database_url": f"sqlite+aiosqlite:///{tmp / 'bench.db'}",
+        "providers": {"fake": {"kind": "openai", "base_url": f"http://127.0.0.1:{fake_port}/v1"}},
+        "models": {MODEL: {"provider": "fake", "upstream_model": MODEL}},
+        "projects": {"bench": {"models": [MODEL], "max_concurrency": 256, "default_task": "bench"}},
+    }
+    cfg_path = tmp / "gateway.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    procs = [_start([sys.executable, "-m", "gateway.testing.fake_upstream", str(fake_port)], env)]
+    try:
+        key = await _create_key(cfg_path, env)
+        prof = (
+            ["-m", "cProfile", "-o", os.environ["GATEWAY_BENCH_PROFILE"]]
+            if "GATEWAY_BENCH_PROFILE" in env
+            else []
+        )
+        gw_cmd = [sys.executable, *prof, "-m", "gateway.cli", "serve", "--config", str(cfg_path)]
+        procs.append(_start(gw_cmd, env))
+        await _wait_http(f"http://127.0.0.1:{gw_port}/healthz")
+        await _wait_http(f"http://127.0.0.1:{fake_port}/v1/models")
+        direct = f"http://127.0.0.1:{fake_port}/v1/chat/completions"
+        via = f"http://127.0.0.1:{gw_port}/v1/chat/completions"
+        h_direct = {"Content-Type": "application/json"}
+        h_via = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
+        res: dict = {}
+        res["serial_direct"] = await serial(direct, h_direct, args.serial)
+        res["serial_via"] = await serial(via, h_via, args.serial)
+        for stream in (False, True):
+            tag = "stream" if stream else "nonstream"
+            res[f"{tag}_direct"] = await throughput(direct, h_direct, stream, args.concurrency, args.seconds)
+            res[f"{tag}_via"] = await throughput(via, h_via, stream, args.concurrency, args.seconds)
+        return res
+    finally:
+        for p in reversed(procs):
+            p.send_signal(signal.SIGINT)
+        for p in reversed(procs):
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def report(res: dict, args: argparse.Namespace) -> str:
+    d, v = res["serial_direct"], res["serial_via"]
+    rows = [
+        ("serial p50 latency (ms)", _pct(d, 50), _pct(v, 50), _pct(v, 50) - _pct(d, 50), "added <= 1 ms"),
+        ("serial p95 latency (ms)", _pct(d, 95), _pct(v, 95), _pct(v, 95) - _pct(d, 95), ""),
+        (
+            f"non-stream req/s @{args.concurrency}",
+            res["nonstream_direct"],
+            res["nonstream_via"],
+            None,
+            ">= 1500 req/s",
+        ),
+        (f"stream req/s @{args.concurrency}", res["stream_direct"], res["stream_via"], None, ">= 800 req/s"),
+    ]
+    lines = [f"{'':28} {'direct':>10} {'gateway':>10} {'added':>9}  target", "-" * 72]
+    for name, a, b, added, target in rows:
+        add = f"{added:9.3f}" if added is not None else f"{'':9}"
+        lines.append(f"{name:28} {a:10.2f} {b:10.2f} {add}  {target}")
+    loop = "uvloop" if _has_uvloop() and not args.no_uvloop else "asyncio"
+    lines.append(
+        f"({os.cpu_count()} CPUs; fake, gateway and client in separate processes; event loop: {loop})"
+    )
+    return "\n".join(lines)
+
+
+def _has_uvloop() -> bool:
+    try:
+        import uvloop  # noqa: F401  # type: ignore[import-not-found]
+
+        return True
+    except ImportError:
+        return False
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--serial", type=int, default=500, help="serial requests per side")
+    ap.add_argument("--seconds", type=float, default=4.0, help="duration of each throughput run")
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--no-uvloop", action="store_true", help="plain asyncio loops in all three processes")
+    args = ap.parse_args(argv)
+    if _has_uvloop() and not args.no_uvloop:
+        import uvloop  # type: ignore[import-not-found]
+
+        uvloop.install()
+    res = asyncio.run(run(args))
+    print("gateway benchmark (fake upstream, OpenAI chat completions)")
+    print(report(res, args))
+
+
+if __name__ == "__main__":
+    main()
