@@ -1,0 +1,16 @@
+"""The model's main attention, for regression: dense causal prefill, GQA decode, the MLA latent decode
+form, top-k sparse attention (DeepSeek sparse attention), and a paged decode step.
+
+  reference      fp32 torch references (run anywhere): attention_reference, sparse_attention_reference,
+                 mla_decode_reference, the causal rule and the sparse-index semantics
+  inputs         seeded input builders (NaN-poisoned memory a kernel must not read)
+  cost           FLOPs and bytes per mode
+  triton_common  shared Triton helpers (interpreter detection, head-dim split, tile loads)
+  triton_prefill flash-attention forward (online softmax, causal, GQA)
+  triton_decode  split-KV decode with GQA heads packed into the rows, plus the combine kernel
+  triton_sparse  top-k sparse attention gathering KV rows by index
+  decode_step    one paged MLA decode step: KV append into kernels.paged_mla's cache + attention
+  case           the farm's FAMILY
+Layouts: q [b, s_q, h_q, d], k [b, s_k, h_kv, d], v [b, s_k, h_kv, d_v], out [b, s_q, h_q, d_v],
+lse [b, h_q, s_q] fp32 (natural log). This file imports nothing, so the references work without triton.
+"""

@@ -1,0 +1,142 @@
+"""Helpers shared by the attention Triton kernels.
+
+Head dimensions: `tl.dot` needs power-of-two tiles, so a head dim d is split as d = D1 + D2 with D1 the
+largest power of two <= d and D2 the rest (576 = 512 + 64, 192 = 128 + 64, 128 = 128 + 0); the tail is
+padded to a power of two >= 16 and masked. The QK^T score of a tile is the sum of the two dots.
+V's dim is padded to a power of two and masked.
+
+Dot precision: on a GPU, bf16/fp16 operands go to the tensor cores as they are (fp32 accumulate; P is
+rounded to the input dtype before P @ V) and fp32 operands use IEEE fp32 (no TF32). The interpreter
+(TRITON_INTERPRET=1) computes bf16 dots wrong, so there every operand is upcast to fp32 (`F32=True`).
+The interpreter's fp32 -> bf16 cast truncates, so there the kernels store fp32 and torch rounds.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@dataclass(frozen=True)
+class HeadDims:
+    d1: int  # power-of-two part of the QK head dim
+    d2: int  # the rest (0 if d is a power of two)
+    block_d2: int  # the rest padded to a power of two >= 16
+    dv: int
+    block_dv: int
+
+    @property
+    def has_d2(self) -> bool:
+        return self.d2 > 0
+
+
+def head_dims(d: int, d_v: int) -> HeadDims:
+    if d < 16 or d_v < 1:
+        raise ValueError(f"head dims must be d >= 16 and d_v >= 1, got d={d}, d_v={d_v}")
+    d1 = 1 << (d.bit_length() - 1)
+    d2 = d - d1
+    return HeadDims(
+        d1, d2, max(16, triton.next_power_of_2(max(d2, 1))), d_v, max(16, triton.next_power_of_2(d_v))
+    )
+
+
+def use_f32_dots(dtype: torch.dtype) -> bool:
+    """Upcast dot operands to fp32 (interpreter, or fp32 inputs where IEEE precision is wanted)."""
+    return interpreting() or dtype == torch.float32
+
+
+def store_dtype(want: torch.dtype) -> torch.dtype:
+    """The dtype the kernel writes `out` in (fp32 in the interpreter, where torch then rounds)."""
+    return torch.float32 if interpreting() else want
+
+
+@triton.jit
+def dot(a, b, F32: tl.constexpr):
+    if F32:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def load_q(rows_ptr, row_ok, D1: tl.constexpr, D2: tl.constexpr, BLOCK_D2: tl.constexpr):
+    """The two head-dim parts of the query rows `rows_ptr [M]` (0 where masked)."""
+    offs1 = tl.arange(0, D1)
+    offs2 = D1 + tl.arange(0, BLOCK_D2)
+    q1 = tl.load(rows_ptr[:, None] + offs1[None, :], mask=row_ok[:, None], other=0.0)
+    q2 = tl.load(
+        rows_ptr[:, None] + offs2[None, :], mask=row_ok[:, None] & (offs2 < D1 + D2)[None, :], other=0.0
+    )
+    return q1, q2
+
+
+@triton.jit
+def qk_scores(
+    q1,
+    q2,
+    k_rows_ptr,
+    key_ok,
+    D1: tl.constexpr,
+    D2: tl.constexpr,
+    BLOCK_D2: tl.constexpr,
+    F32: tl.constexpr,
+):
+    """q @ k^T for the key rows `k_rows_ptr [N]` (masked keys read as 0): [M, N] fp32."""
+    offs1 = tl.arange(0, D1)
+    k1 = tl.load(k_rows_ptr[:, None] + offs1[None, :], mask=key_ok[:, None], other=0.0)
+    s = dot(q1, tl.trans(k1), F32)
+    if D2 > 0:
+        offs2 = D1 + tl.arange(0, BLOCK_D2)
+        k2 = tl.load(
+            k_rows_ptr[:, None] + offs2[None, :], mask=key_ok[:, None] & (offs2 < D1 + D2)[None, :], other=0.0
+        )
+        s += dot(q2, tl.trans(k2), F32)
+    return s
+
+
+@triton.jit
+def load_v(v_rows_ptr, key_ok, DV: tl.constexpr, BLOCK_DV: tl.constexpr):
+    offs = tl.arange(0, BLOCK_DV)
+    return tl.load(
+        v_rows_ptr[:, None] + offs[None, :], mask=key_ok[:, None] & (offs < DV)[None, :], other=0.0
+    )
+
+
+@triton.jit
+def softmax_step(s, visible, m_i, l_i, acc, v, F32: tl.constexpr):
+    """One online-softmax update (base 2; `s` already scaled by log2(e) x softmax scale).
+
+    Invisible scores become -inf; a row that has seen nothing yet keeps m = -inf and l = 0 (the
+    exponent is taken against 0 there so no NaN appears)."""
+    s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.math.exp2(m_i - m_safe)
+    p = tl.math.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if F32:
+        pv = dot(p, v, F32)
+    else:
+        pv = dot(p.to(v.dtype), v, F32)
+    acc = acc * alpha[:, None] + pv
+    return m_new, l_i, acc
+
+
+@triton.jit
+def finish(m_i, l_i, acc):
+    """Normalised output and natural-log lse; rows that saw no key get 0 and -inf."""
+    has = l_i > 0.0
+    l_safe = tl.where(has, l_i, 1.0)
+    out = acc / l_safe[:, None]
+    lse = tl.where(has, (m_i + tl.math.log2(l_safe)) / 1.4426950408889634, float("-inf"))
+    return out, lse

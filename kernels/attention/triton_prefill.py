@@ -1,0 +1,141 @@
+"""Flash-attention forward in Triton: online softmax, causal (bottom-right aligned), GQA.
+
+Grid (cdiv(s_q, BLOCK_M), b x h_q): a program owns BLOCK_M query rows of one head and walks the keys of
+that head's KV head (h // group) BLOCK_N at a time, stopping at the last key its last row can see. The
+causal rule, the per-sequence key counts and the empty-row convention are those of
+kernels.attention.reference. Returns out [b, s_q, h_q, d_v] (q's dtype) and lse [b, h_q, s_q] fp32.
+
+`_causal_shift` is for tests only: a non-zero value moves the causal diagonal (1 = every query also
+sees the next key, an off-by-one mask) so the correctness check can be shown to catch it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.attention.triton_common import (
+    LOG2E,
+    finish,
+    head_dims,
+    load_q,
+    load_v,
+    qk_scores,
+    softmax_step,
+    store_dtype,
+    use_f32_dots,
+)
+
+
+@triton.jit
+def _flash_fwd_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, lens_ptr,
+    sm_scale_log2,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_ob, stride_os, stride_oh,
+    stride_lb, stride_lh,
+    S_Q, S_K, H_Q, GROUP,
+    D1: tl.constexpr, D2: tl.constexpr, BLOCK_D2: tl.constexpr,
+    DV: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_LENS: tl.constexpr, F32: tl.constexpr, CAUSAL_SHIFT: tl.constexpr,
+):  # fmt: skip
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H_Q
+    h = bh % H_Q
+    kvh = h // GROUP
+    if HAS_LENS:
+        s_k = tl.load(lens_ptr + b)
+    else:
+        s_k = S_K
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_ok = offs_m < S_Q
+    q1, q2 = load_q(q_ptr + b * stride_qb + offs_m * stride_qs + h * stride_qh, m_ok, D1, D2, BLOCK_D2)
+    last = s_k - S_Q + offs_m + CAUSAL_SHIFT  # the last key each row sees (causal)
+    hi = s_k
+    if CAUSAL:
+        hi = tl.minimum(s_k, (pid_m + 1) * BLOCK_M - 1 + s_k - S_Q + CAUSAL_SHIFT + 1)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    k_base = k_ptr + b * stride_kb + kvh * stride_kh
+    v_base = v_ptr + b * stride_vb + kvh * stride_vh
+    for n0 in range(0, hi, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < s_k
+        s = qk_scores(q1, q2, k_base + offs_n * stride_ks, n_ok, D1, D2, BLOCK_D2, F32) * sm_scale_log2
+        visible = n_ok[None, :]
+        if CAUSAL:
+            visible = visible & (offs_n[None, :] <= last[:, None])
+        v = load_v(v_base + offs_n * stride_vs, n_ok, DV, BLOCK_DV)
+        m_i, l_i, acc = softmax_step(s, visible, m_i, l_i, acc, v, F32)
+    out, lse = finish(m_i, l_i, acc)
+    offs_v = tl.arange(0, BLOCK_DV)
+    o_rows = o_ptr + b * stride_ob + offs_m * stride_os + h * stride_oh
+    tl.store(o_rows[:, None] + offs_v[None, :], out, mask=m_ok[:, None] & (offs_v < DV)[None, :])
+    tl.store(lse_ptr + b * stride_lb + h * stride_lh + offs_m, lse, mask=m_ok)
+
+
+def flash_attention_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = True,
+    softmax_scale: float | None = None,
+    seqlens_k: torch.Tensor | None = None,
+    block_m: int = 64,
+    block_n: int = 64,
+    num_warps: int = 4,
+    num_stages: int = 2,
+    launches: list | None = None,
+    _causal_shift: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [b, s_q, h_q, d], k [b, s_k, h_kv, d], v [b, s_k, h_kv, d_v] -> (out, lse).
+
+    Any strides are accepted as long as the head dims are contiguous (V may be a view into K, as in
+    MLA). `launches`, when given, receives (name, compiled kernel) for resource inspection.
+    """
+    b, s_q, h_q, d = q.shape
+    _check(q, k, v)
+    dims = head_dims(d, v.shape[-1])
+    scale = 1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale
+    out = torch.empty(b, s_q, h_q, dims.dv, dtype=store_dtype(q.dtype), device=q.device)
+    lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=q.device)
+    lens = seqlens_k.to(device=q.device, dtype=torch.int32) if seqlens_k is not None else lse
+    grid = (triton.cdiv(s_q, block_m), b * h_q)
+    handle = _flash_fwd_kernel[grid](
+        q, k, v, out, lse, lens,
+        scale * LOG2E,
+        q.stride(0), q.stride(1), q.stride(2),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        out.stride(0), out.stride(1), out.stride(2),
+        lse.stride(0), lse.stride(1),
+        s_q, k.shape[1], h_q, h_q // k.shape[2],
+        D1=dims.d1, D2=dims.d2, BLOCK_D2=dims.block_d2, DV=dims.dv, BLOCK_DV=dims.block_dv,
+        BLOCK_M=block_m, BLOCK_N=block_n,
+        CAUSAL=causal, HAS_LENS=seqlens_k is not None, F32=use_f32_dots(q.dtype), CAUSAL_SHIFT=_causal_shift,
+        num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    if launches is not None:
+        launches.append(("flash_fwd", handle))
+    return out.to(q.dtype), lse
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    b, _, h_q, d = q.shape
+    if k.dim() != 4 or k.shape[0] != b or k.shape[3] != d:
+        raise ValueError(f"k must be [{b}, s_k, h_kv, {d}], got {tuple(k.shape)}")
+    if v.dim() != 4 or v.shape[:3] != k.shape[:3]:
+        raise ValueError(f"v must be [{b}, {k.shape[1]}, {k.shape[2]}, d_v], got {tuple(v.shape)}")
+    if h_q % k.shape[2]:
+        raise ValueError(f"h_q ({h_q}) must be a multiple of h_kv ({k.shape[2]})")
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
+        raise ValueError("q, k and v must be contiguous in the head dimension")
