@@ -1,0 +1,30 @@
+"""Seeded inputs of one FP8 GEMM: bf16 originals (for the bf16 reference) and their quantized forms."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels.fp8_gemm.quant import quantize_per_block, quantize_per_token
+
+
+@dataclass
+class GemmInputs:
+    a: torch.Tensor  # bf16 [M, K]
+    b: torch.Tensor  # bf16 [N, K]
+    a_fp8: torch.Tensor
+    a_scales: torch.Tensor  # fp32 [M, ceil(K/128)]
+    b_fp8: torch.Tensor
+    b_scales: torch.Tensor  # fp32 [ceil(N/128), ceil(K/128)]
+
+
+def build_inputs(m: int, n: int, k: int, seed: int, device: str | torch.device = "cpu") -> GemmInputs:
+    """Standard-normal A and B (drawn on the CPU, so a seed gives the same data on any device), rounded to
+    bf16, then quantized on `device`."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    a = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(device)
+    b = torch.randn(n, k, generator=gen).to(torch.bfloat16).to(device)
+    a_fp8, a_scales = quantize_per_token(a)
+    b_fp8, b_scales = quantize_per_block(b)
+    return GemmInputs(a, b, a_fp8, a_scales, b_fp8, b_scales)

@@ -1,0 +1,194 @@
+"""The static resource model of one tile config on one shape: no GPU needed.
+
+Shared memory (bytes; operands are fp8, 1 byte per element; scales fp32):
+  per stage      A tile block_m x block_k + B tile block_n x block_k
+                 + A scales block_m x 4 + B scales ceil(block_n / 128) x 4
+  triton style   pipeline = num_stages x per stage (one buffer per stage: the conservative count);
+                 epilogue = block_m x block_n x 2 (the bf16 output tile's layout-conversion scratch),
+                 which Triton's liveness-based allocator overlaps with the dead pipeline buffers, so
+                 total = max(pipeline, epilogue)
+  deepgemm style pipeline (A, B, A scales) + the bf16 D tile block_m x block_n x 2 + all of B's K scales
+                 (ceil(K / 128) x 4, doubled when block_n does not divide 128 evenly into the scale
+                 blocks) + 2 mbarriers (8 B each) per stage; all live together
+  fits           total <= 227 KB (232448 B), the SM90 per-block limit
+Waves (one CTA per SM, the DeepGEMM view): tiles = ceil(M/block_m) x ceil(N/block_n), waves =
+  ceil(tiles / SMs), last-wave utilisation = tiles in the last wave / SMs; `waves_at_occupancy` counts
+  SMs x resident CTAs per SM (from kernels.measure.resources.occupancy) instead.
+Registers (an estimate, not a compiler result): the fp32 accumulator is block_m x block_n / threads
+  per thread; promoting a 128-wide partial sum into it needs a second tile of that size live at once,
+  plus REG_OVERHEAD for addresses, masks, scales and loop state. Above 255 it will spill ("spill_risk").
+Pruned (cannot run, with the reasons): shared memory over 227 KB, a block over 1024 threads, or a single
+  accumulator tile over 255 registers per thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from kernels.fp8_gemm.quant import GROUP, cdiv
+from kernels.fp8_gemm.tiles import TileConfig
+from kernels.measure.resources import H100, SMLimits, occupancy
+
+NUM_SMS = 132  # H100 / H800 / H200 SXM
+SMEM_LIMIT = H100.max_smem_per_block  # 227 KB
+MAX_REGS = H100.max_regs_per_thread  # 255
+REG_OVERHEAD = 40  # addresses, masks, scales, loop counters (a rough, documented constant)
+BARRIER_BYTES = 8
+
+
+def stage_bytes(block_m: int, block_n: int, block_k: int) -> dict[str, int]:
+    """Shared memory of one pipeline stage, by part."""
+    parts = {
+        "a": block_m * block_k,
+        "b": block_n * block_k,
+        "a_scales": block_m * 4,
+        "b_scales": cdiv(block_n, GROUP) * 4,
+    }
+    parts["stage"] = sum(parts.values())
+    return parts
+
+
+def deepgemm_smem(block_m: int, block_n: int, block_k: int, num_stages: int, k: int) -> dict[str, Any]:
+    """Shared memory of a DeepGEMM-style kernel (see the module docstring)."""
+    per = block_m * block_k + block_n * block_k + block_m * 4
+    b_scales = cdiv(k, block_k) * 4 * (1 if GROUP % block_n == 0 or block_n % GROUP == 0 else 2)
+    d = block_m * block_n * 2
+    barriers = num_stages * 2 * BARRIER_BYTES
+    total = num_stages * per + d + b_scales + barriers
+    return {
+        "per_stage": per,
+        "d": d,
+        "b_scales": b_scales,
+        "barriers": barriers,
+        "total": total,
+        "fits": total <= SMEM_LIMIT,
+    }
+
+
+def wave_stats(m: int, n: int, block_m: int, block_n: int, slots: int) -> dict[str, Any]:
+    """Tiles and waves of the output over `slots` concurrent CTAs."""
+    tiles_m, tiles_n = cdiv(m, block_m), cdiv(n, block_n)
+    tiles = tiles_m * tiles_n
+    waves = cdiv(tiles, slots)
+    last = tiles - (waves - 1) * slots
+    return {
+        "tiles_m": tiles_m,
+        "tiles_n": tiles_n,
+        "tiles": tiles,
+        "waves": waves,
+        "last_wave_tiles": last,
+        "last_wave_util": last / slots,
+        "wave_efficiency": tiles / (waves * slots),  # share of the SM-waves doing useful tiles
+    }
+
+
+@dataclass
+class ResourceEstimate:
+    style: str
+    config: dict[str, int]
+    shape: dict[str, int]
+    smem_per_stage: int
+    smem_stage_parts: dict[str, int]
+    smem_pipeline: int
+    smem_epilogue: int
+    smem_total: int
+    smem_limit: int
+    fits_smem: bool
+    threads: int
+    acc_regs_per_thread: float
+    regs_estimate: int
+    spill_risk: bool
+    num_sms: int
+    waves: dict[str, Any]
+    occupancy: dict[str, Any] | None
+    waves_at_occupancy: int | None
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def pruned(self) -> bool:
+        return bool(self.reasons)
+
+    def prune_message(self) -> str:
+        return "pruned: " + "; ".join(self.reasons)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["pruned"] = self.pruned
+        return d
+
+
+def estimate(
+    cfg: TileConfig,
+    m: int,
+    n: int,
+    k: int,
+    *,
+    num_sms: int = NUM_SMS,
+    limits: SMLimits = H100,
+    style: str = "triton",
+) -> ResourceEstimate:
+    """The resource model of `cfg` on the GEMM m x n x k (see the module docstring)."""
+    if style not in ("triton", "deepgemm"):
+        raise ValueError(f"style must be 'triton' or 'deepgemm' (got {style!r})")
+    parts = stage_bytes(cfg.block_m, cfg.block_n, cfg.block_k)
+    pipeline = cfg.num_stages * parts["stage"]
+    epilogue = cfg.block_m * cfg.block_n * 2
+    if style == "triton":
+        total = max(pipeline, epilogue)
+    else:
+        total = deepgemm_smem(cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_stages, k)["total"]
+    threads = cfg.num_warps * limits.warp_size
+    acc = cfg.block_m * cfg.block_n / threads
+    regs = int(2 * acc + REG_OVERHEAD)
+    reasons = []
+    extra = "" if style == "triton" else " + D tile, B scales, barriers"
+    if total > limits.max_smem_per_block:
+        reasons.append(
+            f"shared memory {total} B ({cfg.num_stages} stages x {parts['stage']} B{extra}) "
+            f"> {limits.max_smem_per_block} B (227 KB per block)"
+        )
+    if threads > limits.max_threads_per_block:
+        reasons.append(f"{threads} threads per block > {limits.max_threads_per_block}")
+    if acc > limits.max_regs_per_thread:
+        reasons.append(
+            f"the fp32 accumulator alone needs {acc:g} registers per thread "
+            f"({cfg.block_m}x{cfg.block_n} over {threads} threads) > {limits.max_regs_per_thread}"
+        )
+    occ: dict[str, Any] | None = None
+    waves_occ: int | None = None
+    if not reasons:
+        try:
+            occ = occupancy(min(regs, limits.max_regs_per_thread), total, cfg.num_warps, limits)
+            waves_occ = wave_stats(m, n, cfg.block_m, cfg.block_n, num_sms * occ["blocks_per_sm"])["waves"]
+        except ValueError as exc:
+            reasons.append(f"occupancy: {exc}")
+    return ResourceEstimate(
+        style=style,
+        config=cfg.to_dict(),
+        shape={"m": m, "n": n, "k": k},
+        smem_per_stage=parts["stage"],
+        smem_stage_parts={k_: v for k_, v in parts.items() if k_ != "stage"},
+        smem_pipeline=pipeline,
+        smem_epilogue=epilogue,
+        smem_total=total,
+        smem_limit=limits.max_smem_per_block,
+        fits_smem=total <= limits.max_smem_per_block,
+        threads=threads,
+        acc_regs_per_thread=acc,
+        regs_estimate=regs,
+        spill_risk=regs > limits.max_regs_per_thread,
+        num_sms=num_sms,
+        waves=wave_stats(m, n, cfg.block_m, cfg.block_n, num_sms),
+        occupancy=occ,
+        waves_at_occupancy=waves_occ,
+        reasons=reasons,
+    )
+
+
+def prune(
+    configs: list[TileConfig], m: int, n: int, k: int, **kwargs: Any
+) -> tuple[list[ResourceEstimate], list[ResourceEstimate]]:
+    """Split configs into (runnable, pruned) estimates; every pruned one keeps its reasons."""
+    ests = [estimate(c, m, n, k, **kwargs) for c in configs]
+    return [e for e in ests if not e.pruned], [e for e in ests if e.pruned]

@@ -1,0 +1,176 @@
+"""Tile configurations of the FP8 GEMM and the two config spaces of REFERENCE.md.
+
+TileConfig is what the Triton kernel takes (the trial's config dict, lower-case keys). Triton ports of
+this GEMM key their tuned configs by M with upper-case names (BLOCK_SIZE_M, ..., num_stages):
+`to_triton_port` / `from_triton_port` convert, `nearest_m` picks the entry a port would use for an M.
+
+Spaces:
+  triton_port_space()   the product the Triton ports tune over (powers of two; the kernel needs them)
+  deepgemm_space(m,n,k) DeepGEMM's SM90 space: block_m in {64, 128}, block_n 16..256 step 16,
+                        block_k 128, as many stages as fit in 227 KB (at least 3), cluster 1 or 2;
+                        `deepgemm_choice` applies its rule: fewest waves, then best last-wave use.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from kernels.fp8_gemm.quant import GROUP
+
+CONFIG_KEYS = ("block_m", "block_n", "block_k", "group_m", "num_warps", "num_stages")
+TRITON_PORT_KEYS = {
+    "block_m": "BLOCK_SIZE_M",
+    "block_n": "BLOCK_SIZE_N",
+    "block_k": "BLOCK_SIZE_K",
+    "group_m": "GROUP_SIZE_M",
+    "num_warps": "num_warps",
+    "num_stages": "num_stages",
+}
+
+
+def _is_pow2(x: int) -> bool:
+    return x > 0 and x & (x - 1) == 0
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    block_m: int
+    block_n: int
+    block_k: int = GROUP
+    group_m: int = 8
+    num_warps: int = 4
+    num_stages: int = 3
+
+    @classmethod
+    def from_dict(cls, config: Mapping[str, Any]) -> TileConfig:
+        """Build from a trial's config dict; ValueError naming the field for a bad or missing value."""
+        unknown = sorted(set(config) - set(CONFIG_KEYS))
+        if unknown:
+            raise ValueError(f"unknown config keys {unknown} (known: {', '.join(CONFIG_KEYS)})")
+        missing = [k for k in ("block_m", "block_n") if k not in config]
+        if missing:
+            raise ValueError(f"config needs {', '.join(missing)}")
+        for key, value in config.items():
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(f"config.{key} must be an integer (got {value!r})")
+        cfg = cls(**dict(config))
+        cfg.check()
+        return cfg
+
+    def check(self) -> None:
+        """What the kernel itself needs (the resource model judges the rest)."""
+        for key in ("block_m", "block_n", "block_k"):
+            v = getattr(self, key)
+            if not _is_pow2(v) or v < 16:
+                raise ValueError(f"config.{key} must be a power of two >= 16 (tl.arange, tl.dot) (got {v})")
+        if GROUP % self.block_k:
+            raise ValueError(
+                f"config.block_k must divide the scale group {GROUP} so one K step has one scale "
+                f"(got {self.block_k})"
+            )
+        if self.group_m < 1:
+            raise ValueError(f"config.group_m must be >= 1 (got {self.group_m})")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"config.num_warps must be one of 1, 2, 4, 8, 16 (got {self.num_warps})")
+        if not 1 <= self.num_stages <= 8:
+            raise ValueError(f"config.num_stages must be in 1..8 (got {self.num_stages})")
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+    def to_triton_port(self) -> dict[str, int]:
+        return {TRITON_PORT_KEYS[k]: v for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_triton_port(cls, entry: Mapping[str, int]) -> TileConfig:
+        back = {v: k for k, v in TRITON_PORT_KEYS.items()}
+        return cls.from_dict({back[k]: v for k, v in entry.items() if k in back})
+
+    def label(self) -> str:
+        tile = f"{self.block_m}x{self.block_n}x{self.block_k}"
+        return f"{tile} g{self.group_m} w{self.num_warps} s{self.num_stages}"
+
+
+def triton_port_space(
+    block_m: Iterable[int] = (16, 32, 64, 128, 256),
+    block_n: Iterable[int] = (32, 64, 128, 256),
+    block_k: Iterable[int] = (128,),
+    group_m: Iterable[int] = (1, 16, 32, 64),
+    num_warps: Iterable[int] = (4, 8),
+    num_stages: Iterable[int] = (2, 3, 4, 5),
+) -> list[TileConfig]:
+    """Every combination (unpruned: run it through resources.estimate to prune)."""
+    axes = (block_m, block_n, block_k, group_m, num_warps, num_stages)
+    return [TileConfig(*combo) for combo in itertools.product(*axes)]
+
+
+def nearest_m(keys: Iterable[int | str], m: int) -> int:
+    """The M key a Triton port uses for a GEMM with `m` rows: the one nearest to m (lower on a tie)."""
+    ms = sorted(int(k) for k in keys)
+    if not ms:
+        raise ValueError("no M keys to choose from")
+    return min(ms, key=lambda key: (abs(key - m), key))
+
+
+@dataclass(frozen=True)
+class DeepGemmCandidate:
+    block_m: int
+    block_n: int
+    block_k: int
+    num_stages: int
+    cluster: int
+    tiles: int
+    waves: int
+    last_wave_util: float
+    smem_total: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def deepgemm_space(
+    m: int,
+    n: int,
+    k: int,
+    *,
+    num_sms: int = 132,
+    block_ms: Iterable[int] = (64, 128),
+    block_ns: Iterable[int] = range(16, 257, 16),
+    min_stages: int = 3,
+    max_stages: int = 8,
+) -> list[DeepGemmCandidate]:
+    """DeepGEMM-like candidates for one shape, each with the most stages that fit (those with fewer than
+    `min_stages` fitting are left out: DeepGEMM never runs them)."""
+    from kernels.fp8_gemm.resources import deepgemm_smem, wave_stats
+
+    out = []
+    for bm, bn in itertools.product(block_ms, block_ns):
+        stages = 0
+        for s in range(max_stages, min_stages - 1, -1):
+            if deepgemm_smem(bm, bn, GROUP, s, k)["fits"]:
+                stages = s
+                break
+        if not stages:
+            continue
+        waves = wave_stats(m, n, bm, bn, num_sms)
+        # TMA multicast of the shared operand across a 2-CTA cluster needs an even tile count along M.
+        cluster = 2 if waves["tiles_m"] % 2 == 0 and waves["tiles"] >= num_sms else 1
+        smem = deepgemm_smem(bm, bn, GROUP, stages, k)["total"]
+        out.append(
+            DeepGemmCandidate(
+                bm, bn, GROUP, stages, cluster, waves["tiles"], waves["waves"], waves["last_wave_util"], smem
+            )
+        )
+    return out
+
+
+def deepgemm_choice(m: int, n: int, k: int, *, num_sms: int = 132) -> DeepGemmCandidate:
+    """DeepGEMM's rule over `deepgemm_space`: fewest waves, then the best last-wave utilisation, then the
+    larger tile (fewer tiles re-read less of A and B)."""
+    space = deepgemm_space(m, n, k, num_sms=num_sms)
+    if not space:
+        raise ValueError(f"no DeepGEMM-like config fits for m={m} n={n} k={k}")
+    return min(space, key=lambda c: (c.waves, -c.last_wave_util, -(c.block_m * c.block_n)))
