@@ -508,9 +508,9 @@ class Gateway:
                     "x-request-id": rec.request_id,
                 },
             )
-            await out.prepare(request)
-            rec.http_status = 200
             try:
+                await out.prepare(request)
+                rec.http_status = 200
                 if first:
                     await out.write(first)
                     rec.ttft = time.perf_counter() - rec.t0
