@@ -35,10 +35,8 @@ def _cuda_count() -> int:
 
 
 def _init_kwargs() -> dict[str, Any]:
-    kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
-    if os.environ.get("FARM_RAY_TEMP_DIR"):
-        kw["_temp_dir"] = os.environ["FARM_RAY_TEMP_DIR"]
-    return kw
+    # Ray's own RAY_TMPDIR decides where its session files go (tests point it at a folder they remove).
+    return {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
 
 
 def connect(address: str | None = None, gpus: int | None = None) -> ClusterPlan:
@@ -53,7 +51,7 @@ def connect(address: str | None = None, gpus: int | None = None) -> ClusterPlan:
     if ray.is_initialized():
         where = "existing"
     elif address:
-        ray.init(address=address, **{k: v for k, v in _init_kwargs().items() if k != "_temp_dir"})
+        ray.init(address=address, **_init_kwargs())
         where = address
     else:
         ray.init(

@@ -24,6 +24,9 @@ class FarmWorker:
     def __init__(self, slot: str, threads: int | None = None):
         import torch
 
+        if not torch.cuda.is_available():
+            # No GPU: Triton backends run in the interpreter. Must be set before any family imports triton.
+            os.environ.setdefault("TRITON_INTERPRET", "1")
         if threads:
             torch.set_num_threads(threads)
         self.slot = slot

@@ -180,7 +180,23 @@ def _png(fig: Any) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
-def _plots(rows: list[Row], device_name: str | None) -> list[tuple[str, str]]:
+def _timeseries_plots(plt: Any, series: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, str]]:
+    """One figure per trial that recorded metrics["timeseries"] = {xlabel, x, series: {name: ys}, title}."""
+    out = []
+    for label, ts in series:
+        fig, ax = plt.subplots(figsize=(9, 3.5))
+        for name, ys in ts.get("series", {}).items():
+            ax.plot(ts["x"][: len(ys)], ys, label=name)
+        ax.set_xlabel(ts.get("xlabel", ""))
+        ax.legend(fontsize=7)
+        out.append((f"{ts.get('title', 'Time series')} ({label})", _png(fig)))
+        plt.close(fig)
+    return out
+
+
+def _plots(
+    rows: list[Row], device_name: str | None, trials_series: list[tuple[str, dict[str, Any]]]
+) -> list[tuple[str, str]]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -189,7 +205,7 @@ def _plots(rows: list[Row], device_name: str | None) -> list[tuple[str, str]]:
     timed = [r for r in rows if r.median_ms]
     out: list[tuple[str, str]] = []
     if not timed:
-        return out
+        return _timeseries_plots(plt, trials_series)
     shapes = list(dict.fromkeys(r.shape for r in timed))
 
     fig, ax = plt.subplots(figsize=(9, 0.35 * len(timed) + 1.5))
@@ -223,6 +239,9 @@ def _plots(rows: list[Row], device_name: str | None) -> list[tuple[str, str]]:
         ax.legend(fontsize=7)
         out.append(("Speedup per shape", _png(fig)))
         plt.close(fig)
+
+    for title, png in _timeseries_plots(plt, trials_series):
+        out.append((title, png))
 
     with_tp = [r for r in timed if r.tflops is not None]
     if with_tp:

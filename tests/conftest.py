@@ -12,8 +12,10 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+# RAY_TMPDIR moves all of Ray's files (sessions, sockets, the current-cluster file) under one folder.
 _RAY_TMP = tempfile.mkdtemp(prefix="kfray-", dir="/tmp")
-os.environ.setdefault("FARM_RAY_TEMP_DIR", _RAY_TMP)
+os.makedirs(os.path.join(_RAY_TMP, "ray"), exist_ok=True)
+os.environ["RAY_TMPDIR"] = _RAY_TMP
 
 
 def pytest_sessionfinish(session, exitstatus):  # noqa: ARG001

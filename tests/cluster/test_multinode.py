@@ -1,0 +1,52 @@
+"""A sweep on a real two-node Ray cluster (ray.cluster_utils.Cluster), 2 logical GPUs per node."""
+
+from __future__ import annotations
+
+import pytest
+import ray
+from ray.cluster_utils import Cluster
+
+from cluster import session
+from jobs.runner import RunOptions, run_sweep
+from jobs.spec import loads_spec
+from jobs.store import Store
+
+
+@pytest.fixture(scope="module")
+def two_nodes():
+    head = {"num_cpus": 1, "num_gpus": 2, "include_dashboard": False}
+    cluster = Cluster(initialize_head=True, head_node_args=head)
+    cluster.add_node(num_cpus=1, num_gpus=2)
+    cluster.wait_for_nodes()
+    yield cluster
+    session.disconnect()
+    cluster.shutdown()
+
+
+def test_sweep_joins_the_cluster_and_runs_on_both_nodes(two_nodes, tmp_path):
+    store = Store(str(tmp_path / "farm.db"))
+    spec = loads_spec("""
+name: probe-2nodes
+family: probe
+backends: [{name: spin, baseline: true, configs: {grid: {ms: [10]}}}]
+shapes: {grid: {n: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]}}
+measure: {warmup_ms: 0, min_samples: 1, max_samples: 2, max_time_s: 0.5}
+timeout_s: 60
+""")
+    result = run_sweep(
+        spec, store, RunOptions(address=two_nodes.address, show_progress=False, echo=lambda m: None)
+    )
+    assert result.status == "completed" and result.exit_code == 0
+    job = store.get_job(result.job_id)
+    assert job.cluster["address"] == two_nodes.address
+    assert job.cluster["workers"] == 4 and len(job.cluster["nodes"]) == 2
+    trials = store.trials(result.job_id)
+    assert len(trials) == 12 and all(t.status == "ok" for t in trials)
+    node_ids = {n["node_id"][:6] for n in job.cluster["nodes"]}
+    ran_on = {t.node.split("/")[1] for t in trials}
+    assert ran_on == node_ids, (ran_on, node_ids)
+    # each worker holds one GPU of its node: no two workers on the same node share a device
+    pairs = {(t.node, t.gpu_id) for t in trials}
+    assert len(pairs) == len({t.worker for t in trials})
+    assert ray.is_initialized()
+    store.close()
