@@ -1,0 +1,204 @@
+"""Split-KV decode in Triton, with the query heads of one KV head packed into the rows of a tile.
+
+Decode has few query tokens (s_q = 1, or a few for speculative / multi-token prediction), so a
+prefill-style grid over query rows would leave most of the GPU idle and re-read K/V once per query
+head. Here the rows of a tile are the (token, head) pairs sharing one KV head: row r is token
+r // group, head kvh x group + r % group. That makes K/V rows read once per KV head, and for the MLA
+latent form (one KV head, 128 query heads, V inside K) once per sequence.
+
+Stage 1 `_decode_split_kernel`, grid (b x h_kv, num_splits, row blocks): split s walks keys
+[s x chunk, (s + 1) x chunk) of its sequence (chunk a multiple of BLOCK_N), with the causal rule of
+kernels.attention.reference, and writes a normalised partial output and a partial lse (fp32).
+Stage 2 `_decode_combine_kernel`, grid (b x h_kv, rows): merges splits by lse into out [b, s_q, h_q,
+d_v] and lse [b, h_q, s_q]. Splits are chosen from the SM count (`choose_splits`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.attention.triton_common import (
+    LOG2E,
+    finish,
+    head_dims,
+    load_q,
+    load_v,
+    qk_scores,
+    softmax_step,
+    store_dtype,
+    use_f32_dots,
+)
+from kernels.attention.triton_prefill import _check
+
+NUM_SMS = 132  # H100 / H200
+MIN_KEYS_PER_SPLIT = 256
+MAX_SPLITS = 64
+
+
+def choose_splits(
+    batch: int, h_kv: int, row_blocks: int, s_k: int, block_n: int, num_sms: int = NUM_SMS
+) -> int:
+    """Enough splits for programs to cover the SMs about once, each split keeping >= 256 keys."""
+    programs = max(batch * h_kv * row_blocks, 1)
+    want = triton.cdiv(num_sms, programs)
+    by_keys = max(1, s_k // MIN_KEYS_PER_SPLIT)
+    by_blocks = max(1, triton.cdiv(s_k, block_n))
+    return max(1, min(want, by_keys, by_blocks, MAX_SPLITS))
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, k_ptr, v_ptr, po_ptr, pl_ptr, lens_ptr,
+    sm_scale_log2,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_pob, stride_pos, stride_pom,
+    stride_plb, stride_pls,
+    S_Q, S_K, H_KV, GROUP, CHUNK,
+    D1: tl.constexpr, D2: tl.constexpr, BLOCK_D2: tl.constexpr,
+    DV: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_LENS: tl.constexpr, F32: tl.constexpr,
+):  # fmt: skip
+    bk = tl.program_id(0)
+    split = tl.program_id(1)
+    mb = tl.program_id(2)
+    b = bk // H_KV
+    kvh = bk % H_KV
+    if HAS_LENS:
+        s_k = tl.load(lens_ptr + b)
+    else:
+        s_k = S_K
+    offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_ok = offs_m < S_Q * GROUP
+    tok = offs_m // GROUP
+    head = kvh * GROUP + offs_m % GROUP
+    q_rows = q_ptr + b * stride_qb + tok * stride_qs + head * stride_qh
+    q1, q2 = load_q(q_rows, m_ok, D1, D2, BLOCK_D2)
+    last = s_k - S_Q + tok  # the last key each row sees (causal)
+    start = split * CHUNK
+    end = tl.minimum(start + CHUNK, s_k)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    k_base = k_ptr + b * stride_kb + kvh * stride_kh
+    v_base = v_ptr + b * stride_vb + kvh * stride_vh
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < end
+        s = qk_scores(q1, q2, k_base + offs_n * stride_ks, n_ok, D1, D2, BLOCK_D2, F32) * sm_scale_log2
+        visible = n_ok[None, :]
+        if CAUSAL:
+            visible = visible & (offs_n[None, :] <= last[:, None])
+        v = load_v(v_base + offs_n * stride_vs, n_ok, DV, BLOCK_DV)
+        m_i, l_i, acc = softmax_step(s, visible, m_i, l_i, acc, v, F32)
+    out, lse = finish(m_i, l_i, acc)
+    offs_v = tl.arange(0, BLOCK_DV)
+    po = po_ptr + bk * stride_pob + split * stride_pos + offs_m[:, None] * stride_pom + offs_v[None, :]
+    tl.store(po, out, mask=m_ok[:, None] & (offs_v < DV)[None, :])
+    tl.store(pl_ptr + bk * stride_plb + split * stride_pls + offs_m, lse, mask=m_ok)
+
+
+@triton.jit
+def _decode_combine_kernel(
+    po_ptr, pl_ptr, o_ptr, lse_ptr,
+    stride_pob, stride_pos, stride_pom,
+    stride_plb, stride_pls,
+    stride_ob, stride_os, stride_oh,
+    stride_lb, stride_lh,
+    H_KV, GROUP, NUM_SPLITS,
+    DV: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_S: tl.constexpr,
+):  # fmt: skip
+    bk = tl.program_id(0)
+    row = tl.program_id(1)
+    b = bk // H_KV
+    tok = row // GROUP
+    head = (bk % H_KV) * GROUP + row % GROUP
+    offs_s = tl.arange(0, BLOCK_S)
+    s_ok = offs_s < NUM_SPLITS
+    lse_s = tl.load(pl_ptr + bk * stride_plb + offs_s * stride_pls + row, mask=s_ok, other=float("-inf"))
+    m = tl.max(lse_s, axis=0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp(lse_s - m_safe)  # 0 for empty splits
+    total = tl.sum(w, axis=0)
+    offs_v = tl.arange(0, BLOCK_DV)
+    v_ok = offs_v < DV
+    parts = tl.load(
+        po_ptr + bk * stride_pob + offs_s[:, None] * stride_pos + row * stride_pom + offs_v[None, :],
+        mask=s_ok[:, None] & v_ok[None, :] & (w > 0.0)[:, None],
+        other=0.0,
+    )
+    has = total > 0.0
+    out = tl.sum(parts * w[:, None], axis=0) / tl.where(has, total, 1.0)
+    lse = tl.where(has, m_safe + tl.log(tl.where(has, total, 1.0)), float("-inf"))
+    tl.store(o_ptr + b * stride_ob + tok * stride_os + head * stride_oh + offs_v, out, mask=v_ok)
+    tl.store(lse_ptr + b * stride_lb + head * stride_lh + tok, lse)
+
+
+def decode_attention_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = True,
+    softmax_scale: float | None = None,
+    seqlens_k: torch.Tensor | None = None,
+    num_splits: int | None = None,
+    block_m: int | None = None,
+    block_n: int = 64,
+    num_warps: int = 4,
+    num_stages: int = 2,
+    num_sms: int = NUM_SMS,
+    launches: list | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode attention: q [b, s_q, h_q, d], k [b, s_k, h_kv, d], v [b, s_k, h_kv, d_v] (V may be a view
+    into K) -> (out [b, s_q, h_q, d_v] in q's dtype, lse [b, h_q, s_q] fp32)."""
+    b, s_q, h_q, d = q.shape
+    _check(q, k, v)
+    s_k, h_kv = k.shape[1], k.shape[2]
+    group = h_q // h_kv
+    rows = s_q * group
+    dims = head_dims(d, v.shape[-1])
+    bm = block_m or (16 if rows <= 16 else 32 if rows <= 32 else 64)
+    row_blocks = triton.cdiv(rows, bm)
+    splits = num_splits or choose_splits(b, h_kv, row_blocks, s_k, block_n, num_sms)
+    chunk = triton.cdiv(triton.cdiv(max(s_k, 1), splits), block_n) * block_n
+    scale = 1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale
+    dev = q.device
+    part_out = torch.empty(b * h_kv, splits, rows, dims.dv, dtype=torch.float32, device=dev)
+    part_lse = torch.empty(b * h_kv, splits, rows, dtype=torch.float32, device=dev)
+    lens = seqlens_k.to(device=dev, dtype=torch.int32) if seqlens_k is not None else part_lse
+    h1 = _decode_split_kernel[(b * h_kv, splits, row_blocks)](
+        q, k, v, part_out, part_lse, lens,
+        scale * LOG2E,
+        q.stride(0), q.stride(1), q.stride(2),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        part_out.stride(0), part_out.stride(1), part_out.stride(2),
+        part_lse.stride(0), part_lse.stride(1),
+        s_q, s_k, h_kv, group, chunk,
+        D1=dims.d1, D2=dims.d2, BLOCK_D2=dims.block_d2, DV=dims.dv, BLOCK_DV=dims.block_dv,
+        BLOCK_M=bm, BLOCK_N=block_n,
+        CAUSAL=causal, HAS_LENS=seqlens_k is not None, F32=use_f32_dots(q.dtype),
+        num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    out = torch.empty(b, s_q, h_q, dims.dv, dtype=store_dtype(q.dtype), device=dev)
+    lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=dev)
+    h2 = _decode_combine_kernel[(b * h_kv, rows)](
+        part_out, part_lse, out, lse,
+        part_out.stride(0), part_out.stride(1), part_out.stride(2),
+        part_lse.stride(0), part_lse.stride(1),
+        out.stride(0), out.stride(1), out.stride(2),
+        lse.stride(0), lse.stride(1),
+        h_kv, group, splits,
+        DV=dims.dv, BLOCK_DV=dims.block_dv, BLOCK_S=max(2, triton.next_power_of_2(splits)),
+        num_warps=4,
+    )  # fmt: skip
+    if launches is not None:
+        launches.extend([("decode_split", h1), ("decode_combine", h2)])
+    return out.to(q.dtype), lse

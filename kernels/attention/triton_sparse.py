@@ -1,0 +1,145 @@
+"""Top-k sparse attention in Triton (DeepSeek sparse attention): each query token attends only to the
+KV rows its indices name, gathered by index.
+
+Grid (b x s_q, h_kv, row blocks): a program owns one query token and BLOCK_M of the query heads that
+share one KV head (all heads of a token share its indices). It walks `indices[b, i]` BLOCK_N at a
+time, gathers those K rows (and the V rows, which may live inside K as in MLA) and runs the online
+softmax. An index outside [0, s_k_b) (-1 is the padding value) is masked and never dereferenced.
+
+Duplicates: the semantics are a set of positions (kernels.attention.reference). The kernel itself
+counts each index slot, so `sparse_attention_triton` first replaces repeats by -1 with
+`unique_indices` (one sort per row on the device); pass `indices_unique=True` to skip that when the
+indices come from a top-k (which never repeats) and only the kernel is to be timed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.attention.triton_common import (
+    LOG2E,
+    finish,
+    head_dims,
+    load_q,
+    load_v,
+    qk_scores,
+    softmax_step,
+    store_dtype,
+    use_f32_dots,
+)
+from kernels.attention.triton_prefill import _check
+
+
+def unique_indices(indices: torch.Tensor) -> torch.Tensor:
+    """indices [..., topk] with every repeated value within a row replaced by -1 (row order sorted)."""
+    ordered, _ = torch.sort(indices, dim=-1)
+    repeat = torch.zeros_like(ordered, dtype=torch.bool)
+    repeat[..., 1:] = ordered[..., 1:] == ordered[..., :-1]
+    return torch.where(repeat, torch.full_like(ordered, -1), ordered)
+
+
+@triton.jit
+def _sparse_kernel(
+    q_ptr, k_ptr, v_ptr, idx_ptr, o_ptr, lse_ptr, lens_ptr,
+    sm_scale_log2,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_ib, stride_is,
+    stride_ob, stride_os, stride_oh,
+    stride_lb, stride_lh,
+    S_Q, S_K, H_KV, GROUP, TOPK,
+    D1: tl.constexpr, D2: tl.constexpr, BLOCK_D2: tl.constexpr,
+    DV: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_LENS: tl.constexpr, F32: tl.constexpr,
+):  # fmt: skip
+    bt = tl.program_id(0)
+    kvh = tl.program_id(1)
+    mb = tl.program_id(2)
+    b = bt // S_Q
+    t = bt % S_Q
+    if HAS_LENS:
+        s_k = tl.load(lens_ptr + b)
+    else:
+        s_k = S_K
+    offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_ok = offs_m < GROUP
+    head = kvh * GROUP + offs_m
+    q1, q2 = load_q(q_ptr + b * stride_qb + t * stride_qs + head * stride_qh, m_ok, D1, D2, BLOCK_D2)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    k_base = k_ptr + b * stride_kb + kvh * stride_kh
+    v_base = v_ptr + b * stride_vb + kvh * stride_vh
+    idx_row = idx_ptr + b * stride_ib + t * stride_is
+    for n0 in range(0, TOPK, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        idx = tl.load(idx_row + offs_n, mask=offs_n < TOPK, other=-1)
+        ok = (idx >= 0) & (idx < s_k)
+        pos = tl.where(ok, idx, 0).to(tl.int64)
+        s = qk_scores(q1, q2, k_base + pos * stride_ks, ok, D1, D2, BLOCK_D2, F32) * sm_scale_log2
+        v = load_v(v_base + pos * stride_vs, ok, DV, BLOCK_DV)
+        m_i, l_i, acc = softmax_step(s, ok[None, :], m_i, l_i, acc, v, F32)
+    out, lse = finish(m_i, l_i, acc)
+    offs_v = tl.arange(0, BLOCK_DV)
+    o_rows = o_ptr + b * stride_ob + t * stride_os + head * stride_oh
+    tl.store(o_rows[:, None] + offs_v[None, :], out, mask=m_ok[:, None] & (offs_v < DV)[None, :])
+    tl.store(lse_ptr + b * stride_lb + head * stride_lh + t, lse, mask=m_ok)
+
+
+def sparse_attention_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    indices: torch.Tensor,
+    *,
+    softmax_scale: float | None = None,
+    seqlens_k: torch.Tensor | None = None,
+    indices_unique: bool = False,
+    block_m: int | None = None,
+    block_n: int = 64,
+    num_warps: int = 4,
+    num_stages: int = 2,
+    launches: list | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [b, s_q, h_q, d], k [b, s_k, h_kv, d], v [b, s_k, h_kv, d_v], indices [b, s_q, topk] int
+    -> (out [b, s_q, h_q, d_v] in q's dtype, lse [b, h_q, s_q] fp32)."""
+    b, s_q, h_q, d = q.shape
+    _check(q, k, v)
+    if indices.dim() != 3 or indices.shape[:2] != (b, s_q):
+        raise ValueError(f"indices must be [{b}, {s_q}, topk], got {tuple(indices.shape)}")
+    h_kv = k.shape[2]
+    group = h_q // h_kv
+    dims = head_dims(d, v.shape[-1])
+    idx = indices.to(device=q.device, dtype=torch.int32)
+    if not indices_unique:
+        idx = unique_indices(idx)
+    idx = idx.contiguous()
+    topk = idx.shape[-1]
+    bm = block_m or (16 if group <= 16 else 32 if group <= 32 else 64)
+    scale = 1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale
+    out = torch.empty(b, s_q, h_q, dims.dv, dtype=store_dtype(q.dtype), device=q.device)
+    lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=q.device)
+    lens = seqlens_k.to(device=q.device, dtype=torch.int32) if seqlens_k is not None else lse
+    handle = _sparse_kernel[(b * s_q, h_kv, triton.cdiv(group, bm))](
+        q, k, v, idx, out, lse, lens,
+        scale * LOG2E,
+        q.stride(0), q.stride(1), q.stride(2),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        idx.stride(0), idx.stride(1),
+        out.stride(0), out.stride(1), out.stride(2),
+        lse.stride(0), lse.stride(1),
+        s_q, k.shape[1], h_kv, group, topk,
+        D1=dims.d1, D2=dims.d2, BLOCK_D2=dims.block_d2, DV=dims.dv, BLOCK_DV=dims.block_dv,
+        BLOCK_M=bm, BLOCK_N=block_n, HAS_LENS=seqlens_k is not None, F32=use_f32_dots(q.dtype),
+        num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    if launches is not None:
+        launches.append(("sparse_fwd", handle))
+    return out.to(q.dtype), lse
