@@ -1,0 +1,172 @@
+"""The FP8 GEMM family the farm runs: D[M,N] = A[M,K] x B[N,K]^T, fp8 e4m3 in, bf16 out.
+
+Backends:
+  torch_ref   dequantize A and B with their scales, fp32 matmul (the baseline)
+  torch_bf16  the unquantized bf16 matmul (the reference calc_diff is judged against; a speed anchor)
+  triton      kernels.fp8_gemm.triton_gemm with the trial's tile config (block_m, block_n, block_k,
+              group_m, num_warps, num_stages)
+  deep_gemm   the DeepGEMM library, when importable on a GPU host (an error saying why otherwise)
+Every trial: correctness on policy.seeds seeds (calc_diff against the bf16 reference, pass below 1e-3),
+then timing with kernels.measure. Metrics: time_ns, TFLOPS, GB/s, calc_diff, spread (cv, and IQR over
+the median). Resources of a triton trial: the static model (`model`, kernels.fp8_gemm.resources) and the
+compiled kernel's registers / spills / shared memory (`compiled`, on a GPU), and Nsight Compute metrics
+(bank conflicts, `ncu`) when the policy asks. A config the model prunes is not run: the trial is an
+`error` whose text starts "pruned: " with the reasons, and the model numbers are stored with it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from kernels.base import Cost, TrialOutcome, TrialRequest
+from kernels.fp8_gemm import deep_gemm_adapter
+from kernels.fp8_gemm.cost import gemm_cost
+from kernels.fp8_gemm.inputs import GemmInputs, build_inputs
+from kernels.fp8_gemm.reference import gemm_bf16, gemm_dequant_fp32
+from kernels.fp8_gemm.resources import estimate
+from kernels.fp8_gemm.tiles import TileConfig, deepgemm_choice
+from kernels.measure.correctness import check_calc_diff, combine_seeds, seed_list
+from kernels.measure.resources import collect_ncu, triton_resources
+from kernels.measure.timing import measure
+
+DTYPE = "float8_e4m3fn"
+CALC_DIFF_THRESHOLD = 1e-3
+
+# A backend builds, for one set of inputs, a zero-argument callable writing D, plus the compiled
+# Triton kernel when there is one.
+Runner = Callable[[], torch.Tensor]
+
+
+class Fp8GemmFamily:
+    name = "fp8_gemm"
+    backends = {
+        "torch_ref": "dequantized fp32 torch matmul (baseline)",
+        "torch_bf16": "unquantized bf16 torch matmul (the calc_diff reference)",
+        "triton": "Triton FP8 GEMM, 1x128 / 128x128 scales, tile config from the trial",
+        "deep_gemm": "DeepGEMM library (GPU hosts with deep_gemm installed)",
+    }
+    shape_keys = ("m", "n", "k")
+
+    def validate(self, shape: dict[str, Any], config: dict[str, Any], dtype: str, backend: str) -> None:
+        if set(shape) != set(self.shape_keys):
+            raise ValueError(f"shape needs exactly the keys m, n, k (got {sorted(shape)})")
+        for key in self.shape_keys:
+            if not isinstance(shape[key], int) or isinstance(shape[key], bool) or shape[key] < 1:
+                raise ValueError(f"shape.{key} must be a positive integer (got {shape[key]!r})")
+        if dtype != DTYPE:
+            raise ValueError(f"fp8_gemm operands are {DTYPE} (got dtype {dtype})")
+        if backend == "triton":
+            TileConfig.from_dict(config)
+        elif config:
+            raise ValueError(f"backend {backend} takes no config (got {config})")
+
+    def cost(self, shape: dict[str, Any], dtype: str) -> Cost:
+        return gemm_cost(shape["m"], shape["n"], shape["k"])
+
+    def run(self, req: TrialRequest) -> TrialOutcome:
+        self.validate(req.shape, req.config, req.dtype, req.backend)
+        m, n, k = req.shape["m"], req.shape["n"], req.shape["k"]
+        cost = self.cost(req.shape, req.dtype)
+        base_metrics = {"flops": cost.flops, "bytes": cost.bytes}
+        resources: dict[str, Any] = {}
+        cfg: TileConfig | None = None
+        if req.backend == "triton":
+            cfg = TileConfig.from_dict(req.config)
+            est = estimate(cfg, m, n, k)
+            resources["model"] = est.to_dict()
+            if est.pruned:
+                return TrialOutcome(
+                    status="error", error=est.prune_message(), resources=resources, metrics=base_metrics
+                )
+        elif req.backend == "deep_gemm":
+            resources["model"] = {"deepgemm_choice": deepgemm_choice(m, n, k).to_dict()}
+            try:
+                deep_gemm_adapter.load()
+            except deep_gemm_adapter.DeepGemmUnavailable as exc:
+                return TrialOutcome(status="error", error=str(exc), resources=resources, metrics=base_metrics)
+
+        device = torch.device(req.device)
+        seeds = seed_list(req.policy.seeds)
+        reports, compiled = [], None
+        for seed in seeds:
+            x = build_inputs(m, n, k, seed, device)
+            call, compiled = _runner(req.backend, x, cfg)
+            out = call()
+            reports.append(check_calc_diff(out, gemm_bf16(x.a, x.b), threshold=CALC_DIFF_THRESHOLD))
+        correctness = combine_seeds(reports, seeds).to_dict()
+        if cfg is not None:
+            resources["compiled"] = triton_resources(compiled)
+            resources["ncu"] = _ncu(req, cfg)
+
+        measurement = measure(call, req.policy, device=device)
+        s = measurement.summary
+        seconds = s.median / 1e9
+        metrics = {
+            **base_metrics,
+            "time_ns": s.median,
+            "tflops": cost.flops / seconds / 1e12,
+            "gbps": cost.bytes / seconds / 1e9,
+            "calc_diff": max(r.calc_diff for r in reports),
+            "spread_cv": s.cv,
+            "spread_iqr": s.iqr / s.median if s.median else None,
+        }
+        return TrialOutcome.measured(
+            "ok" if correctness["passed"] else "incorrect",
+            measurement,
+            correctness=correctness,
+            metrics=metrics,
+            resources=resources,
+        )
+
+
+def _runner(backend: str, x: GemmInputs, cfg: TileConfig | None) -> tuple[Runner, Any]:
+    """The timed callable for one backend on inputs x (output preallocated where the backend allows),
+    after one call that compiles; and the compiled Triton kernel (None elsewhere)."""
+    if backend == "torch_ref":
+        return (lambda: gemm_dequant_fp32(x.a_fp8, x.a_scales, x.b_fp8, x.b_scales)), None
+    if backend == "torch_bf16":
+        return (lambda: gemm_bf16(x.a, x.b)), None
+    out = torch.empty((x.a.shape[0], x.b.shape[0]), dtype=torch.bfloat16, device=x.a.device)
+    if backend == "triton":
+        from kernels.fp8_gemm import triton_gemm  # imports triton: only for this backend
+
+        assert cfg is not None
+        _, compiled = triton_gemm.fp8_gemm(x.a_fp8, x.a_scales, x.b_fp8, x.b_scales, cfg, out=out)
+
+        def call() -> torch.Tensor:
+            triton_gemm.fp8_gemm(x.a_fp8, x.a_scales, x.b_fp8, x.b_scales, cfg, out=out)
+            return out
+
+        return call, compiled
+    if backend == "deep_gemm":
+        run = deep_gemm_adapter.make_call(x.a_fp8, x.a_scales, x.b_fp8, x.b_scales, out)
+
+        def call_dg() -> torch.Tensor:
+            run()
+            return out
+
+        return call_dg, None
+    raise ValueError(f"unknown fp8_gemm backend {backend!r}")
+
+
+def _ncu(req: TrialRequest, cfg: TileConfig) -> dict[str, Any]:
+    """Nsight Compute metrics (bank conflicts, occupancy, L2 hit rate) of the kernel on this shape, when
+    the policy asks and a GPU and ncu are there."""
+    if req.policy.ncu and not req.device.startswith("cuda"):
+        return {"collected": False, "reason": "Nsight Compute needs a GPU"}
+    argv = [
+        sys.executable,
+        "-m",
+        "kernels.fp8_gemm.profile_target",
+        json.dumps(req.shape),
+        json.dumps(cfg.to_dict()),
+    ]
+    return collect_ncu(argv, enabled=req.policy.ncu, kernel_name="fp8_gemm_kernel", launch_skip=1)
+
+
+FAMILY = Fp8GemmFamily()
