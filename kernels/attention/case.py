@@ -1,0 +1,341 @@
+"""The attention family as the farm runs it (see kernels.attention.shapes for the shape keys and modes).
+
+Backends:
+  torch_ref  the fp32-math torch reference (the baseline; for decode_step, kernels.paged_mla's reference)
+  triton     the Triton kernel of the mode (config: block_m, block_n, num_warps, num_stages, and
+             num_splits for the split-KV decode modes)
+A trial: for each correctness seed, build seeded inputs (unused memory NaN-poisoned), run the backend
+and the reference, check out and lse by FlashMLA's rule (kernels.paged_mla.check: out abs 8e-4 or rel
+2.01/128 with cos diff <= 5e-6, lse abs 1e-6 or rel 8.01/65536, NaN/inf positions exact); then time the
+backend on the last seed's inputs with kernels.measure.
+
+Metrics: latency_us, tflops, gbps, flops, bytes; max_abs_err / max_rel_err / cos_diff of out and
+lse_max_abs_err / lse_max_rel_err; for decode modes tokens, latency_per_token_us and tokens_per_s (the
+decode-batch sweep compares these across batch sizes); on a GPU with known limits, roofline_us and
+pct_of_roofline; for triton on a GPU, occupancy (theoretical, from the compile metadata, in
+`resources`), and l2_hit_rate_pct when the policy asks for ncu and it is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from kernels.attention import reference as ref
+from kernels.attention.cost import AttentionCost, dense_cost, sparse_cost
+from kernels.attention.inputs import build_dense, build_sparse
+from kernels.attention.shapes import OPTIONAL_KEYS, REQUIRED_KEYS, Shape, parse_shape
+from kernels.base import Cost, TrialOutcome, TrialRequest
+from kernels.measure.correctness import combine_seeds, seed_list
+from kernels.measure.resources import collect_ncu, triton_resources
+from kernels.measure.timing import measure
+
+Pair = tuple[torch.Tensor, torch.Tensor]
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+_TILE_KEYS = {"block_m", "block_n", "num_warps", "num_stages"}
+CONFIG_KEYS: dict[str, set[str]] = {
+    "prefill": _TILE_KEYS,
+    "decode": _TILE_KEYS | {"num_splits"},
+    "mla_decode": _TILE_KEYS | {"num_splits"},
+    "sparse_prefill": _TILE_KEYS,
+    "sparse_decode": _TILE_KEYS,
+    "decode_step": _TILE_KEYS | {"num_splits"},
+}
+
+
+@dataclass
+class Prepared:
+    """One mode's inputs bound to a backend: `run` is the timed call, `reference` the fp32 answer to the
+    last `run` (decode_step changes the cache on every run)."""
+
+    run: Callable[[list | None], Pair]
+    reference: Callable[[], Pair]
+    cost: AttentionCost
+    extra: Callable[[], dict[str, Any]] = field(default=lambda: {})
+
+
+def elem_size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _seqlens(shape: Shape, seed: int) -> list[int] | None:
+    if shape.seqlens == "fixed":
+        return None
+    gen = torch.Generator().manual_seed(seed + 3)
+    lens = torch.randint(1, shape.s_k + 1, (shape.batch,), generator=gen).tolist()
+    lens[0] = shape.s_k  # the longest context is always present
+    return lens
+
+
+def prepare(
+    shape: Shape, backend: str, config: dict[str, Any], dtype: torch.dtype, seed: int, device: torch.device
+) -> Prepared:
+    if shape.mode == "decode_step":
+        return _prepare_step(shape, backend, config, dtype, seed, device)
+    elem = elem_size(dtype)
+    if shape.is_sparse:
+        x = build_sparse(
+            shape.batch, shape.s_q, shape.s_k, shape.h_q, shape.h_kv, shape.d, shape.d_v, shape.topk,
+            dtype=dtype, seed=seed, device=device, shared_kv=shape.shared_kv,
+        )  # fmt: skip
+        assert x.indices is not None
+        selected = int((x.indices >= 0).sum())
+        cost = sparse_cost(
+            selected, batch=shape.batch, s_q=shape.s_q, topk=shape.topk, h_q=shape.h_q, h_kv=shape.h_kv,
+            d=shape.d, d_v=shape.d_v, elem=elem, shared_kv=shape.shared_kv,
+        )  # fmt: skip
+
+        def reference() -> Pair:
+            return ref.sparse_attention_reference(x.q, x.k, x.v, x.indices, softmax_scale=x.softmax_scale)
+
+        def triton_call(launches: list | None) -> Pair:
+            from kernels.attention.triton_sparse import sparse_attention_triton
+
+            return sparse_attention_triton(
+                x.q, x.k, x.v, x.indices, softmax_scale=x.softmax_scale, launches=launches, **config
+            )
+
+    else:
+        x = build_dense(
+            shape.batch, shape.s_q, shape.s_k, shape.h_q, shape.h_kv, shape.d, shape.d_v,
+            dtype=dtype, seed=seed, device=device, shared_kv=shape.shared_kv, seqlens=_seqlens(shape, seed),
+        )  # fmt: skip
+        cost = dense_cost(
+            x.lens, s_q=shape.s_q, h_q=shape.h_q, h_kv=shape.h_kv, d=shape.d, d_v=shape.d_v, elem=elem,
+            shared_kv=shape.shared_kv,
+        )  # fmt: skip
+
+        def reference() -> Pair:
+            return ref.attention_reference(
+                x.q, x.k, x.v, causal=True, softmax_scale=x.softmax_scale, seqlens_k=x.seqlens_k
+            )
+
+        def triton_call(launches: list | None) -> Pair:
+            kw = dict(softmax_scale=x.softmax_scale, seqlens_k=x.seqlens_k, launches=launches, **config)
+            if shape.mode == "prefill":
+                from kernels.attention.triton_prefill import flash_attention_triton
+
+                return flash_attention_triton(x.q, x.k, x.v, **kw)
+            from kernels.attention.triton_decode import decode_attention_triton
+
+            return decode_attention_triton(x.q, x.k, x.v, **kw)
+
+    if backend == "torch_ref":
+        return Prepared(lambda _launches: reference(), reference, cost)
+    return Prepared(triton_call, reference, cost)
+
+
+def _prepare_step(
+    shape: Shape, backend: str, config: dict[str, Any], dtype: torch.dtype, seed: int, device: torch.device
+) -> Prepared:
+    from kernels.attention.decode_step import DecodeStepper, reference_attend, triton_attend
+    from kernels.paged_mla.cost import mla_decode_cost
+    from kernels.paged_mla.layout import D_QK
+
+    stepper = DecodeStepper(
+        shape.batch, shape.s_k, shape.h_q, page_size=shape.page_size, dtype=dtype, device=device, seed=seed
+    )
+    ref_attend = reference_attend(stepper.softmax_scale)
+    attend = ref_attend if backend == "torch_ref" else triton_attend(stepper.softmax_scale, **config)
+    kv = "bf16" if dtype == torch.bfloat16 else "fp16"
+    lens = [shape.s_k + 1] * shape.batch  # the context the step attends over
+    c = mla_decode_cost(lens, h_q=shape.h_q, kv_dtype=kv, q_dtype=kv, out_dtype=kv)
+    append = float(shape.batch * D_QK * elem_size(dtype))
+    cost = AttentionCost(c.flops, c.bytes + append, c.kv_bytes + append)
+
+    def reference() -> Pair:
+        last = stepper.last
+        assert last is not None, "reference() follows a step"
+        return ref_attend(last.q, last.tensors)
+
+    def extra() -> dict[str, Any]:
+        st = stepper.cache.stats()
+        return {
+            "window": stepper.window,
+            "rewinds": stepper.rewinds,
+            "cache_hits": st.hits,
+            "cache_pages_in_use": st.pages_in_use,
+            "cache_fragmentation": st.fragmentation,
+        }
+
+    return Prepared(lambda _launches: stepper.step(attend), reference, cost, extra)
+
+
+def _check(out: torch.Tensor, lse: torch.Tensor, ref_out: torch.Tensor, ref_lse: torch.Tensor):
+    from kernels.paged_mla.check import check_decode
+
+    return check_decode(out, lse, ref_out, ref_lse)
+
+
+def _resources(req: TrialRequest, shape: Shape, prep: Prepared, device: torch.device) -> dict[str, Any]:
+    if req.backend != "triton":
+        return {"collected": False, "reason": "torch backend: no compiled Triton kernel"}
+    if device.type != "cuda":
+        return {"collected": False, "reason": "CPU run: Triton interpreter, no compile metadata"}
+    launches: list = []
+    prep.run(launches)
+    if not launches:
+        return {"collected": False, "reason": "the wrapper reports no launch handle (paged_mla decode)"}
+    out: dict[str, Any] = {"collected": True, "kernels": {n: triton_resources(h) for n, h in launches}}
+    out["ncu"] = collect_ncu(
+        [sys.executable, "-m", "kernels.attention.profile", json.dumps(asdict(shape)), req.dtype,
+         json.dumps(req.config)],
+        enabled=req.policy.ncu,
+        kernel_name=launches[0][0],
+        launch_skip=1,  # the first launch compiles
+        launch_count=1,
+    )  # fmt: skip
+    return out
+
+
+def _device_metrics(
+    backend: str, device: torch.device, cost: AttentionCost, seconds: float, res: dict[str, Any]
+) -> dict[str, Any]:
+    """Timing label; on a GPU the roofline, theoretical occupancy and (when collected) L2 hit rate."""
+    if device.type != "cuda":
+        return {"timing": "cpu (Triton interpreter)" if backend == "triton" else "cpu"}
+    from kernels.hardware import limits_for
+
+    m: dict[str, Any] = {"timing": "gpu"}
+    lim = limits_for(torch.cuda.get_device_name(device))
+    if lim is not None:
+        roof = max(cost.bytes / (lim.hbm_gbps * 1e9), cost.flops / (lim.dense_tflops["bf16"] * 1e12))
+        m.update(roofline_us=roof * 1e6, pct_of_roofline=100.0 * roof / seconds)
+    kernels = res.get("kernels") or {}
+    if kernels:
+        first = next(iter(kernels.values()))
+        occ = first.get("occupancy") if first.get("collected") else None
+        if isinstance(occ, dict) and "occupancy" in occ:
+            m["occupancy"] = occ["occupancy"]
+            m["occupancy_limiter"] = occ["limiter"]
+    ncu = res.get("ncu") or {}
+    if ncu.get("collected") and "l2_hit_rate_pct" in ncu:
+        m["l2_hit_rate_pct"] = ncu["l2_hit_rate_pct"]
+    return m
+
+
+def _json_number(value: Any) -> Any:
+    """JSON has no NaN or inf: such floats are stored as strings, as CorrectnessReport does."""
+    return str(value) if isinstance(value, float) and not math.isfinite(value) else value
+
+
+class AttentionFamily:
+    name = "attention"
+    backends = {
+        "torch_ref": "fp32-math torch reference (baseline)",
+        "triton": "Triton kernels: flash-attention forward, split-KV decode, top-k sparse gather",
+    }
+    shape_keys = REQUIRED_KEYS
+    optional_shape_keys = OPTIONAL_KEYS
+
+    def validate(self, shape: dict[str, Any], config: dict[str, Any], dtype: str, backend: str) -> None:
+        s = parse_shape(shape)
+        if backend not in self.backends:
+            raise ValueError(f"backend must be one of {sorted(self.backends)} (got {backend!r})")
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)} (got {dtype!r})")
+        if s.mode == "decode_step" and dtype == "float32":
+            raise ValueError("decode_step: the paged cache holds bf16 or fp16 (got float32)")
+        allowed = CONFIG_KEYS[s.mode] if backend == "triton" else set()
+        bad = sorted(set(config) - allowed)
+        if bad:
+            raise ValueError(
+                f"config keys {bad} do not apply to {backend} in mode {s.mode} (allowed: {sorted(allowed)})"
+            )
+        for key, value in config.items():
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"config.{key} must be a positive integer (got {value!r})")
+            if key in ("block_m", "block_n", "num_warps") and value & (value - 1):
+                raise ValueError(f"config.{key} must be a power of two (got {value})")
+        if config.get("block_m", 16) < 16 or config.get("block_n", 16) < 16:
+            raise ValueError("config.block_m and config.block_n must be >= 16 (tl.dot tiles)")
+
+    def cost(self, shape: dict[str, Any], dtype: str) -> Cost:
+        s = parse_shape(shape)
+        elem = elem_size(DTYPES[dtype])
+        if s.is_sparse:
+            sel = s.batch * s.s_q * min(s.topk, s.s_k)
+            c = sparse_cost(
+                sel,
+                batch=s.batch,
+                s_q=s.s_q,
+                topk=s.topk,
+                h_q=s.h_q,
+                h_kv=s.h_kv,
+                d=s.d,
+                d_v=s.d_v,
+                elem=elem,
+                shared_kv=s.shared_kv,
+            )
+        else:
+            lens = [s.s_k + (1 if s.mode == "decode_step" else 0)] * s.batch
+            c = dense_cost(
+                lens, s_q=s.s_q, h_q=s.h_q, h_kv=s.h_kv, d=s.d, d_v=s.d_v, elem=elem, shared_kv=s.shared_kv
+            )
+        return Cost(flops=c.flops, bytes=c.bytes)
+
+    def run(self, req: TrialRequest) -> TrialOutcome:
+        self.validate(req.shape, req.config, req.dtype, req.backend)
+        shape = parse_shape(req.shape)
+        dtype = DTYPES[req.dtype]
+        device = torch.device(req.device)
+        seeds = seed_list(req.policy.seeds)
+        outs, lses = [], []
+        prep: Prepared | None = None
+        for seed in seeds:
+            prep = prepare(shape, req.backend, req.config, dtype, seed, device)
+            out, lse = prep.run(None)
+            check = _check(out, lse, *prep.reference())
+            outs.append(check.out)
+            lses.append(check.lse)
+        assert prep is not None
+        out_rep, lse_rep = combine_seeds(outs, seeds), combine_seeds(lses, seeds)
+        passed = out_rep.passed and lse_rep.passed
+        correctness = {
+            **out_rep.to_dict(),
+            "passed": passed,
+            "message": f"out: {out_rep.message}; lse: {lse_rep.message}",
+            "lse": lse_rep.to_dict(),
+        }
+        resources = _resources(req, shape, prep, device)
+        timed = measure(lambda: prep.run(None), req.policy, device=device)
+        seconds = timed.summary.median / 1e9
+        metrics: dict[str, Any] = {
+            "mode": shape.mode,
+            "latency_us": seconds * 1e6,
+            "flops": prep.cost.flops,
+            "bytes": prep.cost.bytes,
+            "tflops": prep.cost.tflops(seconds),
+            "gbps": prep.cost.gbps(seconds),
+            "max_abs_err": out_rep.max_abs_err,
+            "max_rel_err": out_rep.max_rel_err,
+            "cos_diff": out_rep.cos_diff,
+            "lse_max_abs_err": lse_rep.max_abs_err,
+            "lse_max_rel_err": lse_rep.max_rel_err,
+        }
+        if shape.is_decode:
+            metrics.update(
+                batch=shape.batch,
+                tokens=shape.tokens,
+                latency_per_token_us=seconds * 1e6 / shape.tokens,
+                tokens_per_s=shape.tokens / seconds,
+            )
+        metrics.update(_device_metrics(req.backend, device, prep.cost, seconds, resources))
+        metrics.update(prep.extra())
+        metrics = {k: _json_number(v) for k, v in metrics.items()}
+        return TrialOutcome.measured(
+            "ok" if passed else "incorrect",
+            timed,
+            correctness=correctness,
+            metrics=metrics,
+            resources=resources,
+        )
+
+
+FAMILY = AttentionFamily()

@@ -1,0 +1,80 @@
+"""FLOPs and bytes for the attention modes (own accounting, FlashMLA's conventions where they apply).
+
+Dense (prefill, decode, MLA latent decode):
+  flops = 2 x h_q x (d + d_v) x (query, key) pairs the causal rule lets through (exact count, so a
+          causal prefill counts about half the square; no extra for softmax).
+  bytes = q + K rows read + V rows read + out + lse, with K/V counted once per KV head and only up to
+          each sequence's length; with shared K/V (MLA) V lives inside K and is not counted again.
+Sparse: flops = 2 x h_q x (d + d_v) x selected positions; bytes = the gathered K (and V) rows, once per
+  query token per KV head (a gather does not reuse across tokens; L2 may), + q + out + lse + indices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class AttentionCost:
+    flops: float
+    bytes: float
+    kv_bytes: float
+
+    def tflops(self, seconds: float) -> float:
+        return self.flops / seconds / 1e12
+
+    def gbps(self, seconds: float) -> float:
+        return self.bytes / seconds / 1e9
+
+
+def visible_pairs(s_q: int, s_k: int, causal: bool = True) -> int:
+    """(query, key) pairs the bottom-right causal rule lets through for one sequence."""
+    if not causal:
+        return s_q * s_k
+    # query i sees min(s_k, max(0, s_k - s_q + i + 1)) keys
+    return sum(min(s_k, max(0, s_k - s_q + i + 1)) for i in range(s_q))
+
+
+def _io_bytes(batch: int, s_q: int, h_q: int, d: int, d_v: int, elem: int) -> float:
+    return float(batch * s_q * h_q * (d * elem + d_v * elem + 4))  # q, out, lse (fp32)
+
+
+def dense_cost(
+    lens: Sequence[int],
+    *,
+    s_q: int,
+    h_q: int,
+    h_kv: int,
+    d: int,
+    d_v: int,
+    elem: int,
+    causal: bool = True,
+    shared_kv: bool = False,
+) -> AttentionCost:
+    pairs = sum(visible_pairs(s_q, n, causal) for n in lens)
+    row = d + (0 if shared_kv else d_v)
+    kv = float(sum(lens) * h_kv * row * elem)
+    flops = 2.0 * h_q * (d + d_v) * pairs
+    return AttentionCost(flops, kv + _io_bytes(len(lens), s_q, h_q, d, d_v, elem), kv)
+
+
+def sparse_cost(
+    selected: int,
+    *,
+    batch: int,
+    s_q: int,
+    topk: int,
+    h_q: int,
+    h_kv: int,
+    d: int,
+    d_v: int,
+    elem: int,
+    shared_kv: bool = False,
+) -> AttentionCost:
+    """`selected`: positions attended, summed over every query token of the batch."""
+    row = d + (0 if shared_kv else d_v)
+    kv = float(selected * h_kv * row * elem)
+    flops = 2.0 * h_q * (d + d_v) * selected
+    idx = float(batch * s_q * topk * 4)
+    return AttentionCost(flops, kv + idx + _io_bytes(batch, s_q, h_q, d, d_v, elem), kv)
