@@ -50,6 +50,17 @@ def sample_seqlens(
     return [int(n) for n in lens]
 
 
+def pages_needed(seqlens: list[int], page_size: int, shared_prefix: int = 0) -> int:
+    """Pages the sequences occupy when the full pages of a common `shared_prefix` are stored once.
+
+    Sequence i holds min(seqlen_i, shared_prefix) // page_size full prefix pages; those are shared, so
+    the pool needs the largest such count once instead of every sequence's own copy.
+    """
+    shared = [min(n, shared_prefix) // page_size for n in seqlens]
+    total = sum(-(-n // page_size) for n in seqlens)
+    return total - sum(shared) + max(shared, default=0)
+
+
 @dataclass
 class DecodeInputs:
     q: torch.Tensor  # [batch, s_q, h_q, d_qk]
@@ -90,13 +101,12 @@ def build_decode_inputs(
         raise ValueError(f"seqlens must be >= 0, got {seqlens}")
     g = torch.Generator(device="cpu").manual_seed(seed)  # ids and page order
     gd = torch.Generator(device=device).manual_seed(seed + 1)  # KV and q values, made where they live
-    pages_needed = sum(-(-n // page_size) for n in seqlens) + extra_pages
-    num_pages = max(pages_needed, 1)
+    prefix_len = min(shared_prefix, max(seqlens, default=0))
+    num_pages = max(pages_needed(seqlens, page_size, prefix_len) + extra_pages, 1)
     order = torch.randperm(num_pages, generator=g).tolist()
     cache = PagedKVCache(
         num_pages, page_size, head_dim=d_qk, kv_dtype=kv_dtype, device=device, page_order=order
     )
-    prefix_len = min(shared_prefix, max(seqlens, default=0))
     prefix_ids = torch.randint(0, 2**31 - 1, (prefix_len,), generator=g).tolist()
     prefix_kv = torch.randn(prefix_len, d_qk, generator=gd, device=device)
     for i, n in enumerate(seqlens):

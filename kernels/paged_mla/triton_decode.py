@@ -18,18 +18,31 @@ Causal rule for s_q > 1 (multi-token prediction): query token i sees keys 0 .. s
 
 Dots: on a GPU the operands are bf16 (fp32 accumulate; P is rounded to bf16 before P @ V, as FlashMLA
 does). In the interpreter (TRITON_INTERPRET=1) they are fp32, since the interpreter's bf16 dot is wrong.
+Importing this module on a machine without a CUDA device sets TRITON_INTERPRET=1 if it is unset (that
+must happen before triton's first import in the process; see _INTERPRET_TOO_LATE).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import sys
 
 import torch
-import triton
-import triton.language as tl
 
 from kernels.paged_mla.layout import D_V, is_fp8
+
+# No GPU (a CPU worker, a laptop): the kernels can only run in the interpreter. Triton reads the variable
+# when a function is decorated, its own tl.* helpers included, so this works only if triton was not
+# imported yet; otherwise mla_decode_triton raises a clear error instead of an obscure one.
+_INTERPRET_TOO_LATE = (
+    not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ and "triton" in sys.modules
+)
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 DEFAULT_NUM_SMS = 132  # H100 / H200
 MIN_TOKENS_PER_SPLIT = 256
@@ -39,6 +52,11 @@ _LOG2E = 1.4426950408889634
 
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def default_block_m(rows: int) -> int:
+    """Query rows (s_q x h_q pairs) per program when the caller does not choose."""
+    return 16 if rows <= 16 else 32
 
 
 def choose_num_splits(
@@ -253,6 +271,11 @@ def mla_decode_triton(
     num_splits None picks `choose_num_splits` (reads cache_seqlens on the host). `_overread` is for tests
     only: it makes the kernel read that many slots past every sequence's end.
     """
+    if _INTERPRET_TOO_LATE:
+        raise RuntimeError(
+            "no CUDA device and triton was imported before TRITON_INTERPRET=1 was set: set it in the "
+            "environment (or before the first `import triton`) to run the Triton kernels in the interpreter"
+        )
     b, s_q, h_q, d = q.shape
     if kv_cache.dim() != 4 or kv_cache.shape[2] != 1 or kv_cache.shape[3] != d:
         raise ValueError(f"kv_cache must be [blocks, page, 1, {d}], got {tuple(kv_cache.shape)}")
@@ -269,7 +292,7 @@ def mla_decode_triton(
     if q.stride(-1) != 1 or kv_cache.stride(-1) != 1:
         raise ValueError("q and kv_cache must be contiguous in the head dimension")
     rows = s_q * h_q
-    bm = block_m or (16 if rows <= 16 else 32)
+    bm = block_m or default_block_m(rows)
     bn = block_n or max(16, min(64, page))
     if num_splits is None:
         lens = cache_seqlens.tolist()

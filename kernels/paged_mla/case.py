@@ -1,0 +1,377 @@
+"""The paged MLA family the farm runs: decode over a paged KV cache, and a trace-driven cache benchmark.
+
+Backends
+  torch_ref    fp32 torch reference over the paged layout (the baseline)
+  triton       split-KV + combine Triton kernels (kernels.paged_mla.triton_decode)
+  flash_mla    the FlashMLA library, on a GPU host where `flash_mla` imports (bf16 cache, page 64)
+  cache_trace  a synthetic multi-turn serving trace replayed through the cache manager at the trial's
+               page size (kernels.paged_mla.trace_bench); no kernel runs, nothing is timed
+Shape keys (one grid for every backend): batch, seqlen (the longest sequence), dist (fixed | uniform |
+skewed | boundary), h_q, s_q, page_size (16 | 32 | 64 | 128), kv_dtype (bf16 | fp8); optional
+shared_prefix (tokens every sequence shares, default 0). The spec dtype is q's and out's: bfloat16.
+Config: triton takes num_splits (a positive integer or "auto") and the test-only `_overread` (read that
+many slots past every sequence's end); cache_trace takes the trace keys of trace_bench; the others none.
+
+A decode trial: the sequence lengths depend on the shape only (sample_seqlens with SEQLEN_SEED), so every
+backend and every seed decodes the same lengths and cost() knows them. For each of policy.seeds seeds it
+builds the cache through PagedKVCache (unused slots NaN, unused block-table entries out of range unless
+policy.poison_unused is off), runs the backend and checks it by FlashMLA's rule (kernels.paged_mla.check)
+against the fp32 reference; torch_ref itself is checked against the reference over a contiguous
+re-layout of the same pages. The last seed's inputs are timed (kernels.measure.measure; num_splits is
+fixed beforehand, so the timed call never reads cache_seqlens on the host), then run once more under
+kernels.measure.memory.peak_memory (free on a GPU; on a CPU the torch profiler costs ~1.3 s the first time
+in a process, ~10 ms after). Metrics: GB/s and TFLOPS from the cost model, the cache manager's hit rate,
+evictions, fragmentation and bytes per token, the splits used and the fraction of HBM bandwidth reached on
+a known GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from kernels.base import Cost, TrialOutcome, TrialRequest
+from kernels.hardware import limits_for
+from kernels.measure.correctness import combine_seeds, seed_list
+from kernels.measure.memory import peak_memory
+from kernels.measure.timing import measure
+from kernels.paged_mla.check import check_decode
+from kernels.paged_mla.cost import mla_decode_cost
+from kernels.paged_mla.inputs import SEQLEN_DISTS, DecodeInputs, build_decode_inputs, sample_seqlens
+from kernels.paged_mla.layout import (
+    D_QK,
+    INVALID_BLOCK_ID,
+    PAGE_SIZES,
+    elem_size,
+    is_fp8,
+    scale_bytes_per_token,
+)
+from kernels.paged_mla.reference import mla_decode_reference
+from kernels.paged_mla.trace_bench import run_trace_bench, trace_setup, validate_trace_config
+
+SHAPE_KEYS = ("batch", "seqlen", "dist", "h_q", "s_q", "page_size", "kv_dtype")
+OPTIONAL_SHAPE_KEYS = ("shared_prefix",)
+KV_DTYPES = ("bf16", "fp8")
+DTYPE = "bfloat16"
+SEQLEN_SEED = 0
+MAX_S_Q = 16
+_DECODE_CONFIG: dict[str, tuple[str, ...]] = {
+    "torch_ref": (),
+    "triton": ("num_splits", "_overread"),
+    "flash_mla": (),
+}
+
+Decode = Callable[[], tuple[torch.Tensor, torch.Tensor]]
+
+
+def shape_seqlens(shape: dict[str, Any]) -> list[int]:
+    """The sequence lengths of a decode shape (the same for every backend and seed)."""
+    return sample_seqlens(
+        shape["dist"], shape["batch"], shape["seqlen"], shape["page_size"], seed=SEQLEN_SEED
+    )
+
+
+class PagedMLAFamily:
+    name = "paged_mla"
+    backends = {
+        "torch_ref": "fp32 torch reference decode over the paged layout (baseline)",
+        "triton": "Triton split-KV decode + combine (num_splits: int or auto)",
+        "flash_mla": "FlashMLA library decode (GPU host with flash_mla installed; bf16, page 64)",
+        "cache_trace": "multi-turn trace replayed through the KV cache manager (hit rate, evictions, memory)",
+    }
+    shape_keys = SHAPE_KEYS
+
+    def validate(self, shape: dict[str, Any], config: dict[str, Any], dtype: str, backend: str) -> None:
+        _validate_shape(shape)
+        if dtype != DTYPE:
+            raise ValueError(
+                f"dtype must be {DTYPE} (q and out; the cache's type is shape.kv_dtype) (got {dtype})"
+            )
+        if backend == "cache_trace":
+            validate_trace_config(config)
+            return
+        if backend not in _DECODE_CONFIG:
+            raise ValueError(f"unknown paged_mla backend {backend!r} (known: {', '.join(self.backends)})")
+        allowed = _DECODE_CONFIG[backend]
+        for key in config:
+            if key not in allowed:
+                takes = f"takes only {', '.join(allowed)}" if allowed else "takes no config"
+                raise ValueError(f"config.{key} does not apply to backend {backend} ({backend} {takes})")
+        if "num_splits" in config:
+            n = config["num_splits"]
+            if n != "auto" and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+                raise ValueError(f"config.num_splits must be a positive integer or 'auto' (got {n!r})")
+        if "_overread" in config:
+            n = config["_overread"]
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                raise ValueError(f"config._overread must be an integer >= 0 (got {n!r})")
+        if backend == "flash_mla":
+            if shape["page_size"] != 64:
+                raise ValueError(f"shape.page_size must be 64 for flash_mla (got {shape['page_size']})")
+            if shape["kv_dtype"] != "bf16":
+                raise ValueError(f"shape.kv_dtype must be bf16 for flash_mla (got {shape['kv_dtype']!r})")
+
+    def cost(self, shape: dict[str, Any], dtype: str) -> Cost:
+        c = mla_decode_cost(
+            shape_seqlens(shape), h_q=shape["h_q"], s_q=shape["s_q"], kv_dtype=shape["kv_dtype"]
+        )
+        return Cost(flops=c.flops, bytes=c.bytes)
+
+    def run(self, req: TrialRequest) -> TrialOutcome:
+        if req.backend == "cache_trace":
+            return _run_trace(req)
+        return _run_decode(req)
+
+
+# -- validation --------------------------------------------------------------------------------------------
+
+
+def _int_key(shape: dict[str, Any], key: str, lo: int, hi: int) -> int:
+    v = shape[key]
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise ValueError(f"shape.{key} must be an integer in [{lo}, {hi}] (got {v!r})")
+    return v
+
+
+def _validate_shape(shape: dict[str, Any]) -> None:
+    missing = [k for k in SHAPE_KEYS if k not in shape]
+    if missing:
+        raise ValueError(f"shape is missing {', '.join(missing)} (paged_mla needs {', '.join(SHAPE_KEYS)})")
+    unknown = sorted(set(shape) - set(SHAPE_KEYS) - set(OPTIONAL_SHAPE_KEYS))
+    if unknown:
+        raise ValueError(
+            f"shape.{unknown[0]} is not a paged_mla shape key "
+            f"(known: {', '.join(SHAPE_KEYS + OPTIONAL_SHAPE_KEYS)})"
+        )
+    _int_key(shape, "batch", 1, 65536)
+    seqlen = _int_key(shape, "seqlen", 1, 1 << 20)
+    _int_key(shape, "h_q", 1, 1024)
+    _int_key(shape, "s_q", 1, MAX_S_Q)
+    if shape["page_size"] not in PAGE_SIZES or isinstance(shape["page_size"], bool):
+        raise ValueError(f"shape.page_size must be one of {list(PAGE_SIZES)} (got {shape['page_size']!r})")
+    if shape["kv_dtype"] not in KV_DTYPES:
+        raise ValueError(f"shape.kv_dtype must be one of {list(KV_DTYPES)} (got {shape['kv_dtype']!r})")
+    if shape["dist"] not in SEQLEN_DISTS:
+        raise ValueError(f"shape.dist must be one of {list(SEQLEN_DISTS)} (got {shape['dist']!r})")
+    if shape["dist"] == "boundary" and seqlen <= shape["page_size"]:
+        raise ValueError(
+            f"shape.seqlen must exceed page_size ({shape['page_size']}) for dist boundary, which samples "
+            f"page_size + 1 (got {seqlen})"
+        )
+    if "shared_prefix" in shape:
+        _int_key(shape, "shared_prefix", 0, seqlen)
+
+
+# -- decode trials -----------------------------------------------------------------------------------------
+
+
+def _inputs(shape: dict[str, Any], seqlens: list[int], seed: int, device: str, poison: bool) -> DecodeInputs:
+    inp = build_decode_inputs(
+        seqlens,
+        h_q=shape["h_q"],
+        s_q=shape["s_q"],
+        page_size=shape["page_size"],
+        kv_dtype=shape["kv_dtype"],
+        shared_prefix=shape.get("shared_prefix", 0),
+        seed=seed,
+        device=device,
+    )
+    if not poison:
+        _unpoison(inp)
+    return inp
+
+
+def _unpoison(inp: DecodeInputs) -> None:
+    """Zero the NaN slots and point unused block-table entries at page 0 (policy.poison_unused off)."""
+    if is_fp8(inp.kv_cache.dtype):
+        raw = inp.kv_cache.view(torch.uint8)
+        raw[(raw & 0x7F) == 0x7F] = 0  # e4m3fn's NaN is S.1111.111
+    else:
+        inp.kv_cache.nan_to_num_(0.0)
+    if inp.kv_scales is not None:
+        inp.kv_scales.nan_to_num_(0.0)
+    inp.block_table[inp.block_table == INVALID_BLOCK_ID] = 0
+
+
+def _num_sms(device: torch.device) -> int | None:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return None
+
+
+def _decode_call(
+    backend: str, inp: DecodeInputs, config: dict[str, Any], device: torch.device
+) -> tuple[Decode, dict[str, Any]]:
+    """The no-argument call that is checked and timed, and what it chose (splits)."""
+    args = (inp.q, inp.kv_cache, inp.block_table, inp.cache_seqlens)
+    if backend == "torch_ref":
+        return lambda: mla_decode_reference(
+            *args, softmax_scale=inp.softmax_scale, kv_scales=inp.kv_scales, d_v=inp.d_v
+        ), {}
+    if backend == "triton":
+        from kernels.paged_mla import triton_decode as td
+
+        rows = inp.q.shape[1] * inp.q.shape[2]
+        page = inp.kv_cache.shape[1]
+        sms = _num_sms(device) or td.DEFAULT_NUM_SMS
+        n = config.get("num_splits", "auto")
+        if n == "auto":
+            n = td.choose_num_splits(
+                inp.seqlens, rows=rows, block_m=td.default_block_m(rows), page_size=page, num_sms=sms
+            )
+        overread = int(config.get("_overread", 0))
+
+        def call() -> tuple[torch.Tensor, torch.Tensor]:
+            return td.mla_decode_triton(
+                *args,
+                num_splits=n,
+                softmax_scale=inp.softmax_scale,
+                kv_scales=inp.kv_scales,
+                d_v=inp.d_v,
+                num_sms=sms,
+                _overread=overread,
+            )
+
+        return call, {"num_splits": n, "num_sms": sms}
+    if backend == "flash_mla":
+        from kernels.paged_mla.flash_mla_adapter import flash_mla_decode_fn
+
+        return flash_mla_decode_fn(*args, d_v=inp.d_v, softmax_scale=inp.softmax_scale), {}
+    raise ValueError(f"unknown paged_mla decode backend {backend!r}")
+
+
+def contiguous_layout(inp: DecodeInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The same sequences copied into a fresh pool, page after page in order, no sharing: (kv_cache,
+    block_table, kv_scales). The reference over it must agree with the reference over the paged layout."""
+    page = inp.kv_cache.shape[1]
+    counts = [-(-n // page) for n in inp.seqlens]
+    width = max(max(counts, default=0), 1)
+    table = torch.full((len(counts), width), INVALID_BLOCK_ID, dtype=torch.int32)
+    src: list[int] = []
+    for i, c in enumerate(counts):
+        table[i, :c] = torch.arange(len(src), len(src) + c, dtype=torch.int32)
+        src.extend(inp.block_table[i, :c].tolist())
+    idx = torch.tensor(src, dtype=torch.long, device=inp.kv_cache.device)
+    kv = inp.kv_cache[idx] if src else inp.kv_cache[:1]
+    scales = None if inp.kv_scales is None else (inp.kv_scales[idx] if src else inp.kv_scales[:1])
+    return kv, table.to(inp.kv_cache.device), scales
+
+
+def _reference_for(backend: str, inp: DecodeInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    if backend == "torch_ref":
+        kv, table, scales = contiguous_layout(inp)
+        return mla_decode_reference(
+            inp.q,
+            kv,
+            table,
+            inp.cache_seqlens,
+            softmax_scale=inp.softmax_scale,
+            kv_scales=scales,
+            d_v=inp.d_v,
+        )
+    return mla_decode_reference(
+        inp.q,
+        inp.kv_cache,
+        inp.block_table,
+        inp.cache_seqlens,
+        softmax_scale=inp.softmax_scale,
+        kv_scales=inp.kv_scales,
+        d_v=inp.d_v,
+    )
+
+
+def _cache_metrics(inp: DecodeInputs, kv_dtype: str) -> dict[str, Any]:
+    s = inp.cache.stats()
+    return {
+        "page_hit_rate": s.hit_rate,
+        "page_hits": s.hits,
+        "page_misses": s.misses,
+        "evictions": s.evictions,
+        "pages_in_use": s.pages_in_use,
+        "fragmentation_slots": s.fragmentation,
+        "fragmentation_pct": 100.0 * s.fragmentation / s.allocated_slots if s.allocated_slots else 0.0,
+        "cache_bytes_in_use": s.bytes_in_use,
+        "bytes_per_token": s.bytes_per_token,
+        "bytes_per_token_raw": D_QK * elem_size(kv_dtype) + scale_bytes_per_token(kv_dtype),
+    }
+
+
+def _run_decode(req: TrialRequest) -> TrialOutcome:
+    device = torch.device(req.device)
+    shape = req.shape
+    seqlens = shape_seqlens(shape)
+    seeds = seed_list(req.policy.seeds)
+    out_reports, lse_reports = [], []
+    inp: DecodeInputs | None = None
+    call: Decode | None = None
+    chosen: dict[str, Any] = {}
+    for seed in seeds:
+        inp = call = None  # the previous seed's tensors go before the next are built
+        inp = _inputs(shape, seqlens, seed, req.device, req.policy.poison_unused)
+        call, chosen = _decode_call(req.backend, inp, req.config, device)
+        out, lse = call()
+        ref_out, ref_lse = _reference_for(req.backend, inp)
+        check = check_decode(out, lse, ref_out, ref_lse)
+        out_reports.append(check.out)
+        lse_reports.append(check.lse)
+        del out, lse, ref_out, ref_lse
+    assert inp is not None and call is not None
+    out_c, lse_c = combine_seeds(out_reports, seeds), combine_seeds(lse_reports, seeds)
+    correctness = {
+        **out_c.to_dict(),
+        "passed": out_c.passed and lse_c.passed,
+        "checked": "out (headline) and lse",
+        "poisoned": req.policy.poison_unused,
+        "lse": lse_c.to_dict(),
+    }
+    if not lse_c.passed:
+        correctness["message"] = f"out: {out_c.message}; lse: {lse_c.message}"
+
+    m = measure(call, req.policy, device=device)
+    cost = mla_decode_cost(seqlens, h_q=shape["h_q"], s_q=shape["s_q"], kv_dtype=shape["kv_dtype"])
+    memory = peak_memory(call, device, working_set_bytes=cost.bytes).to_dict()
+    seconds = m.summary.median / 1e9
+    gbps, tflops = cost.throughput(seconds) if seconds > 0 else (math.nan, math.nan)
+    metrics: dict[str, Any] = {
+        "flops": cost.flops,
+        "bytes": cost.bytes,
+        "kv_bytes": cost.kv_bytes,
+        "gbps": gbps,
+        "tflops": tflops,
+        "total_tokens": sum(seqlens),
+        "mean_seqlen": sum(seqlens) / len(seqlens),
+        "max_seqlen": max(seqlens),
+        **chosen,
+        **_cache_metrics(inp, shape["kv_dtype"]),
+    }
+    if device.type == "cuda":
+        limits = limits_for(torch.cuda.get_device_name(device))
+        if limits is not None:
+            metrics["hbm_fraction"] = gbps / limits.hbm_gbps
+    return TrialOutcome.measured(
+        "ok" if correctness["passed"] else "incorrect",
+        m,
+        correctness=correctness,
+        metrics=metrics,
+        memory=memory,
+    )
+
+
+# -- cache trace trials ------------------------------------------------------------------------------------
+
+
+def _run_trace(req: TrialRequest) -> TrialOutcome:
+    setup = trace_setup(req.shape, req.config)
+    metrics, correctness = run_trace_bench(setup)
+    return TrialOutcome(
+        status="ok" if correctness["passed"] else "incorrect",
+        correctness=correctness,
+        metrics=metrics,
+        memory={"peak_bytes": metrics["peak_bytes_resident"], "method": "cache_manager_bytes_resident"},
+    )
+
+
+FAMILY = PagedMLAFamily()
