@@ -136,10 +136,11 @@ def _runner(backend: str, x: GemmInputs, cfg: TileConfig | None) -> tuple[Runner
         from kernels.fp8_gemm import triton_gemm  # imports triton: only for this backend
 
         assert cfg is not None
-        _, compiled = triton_gemm.fp8_gemm(x.a_fp8, x.a_scales, x.b_fp8, x.b_scales, cfg, out=out)
+        _, launch = triton_gemm.prepare(x.a_fp8, x.a_scales, x.b_fp8, x.b_scales, cfg, out=out)
+        compiled = launch()
 
         def call() -> torch.Tensor:
-            triton_gemm.fp8_gemm(x.a_fp8, x.a_scales, x.b_fp8, x.b_scales, cfg, out=out)
+            launch()
             return out
 
         return call, compiled

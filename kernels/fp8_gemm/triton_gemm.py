@@ -18,6 +18,7 @@ trusted; that path is the only one the CPU tests exercise.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -129,6 +130,40 @@ def check_operands(
     return m, n, k
 
 
+def prepare(
+    a: torch.Tensor,
+    a_scales: torch.Tensor,
+    b: torch.Tensor,
+    b_scales: torch.Tensor,
+    cfg: TileConfig,
+    *,
+    out: torch.Tensor | None = None,
+    scale_group: int = GROUP,
+) -> tuple[torch.Tensor, Callable[[], Any]]:
+    """Check the operands once and return (D, launch): launch() runs the kernel into D and returns the
+    compiled kernel (None in the interpreter). The timed region is then the launch alone."""
+    m, n, k = check_operands(a, a_scales, b, b_scales)
+    if scale_group % cfg.block_k:
+        raise ValueError(f"block_k {cfg.block_k} must divide the scale group {scale_group}")
+    if out is None:
+        out = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
+    elif tuple(out.shape) != (m, n) or out.dtype != torch.bfloat16:
+        raise ValueError(f"out must be bf16 [{m}, {n}] (got {out.dtype} {tuple(out.shape)})")
+    kernel = _fp8_gemm_kernel[(cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n),)]
+    args = (
+        a, b, out, a_scales, b_scales,
+        m, n, k, a_scales.shape[1],
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1),
+        a_scales.stride(0), a_scales.stride(1), b_scales.stride(0), b_scales.stride(1),
+    )  # fmt: skip
+    meta = dict(
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        SCALE_GROUP=scale_group, UPCAST=interpreting(),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    return out, lambda: kernel(*args, **meta)
+
+
 def fp8_gemm(
     a: torch.Tensor,
     a_scales: torch.Tensor,
@@ -141,19 +176,5 @@ def fp8_gemm(
 ) -> tuple[torch.Tensor, Any]:
     """D = A x B^T with A's 1x128 and B's 128x128 scales. Returns (D bf16 [M, N], the compiled kernel
     (None in the interpreter)). `scale_group` is the scales' K granularity: it must match the quantizer."""
-    m, n, k = check_operands(a, a_scales, b, b_scales)
-    if scale_group % cfg.block_k:
-        raise ValueError(f"block_k {cfg.block_k} must divide the scale group {scale_group}")
-    if out is None:
-        out = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
-    grid = (cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n),)
-    compiled = _fp8_gemm_kernel[grid](
-        a, b, out, a_scales, b_scales,
-        m, n, k, a_scales.shape[1],
-        a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1),
-        a_scales.stride(0), a_scales.stride(1), b_scales.stride(0), b_scales.stride(1),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        SCALE_GROUP=scale_group, UPCAST=interpreting(),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
-    return out, compiled
+    out, launch = prepare(a, a_scales, b, b_scales, cfg, out=out, scale_group=scale_group)
+    return out, launch()

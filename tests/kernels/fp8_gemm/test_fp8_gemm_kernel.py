@@ -89,12 +89,12 @@ def test_case_runs_triton_with_metrics_resources_and_every_seed():
 
 
 def test_case_marks_a_broken_kernel_incorrect(monkeypatch):
-    real = triton_gemm.fp8_gemm
+    real = triton_gemm.prepare
 
     def wrong_scales(*args, **kwargs):
         return real(*args, **{**kwargs, "scale_group": 64})
 
-    monkeypatch.setattr(triton_gemm, "fp8_gemm", wrong_scales)
+    monkeypatch.setattr(triton_gemm, "prepare", wrong_scales)
     o = case.FAMILY.run(_request("triton", {**CFG, "block_k": 64}))
     assert o.status == "incorrect"
     assert not o.correctness["passed"] and o.correctness["calc_diff"] > 1e-3
