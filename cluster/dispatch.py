@@ -12,6 +12,8 @@ job runner turns into database writes and progress output.
 from __future__ import annotations
 
 import collections
+import math
+import pickle
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -33,6 +35,15 @@ class WorkItem:
     label: str = ""
     attempts: int = 0  # attempts already made whose worker died
     avoid: set[str] = field(default_factory=set)  # slots it died on; retried elsewhere when possible
+    solo: bool = False  # never batched again (set after a batch it was in timed out or crashed)
+
+
+@dataclass
+class _Call:
+    """One actor call: a batch of consecutive trials, run one after another by the worker."""
+
+    items: list[WorkItem]
+    ref: Any
 
 
 class Listener(Protocol):
@@ -56,7 +67,7 @@ class _Slot:
     ready_ref: Any = None
     start_deadline: float = 0.0
     info: dict[str, Any] | None = None
-    inflight: collections.deque = field(default_factory=collections.deque)  # (item, ref)
+    inflight: collections.deque = field(default_factory=collections.deque)  # of _Call, in call order
     head_started: float = 0.0
     deaths_in_row: int = 0
     retired: bool = False
@@ -73,7 +84,9 @@ class DispatchOptions:
     timeout_s: float
     max_attempts: int = 3
     max_worker_deaths: int = 3  # consecutive deaths without a finished trial before a slot retires
-    pipeline: int = 2  # trials queued on an actor at once, to hide the call latency
+    pipeline: int = 2  # calls queued on an actor at once, to hide the call latency
+    batch_target_s: float = 0.05  # short trials are batched into calls of about this long
+    max_batch: int = 64
     start_timeout_s: float = 180.0
     threads_per_worker: int | None = None
     name_prefix: str = "kf"
@@ -87,6 +100,7 @@ class Dispatcher:
         self.slots = [_Slot(name=f"w{i}") for i in range(options.workers)]
         self.queue: collections.deque[WorkItem] = collections.deque()
         self._ref_owner: dict[Any, _Slot] = {}
+        self._trial_s: float | None = None  # running mean of a trial's time on a worker
 
     # ---- actors ---------------------------------------------------------------------------------
     def _start(self, slot: _Slot) -> None:
@@ -108,11 +122,11 @@ class Dispatcher:
         """Kill the slot's actor; return the trials queued on it that never started."""
         if slot.actor is not None:
             ray.kill(slot.actor, no_restart=True)
-        for _, ref in slot.inflight:
-            self._ref_owner.pop(ref, None)
+        for call in slot.inflight:
+            self._ref_owner.pop(call.ref, None)
         if slot.ready_ref is not None:
             self._ref_owner.pop(slot.ready_ref, None)
-        orphans = [item for item, _ in slot.inflight]
+        orphans = [item for call in slot.inflight for item in call.items]
         slot.inflight.clear()
         slot.actor, slot.ready_ref, slot.info = None, None, None
         return orphans
@@ -156,17 +170,39 @@ class Dispatcher:
 
     def _fill(self) -> None:
         ready = [s for s in self.slots if s.ready]
-        # Queue a second trial per actor only while there is plenty left, so the tail stays balanced.
+        # Queue a second call per actor only while there is plenty left, so the tail stays balanced.
         depth = self.opt.pipeline if len(self.queue) >= 2 * max(1, len(ready)) else 1
         for slot in ready:
             while self.queue and len(slot.inflight) < depth:
-                item = self._take_for(slot)
-                ref = slot.actor.run.remote(item.request)
+                items = self._take_batch(slot, self._batch_size(len(ready)))
+                ref = slot.actor.run_batch.remote(pickle.dumps([i.request for i in items]))
                 self._ref_owner[ref] = slot
                 if not slot.inflight:
                     slot.head_started = time.monotonic()
-                slot.inflight.append((item, ref))
-                self.listener.trial_started(item, slot.name)
+                slot.inflight.append(_Call(items, ref))
+                for item in items:
+                    self.listener.trial_started(item, slot.name)
+
+    def _batch_size(self, ready: int) -> int:
+        """Trials per call: 1 until trials are known to be short, then enough to fill ~batch_target_s."""
+        if self._trial_s is None:
+            return 1
+        active = sum(not s.retired for s in self.slots)  # starting workers will want their share too
+        fair = math.ceil(len(self.queue) / (2 * max(1, active, ready)))
+        return max(1, min(int(self.opt.batch_target_s / max(self._trial_s, 1e-6)), self.opt.max_batch, fair))
+
+    def _take_batch(self, slot: _Slot, size: int) -> list[WorkItem]:
+        first = self._take_for(slot)
+        batch = [first]
+        while (
+            size > len(batch)
+            and not first.solo
+            and self.queue
+            and not self.queue[0].solo
+            and slot.name not in self.queue[0].avoid
+        ):
+            batch.append(self.queue.popleft())
+        return batch
 
     def _take_for(self, slot: _Slot) -> WorkItem:
         for i, item in enumerate(self.queue):
@@ -209,31 +245,51 @@ class Dispatcher:
         self.listener.worker_ready(slot.name, slot.info)
 
     def _handle_result(self, slot: _Slot, ref: Any) -> None:
-        item, head_ref = slot.inflight[0]
-        if ref != head_ref:  # results of one actor arrive in order; an out-of-order one means death
+        call = slot.inflight[0]
+        if ref != call.ref:  # results of one actor arrive in order; an out-of-order one means death
             self._ref_owner[ref] = slot
             return
         try:
-            result = ray.get(ref)
+            results = pickle.loads(ray.get(ref))
         except _ACTOR_GONE as err:
-            self._actor_died(slot, item, _first_line(err))
+            self._actor_died(slot, call, _first_line(err))
             return
         except ray.exceptions.RayTaskError as err:  # the framework failed, not the kernel
-            result = {"outcome": {"status": "error", "error": str(err)}, "started": None, "finished": None}
+            failed = {"outcome": {"status": "error", "error": str(err)}, "started": None, "finished": None}
+            results = [failed] * len(call.items)
         slot.inflight.popleft()
         slot.head_started = time.monotonic()
         slot.deaths_in_row = 0
-        self.listener.trial_finished(item, slot.name, result)
+        for item, result in zip(call.items, results, strict=True):
+            if result.get("started") and result.get("finished"):
+                took = result["finished"] - result["started"]
+                self._trial_s = took if self._trial_s is None else 0.8 * self._trial_s + 0.2 * took
+            self.listener.trial_finished(item, slot.name, result)
 
-    def _actor_died(self, slot: _Slot, item: WorkItem, error: str) -> None:
+    def _requeue_solo(self, items: list[WorkItem]) -> None:
+        """Trials of a failed batch: nobody knows which one failed, so each runs alone next time."""
+        for item in items:
+            item.solo = True
+        self.queue.extendleft(reversed(items))
+
+    def _actor_died(self, slot: _Slot, call: _Call, error: str) -> None:
         slot.inflight.popleft()
         orphans = self._kill(slot)
-        item.attempts += 1
-        item.avoid.add(slot.name)
-        final = item.attempts >= self.opt.max_attempts
-        self.listener.trial_crashed(item, slot.name, error, final)
-        if not final:
-            self.queue.appendleft(item)
+        if len(call.items) > 1:
+            # Each was in flight on a worker that died: count the attempt, but never give up on a trial
+            # before it has run alone, where a crash can be pinned on it.
+            for item in call.items:
+                item.attempts += 1
+                item.avoid.add(slot.name)
+            self._requeue_solo(call.items)
+        else:
+            item = call.items[0]
+            item.attempts += 1
+            item.avoid.add(slot.name)
+            final = item.attempts >= self.opt.max_attempts
+            self.listener.trial_crashed(item, slot.name, error, final)
+            if not final:
+                self.queue.appendleft(item)
         self.queue.extendleft(reversed(orphans))
         self._lose(slot, f"actor died: {error}", count_death=True)
 
@@ -241,14 +297,17 @@ class Dispatcher:
         now = time.monotonic()
         for slot in self.slots:
             if slot.inflight and now - slot.head_started > self.opt.timeout_s:
-                item, _ = slot.inflight[0]
+                call = slot.inflight[0]
                 seconds = now - slot.head_started
-                orphans = self._kill(slot)[1:]
-                self.listener.trial_timed_out(item, slot.name, seconds)
+                orphans = self._kill(slot)[len(call.items) :]
+                if len(call.items) > 1:
+                    self._requeue_solo(call.items)
+                    reason = f"killed: a batch of {len(call.items)} trials ran past {self.opt.timeout_s:g} s"
+                else:
+                    self.listener.trial_timed_out(call.items[0], slot.name, seconds)
+                    reason = f"killed: trial {call.items[0].label} ran past {self.opt.timeout_s:g} s"
                 self.queue.extendleft(reversed(orphans))
-                self._lose(
-                    slot, f"killed: trial {item.label} ran past {self.opt.timeout_s:g} s", count_death=False
-                )
+                self._lose(slot, reason, count_death=False)
             elif slot.ready_ref is not None and slot.info is None and now > slot.start_deadline:
                 self._kill(slot)
                 slot.retired = True

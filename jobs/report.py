@@ -307,8 +307,13 @@ def render_html(store: Store, job_id: int) -> str:
         ]
         cls = "" if r.status == "ok" else ' class="bad"'
         body.append(f"<tr{cls}>" + "".join(f"<td>{esc(str(v))}</td>" for v in vals) + "</tr>")
+    series = [
+        (f"{t.backend} {_fmt_point(t.shape)}", t.metrics["timeseries"])
+        for t in store.trials(job_id)
+        if t.metrics and isinstance(t.metrics.get("timeseries"), dict)
+    ]
     plots = "".join(
-        f"<h2>{esc(t)}</h2><img src='data:image/png;base64,{p}'/>" for t, p in _plots(rows, device)
+        f"<h2>{esc(t)}</h2><img src='data:image/png;base64,{p}'/>" for t, p in _plots(rows, device, series)
     )
     env_items = "".join(
         f"<li>{esc(e.host)}: {esc(e.device_name)} ({esc(e.device_kind)}), torch "

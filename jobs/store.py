@@ -26,6 +26,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    bindparam,
     create_engine,
     event,
     func,
@@ -33,7 +34,7 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 DEFAULT_DB = ".farm/farm.db"
@@ -41,6 +42,27 @@ DEFAULT_DB = ".farm/farm.db"
 # Trial states. A finished trial is never run again by `farm sweep resume`.
 PENDING, RUNNING = "pending", "running"
 FINISHED = ("ok", "incorrect", "error", "timeout", "crashed")
+
+
+# The Trial columns a finished result may set.
+_RESULT_COLUMNS = (
+    "status",
+    "attempt",
+    "node",
+    "worker",
+    "gpu_id",
+    "started_at",
+    "finished_at",
+    "error",
+    "summary",
+    "stop_reason",
+    "timer",
+    "correct",
+    "correctness",
+    "metrics",
+    "memory",
+    "resources",
+)
 
 
 def now() -> datetime:
@@ -251,27 +273,43 @@ class Store:
 
         Each item has `trial_id`, `status` and any Trial column, plus `samples_ns` and `environment`.
         A trial already finished is left as it is: a late duplicate result can never overwrite it.
+        Rows go out as one executemany UPDATE and one executemany INSERT, so a flush of many short
+        trials costs about as much as one.
         """
-        with Session(self.engine) as s, s.begin():
+        results = list(results)
+        if not results:
+            return
+        table = Trial.__table__
+        with self.engine.begin() as conn:
+            ids = [r["trial_id"] for r in results]
+            open_ids = set(
+                conn.scalars(select(table.c.id).where(table.c.id.in_(ids), table.c.status.not_in(FINISHED)))
+            )
+            rows, samples = [], []
             for r in results:
-                r = dict(r)
-                samples = r.pop("samples_ns", None) or []
-                env = r.pop("environment", None)
-                trial_id = r.pop("trial_id")
-                if env is not None:
-                    r["environment_id"] = self._environment_id(s, env)
-                summary = r.get("summary") or {}
-                if "median" in summary:
-                    r["median_ns"] = summary["median"]
-                r.setdefault("finished_at", now())
-                res = s.execute(
-                    update(Trial).where(Trial.id == trial_id, Trial.status.not_in(FINISHED)).values(**r)
+                if r["trial_id"] not in open_ids:
+                    continue
+                open_ids.discard(r["trial_id"])  # the first result of a trial wins
+                row = {col: r.get(col) for col in _RESULT_COLUMNS}
+                row["_id"] = r["trial_id"]
+                row["finished_at"] = row["finished_at"] or now()
+                row["median_ns"] = (r.get("summary") or {}).get("median")
+                env = r.get("environment")
+                row["environment_id"] = self._environment_id(conn, env) if env is not None else None
+                rows.append(row)
+                samples += [
+                    {"trial_id": r["trial_id"], "seq": i, "value_ns": int(v)}
+                    for i, v in enumerate(r.get("samples_ns") or [])
+                ]
+            if rows:
+                stmt = (
+                    update(table)
+                    .where(table.c.id == bindparam("_id"))
+                    .values({c: bindparam(c) for c in rows[0] if c != "_id"})
                 )
-                if res.rowcount and samples:
-                    s.execute(
-                        insert(Sample),
-                        [{"trial_id": trial_id, "seq": i, "value_ns": int(v)} for i, v in enumerate(samples)],
-                    )
+                conn.execute(stmt, rows)
+            if samples:
+                conn.execute(insert(Sample.__table__), samples)
 
     def mark_attempt(self, trial_id: int, attempt: int, error: str | None = None) -> None:
         """A worker died under this trial: count the attempt and keep it pending for a retry."""
@@ -282,22 +320,21 @@ class Store:
                 .values(attempt=attempt, error=error, status=PENDING)
             )
 
-    def _environment_id(self, s: Session, env: dict[str, Any]) -> int:
+    def _environment_id(self, conn: Connection, env: dict[str, Any]) -> int:
         fp = hashlib.sha256(json.dumps(env, sort_keys=True, default=str).encode()).hexdigest()[:32]
         if fp in self._env_ids:
             return self._env_ids[fp]
-        found = s.scalar(select(Environment.id).where(Environment.fingerprint == fp))
+        table = Environment.__table__
+        found = conn.scalar(select(table.c.id).where(table.c.fingerprint == fp))
         if found is None:
-            row = Environment(
-                fingerprint=fp,
-                host=env.get("host", "?"),
-                device_kind=env.get("device_kind", "?"),
-                device_name=env.get("device_name", "?"),
-                data=env,
-            )
-            s.add(row)
-            s.flush()
-            found = row.id
+            row = {
+                "fingerprint": fp,
+                "host": env.get("host", "?"),
+                "device_kind": env.get("device_kind", "?"),
+                "device_name": env.get("device_name", "?"),
+                "data": env,
+            }
+            found = conn.execute(insert(table).values(**row)).inserted_primary_key[0]
         self._env_ids[fp] = found
         return found
 

@@ -53,7 +53,7 @@ def test_plan_has_one_worker_per_logical_gpu(plan):
 
 
 def test_every_trial_stored_once_each_actor_on_its_own_device(plan, store):
-    spec = loads_spec(_probe("[{name: spin, baseline: true, configs: {grid: {ms: [15]}}}]", 16))
+    spec = loads_spec(_probe("[{name: spin, baseline: true, configs: {grid: {ms: [150]}}}]", 16))
     result = run_sweep(spec, store, _quiet())
     assert result.status == "completed" and result.exit_code == 0
     trials = store.trials(result.job_id)

@@ -1,0 +1,84 @@
+"""The results store on a real SQLite file: one row per trial, first result wins, samples kept raw."""
+
+from __future__ import annotations
+
+from jobs import report
+from jobs.spec import loads_spec
+from jobs.store import Store
+
+SPEC = """
+name: store-test
+family: probe
+backends: [{name: noop, baseline: true}, {name: spin, configs: {grid: {ms: [1]}}}]
+shapes: {grid: {n: [0, 1, 2]}}
+"""
+ENV = {"host": "h", "device_kind": "cpu", "device_name": "Some CPU", "torch": "x"}
+
+
+def _job(store: Store) -> int:
+    spec = loads_spec(SPEC)
+    return store.create_job(
+        name=spec.name,
+        family=spec.family,
+        spec_yaml=SPEC,
+        spec_hash=spec.spec_hash(),
+        trials=spec.trials(),
+        git_commit="abc",
+    )
+
+
+def _result(trial_id: int, samples: list[int], **extra) -> dict:
+    return {
+        "trial_id": trial_id,
+        "status": "ok",
+        "attempt": 1,
+        "worker": "w0",
+        "node": "n",
+        "summary": {"median": float(sorted(samples)[len(samples) // 2]), "n": len(samples)},
+        "samples_ns": samples,
+        "environment": ENV,
+        **extra,
+    }
+
+
+def test_job_rows_results_and_resume_set(tmp_path):
+    store = Store(str(tmp_path / "f.db"))
+    job = _job(store)
+    trials = store.trials(job)
+    assert len(trials) == 6 and {t.status for t in trials} == {"pending"}
+    first, second = trials[0], trials[1]
+    store.record_results([_result(first.id, [5, 3, 4]), _result(second.id, [9])])
+    # a late duplicate result for a finished trial changes nothing and adds no samples
+    store.record_results([_result(first.id, [100, 100], error="late")])
+    # the same trial twice in one flush: the first wins
+    third = trials[2]
+    store.record_results([_result(third.id, [1]), _result(third.id, [2, 2])])
+    assert store.samples(first.id) == [5, 3, 4]
+    assert store.samples(third.id) == [1]
+    rows = {t.id: t for t in store.trials(job)}
+    assert rows[first.id].median_ns == 4 and rows[first.id].error is None
+    assert rows[first.id].environment_id == rows[second.id].environment_id is not None
+    assert len(store.environments(job)) == 1
+    assert [t.id for t in store.unfinished_trials(job)] == [t.id for t in trials[3:]]
+    store.mark_attempt(trials[3].id, 1, "worker died")
+    t3 = next(t for t in store.trials(job) if t.id == trials[3].id)
+    assert (t3.status, t3.attempt, t3.error) == ("pending", 1, "worker died")
+    assert store.status_counts(job) == {"ok": 3, "pending": 3}
+    # a second store on the same file (another process would do the same) sees it all
+    assert Store(str(tmp_path / "f.db")).status_counts(job) == {"ok": 3, "pending": 3}
+
+
+def test_html_report_plots_a_recorded_time_series(tmp_path):
+    store = Store(str(tmp_path / "f.db"))
+    job = _job(store)
+    trial = store.trials(job)[0]
+    series = {
+        "title": "cache over the trace",
+        "xlabel": "event",
+        "x": [0, 1, 2],
+        "series": {"hit rate": [0.0, 0.5, 0.7], "evictions": [0, 0, 3]},
+    }
+    store.record_results([_result(trial.id, [10, 11, 12], metrics={"timeseries": series})])
+    page = report.render_html(store, job)
+    assert "cache over the trace (noop n=0)" in page
+    assert page.count("<img") == 2  # the time per config, and the series
