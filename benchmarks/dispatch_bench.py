@@ -88,9 +88,8 @@ def main() -> dict[str, float]:
     print(
         f"  overhead per trial                {figures['overhead_per_trial_ms']:8.3f} ms   (target <= 1 ms)"
     )
-    print(
-        f"  no-op through the pipeline        {figures['noop_pipeline_2_workers_ms']:8.3f} ms/trial (2 workers)"
-    )
+    two = figures["noop_pipeline_2_workers_ms"]
+    print(f"  no-op through the pipeline        {two:8.3f} ms/trial (2 workers)")
     print(f"  {SPIN_MS} ms CPU trials, 1 worker       {figures['spin_1_worker_trials_per_s']:8.2f} trials/s")
     print(f"  {SPIN_MS} ms CPU trials, 2 workers      {figures['spin_2_workers_trials_per_s']:8.2f} trials/s")
     print(f"  scaling 1 -> 2 workers            {figures['scaling_1_to_2']:8.2f} x    (target >= 1.8x)")

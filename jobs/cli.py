@@ -235,6 +235,14 @@ def report(job_id: int, db: str | None, fmt: str, html_path: Path | None, output
         _echo(f"wrote {html_path}")
 
 
+# ---- A/B comparison and tuned-config export ---------------------------------------------------------
+from jobs.compare import compare as _compare  # noqa: E402
+from jobs.compare import export as _export  # noqa: E402
+
+main.add_command(_compare, "compare")
+main.add_command(_export, "export")
+
+
 # ---- gateway (a separate service; mounted only when its package is present) ----------------------------
 try:
     from gateway.cli import gateway as _gateway_group
