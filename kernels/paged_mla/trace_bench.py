@@ -17,13 +17,15 @@ page) from the shape, batch and seqlen unless the config overrides them, and not
 Results: final counters (hit rate, evictions, fragmentation, bytes per token, peak bytes resident, rejected
 and preempted requests) and a time series over the replayed events, downsampled to <= MAX_POINTS points,
 in the report's generic shape {"xlabel", "x", "series": {name: ys}, "title"}. Every series is a
-percentage so that they share one axis.
+percentage (evictions as the share of page allocations, between two plotted points, that had to evict a
+cached page), so that they share one axis.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -178,7 +180,7 @@ def timeseries(result: ReplayResult, setup: TraceSetup) -> dict[str, Any]:
     idx = _downsample(len(samples), MAX_POINTS)
     pool = setup.num_pages
 
-    def pct(f) -> list[float]:  # noqa: ANN001 - a CacheStats -> float accessor
+    def pct(f: Callable[[CacheStats], float]) -> list[float]:
         return [round(100.0 * f(samples[i]), 3) for i in idx]
 
     return {
@@ -189,13 +191,23 @@ def timeseries(result: ReplayResult, setup: TraceSetup) -> dict[str, Any]:
             "pool resident %": pct(lambda s: (s.pages_in_use + s.pages_cached) / pool),
             "pool in use %": pct(lambda s: s.pages_in_use / pool),
             "fragmentation % of slots": pct(lambda s: _fragmentation_pct(s) / 100.0),
-            "evictions, % of pool pages": pct(lambda s: s.evictions / pool),
+            "allocations that evicted %": _evicting_allocations_pct(samples, idx),
         },
         "title": (
             f"KV cache trace, page {setup.page_size}: {setup.conversations} conversations x {setup.turns} "
             f"turns, {setup.concurrency} live, pool {pool} pages"
         ),
     }
+
+
+def _evicting_allocations_pct(samples: list[CacheStats], idx: list[int]) -> list[float]:
+    """Share of the page allocations since the previous plotted point that had to evict a cached page."""
+    out, prev_ev, prev_alloc = [], 0, 0
+    for i in idx:
+        ev, alloc = samples[i].evictions, samples[i].pages_allocated
+        out.append(round(100.0 * (ev - prev_ev) / (alloc - prev_alloc), 3) if alloc > prev_alloc else 0.0)
+        prev_ev, prev_alloc = ev, alloc
+    return out
 
 
 def _fragmentation_pct(s: CacheStats) -> float:
@@ -209,6 +221,6 @@ def _downsample(n: int, k: int) -> list[int]:
     return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})
 
 
-def _mean(values) -> float:  # noqa: ANN001 - any iterable of numbers
+def _mean(values: Iterable[float]) -> float:
     vals = list(values)
     return sum(vals) / len(vals) if vals else 0.0
