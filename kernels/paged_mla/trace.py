@@ -79,7 +79,7 @@ def synthetic_trace(
 class ReplayResult:
     page_size: int
     num_pages: int
-    samples: list[CacheStats] = field(default_factory=list)  # after every event
+    samples: list[CacheStats] = field(default_factory=list)  # after every event, skipped ones included
     rejected: int = 0
     preempted: int = 0
 
@@ -99,7 +99,8 @@ def replay_trace(
     result = ReplayResult(page_size, num_pages)
     dropped: set[str] = set()
     for ev in events:
-        if ev.request in dropped:
+        if ev.request in dropped:  # its remaining events are skipped; the sample keeps x = event index
+            result.samples.append(result.samples[-1])
             continue
         try:
             if ev.kind == "start":
