@@ -139,3 +139,24 @@ def test_reused_pages_are_poisoned_again(kv_dtype):
     assert torch.isnan(c.kv[page, 1:].float()).all() and torch.isfinite(c.kv[page, 0].float()).all()
     if kv_dtype == "fp8":
         assert c.scales is not None and torch.isnan(c.scales[page, 1:]).all()
+
+
+def test_out_of_pages_leaves_other_live_and_shared_sequences_intact():
+    c = PagedKVCache(6, 4, head_dim=D)
+    c.add_sequence("a", list(range(10)), rows(10))  # pages: [0..3] [4..7] [8, 9]
+    c.add_sequence("b", list(range(8)) + [50], rows(9, 100))  # shares a's two full pages
+    c.add_sequence("x", [7, 7, 7, 7], rows(4, 200))
+    c.free_sequence("x")  # one cached (evictable) page
+    before = {s: (c.block_ids(s), slot_values(c, s)) for s in ("a", "b")}
+    refs = [c.ref_count(p) for p in range(6)]
+    stats = c.stats()
+    assert (stats.pages_in_use, stats.pages_cached, stats.pages_free) == (4, 1, 1)
+    with pytest.raises(OutOfPagesError, match=r"sequence 'c'.*needs 3 new page\(s\).*only 2"):
+        c.add_sequence("c", list(range(300, 312)), rows(12, 300))
+    with pytest.raises(OutOfPagesError, match="sequence 'b'"):
+        c.append("b", list(range(60, 72)), rows(12, 60))  # 3 slots left in its page, then 3 new pages
+    assert {s: (c.block_ids(s), slot_values(c, s)) for s in ("a", "b")} == before
+    assert [
+        c.ref_count(p) for p in range(6)
+    ] == refs and c.stats() == stats  # nothing evicted, no counter moved
+    assert c.add_sequence("x2", [7, 7, 7, 7], rows(4, 200)).hits == 1  # the cached page survived both errors

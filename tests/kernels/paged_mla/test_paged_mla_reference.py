@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from kernels.paged_mla.cache import PagedKVCache
-from kernels.paged_mla.inputs import build_decode_inputs, sample_seqlens
+from kernels.paged_mla.inputs import build_decode_inputs, pages_needed, sample_seqlens
 from kernels.paged_mla.layout import dequantize_fp8, quantize_fp8_per_token
 from kernels.paged_mla.reference import mla_decode_reference
 
@@ -103,3 +103,13 @@ def test_builder_poisons_unused_slots_and_table_entries():
     assert (bt[:, -1] == 2**31 - 1).all() and bt[0, 1] == 2**31 - 1 and bt[1, 1] == 2**31 - 1
     assert torch.isnan(kv[bt[0, 0], 5:].float()).all() and torch.isnan(sc[bt[0, 0], 5:]).all()
     assert torch.isnan(sc[bt[2, 1], 1:]).all() and torch.isfinite(sc[bt[2, 1], :1]).all()
+
+
+def test_pool_is_sized_for_shared_prefix_pages():
+    assert pages_needed([20, 20], 16) == 4
+    assert pages_needed([20, 20, 5], 16, shared_prefix=16) == 4  # one prefix page stored once
+    assert pages_needed([40, 40], 16, shared_prefix=40) == 4  # two shared full pages, private tails
+    inp = build_decode_inputs([40, 40, 10], h_q=1, page_size=16, d_qk=D_QK, d_v=D_V, shared_prefix=40)
+    s = inp.cache.stats()
+    assert inp.kv_cache.shape[0] == pages_needed([40, 40, 10], 16, 40) == s.pages_in_use == 5
+    assert (s.hits, s.pages_free) == (2, 0)

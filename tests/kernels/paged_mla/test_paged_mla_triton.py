@@ -2,6 +2,10 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -83,16 +87,21 @@ def test_overread_caught_in_fp8_through_scales():
 
 
 @pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning")
-def test_block_table_pointing_at_poisoned_page_is_caught():
-    inp = build_decode_inputs([20, 20], h_q=2, page_size=16, d_qk=D_QK, d_v=D_V, seed=4, extra_pages=1)
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8"])
+def test_block_table_pointing_at_poisoned_page_is_caught(kv_dtype):
+    inp = build_decode_inputs(
+        [20, 20], h_q=2, page_size=16, d_qk=D_QK, d_v=D_V, seed=4, extra_pages=1, kv_dtype=kv_dtype
+    )
     used = set(inp.block_table[inp.block_table < inp.kv_cache.shape[0]].tolist())
     spare = next(p for p in range(inp.kv_cache.shape[0]) if p not in used)  # never written: all NaN
     ref_out, ref_lse = mla_decode_reference(
-        inp.q, inp.kv_cache, inp.block_table, inp.cache_seqlens, d_v=inp.d_v
+        inp.q, inp.kv_cache, inp.block_table, inp.cache_seqlens, d_v=inp.d_v, kv_scales=inp.kv_scales
     )
     bad_table = inp.block_table.clone()
     bad_table[1, 0] = spare
-    out, lse = mla_decode_triton(inp.q, inp.kv_cache, bad_table, inp.cache_seqlens, d_v=inp.d_v, num_splits=1)
+    out, lse = mla_decode_triton(
+        inp.q, inp.kv_cache, bad_table, inp.cache_seqlens, d_v=inp.d_v, num_splits=1, kv_scales=inp.kv_scales
+    )
     res = check_decode(out, lse, ref_out, ref_lse)
     assert not res.passed and res.out.nonfinite_mismatches > 0
     assert torch.isfinite(out[0]).all()  # the other sequence is untouched
@@ -112,3 +121,23 @@ def test_bad_arguments():
             d_v=D_V,
             num_splits=0,
         )
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the fallback is for machines without a GPU")
+def test_interpreter_is_chosen_without_a_gpu_when_unset():
+    """A farm worker on a CPU box: TRITON_INTERPRET unset, the module sets it before importing triton."""
+    script = (
+        "from kernels.paged_mla.inputs import build_decode_inputs\n"
+        "from kernels.paged_mla.triton_decode import interpreting, mla_decode_triton\n"
+        "inp = build_decode_inputs([3], h_q=1, page_size=16, d_qk=32, d_v=16)\n"
+        "args = (inp.q, inp.kv_cache, inp.block_table, inp.cache_seqlens)\n"
+        "out, lse = mla_decode_triton(*args, d_v=16, num_splits=1)\n"
+        "print(interpreting(), bool(lse.isfinite().all()))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = Path(__file__).resolve().parents[3]
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-2:] == ["True", "True"]
