@@ -56,7 +56,7 @@ class ProgressView:
     def _refresh(self) -> None:
         if not self._bar:
             return
-        failed = sum(n for s, n in self.done.items() if s != "ok")
+        failed = sum(n for s, n in self.done.items() if s not in ("ok", "pruned", "skipped"))
         nodes = " ".join(f"{node}:{n}" for node, n in sorted(self.per_node.items()))
         status = f"ok {self.done['ok']} failed {failed} running {self.inflight()}"
         if self.retries:

@@ -19,7 +19,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from jobs.store import Store
+from jobs.store import NOT_FAILED, Store
 from kernels.hardware import limits_for
 
 
@@ -100,6 +100,12 @@ def build_rows(store: Store, job_id: int) -> list[Row]:
     return rows
 
 
+def _styled_status(status: str) -> str:
+    if status == "ok":
+        return status
+    return f"[dim]{status}[/dim]" if status in NOT_FAILED else f"[red]{status}[/red]"
+
+
 def _num(v: float | None, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
@@ -140,7 +146,7 @@ def render_terminal(store: Store, job_id: int, console: Console | None = None) -
                 "backend": r.backend + (" (base)" if r.baseline else ""),
                 "config": r.config,
                 "dtype": r.dtype,
-                "status": r.status if r.status == "ok" else f"[red]{r.status}[/red]",
+                "status": _styled_status(r.status),
                 "median ms": _num(r.median_ms, ".4f"),
                 "spread": _num(r.spread_pct, ".1f") + ("%" if r.spread_pct is not None else ""),
                 "n": _num(r.n, "d"),
@@ -305,7 +311,7 @@ def render_html(store: Store, job_id: int) -> str:
             {True: "pass", False: "FAIL", None: "-"}[r.correct],
             r.node or "-",
         ]
-        cls = "" if r.status == "ok" else ' class="bad"'
+        cls = "" if r.status in NOT_FAILED else ' class="bad"'
         body.append(f"<tr{cls}>" + "".join(f"<td>{esc(str(v))}</td>" for v in vals) + "</tr>")
     series = [
         (f"{t.backend} {_fmt_point(t.shape)}", t.metrics["timeseries"])

@@ -21,7 +21,7 @@ from cluster import session
 from cluster.dispatch import Dispatcher, DispatchOptions, NoWorkersLeft, WorkItem
 from jobs.progress import ProgressView
 from jobs.spec import SweepSpec, dump_spec, loads_spec
-from jobs.store import Store
+from jobs.store import NOT_FAILED, Store
 from kernels.base import TrialRequest
 
 # Called on the driver after each finished trial with its row and what its worker reported about
@@ -281,5 +281,5 @@ def _execute(job_id: int, spec: SweepSpec, store: Store, options: RunOptions) ->
 
 
 def _exit_code(counts: dict[str, int]) -> int:
-    bad = sum(n for s, n in counts.items() if s != "ok")
+    bad = sum(n for s, n in counts.items() if s not in NOT_FAILED)
     return EXIT_TRIALS_FAILED if bad else EXIT_OK

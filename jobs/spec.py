@@ -53,8 +53,8 @@ class Grid(_Strict):
     def points(self) -> list[Point]:
         keys = list(self.grid)
         product = [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*self.grid.values())]
-        if not keys:
-            product = [{}]
+        if not keys:  # no axes: one empty point, unless the points are all given by include
+            product = [] if self.include else [{}]
         kept = [p for p in product if not any(_matches(p, rule) for rule in self.exclude)]
         out: list[Point] = []
         for p in kept + list(self.include):

@@ -41,7 +41,9 @@ DEFAULT_DB = ".farm/farm.db"
 
 # Trial states. A finished trial is never run again by `farm sweep resume`.
 PENDING, RUNNING = "pending", "running"
-FINISHED = ("ok", "incorrect", "error", "timeout", "crashed")
+FINISHED = ("ok", "incorrect", "error", "timeout", "crashed", "pruned", "skipped")
+# Finished states that are not failures: a trial that ran and passed, or one deliberately not run.
+NOT_FAILED = ("ok", "pruned", "skipped")
 
 
 # The Trial columns a finished result may set.

@@ -39,7 +39,10 @@ class TrialRequest:
 
 @dataclass
 class TrialOutcome:
-    status: str  # "ok" | "incorrect" | "error"
+    # "ok" | "incorrect" | "error", or, for a trial that was deliberately not run and is no failure:
+    # "pruned" (the family's resource model says the config cannot run) or "skipped" (the backend is not
+    # available on this host, e.g. a library adapter without its library). `error` says why.
+    status: str
     samples_ns: list[int] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
     stop_reason: str | None = None

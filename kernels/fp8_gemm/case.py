@@ -5,13 +5,14 @@ Backends:
   torch_bf16  the unquantized bf16 matmul (the reference calc_diff is judged against; a speed anchor)
   triton      kernels.fp8_gemm.triton_gemm with the trial's tile config (block_m, block_n, block_k,
               group_m, num_warps, num_stages)
-  deep_gemm   the DeepGEMM library, when importable on a GPU host (an error saying why otherwise)
+  deep_gemm   the DeepGEMM library, when importable on a GPU host (skipped, saying why, otherwise)
 Every trial: correctness on policy.seeds seeds (calc_diff against the bf16 reference, pass below 1e-3),
 then timing with kernels.measure. Metrics: time_ns, TFLOPS, GB/s, calc_diff, spread (cv, and IQR over
 the median). Resources of a triton trial: the static model (`model`, kernels.fp8_gemm.resources) and the
 compiled kernel's registers / spills / shared memory (`compiled`, on a GPU), and Nsight Compute metrics
-(bank conflicts, `ncu`) when the policy asks. A config the model prunes is not run: the trial is an
-`error` whose text starts "pruned: " with the reasons, and the model numbers are stored with it.
+(bank conflicts, `ncu`) when the policy asks. A config the model prunes is not run: the trial is
+`pruned`, its error text starts "pruned: " with the reasons, and the model numbers are stored with it.
+`deep_gemm` on a host without the library is `skipped`, with the reason.
 """
 
 from __future__ import annotations
@@ -81,14 +82,16 @@ class Fp8GemmFamily:
             resources["model"] = est.to_dict()
             if est.pruned:
                 return TrialOutcome(
-                    status="error", error=est.prune_message(), resources=resources, metrics=base_metrics
+                    status="pruned", error=est.prune_message(), resources=resources, metrics=base_metrics
                 )
         elif req.backend == "deep_gemm":
             resources["model"] = {"deepgemm_choice": deepgemm_choice(m, n, k).to_dict()}
             try:
                 deep_gemm_adapter.load()
             except deep_gemm_adapter.DeepGemmUnavailable as exc:
-                return TrialOutcome(status="error", error=str(exc), resources=resources, metrics=base_metrics)
+                return TrialOutcome(
+                    status="skipped", error=str(exc), resources=resources, metrics=base_metrics
+                )
 
         device = torch.device(req.device)
         seeds = seed_list(req.policy.seeds)

@@ -147,3 +147,14 @@ def test_cli_validate_lists_trials(tmp_path):
     assert result.exit_code == 0, result.output
     assert "8 trials" in result.output
     assert "torch_bf16[m1xn1xk1 float32]" in result.output
+
+
+def test_grid_of_includes_only_has_no_empty_point():
+    spec = loads_spec("""
+name: inc
+family: gemm
+backends: [{name: torch_fp32}]
+shapes: {include: [{m: 1, n: 2, k: 3}, {m: 4, n: 5, k: 6}]}
+""")
+    assert spec.shapes.points() == [{"m": 1, "n": 2, "k": 3}, {"m": 4, "n": 5, "k": 6}]
+    assert spec.baseline == "torch_fp32"

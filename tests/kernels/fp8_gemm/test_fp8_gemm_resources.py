@@ -127,7 +127,7 @@ def test_case_stores_a_pruned_config_with_the_model_numbers():
         "fp8_gemm", "triton", {"m": 64, "n": 2112, "k": 7168}, config, "float8_e4m3fn", MeasurePolicy()
     )
     o = case.FAMILY.run(req)  # never launches: the model rules it out first
-    assert o.status == "error" and o.error.startswith("pruned: shared memory 248360 B")
+    assert o.status == "pruned" and o.error.startswith("pruned: shared memory 248360 B")
     assert o.resources["model"]["pruned"] and o.resources["model"]["smem_total"] == 248360
     assert o.resources["model"]["waves"]["waves"] == 1 and not o.samples_ns
     assert o.metrics["flops"] == 2 * 64 * 2112 * 7168
