@@ -12,6 +12,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Any
 
 from cluster import session
 from cluster.dispatch import Dispatcher, DispatchOptions, NoWorkersLeft, WorkItem
+from jobs.metrics import FarmMetrics
 from jobs.progress import ProgressView
 from jobs.spec import SweepSpec, dump_spec, loads_spec
 from jobs.store import NOT_FAILED, Store
@@ -81,6 +83,7 @@ class RunOptions:
     show_progress: bool = True
     echo: Callable[[str], None] = print
     observer: Observer | None = None
+    metrics: FarmMetrics | None = None  # Prometheus exporter; None: from FARM_METRICS_* (off when unset)
 
 
 def run_sweep(spec: SweepSpec, store: Store, options: RunOptions | None = None) -> RunResult:
@@ -252,6 +255,7 @@ def _execute(job_id: int, spec: SweepSpec, store: Store, options: RunOptions) ->
         total=total, already=total - len(todo), enabled=options.show_progress, echo=options.echo
     )
     listener = _StoreListener(store, progress, options.observer)
+    metrics = options.metrics or FarmMetrics.from_env(echo=options.echo)
     dispatcher = Dispatcher(
         DispatchOptions(
             workers=plan.workers,
@@ -261,11 +265,13 @@ def _execute(job_id: int, spec: SweepSpec, store: Store, options: RunOptions) ->
             threads_per_worker=plan.threads_per_worker,
             name_prefix=f"kf-job{job_id}-{int(time.time() * 1000) % 10**8}",
         ),
-        listener,
+        metrics.listen(listener) if metrics else listener,
     )
     progress.inflight = lambda: sum(len(slot.inflight) for slot in dispatcher.slots)
     status, note, code = "completed", "", None
-    with _Interrupt(), progress:
+    backends = [b.name for b in spec.backends]
+    watch = metrics.job(spec.family, backends, dispatcher) if metrics else nullcontext()
+    with _Interrupt(), progress, watch:
         try:
             dispatcher.run(items)
         except KeyboardInterrupt:
