@@ -28,6 +28,7 @@ from sqlalchemy import (
     UniqueConstraint,
     bindparam,
     create_engine,
+    delete,
     event,
     func,
     insert,
@@ -139,6 +140,67 @@ class Sample(Base):
     trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"), primary_key=True)
     seq: Mapped[int] = mapped_column(Integer, primary_key=True)
     value_ns: Mapped[int] = mapped_column(BigInteger)
+
+
+# ---- baselines, anomalies and the failure bank (jobs.baselines, jobs.anomalies, jobs.acceptance) ----------
+
+
+class Baseline(Base):
+    """A named reference job. `farm baseline set JOB --name NAME` moves the name to a newer job."""
+
+    __tablename__ = "baselines"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    family: Mapped[str] = mapped_column(String(64))
+    git_commit: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=now)
+
+
+class BaselineTrial(Base):
+    """One baseline point: the trial that a job's trial with the same match key is compared to. The key
+    hashes family, backend, shape, config (without `_` test knobs), dtype and the environment class."""
+
+    __tablename__ = "baseline_trials"
+    __table_args__ = (UniqueConstraint("baseline_id", "match_key", name="uq_baseline_match"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    baseline_id: Mapped[int] = mapped_column(ForeignKey("baselines.id", ondelete="CASCADE"), index=True)
+    match_key: Mapped[str] = mapped_column(String(32), index=True)
+    env_class: Mapped[str] = mapped_column(String(255))
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"))
+
+
+class Anomaly(Base):
+    __tablename__ = "anomalies"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    trial_id: Mapped[int | None] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"))
+    baseline_trial_id: Mapped[int | None] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(32), index=True)
+    severity: Mapped[str] = mapped_column(String(16))  # info | warning | error
+    fingerprint: Mapped[str] = mapped_column(String(32), index=True)
+    message: Mapped[str] = mapped_column(Text)
+    evidence: Mapped[dict] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=now)
+
+
+class Failure(Base):
+    """The failure bank: a failed (or ambiguous-as-failed) card assertion of one acceptance run."""
+
+    __tablename__ = "failures"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    trial_id: Mapped[int | None] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"))
+    card: Mapped[str] = mapped_column(String(200))
+    assertion: Mapped[str] = mapped_column(String(64))
+    outcome: Mapped[str] = mapped_column(String(16))  # fail | ambiguous
+    fingerprint: Mapped[str] = mapped_column(String(32), index=True)
+    label: Mapped[str] = mapped_column(String(500))
+    message: Mapped[str] = mapped_column(Text)
+    evidence: Mapped[dict] = mapped_column(JSON)
+    git_commit: Mapped[str | None] = mapped_column(String(64))
+    tag: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=now)
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -348,4 +410,94 @@ class Store:
                 .where(Trial.job_id == job_id)
                 .distinct()
             )
+            return list(s.scalars(q))
+
+    def get_trial(self, trial_id: int) -> Trial | None:
+        with Session(self.engine, expire_on_commit=False) as s:
+            return s.get(Trial, trial_id)
+
+    # ---- baselines ------------------------------------------------------------------------------
+    def set_baseline(
+        self, name: str, job: Job, points: Sequence[tuple[str, str, int]]
+    ) -> tuple[Baseline, bool]:
+        """Point the baseline `name` at `job` with `points` (match_key, env_class, trial_id); a name
+        already in use is moved to the new job (its old points are dropped). Returns (row, replaced)."""
+        with Session(self.engine, expire_on_commit=False) as s, s.begin():
+            row = s.scalar(select(Baseline).where(Baseline.name == name))
+            replaced = row is not None
+            if row is None:
+                row = Baseline(name=name, job_id=job.id, family=job.family, git_commit=job.git_commit)
+                s.add(row)
+                s.flush()
+            else:
+                s.execute(delete(BaselineTrial).where(BaselineTrial.baseline_id == row.id))
+                row.job_id, row.family, row.git_commit, row.created_at = (
+                    job.id, job.family, job.git_commit, now()
+                )  # fmt: skip
+            if points:
+                s.execute(
+                    insert(BaselineTrial),
+                    [
+                        {"baseline_id": row.id, "match_key": k, "env_class": e, "trial_id": t}
+                        for k, e, t in points
+                    ],
+                )
+            return row, replaced
+
+    def get_baseline(self, name: str) -> Baseline | None:
+        with Session(self.engine, expire_on_commit=False) as s:
+            return s.scalar(select(Baseline).where(Baseline.name == name))
+
+    def list_baselines(self) -> list[tuple[Baseline, int]]:
+        """Baselines, newest first, with their number of points."""
+        with Session(self.engine, expire_on_commit=False) as s:
+            n = (
+                select(BaselineTrial.baseline_id, func.count().label("n"))
+                .group_by(BaselineTrial.baseline_id)
+                .subquery()
+            )
+            q = (
+                select(Baseline, func.coalesce(n.c.n, 0))
+                .outerjoin(n, n.c.baseline_id == Baseline.id)
+                .order_by(Baseline.created_at.desc(), Baseline.id.desc())
+            )
+            return [(b, int(count)) for b, count in s.execute(q)]
+
+    def baseline_points(self, baseline_id: int) -> dict[str, int]:
+        """match_key -> baseline trial id."""
+        with Session(self.engine) as s:
+            q = select(BaselineTrial.match_key, BaselineTrial.trial_id).where(
+                BaselineTrial.baseline_id == baseline_id
+            )
+            return {k: t for k, t in s.execute(q)}
+
+    # ---- anomalies and the failure bank ---------------------------------------------------------
+    def replace_anomalies(self, job_id: int, rows: Sequence[dict[str, Any]]) -> None:
+        """The anomalies of one analysis of the job: a new analysis replaces the previous one."""
+        with Session(self.engine) as s, s.begin():
+            s.execute(delete(Anomaly).where(Anomaly.job_id == job_id))
+            if rows:
+                s.execute(insert(Anomaly), [{"job_id": job_id, **r} for r in rows])
+
+    def anomalies(self, job_id: int | None = None, fingerprint: str | None = None) -> list[Anomaly]:
+        with Session(self.engine, expire_on_commit=False) as s:
+            q = select(Anomaly).order_by(Anomaly.id)
+            if job_id is not None:
+                q = q.where(Anomaly.job_id == job_id)
+            if fingerprint is not None:
+                q = q.where(Anomaly.fingerprint == fingerprint)
+            return list(s.scalars(q))
+
+    def replace_failures(self, job_id: int, rows: Sequence[dict[str, Any]]) -> None:
+        """The failed assertions of one acceptance run of the job (a rerun replaces them)."""
+        with Session(self.engine) as s, s.begin():
+            s.execute(delete(Failure).where(Failure.job_id == job_id))
+            if rows:
+                s.execute(insert(Failure), [{"job_id": job_id, **r} for r in rows])
+
+    def failures(self, fingerprint: str | None = None) -> list[Failure]:
+        with Session(self.engine, expire_on_commit=False) as s:
+            q = select(Failure).order_by(Failure.id)
+            if fingerprint is not None:
+                q = q.where(Failure.fingerprint == fingerprint)
             return list(s.scalars(q))

@@ -4,10 +4,18 @@ It exercises the farm end to end with a real kernel before the FP8 GEMM family e
   torch_fp32  fp32 matmul (the baseline and the reference)
   torch_bf16  bf16 matmul of the same inputs, checked against the fp32 result
 FLOPs = 2*M*N*K; bytes = (M*K + K*N + M*N) * element size of the compute dtype.
+
+Config: none in normal use. Two test knobs inject faults the farm's acceptance must catch; like every
+`_` config key they change the code that runs, not the point measured (baselines and anomaly
+fingerprints ignore them, see jobs.baselines):
+  _repeat: N     the backend computes the matmul N times per call (N >= 1; the timed call and the
+                 checked call alike): a real slowdown of about N x, with a correct result
+  _perturb: x    the backend adds x to the first element of its output: a wrong result (x != 0)
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -17,6 +25,23 @@ from kernels.measure.correctness import check_allclose, combine_seeds, seed_list
 from kernels.measure.timing import measure
 
 _COMPUTE = {"torch_fp32": torch.float32, "torch_bf16": torch.bfloat16}
+_KNOBS = ("_repeat", "_perturb")
+
+
+def _backend_call(a: torch.Tensor, b: torch.Tensor, config: dict[str, Any]) -> Callable[[], torch.Tensor]:
+    """The backend's matmul of a and b (already in the compute dtype), with the config's test knobs."""
+    repeat = int(config.get("_repeat", 1))
+    perturb = float(config.get("_perturb", 0.0))
+
+    def call() -> torch.Tensor:
+        out = a @ b
+        for _ in range(repeat - 1):
+            out = a @ b
+        if perturb:
+            out.view(-1)[0] += perturb
+        return out
+
+    return call
 
 
 class GemmFamily:
@@ -33,8 +58,15 @@ class GemmFamily:
         for key in self.shape_keys:
             if not isinstance(shape[key], int) or isinstance(shape[key], bool) or shape[key] < 1:
                 raise ValueError(f"shape.{key} must be a positive integer (got {shape[key]!r})")
-        if config:
-            raise ValueError(f"gemm backends take no config (got {config})")
+        unknown = sorted(set(config) - set(_KNOBS))
+        if unknown:
+            raise ValueError(f"gemm backends take only the test knobs {list(_KNOBS)} (got {unknown})")
+        repeat = config.get("_repeat", 1)
+        if not isinstance(repeat, int) or isinstance(repeat, bool) or repeat < 1:
+            raise ValueError(f"config._repeat must be an integer >= 1 (got {repeat!r})")
+        perturb = config.get("_perturb", 0.0)
+        if not isinstance(perturb, int | float) or isinstance(perturb, bool):
+            raise ValueError(f"config._perturb must be a number (got {perturb!r})")
         if dtype != "float32":
             raise ValueError(f"gemm inputs are float32; the backend picks the compute dtype (got {dtype})")
 
@@ -54,13 +86,13 @@ class GemmFamily:
             a = torch.randn(m, k, generator=gen).to(device)
             b = torch.randn(k, n, generator=gen).to(device)
             reference = a @ b
-            out = a.to(compute) @ b.to(compute)
+            out = _backend_call(a.to(compute), b.to(compute), req.config)()
             # Input rounding errors add up as a random walk over K: the absolute tolerance grows as sqrt(K).
             atol = None if compute == torch.float32 else 2e-2 * k**0.5
             reports.append(check_allclose(out, reference, atol=atol))
         correctness = combine_seeds(reports, seeds).to_dict()
         a, b = a.to(compute), b.to(compute)
-        m_ = measure(lambda: a @ b, req.policy, device=device)
+        m_ = measure(_backend_call(a, b, req.config), req.policy, device=device)
         cost = self.cost(req.shape, str(compute).removeprefix("torch."))
         seconds = m_.summary.median / 1e9
         return TrialOutcome.measured(

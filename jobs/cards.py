@@ -1,0 +1,175 @@
+"""Metric cards: what a CI step asserts about a job, one YAML file per kernel family under jobs/cards/.
+
+A card has sections (correctness, performance, memory, stability, resources), each a set of thresholds,
+and an `assertions` list naming the checks the CI step runs, in order. Every check is evaluated per trial
+(see jobs.acceptance). Checks and the section each needs:
+
+  completes    every trial finished: not a timeout, a crash or an error          (no section)
+  correctness  the trial's correctness report passed on every seed, and the
+               named metrics are under their limits                              correctness
+  regression   median of raw samples against the matching baseline trial
+               (kernels.measure.stats.compare; min effect = max_slowdown)        performance
+  hw_fraction  on a GPU, the fraction of the hardware limit reached              performance.min_hw_fraction
+  memory       bytes per token and peak bytes under the card's limits            memory
+  stability    coefficient of variation of the samples under max_cv              stability
+  resources    register spills and occupancy against the limits / the baseline   resources
+
+CPU timings are labelled as such and are noisier than a GPU's: the `cpu` section overrides max_slowdown
+and max_cv when the trial ran on a CPU. Unknown keys are errors; every error names the file and field.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from jobs.spec import _problems_from
+
+CARDS_DIR = Path(__file__).resolve().parent / "cards"
+CHECKS = ("completes", "correctness", "regression", "hw_fraction", "memory", "stability", "resources")
+
+
+class CardError(ValueError):
+    def __init__(self, source: str, problems: list[str]):
+        self.source = source
+        self.problems = problems
+        super().__init__(f"{source}: invalid metric card\n" + "\n".join(f"  {source}: {p}" for p in problems))
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Correctness(_Strict):
+    require_pass: bool = Field(True, description="the trial's correctness report passed on all seeds")
+    max_metrics: dict[str, float] = Field(
+        default_factory=dict,
+        description="metric name -> largest allowed value (looked up in metrics, then in correctness)",
+    )
+
+
+class HwFraction(_Strict):
+    min: float = Field(gt=0, le=1, description="least fraction of the hardware limit reached")
+    bound: Literal["memory", "compute", "roofline"] = Field(
+        "roofline", description="memory: GB/s over HBM; compute: TFLOPS over peak; roofline: the larger"
+    )
+    compute_dtype: Literal["bf16", "fp8"] = "bf16"
+
+
+class Performance(_Strict):
+    max_slowdown: float = Field(
+        gt=0, lt=1, description="fail when median(candidate)/median(baseline) - 1 exceeds this, significantly"
+    )
+    alpha: float = Field(0.002, gt=0, lt=1, description="Mann-Whitney significance level")
+    min_hw_fraction: HwFraction | None = None
+
+
+class Memory(_Strict):
+    max_bytes_per_token: float | None = Field(None, gt=0, description="metrics.bytes_per_token")
+    max_peak_bytes: float | None = Field(None, gt=0, description="memory.peak_bytes")
+    max_peak_growth: float | None = Field(
+        None, ge=0, description="memory.peak_bytes over the baseline trial's, minus 1"
+    )
+
+
+class Stability(_Strict):
+    max_cv: float = Field(gt=0, lt=1, description="stdev/mean of the kept samples")
+    on_exceed: Literal["ambiguous", "fail"] = Field(
+        "ambiguous", description="a noisy measurement cannot back a verdict: ambiguous, or a hard fail"
+    )
+
+
+class Resources(_Strict):
+    max_spills: int | None = Field(None, ge=0, description="register spills of any compiled kernel")
+    max_occupancy_drop: float | None = Field(
+        None, ge=0, lt=1, description="occupancy below the baseline trial's by more than this fraction"
+    )
+
+
+class CpuOverrides(_Strict):
+    max_slowdown: float | None = Field(None, gt=0, lt=1)
+    max_cv: float | None = Field(None, gt=0, lt=1)
+
+
+_NEEDS: dict[str, str] = {
+    "correctness": "correctness",
+    "regression": "performance",
+    "memory": "memory",
+    "stability": "stability",
+    "resources": "resources",
+}
+
+
+class Card(_Strict):
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")
+    family: str | None = Field(None, description="the family it applies to; None: any")
+    description: str = ""
+    assertions: list[Literal[CHECKS]] = Field(min_length=1)  # type: ignore[valid-type]
+    correctness: Correctness | None = None
+    performance: Performance | None = None
+    memory: Memory | None = None
+    stability: Stability | None = None
+    resources: Resources | None = None
+    cpu: CpuOverrides = Field(default_factory=CpuOverrides)
+
+    @model_validator(mode="after")
+    def _sections_present(self) -> Card:
+        dupes = sorted({a for a in self.assertions if self.assertions.count(a) > 1})
+        if dupes:
+            raise ValueError(f"assertions: listed twice: {dupes}")
+        for check in self.assertions:
+            section = _NEEDS.get(check)
+            if section and getattr(self, section) is None:
+                raise ValueError(f"assertions: {check!r} needs a `{section}:` section")
+        if "hw_fraction" in self.assertions and (
+            self.performance is None or self.performance.min_hw_fraction is None
+        ):
+            raise ValueError("assertions: 'hw_fraction' needs performance.min_hw_fraction")
+        return self
+
+    def max_slowdown(self, on_cpu: bool) -> float:
+        assert self.performance is not None
+        return (self.cpu.max_slowdown if on_cpu else None) or self.performance.max_slowdown
+
+    def max_cv(self, on_cpu: bool) -> float | None:
+        base = self.stability.max_cv if self.stability else None
+        return (self.cpu.max_cv if on_cpu else None) or base
+
+
+def parse_card(data: Any, source: str = "<card>") -> Card:
+    if not isinstance(data, dict):
+        raise CardError(
+            source, [f"(top level): expected a mapping of card fields (got {type(data).__name__})"]
+        )
+    try:
+        return Card.model_validate(data)
+    except ValidationError as err:
+        raise CardError(source, _problems_from(err, data)) from None
+
+
+def load_card(name_or_path: str | Path) -> Card:
+    """A card by name (jobs/cards/<name>.yaml) or by the path of a YAML file."""
+    path = Path(name_or_path)
+    if path.suffix not in (".yaml", ".yml"):
+        path = CARDS_DIR / f"{name_or_path}.yaml"
+        if not path.exists():
+            known = ", ".join(sorted(p.stem for p in CARDS_DIR.glob("*.yaml")))
+            raise CardError(str(name_or_path), [f"no such card (known: {known})"])
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise CardError(str(path), [f"cannot read the file: {err.strerror}"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise CardError(str(path), [f"{where}not valid YAML: {getattr(err, 'problem', err)}"]) from None
+    return parse_card(data, str(path))
+
+
+def all_cards() -> dict[str, Card]:
+    return {p.stem: load_card(p) for p in sorted(CARDS_DIR.glob("*.yaml"))}
