@@ -8,5 +8,10 @@
   inputs         sample_seqlens, build_decode_inputs (seeded; NaN-poisoned unused slots)
   check          check_decode: the FlashMLA correctness rule on out and lse
   trace          synthetic_trace, replay_trace: a multi-turn serving trace through the cache manager
-This package file imports nothing, so the torch reference works without triton installed.
+  trace_bench    the cache_trace benchmark: a trace sized from a shape, counters and a time series
+  flash_mla_adapter  the FlashMLA library behind the same call (GPU host with flash_mla installed)
+  case           FAMILY: what the farm runs (torch_ref, triton, flash_mla, cache_trace backends)
+This package file imports nothing, so the torch reference works without triton installed; case imports
+triton_decode only for the triton backend. Without a GPU, triton_decode sets TRITON_INTERPRET=1 when it is
+unset (before triton's first import in the process).
 """
