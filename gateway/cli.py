@@ -1,4 +1,4 @@
-"""``farm gateway ...``: serve, keys create/list/revoke/rotate, usage.
+"""``farm gateway ...``: serve, keys create/list/revoke/rotate, usage, client-config, doctor.
 
 Mounted by the main CLI as ``gateway.cli.gateway``; also runnable as ``python -m gateway.cli``.
 Every command takes ``--config PATH`` (or ``FARM_GATEWAY_CONFIG``); the default is the example config.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -21,7 +22,27 @@ from sqlalchemy import case, func, select
 
 from gateway.config import ConfigError, GatewaySettings, load_settings
 from gateway.db import create_engine, create_tables, ledger
+from gateway.doctor import (
+    DOCTOR_TOOLS,
+    DoctorInput,
+    DoctorTool,
+    failed,
+    format_checks,
+    run_doctor,
+    store_lookup,
+)
 from gateway.keys import KeyStore, parse_duration
+from gateway.onboarding import (
+    DEFAULT_KEY_ENV,
+    TOOLS,
+    ConfigRequest,
+    OnboardingError,
+    Tool,
+    default_base_url,
+    project_models,
+    render,
+    write_config,
+)
 
 DEFAULT_CONFIG = Path(__file__).parent / "example-config.yaml"
 T = TypeVar("T")
@@ -239,6 +260,127 @@ def usage(config_path: str | None, by: str | None, since: str | None) -> None:
     for r in rows:
         table.add_row(*("-" if v is None else str(v) for v in r))
     _console().print(table)
+
+
+@gateway.command("client-config")
+@config_option
+@click.option("--tool", type=click.Choice(TOOLS), required=True, help="The client to configure.")
+@click.option("--project", required=True, help="The project whose models the client uses.")
+@click.option(
+    "--key-env",
+    default=DEFAULT_KEY_ENV,
+    show_default=True,
+    help="Variable that holds the key (Codex env_key; read by --reveal).",
+)
+@click.option("--base-url", default=None, help="Gateway address (default: http://<host>:<port> from config).")
+@click.option("--write", "write_path", type=click.Path(dir_okay=False), default=None, help="Write here.")
+@click.option("--force", is_flag=True, help="Update an existing file (a .bak copy is kept).")
+@click.option(
+    "--reveal", is_flag=True, help="Put the real key (from $KEY_ENV) in the file, not a placeholder."
+)
+def client_config(
+    config_path: str | None,
+    tool: Tool,
+    project: str,
+    key_env: str,
+    base_url: str | None,
+    write_path: str | None,
+    force: bool,
+    reveal: bool,
+) -> None:
+    """Print (or --write) a client's config for a project: Claude Code, Codex, CC Switch or shell exports."""
+    settings = _settings(config_path)
+    key = None
+    if reveal:
+        raw = os.environ.get(key_env)
+        if not raw or not raw.strip():
+            raise click.ClickException(f"--reveal reads the key from ${key_env}, which is not set here")
+        key = raw.strip()
+        if any(c.isspace() for c in key):
+            raise click.ClickException(f"${key_env} contains whitespace inside the key; fix the variable")
+    try:
+        req = ConfigRequest(
+            tool, project_models(settings, project), base_url or default_base_url(settings), key_env, key
+        )
+        if write_path is None:
+            click.echo(render(req), nl=False)
+            if tool == "codex" and reveal:
+                click.echo(f"note: Codex reads the key from ${key_env}; config.toml never holds it", err=True)
+            return
+        backup, notes = write_config(req, Path(write_path), force=force)
+    except OnboardingError as e:
+        raise click.ClickException(str(e)) from None
+    for note in notes:
+        click.echo(f"note: {note}", err=True)
+    click.echo(f"wrote {write_path}" + (f" (previous version in {backup})" if backup else ""), err=True)
+
+
+@gateway.command()
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, exists=True),
+    default=None,
+    help="Gateway config: its address is the default base URL, and on the gateway host its key "
+    "store tells why a key is refused (env FARM_GATEWAY_CONFIG).",
+)
+@click.option(
+    "--tool",
+    type=click.Choice(DOCTOR_TOOLS),
+    default="openai-env",
+    show_default=True,
+    help="Check the settings this client reads.",
+)
+@click.option("--base-url", default=None, help="Gateway address to probe (default: what the tool reads).")
+@click.option("--key-env", default=None, help="Variable holding the key (default: what the tool reads).")
+@click.option(
+    "--model", default=None, help="Model to probe (default: the tool's model, else the first allowed)."
+)
+@click.option(
+    "--codex-config",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Codex config.toml (default: $CODEX_HOME/config.toml or ~/.codex/config.toml).",
+)
+@click.option(
+    "--claude-settings",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Claude Code settings.json (default: ~/.claude/settings.json).",
+)
+@click.option("--connect-timeout", type=float, default=3.0, show_default=True, help="Seconds to connect.")
+@click.option("--timeout", type=float, default=30.0, show_default=True, help="Seconds to wait for an answer.")
+def doctor(
+    config_path: str | None,
+    tool: DoctorTool,
+    base_url: str | None,
+    key_env: str | None,
+    model: str | None,
+    codex_config: str | None,
+    claude_settings: str | None,
+    connect_timeout: float,
+    timeout: float,
+) -> None:
+    """Probe the gateway as a client would; explain each failure and its fix (exit 1 on any FAIL)."""
+    explicit = config_path or os.environ.get("FARM_GATEWAY_CONFIG")
+    settings = _settings(explicit)
+    inp = DoctorInput(
+        tool=tool,
+        env=dict(os.environ),
+        base_url=base_url,
+        default_base_url=default_base_url(settings),
+        key_env=key_env,
+        model=model,
+        codex_config=Path(codex_config) if codex_config else None,
+        claude_settings=Path(claude_settings) if claude_settings else None,
+        connect_timeout_s=connect_timeout,
+        read_timeout_s=timeout,
+        key_lookup=store_lookup(settings) if explicit else None,
+    )
+    checks = asyncio.run(run_doctor(inp))
+    click.echo(format_checks(checks))
+    if failed(checks):
+        sys.exit(1)
 
 
 if __name__ == "__main__":
