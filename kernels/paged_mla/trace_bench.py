@@ -17,8 +17,8 @@ page) from the shape, batch and seqlen unless the config overrides them, and not
 Results: final counters (hit rate, evictions, fragmentation, bytes per token, peak bytes resident, rejected
 and preempted requests) and a time series over the replayed events, downsampled to <= MAX_POINTS points,
 in the report's generic shape {"xlabel", "x", "series": {name: ys}, "title"}. Every series is a
-percentage (evictions as the share of page allocations, between two plotted points, that had to evict a
-cached page), so that they share one axis.
+percentage (evictions as the share of the page allocations so far that had to evict a cached page), so
+that they share one axis.
 """
 
 from __future__ import annotations
@@ -191,23 +191,13 @@ def timeseries(result: ReplayResult, setup: TraceSetup) -> dict[str, Any]:
             "pool resident %": pct(lambda s: (s.pages_in_use + s.pages_cached) / pool),
             "pool in use %": pct(lambda s: s.pages_in_use / pool),
             "fragmentation % of slots": pct(lambda s: _fragmentation_pct(s) / 100.0),
-            "allocations that evicted %": _evicting_allocations_pct(samples, idx),
+            "allocations that evicted %": pct(lambda s: s.evictions / max(s.pages_allocated, 1)),
         },
         "title": (
             f"KV cache trace, page {setup.page_size}: {setup.conversations} conversations x {setup.turns} "
             f"turns, {setup.concurrency} live, pool {pool} pages"
         ),
     }
-
-
-def _evicting_allocations_pct(samples: list[CacheStats], idx: list[int]) -> list[float]:
-    """Share of the page allocations since the previous plotted point that had to evict a cached page."""
-    out, prev_ev, prev_alloc = [], 0, 0
-    for i in idx:
-        ev, alloc = samples[i].evictions, samples[i].pages_allocated
-        out.append(round(100.0 * (ev - prev_ev) / (alloc - prev_alloc), 3) if alloc > prev_alloc else 0.0)
-        prev_ev, prev_alloc = ev, alloc
-    return out
 
 
 def _fragmentation_pct(s: CacheStats) -> float:
