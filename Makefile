@@ -11,7 +11,7 @@ PINS       := $(VENV)/.kernelfarm-pins
 SPEC       ?= jobs/specs/gemm_cpu.yaml
 PYTEST_ARGS ?=
 
-.PHONY: all venv run test bench lint gateway clean FORCE
+.PHONY: all venv run test bench lint gateway monitor deps-debian clean FORCE
 
 all: test
 
@@ -32,7 +32,7 @@ venv: $(STAMP)
 run: $(STAMP)
 	$(BIN)/farm sweep run $(SPEC)
 
-test: $(STAMP)
+test: $(STAMP) deps-debian
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)
@@ -44,6 +44,16 @@ lint: $(STAMP)
 
 gateway: $(STAMP)
 	$(BIN)/farm gateway serve --config gateway/example-config.yaml
+
+# Debian's prometheus package (promtool, prometheus) for tests/observability and `make monitor`:
+# installed when missing (as root, or with passwordless sudo), a no-op once it is there. A machine
+# that cannot install it gets a warning and those tests skip; an apt failure as root fails the build.
+deps-debian:
+	@DEPS_OPTIONAL=1 scripts/monitor.sh deps
+
+# Prometheus on 127.0.0.1 with grafana/prometheus.yml, in the background; prints the URLs.
+monitor:
+	@scripts/monitor.sh start
 
 clean:
 	rm -rf $(VENV) .pytest_cache .farm

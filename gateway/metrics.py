@@ -79,6 +79,9 @@ class GatewayMetrics:
         self.budget_remaining = Gauge(
             "gateway_daily_budget_remaining_tokens", "Tokens left in today's budget", ["project"], registry=r
         )
+        self.budget = Gauge(
+            "gateway_daily_budget_tokens", "Today's token budget as configured", ["project"], registry=r
+        )
 
     def bind_limits(self, limits: Limits) -> None:
         """Gauges read live from the limiters at scrape time (nothing on the request path)."""
@@ -87,3 +90,4 @@ class GatewayMetrics:
             self.queue_depth.labels(name).set_function(lambda pl=pl: pl.waiting)
             if pl.cfg.daily_token_budget is not None:
                 self.budget_remaining.labels(name).set_function(lambda pl=pl: pl.budget_remaining() or 0)
+                self.budget.labels(name).set(pl.cfg.daily_token_budget)
