@@ -72,6 +72,23 @@ class Resolved:
     key: str | None
     model: str | None
     model_from: str
+    auth_header: str | None = None  # a literal Authorization header the tool's settings add
+
+
+def _authorization_in(headers: object, env: Mapping[str, str], from_env: bool = False) -> str | None:
+    """The Authorization value in a header mapping (values are variable names when ``from_env``)."""
+    if not isinstance(headers, dict):
+        return None
+    for name, value in headers.items():
+        if str(name).lower() == "authorization":
+            return env.get(str(value)) if from_env else str(value)
+    return None
+
+
+def _custom_headers(text: str | None) -> dict[str, str]:
+    """Claude Code's ANTHROPIC_CUSTOM_HEADERS: one ``Name: value`` per line."""
+    pairs = (line.split(":", 1) for line in (text or "").splitlines() if ":" in line)
+    return {k.strip(): v.strip() for k, v in pairs}
 
 
 def _fail(name: str, message: str, fix: str = "") -> Check:
@@ -105,7 +122,7 @@ _ANTHROPIC_VARS = ("ANTHROPIC_BASE_URL", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_API_
 
 def _codex_settings(inp: DoctorInput, checks: list[Check]) -> Resolved:
     path = _codex_path(inp)
-    base = key_env = model = None
+    base = key_env = model = auth = None
     if path.exists():
         try:
             cfg = tomllib.loads(path.read_text())
@@ -126,6 +143,9 @@ def _codex_settings(inp: DoctorInput, checks: list[Check]) -> Resolved:
             )
         elif isinstance(block, dict):
             base, key_env = block.get("base_url"), block.get("env_key")
+            auth = _authorization_in(block.get("http_headers"), inp.env) or _authorization_in(
+                block.get("env_http_headers"), inp.env, from_env=True
+            )
             wire = block.get("wire_api")
             if wire != "responses":
                 checks.append(
@@ -173,6 +193,7 @@ def _codex_settings(inp: DoctorInput, checks: list[Check]) -> Resolved:
         inp.env.get(key_env),
         inp.model or model,
         "--model" if inp.model else ("config.toml" if model else ""),
+        auth,
     )
 
 
@@ -243,6 +264,7 @@ def _claude_settings(inp: DoctorInput, checks: list[Check]) -> Resolved:
         key,
         inp.model or model,
         "--model" if inp.model else model_from if model else "",
+        _authorization_in(_custom_headers(get("ANTHROPIC_CUSTOM_HEADERS")[0]), inp.env),
     )
 
 
@@ -433,6 +455,7 @@ class Doctor:
         self.inp = inp
         self.checks: list[Check] = []
         self.anthropic_style = inp.tool == "claude-code"
+        self.auth_header: str | None = None
 
     def add(self, check: Check) -> Check:
         self.checks.append(check)
@@ -447,7 +470,7 @@ class Doctor:
         return _openai_settings(self.inp, self.checks)
 
     def headers(self, key: str) -> dict[str, str]:
-        h = {"Authorization": f"Bearer {key}"}
+        h = {"Authorization": self.auth_header or f"Bearer {key}"}
         if self.anthropic_style:
             h["anthropic-version"] = ANTHROPIC_VERSION
         return h
@@ -458,6 +481,7 @@ class Doctor:
 
     async def run(self) -> list[Check]:
         r = self.resolve()
+        self.auth_header = r.auth_header
         key_check, key = check_key(r)
         self.add(key_check)
         timeout = aiohttp.ClientTimeout(
@@ -548,6 +572,17 @@ class Doctor:
 
     async def unauthorized(self, r: Resolved, key: str | None, reply: Reply) -> None:
         _, msg = reply.error()
+        if self.auth_header is not None and not self.auth_header.lower().startswith("bearer "):
+            where = "ANTHROPIC_CUSTOM_HEADERS" if self.inp.tool == "claude-code" else "the provider's headers"
+            self.add(
+                _fail(
+                    "auth",
+                    f"401 ({msg}): {where} sets 'Authorization: {self.auth_header[:7]}...' without the "
+                    "'Bearer ' prefix, and it replaces the header the tool would build from the key.",
+                    "drop that custom header and let the tool send the key, or write 'Bearer <key>'.",
+                )
+            )
+            return
         if key is None:
             self.add(
                 _fail(
