@@ -235,6 +235,139 @@ def report(job_id: int, db: str | None, fmt: str, html_path: Path | None, output
         _echo(f"wrote {html_path}")
 
 
+# ---- baselines, acceptance and the failure bank ----------------------------------------------------
+@main.group()
+def baseline() -> None:
+    """Name a job as the baseline later jobs are compared to."""
+
+
+@baseline.command("set")
+@click.argument("job_id", type=int)
+@click.option("--name", default=None, help="baseline name (default: the job's spec name); reusing moves it")
+@db_option
+def baseline_set(job_id: int, name: str | None, db: str | None) -> None:
+    """Take JOB_ID's ok trials as baseline points (keyed by family, backend, shape, config, dtype and
+    GPU model or CPU)."""
+    from jobs.baselines import set_from_job
+
+    store = _store(db)
+    try:
+        done = set_from_job(store, job_id, name)
+    except (LookupError, ValueError) as err:
+        raise click.ClickException(str(err)) from None
+    verb = "moved to" if done.replaced else "set to"
+    click.echo(f"baseline {done.baseline.name} {verb} job {job_id}: {done.points} points")
+    for line in done.skipped:
+        _echo(f"  not taken: {line}")
+
+
+@baseline.command("list")
+@db_option
+def baseline_list(db: str | None) -> None:
+    """Every baseline: its job, family, points, commit and when it was set."""
+    table = Table()
+    for col in ("name", "job", "family", "points", "kernels commit", "set at"):
+        table.add_column(col)
+    for b, n in _store(db).list_baselines():
+        table.add_row(
+            b.name,
+            str(b.job_id),
+            b.family,
+            str(n),
+            (b.git_commit or "-")[:12],
+            f"{b.created_at:%Y-%m-%d %H:%M:%S}",
+        )
+    Console().print(table)
+
+
+@main.command("accept")
+@click.argument("job_id", type=int)
+@click.option("--baseline", "baseline_name", default=None, help="baseline name (default: newest matching)")
+@click.option("--card", default=None, help="card name under jobs/cards or a YAML path (default: the spec's)")
+@click.option(
+    "--junit", type=click.Path(dir_okay=False, path_type=Path), default=None, help="write JUnit XML"
+)
+@click.option("--confirm", is_flag=True, help="re-run suspicious trials interleaved with their baseline")
+@click.option(
+    "--rounds", type=click.IntRange(min=1), default=3, show_default=True, help="rounds of --confirm"
+)
+@click.option("--ambiguous", type=click.Choice(["fail", "warn"]), default="fail", show_default=True)
+@click.option("--tag", default=None, help="a tag kept with failures in the failure bank (CI build, branch)")
+@click.option("--json", "as_json", is_flag=True, help="print the result as JSON instead of a table")
+@address_option
+@db_option
+def accept_cmd(
+    job_id: int,
+    baseline_name: str | None,
+    card: str | None,
+    junit: Path | None,
+    confirm: bool,
+    rounds: int,
+    ambiguous: str,
+    tag: str | None,
+    as_json: bool,
+    address: str | None,
+    db: str | None,
+) -> None:
+    """Judge JOB_ID against its metric card and baseline; exit 1 when an assertion fails."""
+    import json
+
+    from jobs.acceptance import accept, render, write_junit
+    from jobs.cards import CardError
+    from jobs.runner import RunOptions
+
+    store = _store(db)
+    options = RunOptions(address=address or FarmSettings().ray_address, show_progress=False, echo=_echo)
+    try:
+        acc = accept(
+            store, job_id, card=card, baseline=baseline_name, ambiguous=ambiguous, confirm=confirm,
+            rounds=rounds, tag=tag, options=options,
+        )  # fmt: skip
+    except CardError as err:
+        click.echo(str(err), err=True)
+        sys.exit(2)
+    except (LookupError, ValueError, SpecError) as err:
+        raise click.ClickException(str(err)) from None
+    if as_json:
+        click.echo(json.dumps(acc.to_dict(), indent=2, default=str))
+    else:
+        render(acc, Console(width=200))
+    if junit:
+        write_junit(acc, junit)
+        _echo(f"wrote {junit}")
+    sys.exit(acc.exit_code)
+
+
+@main.group()
+def failures() -> None:
+    """The failure bank: failed assertions kept across jobs."""
+
+
+@failures.command("list")
+@click.option(
+    "--min-jobs", type=click.IntRange(min=1), default=1, show_default=True, help="seen in >= N jobs"
+)
+@db_option
+def failures_list(min_jobs: int, db: str | None) -> None:
+    """Failed assertions grouped by fingerprint, the most recurring first."""
+    from jobs.acceptance import recurring
+
+    table = Table()
+    for col in ("fingerprint", "assertion", "point", "jobs", "commits", "tags", "last message"):
+        table.add_column(col, overflow="fold")
+    for g in recurring(_store(db), min_jobs):
+        table.add_row(
+            g.fingerprint[:12],
+            g.assertion,
+            g.label,
+            f"{len(g.jobs)}: " + ",".join(map(str, g.jobs)),
+            ",".join(c[:12] for c in g.commits) or "-",
+            ",".join(g.tags) or "-",
+            g.last_message,
+        )
+    Console(width=200).print(table)
+
+
 # ---- A/B comparison and tuned-config export ---------------------------------------------------------
 from jobs.compare import compare as _compare  # noqa: E402
 from jobs.compare import export as _export  # noqa: E402

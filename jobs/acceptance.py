@@ -1,0 +1,322 @@
+"""The verdict: a job judged against its metric card and a baseline, assertion by assertion.
+
+`accept(store, job_id, ...)` evaluates every check the card names on every trial (jobs.checks), in the
+card's order; with `confirm`, the regression results that are slower or ambiguous are re-decided by an
+interleaved re-run (jobs.confirm). It stores the anomalies found (jobs.anomalies; a new acceptance run
+replaces the job's previous ones) and the failed assertions in the failure bank with the job's kernels
+commit, a tag and a fingerprint (point + check, stable across jobs). `write_junit` writes one testcase
+per assertion; `render` prints them. The verdict is "fail" when an assertion fails (or is ambiguous
+under `ambiguous="fail"`), "warn" when some are ambiguous under `ambiguous="warn"`, else "pass".
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from jobs import baselines
+from jobs.anomalies import Found, throttling
+from jobs.cards import Card, load_card
+from jobs.checks import AMBIGUOUS, FAIL, PASS, SKIP, Context, Outcome, run_check
+from jobs.runner import RunOptions
+from jobs.spec import loads_spec
+from jobs.store import Store, Trial
+
+EXIT_PASS, EXIT_FAIL = 0, 1
+AMBIGUOUS_MODES = ("fail", "warn")
+
+
+@dataclass
+class AssertionResult:
+    check: str
+    trial: Trial
+    label: str
+    result: Outcome
+    baseline_trial_id: int | None = None
+
+    @property
+    def outcome(self) -> str:
+        return self.result.outcome
+
+    @property
+    def fingerprint(self) -> str:
+        return baselines.digest([baselines.point_ident(self.trial), "assert", self.check])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "check": self.check,
+            "trial_id": self.trial.id,
+            "label": self.label,
+            "outcome": self.outcome,
+            "reason": self.result.reason,
+            "numbers": self.result.numbers,
+            "anomaly": self.result.anomaly,
+            "fingerprint": self.fingerprint,
+        }
+
+
+@dataclass
+class Acceptance:
+    job_id: int
+    card: Card
+    ambiguous: str
+    baseline: str | None
+    baseline_job: int | None
+    results: list[AssertionResult] = field(default_factory=list)
+    anomalies: list[Found] = field(default_factory=list)
+    confirm_job: int | None = None
+
+    def counts(self) -> dict[str, int]:
+        return dict(Counter(r.outcome for r in self.results))
+
+    def failed(self) -> list[AssertionResult]:
+        bad = (FAIL, AMBIGUOUS) if self.ambiguous == "fail" else (FAIL,)
+        return [r for r in self.results if r.outcome in bad]
+
+    @property
+    def verdict(self) -> str:
+        if self.failed():
+            return "fail"
+        return "warn" if any(r.outcome == AMBIGUOUS for r in self.results) else "pass"
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_FAIL if self.verdict == "fail" else EXIT_PASS
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "job": self.job_id,
+            "card": self.card.name,
+            "baseline": self.baseline,
+            "baseline_job": self.baseline_job,
+            "ambiguous": self.ambiguous,
+            "verdict": self.verdict,
+            "counts": self.counts(),
+            "confirm_job": self.confirm_job,
+            "assertions": [r.to_dict() for r in self.results],
+            "anomalies": [a.row() for a in self.anomalies],
+        }
+
+
+def trial_label(t: Trial) -> str:
+    shape = "x".join(f"{k}{v}" for k, v in t.shape.items())
+    config = ",".join(f"{k}={v}" for k, v in t.config.items())
+    return f"#{t.seq} {t.backend}[{shape}{' ' + config if config else ''} {t.dtype}]"
+
+
+def card_for(store: Store, job_id: int, name: str | None = None) -> Card:
+    """The card named, else the job spec's `card:`, else the family's own card."""
+    job = store.get_job(job_id)
+    if job is None:
+        raise LookupError(f"no job {job_id} in {store.url}")
+    if name is None:
+        name = loads_spec(job.spec, source=f"job {job_id} spec").card or job.family
+    card = load_card(name)
+    if card.family is not None and card.family != job.family:
+        raise ValueError(f"card {card.name} is for family {card.family}, job {job_id} is {job.family}")
+    return card
+
+
+def accept(
+    store: Store,
+    job_id: int,
+    *,
+    card: str | None = None,
+    baseline: str | None = None,
+    ambiguous: str = "fail",
+    confirm: bool = False,
+    rounds: int = 3,
+    tag: str | None = None,
+    options: RunOptions | None = None,
+) -> Acceptance:
+    if ambiguous not in AMBIGUOUS_MODES:
+        raise ValueError(f"ambiguous must be one of {AMBIGUOUS_MODES} (got {ambiguous!r})")
+    the_card = card_for(store, job_id, card)
+    job = store.get_job(job_id)
+    assert job is not None
+    base = baselines.resolve(store, job_id, baseline)
+    matched = baselines.matches(store, base, job_id) if base else {}
+    envs = baselines.trial_envs(store, job_id)
+    cache: dict[int, list[int]] = {}
+
+    def samples(trial_id: int) -> list[int]:
+        if trial_id not in cache:
+            cache[trial_id] = store.samples(trial_id)
+        return cache[trial_id]
+
+    trials = store.trials(job_id)
+    contexts = {
+        t.id: Context(
+            the_card,
+            t,
+            baselines.env_of(t, envs),
+            store.get_trial(matched[t.id]) if t.id in matched else None,
+            samples,
+        )
+        for t in trials
+    }
+    acc = Acceptance(job_id, the_card, ambiguous, base.name if base else None, base.job_id if base else None)
+    for check in the_card.assertions:
+        for t in trials:
+            c = contexts[t.id]
+            acc.results.append(
+                AssertionResult(
+                    check, t, trial_label(t), run_check(check, c), c.baseline.id if c.baseline else None
+                )
+            )
+    if confirm:
+        _confirm(store, job, acc, contexts, rounds, options)
+    acc.anomalies = [
+        Found(r.result.anomaly, r.trial, r.result.reason, r.result.numbers, r.baseline_trial_id)
+        for r in acc.results
+        if r.result.anomaly
+    ] + throttling(trials)
+    store.replace_anomalies(job_id, [a.row() for a in acc.anomalies])
+    store.replace_failures(
+        job_id,
+        [
+            {
+                "trial_id": r.trial.id,
+                "card": the_card.name,
+                "assertion": r.check,
+                "outcome": r.outcome,
+                "fingerprint": r.fingerprint,
+                "label": r.label,
+                "message": r.result.reason,
+                "evidence": r.result.numbers,
+                "git_commit": job.git_commit,
+                "tag": tag,
+            }
+            for r in acc.failed()
+        ],
+    )
+    return acc
+
+
+def _confirm(
+    store: Store,
+    job: Any,
+    acc: Acceptance,
+    contexts: dict[int, Context],
+    rounds: int,
+    options: RunOptions | None,
+) -> None:
+    from jobs.confirm import confirm  # imports the runner's Ray side only when asked
+
+    suspicious = [r for r in acc.results if r.check == "regression" and r.outcome in (FAIL, AMBIGUOUS)]
+    if not suspicious:
+        return
+    done = confirm(store, job, [contexts[r.trial.id] for r in suspicious], rounds=rounds, options=options)
+    acc.confirm_job = done.job_id
+    for r in suspicious:
+        if r.trial.id in done.outcomes:
+            first = r.result
+            r.result = done.outcomes[r.trial.id]
+            r.result.numbers["job_verdict"] = {"outcome": first.outcome, "reason": first.reason}
+
+
+# ---- output ------------------------------------------------------------------------------------------
+
+_STYLE = {PASS: "green", FAIL: "bold red", AMBIGUOUS: "yellow", SKIP: "dim"}
+
+
+def _numbers_text(numbers: dict[str, Any], limit: int = 6) -> str:
+    keys = ("ratio", "ci_low", "ci_high", "p_value", "cv", "max_cv", "max_abs_err", "bytes_per_token")
+    shown = [(k, numbers[k]) for k in keys if numbers.get(k) is not None][:limit]
+    return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown)
+
+
+def render(acc: Acceptance, console: Console) -> None:
+    base = f"baseline {acc.baseline} (job {acc.baseline_job})" if acc.baseline else "no baseline"
+    console.print(f"[bold]job {acc.job_id}[/bold] against card {acc.card.name}, {base}")
+    table = Table()
+    for col in ("assertion", "trial", "result", "reason", "numbers"):
+        table.add_column(col, overflow="fold")
+    for r in acc.results:
+        style = _STYLE[r.outcome]
+        table.add_row(
+            r.check,
+            r.label,
+            f"[{style}]{r.outcome}[/{style}]",
+            r.result.reason,
+            _numbers_text(r.result.numbers),
+        )
+    console.print(table)
+    counts = " ".join(f"{k} {v}" for k, v in sorted(acc.counts().items()))
+    kinds = Counter(a.kind for a in acc.anomalies)
+    console.print(f"assertions: {counts}; anomalies: {dict(kinds) or 'none'}")
+    if acc.confirm_job is not None:
+        console.print(f"confirmation runs: job {acc.confirm_job}")
+    console.print(
+        f"verdict: [{_STYLE.get(acc.verdict, 'yellow')}]{acc.verdict}[/] (ambiguous -> {acc.ambiguous})"
+    )
+
+
+def write_junit(acc: Acceptance, path: Path) -> None:
+    """One <testcase> per assertion: failures as <failure>, skips as <skipped>, ambiguous as <failure
+    type="ambiguous"> under --ambiguous fail and as a passing case with its reason in <system-out> under
+    warn. Every case carries its outcome and fingerprint as properties."""
+    failed = {id(r) for r in acc.failed()}
+    suite = ET.Element(
+        "testsuite",
+        name=f"farm.accept.job{acc.job_id}",
+        tests=str(len(acc.results)),
+        failures=str(len(failed)),
+        errors="0",
+        skipped=str(sum(1 for r in acc.results if r.outcome == SKIP)),
+    )
+    for r in acc.results:
+        case = ET.SubElement(
+            suite, "testcase", classname=f"card.{acc.card.name}.{r.check}", name=r.label, time="0"
+        )
+        props = ET.SubElement(case, "properties")
+        for name, value in (("outcome", r.outcome), ("fingerprint", r.fingerprint), ("trial_id", r.trial.id)):
+            ET.SubElement(props, "property", name=name, value=str(value))
+        detail = f"{r.result.reason}\n{_numbers_text(r.result.numbers, limit=12)}"
+        if id(r) in failed:
+            ET.SubElement(case, "failure", message=r.result.reason[:500], type=r.outcome).text = detail
+        elif r.outcome == SKIP:
+            ET.SubElement(case, "skipped", message=r.result.reason[:500])
+        elif r.outcome == AMBIGUOUS:
+            ET.SubElement(case, "system-out").text = f"AMBIGUOUS (warn): {detail}"
+    root = ET.Element("testsuites", name="farm accept")
+    root.append(suite)
+    ET.indent(root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
+
+
+# ---- the failure bank --------------------------------------------------------------------------------
+
+
+@dataclass
+class Recurring:
+    fingerprint: str
+    assertion: str
+    label: str
+    jobs: list[int]
+    commits: list[str]
+    tags: list[str]
+    last_message: str
+
+
+def recurring(store: Store, min_jobs: int = 1) -> list[Recurring]:
+    """Failed assertions grouped by fingerprint, the ones seen in the most jobs first."""
+    groups: dict[str, Recurring] = {}
+    for f in store.failures():
+        g = groups.setdefault(f.fingerprint, Recurring(f.fingerprint, f.assertion, f.label, [], [], [], ""))
+        if f.job_id not in g.jobs:
+            g.jobs.append(f.job_id)
+        if f.git_commit and f.git_commit not in g.commits:
+            g.commits.append(f.git_commit)
+        if f.tag and f.tag not in g.tags:
+            g.tags.append(f.tag)
+        g.label, g.last_message = f.label, f.message
+    out = [g for g in groups.values() if len(g.jobs) >= min_jobs]
+    return sorted(out, key=lambda g: (-len(g.jobs), -max(g.jobs)))

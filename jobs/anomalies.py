@@ -1,0 +1,110 @@
+"""Anomalies: what an analysis of a job found, one row per (trial, kind), with the numbers behind it.
+
+Kinds and default severity:
+  correctness  error    the output failed its check, or a correctness metric is over the card's limit
+  slower       error    slower than the baseline point beyond the card's threshold, significantly
+  faster       info     faster beyond the threshold (worth a look: a kernel that skips work is fast too)
+  ambiguous    warning  the comparison with the baseline could not decide: noise
+  noisy        warning  the samples' dispersion is above the card's max_cv
+  timeout      error    the trial ran past its timeout and its worker was killed
+  crashed      error    its worker died on every attempt
+  error        error    the backend raised (or the config was pruned)
+  memory       error    bytes per token or peak memory beyond the card
+  hw_fraction  error    on a GPU, below the card's fraction of the hardware limit
+  resource     error    register spills, or an occupancy drop against the baseline point
+  throttled    warning  samples were taken while the SM clock was throttled
+
+The fingerprint hashes the point (family, backend, shape, config without `_` test knobs, dtype) and the
+kind: never a job id, a trial id or a time, so the same anomaly in a later job has the same fingerprint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from jobs.baselines import digest, point_ident
+from jobs.store import Trial
+
+SEVERITY: dict[str, str] = {
+    "correctness": "error",
+    "slower": "error",
+    "faster": "info",
+    "ambiguous": "warning",
+    "noisy": "warning",
+    "timeout": "error",
+    "crashed": "error",
+    "error": "error",
+    "memory": "error",
+    "hw_fraction": "error",
+    "resource": "error",
+    "throttled": "warning",
+}
+KINDS = tuple(SEVERITY)
+
+
+def fingerprint(t: Trial, kind: str) -> str:
+    return digest([point_ident(t), kind])
+
+
+@dataclass
+class Found:
+    """One anomaly before it is stored."""
+
+    kind: str
+    trial: Trial
+    message: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    baseline_trial_id: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in SEVERITY:
+            raise ValueError(f"unknown anomaly kind {self.kind!r} (known: {', '.join(KINDS)})")
+
+    @property
+    def severity(self) -> str:
+        return SEVERITY[self.kind]
+
+    @property
+    def fingerprint(self) -> str:
+        return fingerprint(self.trial, self.kind)
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "trial_id": self.trial.id,
+            "baseline_trial_id": self.baseline_trial_id,
+            "kind": self.kind,
+            "severity": self.severity,
+            "fingerprint": self.fingerprint,
+            "message": self.message,
+            "evidence": self.evidence,
+        }
+
+
+def throttled_samples(t: Trial) -> int | None:
+    """How many of the trial's samples were throttled, where the trial recorded it (a count or a list of
+    flags under summary/metrics `throttled`, `n_throttled` or `throttled_samples`); None if unknown."""
+    for source in (t.summary or {}, t.metrics or {}):
+        for key in ("n_throttled", "throttled_samples", "throttled"):
+            value = source.get(key)
+            if isinstance(value, bool):
+                continue
+            if isinstance(value, int):
+                return value
+            if isinstance(value, list):
+                return sum(1 for v in value if v)
+    return None
+
+
+def throttling(trials: list[Trial]) -> list[Found]:
+    out = []
+    for t in trials:
+        n = throttled_samples(t)
+        if n:
+            total = (t.summary or {}).get("n")
+            out.append(
+                Found(
+                    "throttled", t, f"{n} samples taken while throttled", {"throttled": n, "samples": total}
+                )
+            )
+    return out

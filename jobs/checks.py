@@ -1,0 +1,269 @@
+"""The card's checks, each evaluated on one trial: an outcome (pass, fail, ambiguous, skip), the reason,
+the numbers behind it, and the anomaly it amounts to (if any). See jobs.cards for what each check means.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from jobs.cards import Card
+from jobs.store import Environment, Trial
+from kernels.hardware import limits_for
+from kernels.measure.stats import Comparison, compare
+
+PASS, FAIL, AMBIGUOUS, SKIP = "pass", "fail", "ambiguous", "skip"
+DEFAULT_MAX_CV = 0.02  # the noise limit of a comparison when the card has no stability section
+
+
+@dataclass
+class Context:
+    """What the checks of one trial see."""
+
+    card: Card
+    trial: Trial
+    env: Environment | None
+    baseline: Trial | None  # the matching baseline trial, if any
+    samples: Callable[[int], list[int]]  # trial id -> raw samples (ns)
+
+    @property
+    def on_cpu(self) -> bool:
+        return self.env is None or self.env.device_kind != "gpu"
+
+
+@dataclass
+class Outcome:
+    outcome: str
+    reason: str
+    numbers: dict[str, Any] = field(default_factory=dict)
+    anomaly: str | None = None  # the anomaly kind this result records
+
+
+def _number(value: Any) -> float | None:
+    """A stored number (JSON keeps NaN/inf as strings); None when absent or not a number."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def completes(c: Context) -> Outcome:
+    t = c.trial
+    if t.status in ("ok", "incorrect"):
+        return Outcome(PASS, f"finished ({t.status}), attempt {t.attempt}", {"attempt": t.attempt})
+    last = (t.error or "").strip().splitlines()[-1:] or [""]
+    kind = t.status if t.status in ("timeout", "crashed", "error") else "error"
+    return Outcome(FAIL, f"{t.status}: {last[0][:200]}", {"status": t.status, "attempt": t.attempt}, kind)
+
+
+def correctness(c: Context) -> Outcome:
+    sec = c.card.correctness
+    assert sec is not None
+    rep = c.trial.correctness or {}
+    numbers = {
+        k: rep.get(k) for k in ("method", "max_abs_err", "max_rel_err", "mismatches", "numel") if k in rep
+    }
+    if sec.require_pass and (c.trial.status == "incorrect" or rep.get("passed") is False):
+        msg = rep.get("message") or "the output does not match the reference"
+        return Outcome(FAIL, f"check failed: {msg}"[:300], numbers, "correctness")
+    over = []
+    for name, limit in sec.max_metrics.items():
+        raw = (c.trial.metrics or {}).get(name, rep.get(name))
+        if raw is None:
+            continue
+        value = _number(raw)
+        numbers[name] = raw
+        if value is None or not math.isfinite(value) or value > limit:
+            over.append(f"{name} {raw} > {limit:g}")
+    if over:
+        return Outcome(FAIL, "; ".join(over), numbers, "correctness")
+    return Outcome(PASS, f"correct ({rep.get('method', 'checked')})", numbers)
+
+
+def comparison(c: Context) -> tuple[Comparison, dict[str, Any]] | str:
+    """The baseline comparison of the trial's raw samples, or why there is none."""
+    if c.baseline is None:
+        return "no baseline point for this trial"
+    if c.baseline.status != "ok":
+        return f"baseline trial #{c.baseline.id} is {c.baseline.status}"
+    perf = c.card.performance
+    assert perf is not None
+    result = compare(
+        c.samples(c.baseline.id),
+        c.samples(c.trial.id),
+        min_effect=c.card.max_slowdown(c.on_cpu),
+        alpha=perf.alpha,
+        max_cv=c.card.max_cv(c.on_cpu) or DEFAULT_MAX_CV,
+    )
+    numbers = {
+        "baseline_trial": c.baseline.id,
+        "baseline_job": c.baseline.job_id,
+        "baseline_median_ns": c.baseline.median_ns,
+        "median_ns": c.trial.median_ns,
+        **result.to_dict(),
+    }
+    return result, numbers
+
+
+def verdict_outcome(result: Comparison, numbers: dict[str, Any], prefix: str = "") -> Outcome:
+    text = f"{prefix}{result.verdict}: ratio {result.ratio:.3f} ({result.reason})"
+    if result.verdict == "slower":
+        return Outcome(FAIL, text, numbers, "slower")
+    if result.verdict == "faster":
+        return Outcome(PASS, text, numbers, "faster")
+    if result.verdict == "same":
+        return Outcome(PASS, text, numbers)
+    return Outcome(AMBIGUOUS, text, numbers, "ambiguous")
+
+
+def regression(c: Context) -> Outcome:
+    found = comparison(c)
+    if isinstance(found, str):
+        return Outcome(SKIP, found)
+    return verdict_outcome(*found)
+
+
+def hw_fraction(c: Context) -> Outcome:
+    perf = c.card.performance
+    assert perf is not None and perf.min_hw_fraction is not None
+    want = perf.min_hw_fraction
+    if c.on_cpu:
+        return Outcome(SKIP, "CPU timings: the hardware-limit floor applies on a GPU only")
+    limits = limits_for(c.env.device_name if c.env else None)
+    if limits is None:
+        return Outcome(SKIP, f"no published limits for {c.env.device_name if c.env else '?'}")
+    m = c.trial.metrics or {}
+    gbps, tflops = _number(m.get("gbps")), _number(m.get("tflops"))
+    fractions: dict[str, float] = {}
+    if gbps is not None and want.bound in ("memory", "roofline"):
+        fractions["memory"] = gbps / limits.hbm_gbps
+    if tflops is not None and want.bound in ("compute", "roofline"):
+        fractions["compute"] = tflops / limits.dense_tflops[want.compute_dtype]
+    if not fractions:
+        return Outcome(SKIP, "the trial reports neither gbps nor tflops")
+    best = max(fractions.values())
+    numbers = {"fractions": fractions, "min": want.min, "limits": limits.name}
+    text = f"{best:.1%} of the {limits.name} limit (min {want.min:.0%})"
+    return Outcome(
+        PASS if best >= want.min else FAIL, text, numbers, None if best >= want.min else "hw_fraction"
+    )
+
+
+def memory(c: Context) -> Outcome:
+    sec = c.card.memory
+    assert sec is not None
+    per_token = _number((c.trial.metrics or {}).get("bytes_per_token"))
+    peak = _number((c.trial.memory or {}).get("peak_bytes"))
+    base_peak = _number((c.baseline.memory or {}).get("peak_bytes")) if c.baseline else None
+    numbers = {"bytes_per_token": per_token, "peak_bytes": peak, "baseline_peak_bytes": base_peak}
+    over, checked = [], []
+    if sec.max_bytes_per_token is not None and per_token is not None:
+        checked.append("bytes/token")
+        if per_token > sec.max_bytes_per_token:
+            over.append(f"bytes per token {per_token:.0f} > {sec.max_bytes_per_token:.0f}")
+    if sec.max_peak_bytes is not None and peak is not None:
+        checked.append("peak")
+        if peak > sec.max_peak_bytes:
+            over.append(f"peak {peak:.0f} B > {sec.max_peak_bytes:.0f} B")
+    if sec.max_peak_growth is not None and peak is not None and base_peak:
+        checked.append("peak vs baseline")
+        growth = peak / base_peak - 1.0
+        numbers["peak_growth"] = growth
+        if growth > sec.max_peak_growth:
+            over.append(f"peak {growth:+.1%} over the baseline's (max {sec.max_peak_growth:.0%})")
+    if over:
+        return Outcome(FAIL, "; ".join(over), numbers, "memory")
+    if not checked:
+        return Outcome(SKIP, "the trial reports no memory figure the card limits")
+    return Outcome(PASS, f"within limits ({', '.join(checked)})", numbers)
+
+
+def stability(c: Context) -> Outcome:
+    sec = c.card.stability
+    assert sec is not None
+    cv = _number((c.trial.summary or {}).get("cv"))
+    limit = c.card.max_cv(c.on_cpu) or sec.max_cv
+    if cv is None:
+        return Outcome(SKIP, "no samples")
+    numbers = {"cv": cv, "max_cv": limit, "n": (c.trial.summary or {}).get("n"), "cpu": c.on_cpu}
+    if cv <= limit:
+        return Outcome(PASS, f"cv {cv:.2%} <= {limit:.2%}", numbers)
+    return Outcome(sec.on_exceed, f"cv {cv:.2%} > {limit:.2%}: too noisy to back a verdict", numbers, "noisy")
+
+
+def _walk(value: Any, key: str) -> Iterator[Any]:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if k == key:
+                yield v
+            yield from _walk(v, key)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _walk(v, key)
+
+
+def spills_of(t: Trial) -> int | None:
+    found = [int(v) for v in _walk(t.resources or {}, "n_spills") if isinstance(v, int)]
+    return max(found) if found else None
+
+
+def occupancy_of(t: Trial) -> float | None:
+    direct = _number((t.metrics or {}).get("occupancy"))
+    if direct is not None:
+        return direct
+    found = [
+        _number(v.get("occupancy")) for v in _walk(t.resources or {}, "occupancy") if isinstance(v, dict)
+    ]
+    values = [v for v in found if v is not None]
+    return min(values) if values else None
+
+
+def resources(c: Context) -> Outcome:
+    sec = c.card.resources
+    assert sec is not None
+    spills, occ = spills_of(c.trial), occupancy_of(c.trial)
+    base_occ = occupancy_of(c.baseline) if c.baseline else None
+    numbers = {"n_spills": spills, "occupancy": occ, "baseline_occupancy": base_occ}
+    over, checked = [], []
+    if sec.max_spills is not None and spills is not None:
+        checked.append("spills")
+        if spills > sec.max_spills:
+            over.append(f"{spills} register spills > {sec.max_spills}")
+    if sec.max_occupancy_drop is not None and occ is not None and base_occ:
+        checked.append("occupancy vs baseline")
+        drop = 1.0 - occ / base_occ
+        numbers["occupancy_drop"] = drop
+        if drop > sec.max_occupancy_drop:
+            over.append(f"occupancy {occ:.2f} is {drop:.0%} below the baseline's {base_occ:.2f}")
+    if over:
+        return Outcome(FAIL, "; ".join(over), numbers, "resource")
+    if not checked:
+        return Outcome(SKIP, "no compiled-kernel resources recorded (torch backend, CPU or interpreter)")
+    return Outcome(PASS, f"within limits ({', '.join(checked)})", numbers)
+
+
+CHECK_FUNCTIONS: dict[str, Callable[[Context], Outcome]] = {
+    "completes": completes,
+    "correctness": correctness,
+    "regression": regression,
+    "hw_fraction": hw_fraction,
+    "memory": memory,
+    "stability": stability,
+    "resources": resources,
+}
+
+
+def run_check(name: str, c: Context) -> Outcome:
+    if name != "completes" and c.trial.status not in ("ok", "incorrect"):
+        return Outcome(SKIP, f"the trial did not finish ({c.trial.status})")
+    if name in ("regression", "stability", "hw_fraction") and c.trial.status == "incorrect":
+        return Outcome(SKIP, "the trial is incorrect: its timing is not judged")
+    return CHECK_FUNCTIONS[name](c)

@@ -1,0 +1,150 @@
+"""`farm accept --confirm`: re-run the suspicious trials interleaved with their baseline configuration
+before calling a regression.
+
+For each suspicious trial (a regression verdict of slower or ambiguous), `rounds` rounds of A then B
+are run, A the baseline trial's request (backend, shape, config, dtype) and B the candidate's, all rounds
+of all pairs in one confirmation job on ONE worker, in the order A1 B1 A1' B1' ... A2 B2 ... round by
+round: both sides see the same machine, clocks and neighbours. The job goes through the farm's runner
+(jobs.runner.resume_job over rows created here), so it is stored and listed like any other job.
+
+When A and B are the same request (the baseline was taken at another commit and the point did not
+change: the old code cannot be re-run), B alone is re-run and its pooled samples are compared with the
+baseline trial's stored samples: the question is then whether the slowdown reproduces.
+
+The pair is confirmed slower when the pooled comparison (kernels.measure.stats.compare, the card's
+thresholds) says slower AND at least two thirds of the rounds have a median ratio above 1 + max_slowdown;
+"same" or "faster" means the job's verdict did not reproduce (pass); anything else stays ambiguous.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from jobs.baselines import digest
+from jobs.checks import AMBIGUOUS, FAIL, Context, Outcome, verdict_outcome
+from jobs.runner import RunOptions, kernels_commit, resume_job
+from jobs.spec import dump_spec, loads_spec
+from jobs.store import Job, Store, Trial
+from kernels.measure.stats import compare
+
+
+@dataclass(frozen=True)
+class _Row:
+    """A trial row of the confirmation job (the shape jobs.store.Store.create_job reads)."""
+
+    key: str
+    family: str
+    backend: str
+    shape: dict[str, Any]
+    config: dict[str, Any]
+    dtype: str
+    baseline: bool
+
+
+def _request(t: Trial) -> list[Any]:
+    return [t.family, t.backend, sorted(t.shape.items()), sorted(t.config.items()), t.dtype]
+
+
+def _row(t: Trial, role: str, pair: int, rnd: int) -> _Row:
+    key = digest([role, pair, rnd, _request(t)])[:20]
+    return _Row(key, t.family, t.backend, dict(t.shape), dict(t.config), t.dtype, role == "A")
+
+
+def _median(values: list[int]) -> float:
+    s = sorted(values)
+    n = len(s)
+    return math.nan if n == 0 else (s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2)
+
+
+@dataclass
+class Confirmation:
+    job_id: int
+    outcomes: dict[int, Outcome]  # candidate trial id -> the confirmed outcome
+
+
+def confirm(
+    store: Store,
+    job: Job,
+    contexts: list[Context],
+    *,
+    rounds: int = 3,
+    options: RunOptions | None = None,
+) -> Confirmation:
+    """Run the confirmation job for the given trials (each with its baseline) and judge each pair."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1 (got {rounds})")
+    pairs = [c for c in contexts if c.baseline is not None]
+    rows: list[_Row] = []
+    rerun_a = [_request(c.baseline) != _request(c.trial) for c in pairs]  # type: ignore[arg-type]
+    for rnd in range(rounds):
+        for i, c in enumerate(pairs):
+            if rerun_a[i]:
+                rows.append(_row(c.baseline, "A", i, rnd))  # type: ignore[arg-type]
+            rows.append(_row(c.trial, "B", i, rnd))
+    spec = loads_spec(job.spec, source=f"job {job.id} spec")
+    spec = spec.model_copy(update={"name": f"{spec.name}-confirm", "description": f"confirms job {job.id}"})
+    confirm_id = store.create_job(
+        name=spec.name,
+        family=spec.family,
+        spec_yaml=dump_spec(spec),
+        spec_hash=spec.spec_hash(),
+        trials=rows,
+        git_commit=kernels_commit(),
+    )
+    base = options or RunOptions(show_progress=False)
+    one_worker = RunOptions(address=base.address, gpus=1, show_progress=False, echo=base.echo)
+    result = resume_job(confirm_id, store, one_worker)
+    store.set_job_status(confirm_id, result.status, message=f"confirmation of job {job.id} ({rounds} rounds)")
+
+    by_key = {t.key: t for t in store.trials(confirm_id)}
+    outcomes: dict[int, Outcome] = {}
+    for i, c in enumerate(pairs):
+        a_trials = [by_key[_row(c.baseline, "A", i, r).key] for r in range(rounds)] if rerun_a[i] else []  # type: ignore[arg-type]
+        b_trials = [by_key[_row(c.trial, "B", i, r).key] for r in range(rounds)]
+        outcomes[c.trial.id] = _judge(store, c, a_trials, b_trials, confirm_id)
+    return Confirmation(confirm_id, outcomes)
+
+
+def _judge(store: Store, c: Context, a: list[Trial], b: list[Trial], confirm_id: int) -> Outcome:
+    assert c.baseline is not None and c.card.performance is not None
+    bad = [t for t in a + b if t.status != "ok"]
+    if bad:
+        statuses = sorted({t.status for t in bad})
+        return Outcome(AMBIGUOUS, f"confirmation runs did not finish ok ({statuses}) in job {confirm_id}", {})
+    a_runs = [store.samples(t.id) for t in a]
+    b_runs = [store.samples(t.id) for t in b]
+    a_pool = [v for run in a_runs for v in run] if a else store.samples(c.baseline.id)
+    b_pool = [v for run in b_runs for v in run]
+    min_effect = c.card.max_slowdown(c.on_cpu)
+    result = compare(
+        a_pool,
+        b_pool,
+        min_effect=min_effect,
+        alpha=c.card.performance.alpha,
+        max_cv=c.card.max_cv(c.on_cpu) or 0.02,
+    )
+    if a:
+        ratios = [_median(bs) / _median(as_) for as_, bs in zip(a_runs, b_runs, strict=True)]
+    else:
+        ratios = [_median(bs) / _median(a_pool) for bs in b_runs]
+    agreeing = sum(1 for r in ratios if r > 1.0 + min_effect)
+    numbers = {
+        "confirm_job": confirm_id,
+        "rounds": len(b),
+        "baseline_rerun": bool(a),
+        "round_ratios": ratios,
+        "rounds_slower": agreeing,
+        **result.to_dict(),
+    }
+    prefix = (
+        f"confirmed over {len(b)} interleaved rounds (job {confirm_id}): "
+        if a
+        else (f"re-run {len(b)}x against the stored baseline (job {confirm_id}): ")
+    )
+    out = verdict_outcome(result, numbers, prefix)
+    if out.outcome == FAIL and agreeing * 3 < 2 * len(ratios):
+        return Outcome(AMBIGUOUS, f"{prefix}pooled verdict slower but only {agreeing}/{len(ratios)} rounds "
+                       f"slower by > {min_effect:.0%}", numbers, "ambiguous")  # fmt: skip
+    return out
