@@ -50,6 +50,26 @@ def head_dims(d: int, d_v: int) -> HeadDims:
     )
 
 
+def v_in_k(k: torch.Tensor, v: torch.Tensor, dims: HeadDims) -> bool:
+    """V is the first D1 channels of the K rows (MLA's latent cache): the kernels reuse the K tile."""
+    return v.data_ptr() == k.data_ptr() and v.stride() == k.stride() and dims.dv == dims.d1
+
+
+def rows_block(rows: int, block_dv: int, requested: int | None = None) -> int:
+    """Query rows per tile: the smallest of 16/32/64 covering `rows`, halved while the fp32
+    accumulator [rows, block_dv] would exceed 16K elements (register pressure on a GPU)."""
+    if requested:
+        return requested
+    bm = 16 if rows <= 16 else 32 if rows <= 32 else 64
+    while bm > 16 and bm * block_dv > 16384:
+        bm //= 2
+    return bm
+
+
+def warps_for(block_m: int, block_dv: int, requested: int | None = None) -> int:
+    return requested or (8 if block_m * block_dv >= 16384 else 4)
+
+
 def use_f32_dots(dtype: torch.dtype) -> bool:
     """Upcast dot operands to fp32 (interpreter, or fp32 inputs where IEEE precision is wanted)."""
     return interpreting() or dtype == torch.float32
@@ -91,7 +111,8 @@ def qk_scores(
     BLOCK_D2: tl.constexpr,
     F32: tl.constexpr,
 ):
-    """q @ k^T for the key rows `k_rows_ptr [N]` (masked keys read as 0): [M, N] fp32."""
+    """q @ k^T for the key rows `k_rows_ptr [N]` (masked keys read as 0): ([M, N] fp32, the K tile's
+    first D1 channels, which serve as V when V is the start of K and d_v == D1, as in MLA)."""
     offs1 = tl.arange(0, D1)
     k1 = tl.load(k_rows_ptr[:, None] + offs1[None, :], mask=key_ok[:, None], other=0.0)
     s = dot(q1, tl.trans(k1), F32)
@@ -101,7 +122,7 @@ def qk_scores(
             k_rows_ptr[:, None] + offs2[None, :], mask=key_ok[:, None] & (offs2 < D1 + D2)[None, :], other=0.0
         )
         s += dot(q2, tl.trans(k2), F32)
-    return s
+    return s, k1
 
 
 @triton.jit

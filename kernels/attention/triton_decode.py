@@ -28,9 +28,12 @@ from kernels.attention.triton_common import (
     load_q,
     load_v,
     qk_scores,
+    rows_block,
     softmax_step,
     store_dtype,
     use_f32_dots,
+    v_in_k,
+    warps_for,
 )
 from kernels.attention.triton_prefill import _check
 
@@ -63,7 +66,7 @@ def _decode_split_kernel(
     D1: tl.constexpr, D2: tl.constexpr, BLOCK_D2: tl.constexpr,
     DV: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, HAS_LENS: tl.constexpr, F32: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_LENS: tl.constexpr, F32: tl.constexpr, V_IN_K: tl.constexpr,
 ):  # fmt: skip
     bk = tl.program_id(0)
     split = tl.program_id(1)
@@ -91,11 +94,15 @@ def _decode_split_kernel(
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < end
-        s = qk_scores(q1, q2, k_base + offs_n * stride_ks, n_ok, D1, D2, BLOCK_D2, F32) * sm_scale_log2
+        s, k1 = qk_scores(q1, q2, k_base + offs_n * stride_ks, n_ok, D1, D2, BLOCK_D2, F32)
+        s = s * sm_scale_log2
         visible = n_ok[None, :]
         if CAUSAL:
             visible = visible & (offs_n[None, :] <= last[:, None])
-        v = load_v(v_base + offs_n * stride_vs, n_ok, DV, BLOCK_DV)
+        if V_IN_K:
+            v = k1
+        else:
+            v = load_v(v_base + offs_n * stride_vs, n_ok, DV, BLOCK_DV)
         m_i, l_i, acc = softmax_step(s, visible, m_i, l_i, acc, v, F32)
     out, lse = finish(m_i, l_i, acc)
     offs_v = tl.arange(0, BLOCK_DV)
@@ -151,7 +158,7 @@ def decode_attention_triton(
     num_splits: int | None = None,
     block_m: int | None = None,
     block_n: int = 64,
-    num_warps: int = 4,
+    num_warps: int | None = None,
     num_stages: int = 2,
     num_sms: int = NUM_SMS,
     launches: list | None = None,
@@ -164,7 +171,7 @@ def decode_attention_triton(
     group = h_q // h_kv
     rows = s_q * group
     dims = head_dims(d, v.shape[-1])
-    bm = block_m or (16 if rows <= 16 else 32 if rows <= 32 else 64)
+    bm = rows_block(rows, dims.block_dv, block_m)
     row_blocks = triton.cdiv(rows, bm)
     splits = num_splits or choose_splits(b, h_kv, row_blocks, s_k, block_n, num_sms)
     chunk = triton.cdiv(triton.cdiv(max(s_k, 1), splits), block_n) * block_n
@@ -184,8 +191,8 @@ def decode_attention_triton(
         s_q, s_k, h_kv, group, chunk,
         D1=dims.d1, D2=dims.d2, BLOCK_D2=dims.block_d2, DV=dims.dv, BLOCK_DV=dims.block_dv,
         BLOCK_M=bm, BLOCK_N=block_n,
-        CAUSAL=causal, HAS_LENS=seqlens_k is not None, F32=use_f32_dots(q.dtype),
-        num_warps=num_warps, num_stages=num_stages,
+        CAUSAL=causal, HAS_LENS=seqlens_k is not None, F32=use_f32_dots(q.dtype), V_IN_K=v_in_k(k, v, dims),
+        num_warps=warps_for(bm, dims.block_dv, num_warps), num_stages=num_stages,
     )  # fmt: skip
     out = torch.empty(b, s_q, h_q, dims.dv, dtype=store_dtype(q.dtype), device=dev)
     lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=dev)
@@ -200,5 +207,5 @@ def decode_attention_triton(
         num_warps=4,
     )  # fmt: skip
     if launches is not None:
-        launches.extend([("decode_split", h1), ("decode_combine", h2)])
+        launches.extend([("_decode_split_kernel", h1), ("_decode_combine_kernel", h2)])
     return out.to(q.dtype), lse

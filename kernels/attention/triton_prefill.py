@@ -24,9 +24,12 @@ from kernels.attention.triton_common import (
     load_q,
     load_v,
     qk_scores,
+    rows_block,
     softmax_step,
     store_dtype,
     use_f32_dots,
+    v_in_k,
+    warps_for,
 )
 
 
@@ -43,7 +46,8 @@ def _flash_fwd_kernel(
     D1: tl.constexpr, D2: tl.constexpr, BLOCK_D2: tl.constexpr,
     DV: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, HAS_LENS: tl.constexpr, F32: tl.constexpr, CAUSAL_SHIFT: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_LENS: tl.constexpr, F32: tl.constexpr, V_IN_K: tl.constexpr,
+    CAUSAL_SHIFT: tl.constexpr,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -69,11 +73,15 @@ def _flash_fwd_kernel(
     for n0 in range(0, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < s_k
-        s = qk_scores(q1, q2, k_base + offs_n * stride_ks, n_ok, D1, D2, BLOCK_D2, F32) * sm_scale_log2
+        s, k1 = qk_scores(q1, q2, k_base + offs_n * stride_ks, n_ok, D1, D2, BLOCK_D2, F32)
+        s = s * sm_scale_log2
         visible = n_ok[None, :]
         if CAUSAL:
             visible = visible & (offs_n[None, :] <= last[:, None])
-        v = load_v(v_base + offs_n * stride_vs, n_ok, DV, BLOCK_DV)
+        if V_IN_K:
+            v = k1
+        else:
+            v = load_v(v_base + offs_n * stride_vs, n_ok, DV, BLOCK_DV)
         m_i, l_i, acc = softmax_step(s, visible, m_i, l_i, acc, v, F32)
     out, lse = finish(m_i, l_i, acc)
     offs_v = tl.arange(0, BLOCK_DV)
@@ -90,9 +98,9 @@ def flash_attention_triton(
     causal: bool = True,
     softmax_scale: float | None = None,
     seqlens_k: torch.Tensor | None = None,
-    block_m: int = 64,
+    block_m: int | None = None,
     block_n: int = 64,
-    num_warps: int = 4,
+    num_warps: int | None = None,
     num_stages: int = 2,
     launches: list | None = None,
     _causal_shift: int = 0,
@@ -109,7 +117,8 @@ def flash_attention_triton(
     out = torch.empty(b, s_q, h_q, dims.dv, dtype=store_dtype(q.dtype), device=q.device)
     lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=q.device)
     lens = seqlens_k.to(device=q.device, dtype=torch.int32) if seqlens_k is not None else lse
-    grid = (triton.cdiv(s_q, block_m), b * h_q)
+    bm = rows_block(s_q, dims.block_dv, block_m)
+    grid = (triton.cdiv(s_q, bm), b * h_q)
     handle = _flash_fwd_kernel[grid](
         q, k, v, out, lse, lens,
         scale * LOG2E,
@@ -120,12 +129,13 @@ def flash_attention_triton(
         lse.stride(0), lse.stride(1),
         s_q, k.shape[1], h_q, h_q // k.shape[2],
         D1=dims.d1, D2=dims.d2, BLOCK_D2=dims.block_d2, DV=dims.dv, BLOCK_DV=dims.block_dv,
-        BLOCK_M=block_m, BLOCK_N=block_n,
-        CAUSAL=causal, HAS_LENS=seqlens_k is not None, F32=use_f32_dots(q.dtype), CAUSAL_SHIFT=_causal_shift,
-        num_warps=num_warps, num_stages=num_stages,
+        BLOCK_M=bm, BLOCK_N=block_n,
+        CAUSAL=causal, HAS_LENS=seqlens_k is not None, F32=use_f32_dots(q.dtype), V_IN_K=v_in_k(k, v, dims),
+        CAUSAL_SHIFT=_causal_shift,
+        num_warps=warps_for(bm, dims.block_dv, num_warps), num_stages=num_stages,
     )  # fmt: skip
     if launches is not None:
-        launches.append(("flash_fwd", handle))
+        launches.append(("_flash_fwd_kernel", handle))
     return out.to(q.dtype), lse
 
 

@@ -27,9 +27,12 @@ from kernels.attention.triton_common import (
     load_q,
     load_v,
     qk_scores,
+    rows_block,
     softmax_step,
     store_dtype,
     use_f32_dots,
+    v_in_k,
+    warps_for,
 )
 from kernels.attention.triton_prefill import _check
 
@@ -56,7 +59,7 @@ def _sparse_kernel(
     D1: tl.constexpr, D2: tl.constexpr, BLOCK_D2: tl.constexpr,
     DV: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_LENS: tl.constexpr, F32: tl.constexpr,
+    HAS_LENS: tl.constexpr, F32: tl.constexpr, V_IN_K: tl.constexpr,
 ):  # fmt: skip
     bt = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -82,8 +85,12 @@ def _sparse_kernel(
         idx = tl.load(idx_row + offs_n, mask=offs_n < TOPK, other=-1)
         ok = (idx >= 0) & (idx < s_k)
         pos = tl.where(ok, idx, 0).to(tl.int64)
-        s = qk_scores(q1, q2, k_base + pos * stride_ks, ok, D1, D2, BLOCK_D2, F32) * sm_scale_log2
-        v = load_v(v_base + pos * stride_vs, ok, DV, BLOCK_DV)
+        s, k1 = qk_scores(q1, q2, k_base + pos * stride_ks, ok, D1, D2, BLOCK_D2, F32)
+        s = s * sm_scale_log2
+        if V_IN_K:
+            v = k1
+        else:
+            v = load_v(v_base + pos * stride_vs, ok, DV, BLOCK_DV)
         m_i, l_i, acc = softmax_step(s, ok[None, :], m_i, l_i, acc, v, F32)
     out, lse = finish(m_i, l_i, acc)
     offs_v = tl.arange(0, BLOCK_DV)
@@ -103,7 +110,7 @@ def sparse_attention_triton(
     indices_unique: bool = False,
     block_m: int | None = None,
     block_n: int = 64,
-    num_warps: int = 4,
+    num_warps: int | None = None,
     num_stages: int = 2,
     launches: list | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -121,7 +128,7 @@ def sparse_attention_triton(
         idx = unique_indices(idx)
     idx = idx.contiguous()
     topk = idx.shape[-1]
-    bm = block_m or (16 if group <= 16 else 32 if group <= 32 else 64)
+    bm = rows_block(group, dims.block_dv, block_m)
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale
     out = torch.empty(b, s_q, h_q, dims.dv, dtype=store_dtype(q.dtype), device=q.device)
     lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=q.device)
@@ -137,9 +144,10 @@ def sparse_attention_triton(
         lse.stride(0), lse.stride(1),
         s_q, k.shape[1], h_kv, group, topk,
         D1=dims.d1, D2=dims.d2, BLOCK_D2=dims.block_d2, DV=dims.dv, BLOCK_DV=dims.block_dv,
-        BLOCK_M=bm, BLOCK_N=block_n, HAS_LENS=seqlens_k is not None, F32=use_f32_dots(q.dtype),
-        num_warps=num_warps, num_stages=num_stages,
+        BLOCK_M=bm, BLOCK_N=block_n, HAS_LENS=seqlens_k is not None,
+        F32=use_f32_dots(q.dtype), V_IN_K=v_in_k(k, v, dims),
+        num_warps=warps_for(bm, dims.block_dv, num_warps), num_stages=num_stages,
     )  # fmt: skip
     if launches is not None:
-        launches.append(("sparse_fwd", handle))
+        launches.append(("_sparse_kernel", handle))
     return out.to(q.dtype), lse
