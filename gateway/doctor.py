@@ -182,7 +182,8 @@ def _codex_settings(inp: DoctorInput, checks: list[Check]) -> Resolved:
                 "tool settings",
                 f"{', '.join(stray)} set in this shell: those are Claude Code settings; Codex ignores them "
                 f"and reads only base_url from config.toml and the key from ${key_env}.",
-                f'export {key_env}="<your gateway key>" for Codex (unset the ANTHROPIC_* ones if unused).',
+                "unset the ANTHROPIC_* variables if nothing in this shell uses them"
+                + ("." if inp.env.get(key_env) else f'; export {key_env}="kf_..." for Codex.'),
             )
         )
     base_from = "--base-url" if inp.base_url else (f"{path}" if base else "default")
@@ -333,7 +334,7 @@ def check_key(r: Resolved) -> tuple[Check, str | None]:
             if clean.startswith("sk-ant-")
             else "an OpenAI key"
             if clean.startswith("sk-")
-            else "not a gateway key"
+            else "something that is not a gateway key"
         )
         return _fail(
             name,
