@@ -9,6 +9,7 @@ the fix. Any FAIL makes the command exit non-zero.
 
 from __future__ import annotations
 
+import errno
 import json
 import re
 import time
@@ -418,11 +419,12 @@ class Prober:
         except TimeoutError:
             raise ProbeFailed(_read_timeout(name, url, self.inp.read_timeout_s)) from None
         except aiohttp.ClientConnectorError as e:
+            refused = e.os_error.errno == errno.ECONNREFUSED or isinstance(e.os_error, ConnectionRefusedError)
+            why = "nothing is listening there" if refused else "the network has no route to it (VPN?)"
             raise ProbeFailed(
                 _fail(
                     name,
-                    f"cannot connect to {_hostport(url)} ({e.os_error.strerror or e.os_error}): nothing is "
-                    "listening there.",
+                    f"cannot connect to {_hostport(url)} ({e.os_error.strerror or e.os_error}): {why}.",
                     "start the gateway (`farm gateway serve`) or correct the host/port in the base URL.",
                 )
             ) from None
