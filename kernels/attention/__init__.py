@@ -10,7 +10,10 @@ form, top-k sparse attention (DeepSeek sparse attention), and a paged decode ste
   triton_decode  split-KV decode with GQA heads packed into the rows, plus the combine kernel
   triton_sparse  top-k sparse attention gathering KV rows by index
   decode_step    one paged MLA decode step: KV append into kernels.paged_mla's cache + attention
+  shapes         the spec's shape keys, per-mode defaults and validation
   case           the farm's FAMILY
+  profile        the program ncu profiles for a trial (GPU only)
+  aot            compile the kernels for SM90 without a GPU: shared memory, registers, spills, occupancy
 Layouts: q [b, s_q, h_q, d], k [b, s_k, h_kv, d], v [b, s_k, h_kv, d_v], out [b, s_q, h_q, d_v],
 lse [b, h_q, s_q] fp32 (natural log). This file imports nothing, so the references work without triton.
 """
