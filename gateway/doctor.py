@@ -651,13 +651,17 @@ class Doctor:
         return base + "/chat/completions", body
 
     async def model_call(self, probe: Prober, r: Resolved, key: str, allowed: list[str]) -> None:
-        model = r.model or (allowed[0] if allowed else None)
-        if model is None:
+        # No model configured: try the allowed ones in order, skipping those of the other API's kind.
+        candidates = [r.model] if r.model else allowed
+        if not candidates:
             self.add(_fail("model", "the key's project has no models.", "ask the admin to configure some."))
             return
-        url, body = self.call(r, model)
         h = {**self.headers(key), "X-Farm-Task": "doctor"}
-        reply = await probe.request("model call", "POST", url, h, body)
+        for model in candidates:
+            url, body = self.call(r, model)
+            reply = await probe.request("model call", "POST", url, h, body)
+            if r.model or reply.status != 400 or "cannot be called" not in reply.error()[1]:
+                break
         where = f" (from {r.model_from})" if r.model_from else ""
         listing = ", ".join(allowed)
         if reply.status == 200:

@@ -75,6 +75,15 @@ async def test_every_tool_passes_with_generated_configs(gateway, fake, tmp_path:
     assert "claude-fake" in one(checks, "model call").message
 
 
+async def test_without_a_configured_model_it_finds_one_of_the_right_kind(
+    gateway, fake, tmp_path: Path
+) -> None:
+    env = {"ANTHROPIC_BASE_URL": gateway.url, "ANTHROPIC_AUTH_TOKEN": gateway.keys["alpha"]}
+    checks = await diagnose(gateway, "claude-code", env, tmp_path)  # alpha lists gpt-fake first
+    assert all(c.status == "PASS" for c in checks), checks
+    assert "claude-fake answered" in one(checks, "model call").message
+
+
 # --- reaching the gateway -------------------------------------------------------------------------------
 
 
