@@ -36,9 +36,24 @@ log = logging.getLogger(__name__)
 
 # The trial outcomes of jobs.store.FINISHED (pruned/skipped: finished without running, not failures).
 TRIAL_STATUSES = ("ok", "incorrect", "error", "timeout", "crashed", "pruned", "skipped")
-# Anomaly kinds. `incorrect` and `noisy` are seen per trial here; the others are for the analysis step
-# (baseline comparison, change points, memory growth) to report through `FarmMetrics.anomaly`.
-ANOMALY_KINDS = ("regression", "improvement", "step", "noisy", "incorrect", "memory", "other")
+# Anomaly kinds: the analysis step's kinds (jobs/anomalies.py, in progress) plus `other` for anything
+# new, so the label stays bounded. `correctness` and `noisy` are seen per trial here; the analysis step
+# reports the rest (slower, faster, memory, ...) through `FarmMetrics.anomaly`.
+ANOMALY_KINDS = (
+    "correctness",
+    "slower",
+    "faster",
+    "ambiguous",
+    "noisy",
+    "timeout",
+    "crashed",
+    "error",
+    "memory",
+    "hw_fraction",
+    "resource",
+    "throttled",
+    "other",
+)
 DEFAULT_PORT = 9464
 
 _DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900)
@@ -197,10 +212,13 @@ class FarmMetrics:
 
     @contextmanager
     def job(self, family: str, backends: Iterable[str], dispatcher: _Dispatcher) -> Iterator[FarmMetrics]:
+        """For the length of a job: zero series for its label sets, live gauges, pushes, then cleanup."""
         for backend in backends:
             for status in TRIAL_STATUSES:
                 self.trials.labels(family, backend, status)
             self.retries.labels(family, backend)
+            self.duration.labels(family, backend)
+            self.kernel_median.labels(family, backend)
         for kind in ANOMALY_KINDS:
             self.anomalies.labels(family, kind)
         self._job = _Job(family, dispatcher)
@@ -255,7 +273,7 @@ class FarmMetrics:
         if status == "ok" and median_ns is not None and median_ns == median_ns:
             self.kernel_median.labels(req.family, req.backend).observe(median_ns / 1e9)
         if status == "incorrect" or (outcome.get("correctness") or {}).get("passed") is False:
-            self.anomaly(req.family, "incorrect")
+            self.anomaly(req.family, "correctness")
         cv, max_cv = summary.get("cv"), getattr(req.policy, "max_cv", None)
         if cv is not None and max_cv is not None and (summary.get("n") or 0) >= 2 and cv > max_cv:
             self.anomaly(req.family, "noisy")
@@ -268,7 +286,8 @@ class _MetricsListener:
         self.nodes: dict[str, str] = {}
 
     def worker_ready(self, slot: str, info: dict[str, Any]) -> None:
-        self.nodes[slot] = str(info.get("node") or "unknown")
+        self.nodes[slot] = node = str(info.get("node") or "unknown")
+        self.metrics.workers_lost.labels(node)  # a zero series per node, so the first loss is an increase
         self.inner.worker_ready(slot, info)
 
     def worker_lost(self, slot: str, reason: str, retired: bool) -> None:

@@ -1,0 +1,165 @@
+"""The shipped Prometheus config, alert rules, Grafana provisioning and dashboard JSON are valid."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import textwrap
+from pathlib import Path
+
+import yaml
+from promkit import GRAFANA, PROMTOOL, dashboards, needs_promtool, panels
+
+
+def promtool(*args: str, cwd: Path = GRAFANA) -> subprocess.CompletedProcess[str]:
+    assert PROMTOOL is not None
+    return subprocess.run([PROMTOOL, *args], cwd=cwd, capture_output=True, text=True, timeout=60)
+
+
+@needs_promtool
+def test_promtool_check_config_passes():
+    r = promtool("check", "config", "prometheus.yml")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "SUCCESS" in r.stdout
+
+
+@needs_promtool
+def test_promtool_check_rules_passes():
+    r = promtool("check", "rules", "alerts.yml")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "5 rules found" in r.stdout
+
+
+def test_prometheus_yml_scrapes_the_gateway_the_farm_and_ray():
+    cfg = yaml.safe_load((GRAFANA / "prometheus.yml").read_text())
+    jobs = {j["job_name"]: j for j in cfg["scrape_configs"]}
+    assert jobs["kernelfarm-gateway"]["static_configs"][0]["targets"] == ["127.0.0.1:8787"]
+    assert jobs["kernelfarm-farm"]["static_configs"][0]["targets"] == ["127.0.0.1:9464"]
+    assert jobs["ray"]["file_sd_configs"][0]["files"] == ["/tmp/ray/prom_metrics_service_discovery.json"]
+    assert cfg["rule_files"] == ["alerts.yml"]
+
+
+ALERT_TESTS = """
+rule_files: [{rules}]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      # alpha: 10 requests a minute, 2 of them turned away by rpm (20 %)
+      - series: 'gateway_requests_total{{project="alpha", model="m", task="t", status="ok"}}'
+        values: '0+8x30'
+      - series: 'gateway_requests_total{{project="alpha", model="m", task="t", status="rejected"}}'
+        values: '0+2x30'
+      - series: 'gateway_rejections_total{{project="alpha", limit="rpm"}}'
+        values: '0+2x30'
+      # beta: no rejections
+      - series: 'gateway_requests_total{{project="beta", model="m", task="t", status="ok"}}'
+        values: '0+10x30'
+      - series: 'gateway_daily_budget_tokens{{project="alpha"}}'
+        values: '1000x30'
+      - series: 'gateway_daily_budget_remaining_tokens{{project="alpha"}}'
+        values: '500x10 50x20'
+      - series: 'gateway_request_latency_seconds_bucket{{project="beta", model="m", status="ok", le="60"}}'
+        values: '0+1x30'
+      - series: 'gateway_request_latency_seconds_bucket{{project="beta", model="m", status="ok", le="120"}}'
+        values: '0+10x30'
+      - series: 'gateway_request_latency_seconds_bucket{{project="beta", model="m", status="ok", le="+Inf"}}'
+        values: '0+10x30'
+      - series: 'farm_trials_total{{family="fp8_gemm", backend="triton", status="ok"}}'
+        values: '0+6x30'
+      - series: 'farm_trials_total{{family="fp8_gemm", backend="triton", status="crashed"}}'
+        values: '0+4x30'
+      - series: 'farm_trials_total{{family="probe", backend="noop", status="ok"}}'
+        values: '0+10x30'
+    alert_rule_test:
+      - eval_time: 25m
+        alertname: GatewayHigh429Rate
+        exp_alerts:
+          - exp_labels: {{severity: warning, project: alpha, limit: rpm}}
+            exp_annotations:
+              summary: "alpha: 20% of requests hit the rpm limit"
+              description: {desc[GatewayHigh429Rate]}
+      - eval_time: 25m
+        alertname: GatewayBudgetNearlySpent
+        exp_alerts:
+          - exp_labels: {{severity: warning, project: alpha}}
+            exp_annotations:
+              summary: "alpha: 5% of today's token budget left"
+              description: {desc[GatewayBudgetNearlySpent]}
+      - eval_time: 25m
+        alertname: GatewayLatencyP95High
+        exp_alerts:
+          - exp_labels: {{severity: warning, project: beta, model: m}}
+            exp_annotations:
+              summary: "beta/m: p95 latency 1m 56s"
+              description: {desc[GatewayLatencyP95High]}
+      - eval_time: 25m
+        alertname: FarmTrialFailureRateHigh
+        exp_alerts:
+          - exp_labels: {{severity: warning, family: fp8_gemm}}
+            exp_annotations:
+              summary: "fp8_gemm: 40% of trials failed"
+              description: {desc[FarmTrialFailureRateHigh]}
+      - eval_time: 5m
+        alertname: GatewayBudgetNearlySpent
+        exp_alerts: []
+"""
+
+
+@needs_promtool
+def test_alerts_fire_on_synthetic_series(tmp_path):
+    """`promtool test rules`: each alert fires for the project or family over its threshold, no other."""
+    test_file = tmp_path / "alerts_test.yml"
+    rules = yaml.safe_load((GRAFANA / "alerts.yml").read_text())
+    desc = {
+        r["alert"]: json.dumps(r["annotations"]["description"]) for g in rules["groups"] for r in g["rules"]
+    }
+    test_file.write_text(textwrap.dedent(ALERT_TESTS).format(rules=GRAFANA / "alerts.yml", desc=desc))
+    r = promtool("test", "rules", str(test_file), cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_grafana_provisioning_points_at_prometheus_and_the_dashboards():
+    ds = yaml.safe_load((GRAFANA / "provisioning/datasources/kernelfarm.yml").read_text())
+    (source,) = ds["datasources"]
+    assert source["type"] == "prometheus" and source["access"] == "proxy"
+    assert source["url"] == "${KF_PROMETHEUS_URL}"
+    prov = yaml.safe_load((GRAFANA / "provisioning/dashboards/kernelfarm.yml").read_text())
+    (provider,) = prov["providers"]
+    assert provider["type"] == "file" and provider["options"]["path"] == "${KF_DASHBOARDS}"
+
+
+def test_dashboards_are_grafana_10_json_with_a_prometheus_datasource_variable():
+    boards = dashboards()
+    assert set(boards) == {"gateway.json", "farm.json"}
+    uids = set()
+    for name, board in boards.items():
+        assert board["schemaVersion"] >= 38, name  # Grafana 10.0 writes 38
+        uids.add(board["uid"])
+        variables = {v["name"]: v for v in board["templating"]["list"]}
+        assert variables["datasource"]["type"] == "datasource"
+        assert variables["datasource"]["query"] == "prometheus"
+        ids = []
+        for panel in panels(board):
+            ids.append(panel["id"])
+            assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
+            assert panel["targets"], panel["title"]
+            for t in panel["targets"]:
+                assert t["datasource"]["uid"] == "${datasource}" and t["expr"].strip(), panel["title"]
+        assert len(ids) == len(set(ids)), name
+    assert len(uids) == len(boards)
+
+
+def test_dashboards_cover_the_issue():
+    titles = {name: " | ".join(p["title"].lower() for p in panels(b)) for name, b in dashboards().items()}
+    for words in [
+        "requests/s by project and status", "input tokens/s", "output tokens/s", "tokens per task",
+        "end-to-end latency", "upstream latency", "overhead", "time to first token", "retries",
+        "429s", "in flight", "queue wait", "budget",
+    ]:  # fmt: skip
+        assert words in titles["gateway.json"], words
+    for words in [
+        "trials/s", "trial duration", "failures", "timeouts and retries", "busy workers per node and gpu",
+        "queue length", "kernel median latency by family and backend", "anomalies by kind",
+    ]:  # fmt: skip
+        assert words in titles["farm.json"], words
