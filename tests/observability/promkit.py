@@ -12,6 +12,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -224,10 +225,13 @@ def has_finite_value(result: dict[str, Any]) -> bool:
 # ---- the gateway on a background loop -------------------------------------------------------------
 def _gateway_test_helpers() -> Any:
     """tests/gateway/conftest.py as a plain module (its make_settings builds the test gateway config)."""
-    path = REPO / "tests" / "gateway" / "conftest.py"
-    spec = importlib.util.spec_from_file_location("kf_gateway_test_helpers", path)
+    name = "kf_gateway_test_helpers"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, REPO / "tests" / "gateway" / "conftest.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # its dataclasses look their module up while being built
     spec.loader.exec_module(module)
     return module
 
