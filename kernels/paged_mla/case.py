@@ -382,8 +382,7 @@ def _run_trace(req: TrialRequest) -> TrialOutcome:
     return TrialOutcome(
         status="ok" if correctness["passed"] else "incorrect",
         correctness=correctness,
-        metrics=metrics,
-        memory={"peak_bytes": metrics["peak_bytes_resident"], "method": "cache_manager_bytes_resident"},
+        metrics=metrics,  # the pool's bytes over time are metrics; outcome.memory is a kernel call's
     )
 
 

@@ -106,7 +106,7 @@ def test_cache_trace_trial():
     m = o.metrics
     assert m["requests"] == 36 and m["pool_pages"] == math.ceil(0.5 * 4 * 512 / 16)
     assert 0 < m["page_hit_rate"] < 1 and 0 < m["reused_prompt_fraction"] < 1 and m["evictions"] > 0
-    assert m["peak_bytes_resident"] <= m["pool_bytes"] and o.memory["peak_bytes"] == m["peak_bytes_resident"]
+    assert 0 < m["peak_bytes_resident"] <= m["pool_bytes"] and not o.memory
     ts = m["timeseries"]
     assert set(ts) == {"xlabel", "x", "series", "title"} and isinstance(ts["xlabel"], str)
     assert "page 16" in ts["title"] and 10 < len(ts["x"]) <= 200 and ts["x"] == sorted(ts["x"])
