@@ -13,7 +13,7 @@ import csv
 import html
 import io
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rich.console import Console
@@ -21,6 +21,7 @@ from rich.table import Table
 
 from jobs.store import NOT_FAILED, Store
 from kernels.hardware import limits_for
+from kernels.registry import get_family
 
 
 @dataclass
@@ -47,6 +48,16 @@ class Row:
     gpu_id: str | None
     timer: str | None
     error: str | None
+    extra: dict[str, Any] = field(default_factory=dict)  # the family's report_metrics
+
+
+def _family_view(family: str) -> tuple[tuple, tuple]:
+    """(report_metrics, scaling) the family declares; none when it declares none or cannot be imported."""
+    try:
+        fam = get_family(family)
+    except Exception:  # noqa: BLE001 - a report must render even for a family no longer installed
+        return (), ()
+    return tuple(getattr(fam, "report_metrics", ())), tuple(getattr(fam, "scaling", ()))
 
 
 def _fmt_point(point: dict[str, Any]) -> str:
@@ -55,6 +66,7 @@ def _fmt_point(point: dict[str, Any]) -> str:
 
 def build_rows(store: Store, job_id: int) -> list[Row]:
     trials = store.trials(job_id)
+    extra_keys = [key for key, _label, _fmt in _family_view(trials[0].family)[0]] if trials else []
     base: dict[tuple, dict[str, float]] = {}
     for t in trials:
         if t.baseline and t.median_ns:
@@ -95,6 +107,7 @@ def build_rows(store: Store, job_id: int) -> list[Row]:
                 gpu_id=t.gpu_id,
                 timer=t.timer,
                 error=(t.error or "").strip().splitlines()[-1][:200] if t.error else None,
+                extra={k: m[k] for k in extra_keys if k in m},
             )
         )
     return rows
@@ -104,6 +117,15 @@ def _styled_status(status: str) -> str:
     if status == "ok":
         return status
     return f"[dim]{status}[/dim]" if status in NOT_FAILED else f"[red]{status}[/red]"
+
+
+def _value(v: Any, fmt: str) -> str:
+    if v is None:
+        return "-"
+    try:
+        return format(v, fmt)
+    except (TypeError, ValueError):
+        return str(v)
 
 
 def _num(v: float | None, fmt: str) -> str:
@@ -132,7 +154,13 @@ def render_terminal(store: Store, job_id: int, console: Console | None = None) -
     show_config = any(r.config != "-" for r in rows)
     dtypes = sorted({r.dtype for r in rows})
     cols = ["backend"] + (["config"] if show_config else []) + (["dtype"] if len(dtypes) > 1 else [])
-    cols += ["status", "median ms", "spread", "n", "speedup", "TFLOPS", "GB/s", "correct", "node"]
+    extra = [
+        (key, label, fmt)
+        for key, label, fmt in _family_view(job.family)[0]
+        if any(key in r.extra for r in rows)
+    ]
+    cols += ["status", "median ms", "spread", "n", "speedup", "TFLOPS", "GB/s"]
+    cols += [label for _key, label, _fmt in extra] + ["correct", "node"]
     for shape in dict.fromkeys(r.shape for r in rows):
         table = Table(
             title=f"shape {shape}" + (f" ({dtypes[0]})" if len(dtypes) == 1 else ""), title_justify="left"
@@ -155,6 +183,7 @@ def render_terminal(store: Store, job_id: int, console: Console | None = None) -
                 "GB/s": _num(r.gbps, ".2f"),
                 "correct": {True: "[green]pass[/green]", False: "[red]FAIL[/red]", None: "-"}[r.correct],
                 "node": r.node or "-",
+                **{label: _value(r.extra.get(key), fmt) for key, label, fmt in extra},
             }
             table.add_row(*(values[c] for c in cols))
         console.print(table)
@@ -200,8 +229,38 @@ def _timeseries_plots(plt: Any, series: list[tuple[str, dict[str, Any]]]) -> lis
     return out
 
 
+def _scaling_plots(plt: Any, scaling: list[tuple[str, str, list[Any]]]) -> list[tuple[str, str]]:
+    """One figure per declared (shape key, metric): a line per backend/config and other shape keys."""
+    out = []
+    for x_key, metric, trials in scaling:
+        lines: dict[str, list[tuple[float, float]]] = {}
+        for t in trials:
+            y = (t.metrics or {}).get(metric)
+            if t.status != "ok" or x_key not in t.shape or not isinstance(y, int | float):
+                continue
+            rest = " ".join(f"{k}={v}" for k, v in t.shape.items() if k != x_key)
+            label = f"{t.backend} {_fmt_point(t.config) if t.config else ''} {rest}".strip()
+            lines.setdefault(label, []).append((t.shape[x_key], y))
+        lines = {k: sorted(v) for k, v in lines.items() if len(v) > 1}
+        if not lines:
+            continue
+        fig, ax = plt.subplots(figsize=(9, 4))
+        for label, points in lines.items():
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel(x_key)
+        ax.set_ylabel(metric)
+        ax.legend(fontsize=6)
+        out.append((f"{metric} against {x_key}", _png(fig)))
+        plt.close(fig)
+    return out
+
+
 def _plots(
-    rows: list[Row], device_name: str | None, trials_series: list[tuple[str, dict[str, Any]]]
+    rows: list[Row],
+    device_name: str | None,
+    trials_series: list[tuple[str, dict[str, Any]]],
+    scaling: list[tuple[str, str, list[Any]]] = (),
 ) -> list[tuple[str, str]]:
     import matplotlib
 
@@ -211,7 +270,7 @@ def _plots(
     timed = [r for r in rows if r.median_ms]
     out: list[tuple[str, str]] = []
     if not timed:
-        return _timeseries_plots(plt, trials_series)
+        return _timeseries_plots(plt, trials_series) + _scaling_plots(plt, list(scaling))
     shapes = list(dict.fromkeys(r.shape for r in timed))
 
     fig, ax = plt.subplots(figsize=(9, 0.35 * len(timed) + 1.5))
@@ -247,6 +306,8 @@ def _plots(
         plt.close(fig)
 
     for title, png in _timeseries_plots(plt, trials_series):
+        out.append((title, png))
+    for title, png in _scaling_plots(plt, scaling):
         out.append((title, png))
 
     with_tp = [r for r in timed if r.tflops is not None]
@@ -291,9 +352,11 @@ def render_html(store: Store, job_id: int) -> str:
         "speedup",
         "TFLOPS",
         "GB/s",
-        "correct",
-        "node",
     ]
+    extra = [
+        (k, label, fmt) for k, label, fmt in _family_view(job.family)[0] if any(k in r.extra for r in rows)
+    ]
+    head += [label for _k, label, _fmt in extra] + ["correct", "node"]
     body = []
     for r in rows:
         vals = [
@@ -308,6 +371,7 @@ def render_html(store: Store, job_id: int) -> str:
             _num(r.speedup, ".2f"),
             _num(r.tflops, ".3f"),
             _num(r.gbps, ".2f"),
+            *(_value(r.extra.get(k), fmt) for k, _label, fmt in extra),
             {True: "pass", False: "FAIL", None: "-"}[r.correct],
             r.node or "-",
         ]
@@ -318,8 +382,11 @@ def render_html(store: Store, job_id: int) -> str:
         for t in store.trials(job_id)
         if t.metrics and isinstance(t.metrics.get("timeseries"), dict)
     ]
+    trials = store.trials(job_id)
+    scaling = [(x, metric, trials) for x, metric in _family_view(job.family)[1]]
     plots = "".join(
-        f"<h2>{esc(t)}</h2><img src='data:image/png;base64,{p}'/>" for t, p in _plots(rows, device, series)
+        f"<h2>{esc(t)}</h2><img src='data:image/png;base64,{p}'/>"
+        for t, p in _plots(rows, device, series, scaling)
     )
     env_items = "".join(
         f"<li>{esc(e.host)}: {esc(e.device_name)} ({esc(e.device_kind)}), torch "

@@ -7,6 +7,10 @@ A family is a module `kernels/<name>/case.py` exposing `FAMILY`, an object with:
   def validate(shape, config, dtype, backend) -> None   raise ValueError naming the bad field
   def cost(shape, dtype) -> Cost      FLOPs and bytes moved, for throughput figures
   def run(req: TrialRequest) -> TrialOutcome
+Optional, for reports:
+  report_metrics: tuple[(metric key, column label, format spec), ...]   extra columns in reports
+  scaling: tuple[(shape key, metric key), ...]   plot the metric against that shape key, one line per
+                                                 backend/config and value of the other shape keys
 The farm (cluster/, jobs/) only ever talks to a family through this surface. Nothing here imports
 Ray, a database or HTTP.
 """

@@ -232,6 +232,14 @@ class AttentionFamily:
         "triton": "Triton kernels: flash-attention forward, split-KV decode, top-k sparse gather",
     }
     shape_keys = REQUIRED_KEYS
+    report_metrics = (
+        ("latency_per_token_us", "us/token", ".2f"),
+        ("cos_diff", "cos diff", ".1e"),
+        ("lse_max_abs_err", "lse err", ".1e"),
+        ("occupancy", "occupancy", ".2f"),
+        ("l2_hit_rate_pct", "L2 hit %", ".1f"),
+    )
+    scaling = (("batch", "latency_per_token_us"),)
     optional_shape_keys = OPTIONAL_KEYS
 
     def validate(self, shape: dict[str, Any], config: dict[str, Any], dtype: str, backend: str) -> None:

@@ -82,3 +82,35 @@ def test_html_report_plots_a_recorded_time_series(tmp_path):
     page = report.render_html(store, job)
     assert "cache over the trace (noop n=0)" in page
     assert page.count("<img") == 2  # the time per config, and the series
+
+
+def test_family_report_columns_and_scaling_plot(tmp_path):
+    from rich.console import Console
+
+    from jobs.spec import load_spec
+
+    store = Store(str(tmp_path / "f.db"))
+    spec = load_spec("jobs/specs/attention_cpu.yaml")
+    job = store.create_job(
+        name=spec.name,
+        family=spec.family,
+        spec_yaml="",
+        spec_hash=spec.spec_hash(),
+        trials=spec.trials(),
+        git_commit=None,
+    )
+    decode = [t for t in store.trials(job) if t.shape["mode"] == "decode"]
+    store.record_results(
+        [
+            _result(
+                t.id, [1000 * t.shape["batch"]], metrics={"latency_per_token_us": 10.0 / t.shape["batch"]}
+            )
+            for t in decode
+        ]
+    )
+    console = Console(record=True, width=250)
+    report.render_terminal(store, job, console)
+    text = console.export_text()
+    assert "us/token" in text and "2.50" in text  # 10 / batch 4
+    page = report.render_html(store, job)
+    assert "latency_per_token_us against batch" in page
