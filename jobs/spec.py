@@ -70,6 +70,7 @@ def _matches(point: Point, rule: Point) -> bool:
 class Backend(_Strict):
     name: str = Field(min_length=1)
     baseline: bool = False
+    shapes: Grid | None = None  # overrides the spec's shape grid for this backend
     configs: Grid | None = None  # overrides the spec's config grid for this backend
 
 
@@ -152,8 +153,8 @@ class Trial:
 
 
 def _expand(spec: SweepSpec) -> Iterator[Trial]:
-    shapes = spec.shapes.points()
     for backend in spec.backends:
+        shapes = (backend.shapes or spec.shapes).points()
         configs = (backend.configs or spec.configs).points()
         for shape, config, dtype in itertools.product(shapes, configs, spec.dtypes):
             yield Trial(spec.family, backend.name, shape, config, dtype, backend.baseline)
@@ -226,14 +227,16 @@ def _check_against_family(spec: SweepSpec, source: str) -> None:
                 f"backends[{i}].name: unknown backend for family {spec.family} (known: {known}) "
                 f"(got {b.name!r})"
             )
-    if not spec.shapes.points():
-        problems.append("shapes: the grid expands to no points after exclude")
+    for i, b in enumerate(spec.backends):
+        where = f"backends[{i}].shapes" if b.shapes is not None else "shapes"
+        if not (b.shapes or spec.shapes).points():
+            problems.append(f"{where}: the grid expands to no points after exclude")
     for i, b in enumerate(spec.backends):
         where = f"backends[{i}].configs" if b.configs is not None else "configs"
         if not (b.configs or spec.configs).points():
             problems.append(f"{where}: the grid expands to no points after exclude")
     if problems:
-        raise SpecError(source, problems)
+        raise SpecError(source, list(dict.fromkeys(problems)))
     seen: set[str] = set()
     for t in spec.trials():
         try:

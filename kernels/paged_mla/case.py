@@ -310,6 +310,13 @@ def _call_with_memory(
 
 
 def _run_decode(req: TrialRequest) -> TrialOutcome:
+    if req.backend == "flash_mla":
+        from kernels.paged_mla.flash_mla_adapter import FlashMLAUnavailable, load_flash_mla
+
+        try:
+            load_flash_mla()
+        except FlashMLAUnavailable as err:  # a host without the library: not run, and no failure
+            return TrialOutcome(status="skipped", error=str(err))
     device = torch.device(req.device)
     shape = req.shape
     seqlens = shape_seqlens(shape)

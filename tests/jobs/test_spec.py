@@ -158,3 +158,27 @@ shapes: {include: [{m: 1, n: 2, k: 3}, {m: 4, n: 5, k: 6}]}
 """)
     assert spec.shapes.points() == [{"m": 1, "n": 2, "k": 3}, {"m": 4, "n": 5, "k": 6}]
     assert spec.baseline == "torch_fp32"
+
+
+def test_backend_shape_grid_overrides_the_spec_grid(tmp_path):
+    spec = loads_spec("""
+name: p
+family: probe
+backends:
+  - {name: noop, baseline: true}
+  - {name: spin, shapes: {grid: {n: [7]}}, configs: {grid: {ms: [1]}}}
+shapes: {grid: {n: [0, 1]}}
+""")
+    assert sorted((t.backend, t.shape["n"]) for t in spec.trials()) == [("noop", 0), ("noop", 1), ("spin", 7)]
+    err = _error(
+        tmp_path,
+        """
+name: p
+family: probe
+backends:
+  - {name: noop, baseline: true}
+  - {name: spin, shapes: {grid: {n: [7]}, exclude: [{n: 7}]}}
+shapes: {grid: {n: [0, 1]}}
+""",
+    )
+    assert "backends[1].shapes: the grid expands to no points after exclude" in str(err)
