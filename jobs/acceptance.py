@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from jobs import baselines
@@ -242,10 +243,10 @@ def render(acc: Acceptance, console: Console) -> None:
         style = _STYLE[r.outcome]
         table.add_row(
             r.check,
-            r.label,
+            escape(r.label),
             f"[{style}]{r.outcome}[/{style}]",
-            r.result.reason,
-            _numbers_text(r.result.numbers),
+            escape(r.result.reason),
+            escape(_numbers_text(r.result.numbers)),
         )
     console.print(table)
     counts = " ".join(f"{k} {v}" for k, v in sorted(acc.counts().items()))

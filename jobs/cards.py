@@ -15,7 +15,11 @@ and an `assertions` list naming the checks the CI step runs, in order. Every che
   resources    register spills and occupancy against the limits / the baseline   resources
 
 CPU timings are labelled as such and are noisier than a GPU's: the `cpu` section overrides max_slowdown
-and max_cv when the trial ran on a CPU. Unknown keys are errors; every error names the file and field.
+and max_cv when the trial ran on a CPU. `trim_outliers` (never | cpu | always; default cpu) drops far
+outliers, samples above Q3 + 3 IQR (a call the OS preempted), before the regression comparison and the
+stability check; the medians barely move, the dispersion stops being one preemption's, and the number
+dropped is reported with the numbers (above MAX_TRIMMED of the samples, stability is not accepted).
+Unknown keys are errors; every error names the file and field.
 """
 
 from __future__ import annotations
@@ -114,6 +118,7 @@ class Card(_Strict):
     stability: Stability | None = None
     resources: Resources | None = None
     cpu: CpuOverrides = Field(default_factory=CpuOverrides)
+    trim_outliers: Literal["never", "cpu", "always"] = "cpu"
 
     @model_validator(mode="after")
     def _sections_present(self) -> Card:
@@ -133,6 +138,9 @@ class Card(_Strict):
     def max_slowdown(self, on_cpu: bool) -> float:
         assert self.performance is not None
         return (self.cpu.max_slowdown if on_cpu else None) or self.performance.max_slowdown
+
+    def trims(self, on_cpu: bool) -> bool:
+        return self.trim_outliers == "always" or (self.trim_outliers == "cpu" and on_cpu)
 
     def max_cv(self, on_cpu: bool) -> float | None:
         base = self.stability.max_cv if self.stability else None

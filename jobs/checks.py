@@ -9,6 +9,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from jobs.cards import Card
 from jobs.store import Environment, Trial
 from kernels.hardware import limits_for
@@ -16,6 +18,19 @@ from kernels.measure.stats import Comparison, compare
 
 PASS, FAIL, AMBIGUOUS, SKIP = "pass", "fail", "ambiguous", "skip"
 DEFAULT_MAX_CV = 0.02  # the noise limit of a comparison when the card has no stability section
+TUKEY_FAR = 3.0  # samples above Q3 + 3 IQR are far outliers
+MAX_TRIMMED = 0.2  # more far outliers than this fraction: the measurement is not stable
+
+
+def trim(samples: list[int]) -> tuple[list[int], int]:
+    """The samples without far outliers above Q3 + 3 IQR, and how many were dropped."""
+    if len(samples) < 8:
+        return list(samples), 0
+    x = np.asarray(samples, dtype=np.float64)
+    q1, q3 = np.percentile(x, [25, 75])
+    fence = q3 + TUKEY_FAR * (q3 - q1)
+    kept = [s for s in samples if s <= fence]
+    return kept, len(samples) - len(kept)
 
 
 @dataclass
@@ -31,6 +46,12 @@ class Context:
     @property
     def on_cpu(self) -> bool:
         return self.env is None or self.env.device_kind != "gpu"
+
+    def timings(self, trial_id: int) -> tuple[list[int], int]:
+        """The raw samples the verdict uses (far outliers dropped when the card trims) and the count
+        dropped."""
+        raw = self.samples(trial_id)
+        return trim(raw) if self.card.trims(self.on_cpu) else (raw, 0)
 
 
 @dataclass
@@ -96,9 +117,11 @@ def comparison(c: Context) -> tuple[Comparison, dict[str, Any]] | str:
         return f"baseline trial #{c.baseline.id} is {c.baseline.status}"
     perf = c.card.performance
     assert perf is not None
+    base, base_dropped = c.timings(c.baseline.id)
+    cand, cand_dropped = c.timings(c.trial.id)
     result = compare(
-        c.samples(c.baseline.id),
-        c.samples(c.trial.id),
+        base,
+        cand,
         min_effect=c.card.max_slowdown(c.on_cpu),
         alpha=perf.alpha,
         max_cv=c.card.max_cv(c.on_cpu) or DEFAULT_MAX_CV,
@@ -108,6 +131,7 @@ def comparison(c: Context) -> tuple[Comparison, dict[str, Any]] | str:
         "baseline_job": c.baseline.job_id,
         "baseline_median_ns": c.baseline.median_ns,
         "median_ns": c.trial.median_ns,
+        "outliers_dropped": [base_dropped, cand_dropped],
         **result.to_dict(),
     }
     return result, numbers
@@ -189,14 +213,23 @@ def memory(c: Context) -> Outcome:
 def stability(c: Context) -> Outcome:
     sec = c.card.stability
     assert sec is not None
-    cv = _number((c.trial.summary or {}).get("cv"))
+    kept, dropped = c.timings(c.trial.id)
     limit = c.card.max_cv(c.on_cpu) or sec.max_cv
-    if cv is None:
-        return Outcome(SKIP, "no samples")
-    numbers = {"cv": cv, "max_cv": limit, "n": (c.trial.summary or {}).get("n"), "cpu": c.on_cpu}
+    if len(kept) < 2:
+        return Outcome(SKIP, "fewer than two samples")
+    x = np.asarray(kept, dtype=np.float64)
+    cv = float(x.std(ddof=1) / x.mean())
+    n = len(kept) + dropped
+    numbers = {"cv": cv, "max_cv": limit, "n": n, "outliers_dropped": dropped, "cpu": c.on_cpu}
+    numbers["cv_raw"] = _number((c.trial.summary or {}).get("cv"))
+    if dropped > MAX_TRIMMED * n:
+        text = f"{dropped} of {n} samples are far outliers (> {MAX_TRIMMED:.0%}): too noisy to back a verdict"
+        return Outcome(sec.on_exceed, text, numbers, "noisy")
+    trimmed = f" ({dropped} far outliers dropped)" if dropped else ""
     if cv <= limit:
-        return Outcome(PASS, f"cv {cv:.2%} <= {limit:.2%}", numbers)
-    return Outcome(sec.on_exceed, f"cv {cv:.2%} > {limit:.2%}: too noisy to back a verdict", numbers, "noisy")
+        return Outcome(PASS, f"cv {cv:.2%} <= {limit:.2%}{trimmed}", numbers)
+    text = f"cv {cv:.2%} > {limit:.2%}{trimmed}: too noisy to back a verdict"
+    return Outcome(sec.on_exceed, text, numbers, "noisy")
 
 
 def _walk(value: Any, key: str) -> Iterator[Any]:
