@@ -161,6 +161,8 @@ def render_terminal(store: Store, job_id: int, console: Console | None = None) -
     ]
     cols += ["status", "median ms", "spread", "n", "speedup", "TFLOPS", "GB/s"]
     cols += [label for _key, label, _fmt in extra] + ["correct", "node"]
+    if not console.is_terminal:  # a file or a pipe: wide enough that no column is cut
+        console.width = max(console.width, 14 * len(cols) + 20)
     for shape in dict.fromkeys(r.shape for r in rows):
         table = Table(
             title=f"shape {shape}" + (f" ({dtypes[0]})" if len(dtypes) == 1 else ""), title_justify="left"

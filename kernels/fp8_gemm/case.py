@@ -52,6 +52,8 @@ class Fp8GemmFamily:
         "deep_gemm": "DeepGEMM library (GPU hosts with deep_gemm installed)",
     }
     shape_keys = ("m", "n", "k")
+    report_metrics = (("calc_diff", "calc_diff", ".1e"), ("spread_cv", "cv", ".3f"))
+    scaling = (("m", "tflops"),)
 
     def validate(self, shape: dict[str, Any], config: dict[str, Any], dtype: str, backend: str) -> None:
         if set(shape) != set(self.shape_keys):

@@ -84,6 +84,15 @@ class PagedMLAFamily:
         "cache_trace": "multi-turn trace replayed through the KV cache manager (hit rate, evictions, memory)",
     }
     shape_keys = SHAPE_KEYS
+    report_metrics = (
+        ("num_splits", "splits", ""),
+        ("hbm_fraction", "of HBM", ".1%"),
+        ("page_hit_rate", "hit rate", ".2f"),
+        ("evictions", "evictions", "d"),
+        ("fragmentation_pct", "frag %", ".1f"),
+        ("bytes_per_token", "B/token", ".0f"),
+    )
+    scaling = (("seqlen", "gbps"),)
 
     def validate(self, shape: dict[str, Any], config: dict[str, Any], dtype: str, backend: str) -> None:
         _validate_shape(shape)
