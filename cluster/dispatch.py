@@ -119,7 +119,7 @@ class Dispatcher:
         slot.start_deadline = time.monotonic() + self.opt.start_timeout_s
 
     def _kill(self, slot: _Slot) -> list[WorkItem]:
-        """Kill the slot's actor; return the trials queued on it that never started."""
+        """Kill the slot's actor; return every trial that was in flight on it, in call order."""
         if slot.actor is not None:
             ray.kill(slot.actor, no_restart=True)
         for call in slot.inflight:
@@ -140,9 +140,6 @@ class Dispatcher:
         self.listener.worker_lost(slot.name, reason, retired)
         if not retired:
             self._start(slot)
-
-    def live_actors(self) -> dict[str, Any]:
-        return {s.name: s.actor for s in self.slots if s.ready}
 
     def shutdown(self) -> None:
         for slot in self.slots:
