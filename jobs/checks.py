@@ -78,6 +78,8 @@ def _number(value: Any) -> float | None:
 
 def completes(c: Context) -> Outcome:
     t = c.trial
+    if t.status in ("pruned", "skipped"):  # finished without running, by design: not a failure
+        return Outcome(SKIP, f"{t.status}: {(t.error or '').strip()[:200]}", {"status": t.status})
     if t.status in ("ok", "incorrect"):
         return Outcome(PASS, f"finished ({t.status}), attempt {t.attempt}", {"attempt": t.attempt})
     last = (t.error or "").strip().splitlines()[-1:] or [""]

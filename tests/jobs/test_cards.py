@@ -112,6 +112,8 @@ def test_unfinished_trials_fail_completes_and_skip_the_rest():
     r = run_check("completes", _ctx("paged_mla", hung))
     assert r.outcome == "fail" and r.anomaly == "timeout"
     assert run_check("correctness", _ctx("paged_mla", hung)).outcome == "skip"
+    pruned = _trial(status="pruned", error="pruned: shared memory 300 KB > 227 KB")
+    assert run_check("completes", _ctx("paged_mla", pruned)).outcome == "skip"
 
 
 def test_correctness_metric_limits_and_nan_fail():
