@@ -35,6 +35,7 @@ from gateway.keys import KeyInfo, KeyStore, utcnow
 from gateway.ledger import LedgerWriter, tokens_used_today
 from gateway.limits import LimitExceeded, Limits
 from gateway.metrics import GatewayMetrics
+from gateway.summaries import SUMMARIES_PATH, SummaryBatcher
 from gateway.upstream import UpstreamClient, UpstreamResult, UpstreamTimeout, UpstreamUnreachable
 from gateway.usage import Api, StreamUsage, estimate_output_tokens, estimate_tokens, usage_from_body
 
@@ -80,7 +81,7 @@ class Record:
         "request_id", "ts", "t0", "endpoint", "project", "key_id", "public_model", "model_label",
         "upstream_model", "provider", "task", "task_label", "session_id", "stream", "status",
         "http_status", "error_class", "retries", "input_tokens", "output_tokens", "estimated",
-        "upstream_t0", "upstream_end", "ttft", "queue_wait", "upstream_request_id",
+        "upstream_t0", "upstream_end", "ttft", "queue_wait", "upstream_request_id", "batch_size",
     )  # fmt: skip
 
     def __init__(self, endpoint: str) -> None:
@@ -102,6 +103,7 @@ class Record:
         self.upstream_end: float | None = None
         self.ttft: float | None = None
         self.queue_wait = 0.0
+        self.batch_size: int | None = None
 
 
 def _bad_request(message: str, error_class: str = "bad_request") -> GatewayError:
@@ -147,6 +149,8 @@ class Gateway:
         self.limits = Limits(self.settings.projects, await tokens_used_today(self.engine))
         self.metrics.bind_limits(self.limits)
         for name, cfg in self.settings.providers.items():
+            if cfg.kind == "local":  # the offline drafter: nothing to connect to
+                continue
             api_key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
             if cfg.api_key_env and not api_key:
                 log.warning("provider %s: environment variable %s is not set", name, cfg.api_key_env)
@@ -317,7 +321,12 @@ class Gateway:
                 code="model_not_allowed",
             )
         rec.model_label = head.model
-        client = self.clients[route.provider]
+        client = self.clients.get(route.provider)
+        if client is None:  # a `local` provider: the offline drafter serves the summaries endpoint only
+            raise _bad_request(
+                f"model {head.model!r} is the offline drafter: call it through {SUMMARIES_PATH}",
+                "wrong_endpoint",
+            )
         if (client.cfg.kind == "anthropic") != (ep.style == "anthropic"):
             raise _bad_request(
                 f"model {head.model!r} is served by a {client.cfg.kind} provider and cannot be called "
@@ -591,6 +600,7 @@ class Gateway:
                 "upstream_ms": upstream_s * 1000 if upstream_s is not None else None,
                 "ttft_ms": rec.ttft * 1000 if rec.ttft is not None else None,
                 "queue_wait_ms": rec.queue_wait * 1000,
+                "batch_size": rec.batch_size,
             }
         )
         m = self.metrics
@@ -630,6 +640,9 @@ def create_app(
     app.router.add_post("/v1/messages", gw.handler(MESSAGES))
     app.router.add_post("/v1/messages/count_tokens", gw.handler(COUNT_TOKENS))
     app.router.add_get("/v1/models", gw.models_route)
+    summaries = SummaryBatcher(gw)
+    app.on_cleanup.insert(0, summaries.stop)
+    app.router.add_post(SUMMARIES_PATH, summaries.handle)
     app.router.add_get("/metrics", gw.metrics_route)
     app.router.add_get("/healthz", gw.healthz)
     app.router.add_get("/readyz", gw.readyz)

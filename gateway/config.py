@@ -27,12 +27,31 @@ class _Strict(BaseModel):
 class ProviderConfig(_Strict):
     """An upstream API. ``base_url`` includes the version prefix, e.g. ``https://api.openai.com/v1``."""
 
-    kind: Literal["openai", "anthropic"]
-    base_url: str = Field(min_length=1)
+    # local: the built-in offline drafter of gateway.drafter_local (no network; base_url unused)
+    kind: Literal["openai", "anthropic", "local"]
+    base_url: str = ""
     api_key_env: str | None = None
     connect_timeout_s: float = Field(10.0, gt=0)
     read_timeout_s: float = Field(120.0, gt=0)
     max_connections: int = Field(256, ge=1)
+
+    @model_validator(mode="after")
+    def _needs_url(self) -> ProviderConfig:
+        if self.kind != "local" and not self.base_url:
+            raise ValueError(f"base_url: required for a provider of kind {self.kind!r}")
+        return self
+
+
+class SummariesConfig(_Strict):
+    """The summary batcher (gateway.summaries): one model call per project, task and model per window."""
+
+    window_ms: float = Field(50.0, ge=0, le=10_000)
+    max_items: int = Field(32, ge=1, le=1000)  # anomalies per model call; a full batch goes at once
+    checklist_max_tokens: int = Field(1000, ge=800, le=1200)
+    log_summary_max_tokens: int = Field(2000, ge=1500, le=2500)
+    temperature: float = Field(0.1, ge=0, le=1)
+    cache_entries: int = Field(4096, ge=0)  # answers kept by content hash (LRU); 0: no cache
+    max_anomalies_per_request: int = Field(200, ge=1)
 
 
 class ModelRoute(_Strict):
@@ -76,6 +95,7 @@ class GatewaySettings(BaseSettings):
     models: dict[str, ModelRoute] = Field(default_factory=dict)
     projects: dict[str, ProjectConfig] = Field(default_factory=dict)
     retry: RetryConfig = Field(default_factory=RetryConfig)
+    summaries: SummariesConfig = Field(default_factory=SummariesConfig)
     ledger_flush_interval_s: float = Field(0.25, gt=0)
     ledger_batch_size: int = Field(500, ge=1)
     key_cache_ttl_s: float = Field(5.0, ge=0)

@@ -14,6 +14,8 @@ from sqlalchemy import (
     String,
     Table,
     event,
+    inspect,
+    text,
 )
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -59,7 +61,12 @@ ledger = Table(
     Column("upstream_ms", Float, nullable=True),
     Column("ttft_ms", Float, nullable=True),
     Column("queue_wait_ms", Float, nullable=False, default=0.0),
+    # summaries endpoint: anomalies sent in this model call (None for the proxied endpoints)
+    Column("batch_size", Integer, nullable=True),
 )
+
+# Columns added after the first release: (table, column, SQL type); added to an existing table at start.
+_ADDED_COLUMNS = (("gateway_ledger", "batch_size", "INTEGER"),)
 
 
 def create_engine(url: str) -> AsyncEngine:
@@ -84,3 +91,11 @@ def create_engine(url: str) -> AsyncEngine:
 async def create_tables(engine: AsyncEngine) -> None:
     async with engine.begin() as conn:
         await conn.run_sync(metadata.create_all)
+        await conn.run_sync(_add_missing_columns)
+
+
+def _add_missing_columns(conn) -> None:
+    insp = inspect(conn)
+    for table, column, sql_type in _ADDED_COLUMNS:
+        if column not in {c["name"] for c in insp.get_columns(table)}:
+            conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {column} {sql_type}"))

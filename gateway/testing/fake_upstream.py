@@ -13,6 +13,7 @@ import asyncio
 import json
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -57,6 +58,10 @@ class FakeUpstream:
         self.latency_s = latency_s
         self.record = record
         self.faults: deque[Fault] = deque()
+        # Non-streamed chat/messages answer text: called with the request body; None: numbered words.
+        # A queue of texts (``replies``) is used first, one per request.
+        self.reply: Callable[[dict], str] | None = None
+        self.replies: deque[str] = deque()
         self.seen: list[Seen] = []
         self.usage_log: list[tuple[str, bool, int, int]] = []  # (path, stream, input, output)
         self.in_flight = 0
@@ -169,6 +174,11 @@ class FakeUpstream:
         await resp.write_eof()
         return resp
 
+    def _text(self, body: dict, words: list[str]) -> str:
+        if self.replies:
+            return self.replies.popleft()
+        return self.reply(body) if self.reply is not None else "".join(words)
+
     def _log(self, path: str, stream: bool, inp: int, out: int) -> None:
         self.usage_log.append((path, stream, inp, out))
 
@@ -187,7 +197,7 @@ class FakeUpstream:
         usage = {"prompt_tokens": inp, "completion_tokens": out, "total_tokens": inp + out}
         if not stream:
             self._log("chat", False, inp, out)
-            msg = {"role": "assistant", "content": "".join(words), "refusal": None}
+            msg = {"role": "assistant", "content": self._text(body, words), "refusal": None}
             obj = {
                 "id": cid,
                 "object": "chat.completion",
@@ -317,7 +327,12 @@ class FakeUpstream:
             "type": "message",
             "role": "assistant",
             "model": model,
-            "content": [{"type": "text", "text": "".join(words)}],
+            "content": [
+                {
+                    "type": "text",
+                    "text": self._text(body, words) if not body.get("stream") else "".join(words),
+                }
+            ],
             "stop_reason": "end_turn",
             "stop_sequence": None,
             "usage": {"input_tokens": inp, "output_tokens": out},

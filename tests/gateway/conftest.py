@@ -48,7 +48,7 @@ def make_settings(fake: FakeUpstream, db_path: Path, **overrides) -> GatewaySett
         "an": {"kind": "anthropic", "base_url": fake.base_url, "read_timeout_s": 5, "connect_timeout_s": 2},
     }
     for name, extra in overrides.pop("providers", {}).items():
-        providers[name] = {**providers[name], **extra}
+        providers[name] = {**providers.get(name, {}), **extra}
     data = {
         "host": "127.0.0.1",
         "port": 0,

@@ -1,0 +1,86 @@
+"""The fixed formats of the summaries endpoint: compressed anomalies in, drafts out (pydantic).
+
+The farm sends only these fields (never raw logs or code); the model answers only drafts. Shared by
+gateway.summaries (the batcher) and gateway.drafter_local (the offline drafter).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Task = Literal["checklist", "log_summary"]
+TASKS: tuple[str, ...] = ("checklist", "log_summary")
+Scalar = str | int | float | bool | None
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Interface(_In):
+    family: str = Field(min_length=1, max_length=64)
+    backend: str = Field(min_length=1, max_length=64)
+    signature: str = Field("", max_length=1000)
+
+
+class ExpectedMetric(_In):
+    """A card threshold next to the measured value, e.g. ratio <= 1.05, measured 1.31."""
+
+    metric: str = Field(min_length=1, max_length=100)
+    expected: str = Field(max_length=200)  # "<= 1.05", ">= 50% of HBM", "pass"
+    measured: Scalar = None
+
+
+class AnomalyIn(_In):
+    """One compressed anomaly. ``id`` is the caller's own label; drafts name it back."""
+
+    id: str = Field(min_length=1, max_length=64)
+    fingerprint: str = Field(min_length=1, max_length=64)
+    kind: str = Field(min_length=1, max_length=32)
+    severity: str = Field("error", max_length=16)
+    message: str = Field("", max_length=2000)
+    interface: Interface
+    config_diff: dict[str, Any] = Field(default_factory=dict)
+    log_excerpt: str = Field("", max_length=16_384)
+    expected_metrics: list[ExpectedMetric] = Field(default_factory=list, max_length=64)
+    prohibitions: list[str] = Field(default_factory=list, max_length=16)
+
+    def content_hash(self) -> str:
+        """What the anomaly says, without the caller's label: equal content, equal hash."""
+        body = self.model_dump(mode="json", exclude={"id"})
+        return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+class SummaryRequest(_In):
+    task: Task
+    model: str | None = Field(None, min_length=1)
+    anomalies: list[AnomalyIn] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> SummaryRequest:
+        seen: set[str] = set()
+        for i, a in enumerate(self.anomalies):
+            if a.id in seen:
+                raise ValueError(f"anomalies.{i}.id: {a.id!r} is used twice")
+            seen.add(a.id)
+        return self
+
+
+class Draft(BaseModel):
+    """One draft a kernel engineer edits. Extra keys from a model are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+    assertion: str = Field(min_length=1, max_length=2000)
+    verify_how: str = Field(min_length=1, max_length=2000)
+    failure_signature: str = Field(min_length=1, max_length=1000)
+    needs_local_profiler: bool
+    anomaly_ids: list[str] = Field(min_length=1)
+
+
+class DraftList(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    drafts: list[Draft]

@@ -1,0 +1,228 @@
+"""The summaries endpoint: batching window, per-caller drafts, content-hash cache, repair, offline drafter."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+import pytest
+
+from gateway.summaries import SUMMARIES_PATH
+from gateway.summary_schema import AnomalyIn, Draft, DraftList
+
+pytestmark = pytest.mark.asyncio
+
+
+def anomaly(i: int, kind: str = "slower", **kw) -> dict:
+    base = {
+        "id": f"an-{i}",
+        "fingerprint": f"fp{i:04d}",
+        "kind": kind,
+        "severity": "error",
+        "message": f"median ratio 1.{i}",
+        "interface": {"family": "gemm", "backend": "triton", "signature": f"gemm.triton(m={i}, n=64, k=64)"},
+        "config_diff": {"BLOCK_M": [64, 128]},
+        "log_excerpt": f"12:00:0{i % 10} ERROR kernel slow on point {i}",
+        "expected_metrics": [{"metric": "ratio", "expected": "<= 1.05", "measured": 1.0 + i / 10}],
+        "prohibitions": ["no full kernel implementations"],
+    }
+    base.update(kw)
+    return base
+
+
+def model_reply(body: dict) -> str:
+    """What a well-behaved model answers: one draft per anomaly id it was sent."""
+    msgs = [m for m in body.get("messages", []) if m["role"] == "user"]
+    payload = json.loads(msgs[0]["content"].split("\n", 1)[1])
+    return json.dumps(
+        {
+            "drafts": [
+                {
+                    "assertion": f"{a['interface']['signature']} ratio <= 1.05",
+                    "verify_how": "farm accept JOB --confirm",
+                    "failure_signature": a["log_excerpt"],
+                    "needs_local_profiler": False,
+                    "anomaly_ids": [a["id"]],
+                }
+                for a in payload["anomalies"]
+            ]
+        }
+    )
+
+
+async def post(gw, body: dict, project: str = "alpha") -> tuple[int, dict]:
+    async with aiohttp.ClientSession() as s:
+        headers = {"Authorization": f"Bearer {gw.keys[project]}"}
+        async with s.post(gw.url + SUMMARIES_PATH, json=body, headers=headers) as r:
+            return r.status, await r.json()
+
+
+async def summary_rows(gw) -> list:
+    return [r for r in await gw.rows() if r["endpoint"] == "summaries"]
+
+
+async def test_concurrent_callers_share_one_model_call_and_get_their_own_drafts(start_gateway, fake):
+    fake.reply = model_reply
+    gw = await start_gateway(summaries={"window_ms": 5000, "max_items": 3})  # the 3rd anomaly fills it
+    bodies = [{"task": "checklist", "model": "gpt-fake", "anomalies": [anomaly(i)]} for i in range(3)]
+    results = await asyncio.gather(*(post(gw, b) for b in bodies))
+    assert fake.requests == 1
+    for i, (status, data) in enumerate(results):
+        assert status == 200, data
+        assert [d["anomaly_ids"] for d in data["drafts"]] == [[f"an-{i}"]]
+        assert f"m={i}," in data["drafts"][0]["assertion"]
+        assert data["batch"] == {"requests": 3, "items": 3, "request_ids": data["batch"]["request_ids"]}
+        assert data["offline"] is False and data["cached"] is False
+        assert data["usage"]["input_tokens"] > 0
+    sent = fake.seen[0].body
+    assert sent["max_tokens"] == 1000 and sent["temperature"] <= 0.2
+    assert sent["response_format"] == {"type": "json_object"}
+    rows = await summary_rows(gw)
+    assert len(rows) == 1
+    assert rows[0]["task"] == "checklist" and rows[0]["batch_size"] == 3 and rows[0]["status"] == "ok"
+    assert rows[0]["input_tokens"] == fake.usage_log[0][2]
+
+
+async def test_window_flushes_a_lone_caller_and_equal_anomalies_are_sent_once(start_gateway, fake):
+    fake.reply = model_reply
+    gw = await start_gateway(summaries={"window_ms": 20, "max_items": 50})
+    same = anomaly(7)
+    a = {"task": "log_summary", "model": "gpt-fake", "anomalies": [same]}
+    b = {"task": "log_summary", "model": "gpt-fake", "anomalies": [{**same, "id": "theirs"}, anomaly(8)]}
+    (sa, da), (sb, db) = await asyncio.gather(post(gw, a), post(gw, b))
+    assert sa == sb == 200
+    assert fake.requests == 1
+    sent = json.loads(fake.seen[0].body["messages"][1]["content"].split("\n", 1)[1])
+    assert len(sent["anomalies"]) == 2  # anomaly 7 once, under a batch-local id
+    assert fake.seen[0].body["max_tokens"] == 2000
+    assert [d["anomaly_ids"] for d in da["drafts"]] == [["an-7"]]
+    assert sorted(i for d in db["drafts"] for i in d["anomaly_ids"]) == ["an-8", "theirs"]
+
+
+async def test_identical_set_hits_the_cache(start_gateway, fake):
+    fake.reply = model_reply
+    gw = await start_gateway(summaries={"window_ms": 1})
+    body = {"task": "checklist", "model": "gpt-fake", "anomalies": [anomaly(1), anomaly(2)]}
+    s1, d1 = await post(gw, body)
+    relabelled = {**body, "anomalies": [{**anomaly(2), "id": "x"}, {**anomaly(1), "id": "y"}]}
+    s2, d2 = await post(gw, relabelled)
+    assert s1 == s2 == 200
+    assert fake.requests == 1
+    assert d2["cached"] is True and d2["usage"] == {"input_tokens": 0, "output_tokens": 0}
+    assert sorted(i for d in d2["drafts"] for i in d["anomaly_ids"]) == ["x", "y"]
+    assert len(await summary_rows(gw)) == 1
+
+
+async def test_invalid_answer_is_repaired_once(start_gateway, fake):
+    gw = await start_gateway(summaries={"window_ms": 1})
+    body = {"task": "checklist", "model": "gpt-fake", "anomalies": [anomaly(1)]}
+    fake.replies.extend(["Sure! Here are drafts: {drafts: oops"])
+    fake.reply = model_reply
+    status, data = await post(gw, body)
+    assert status == 200, data
+    assert fake.requests == 2
+    repair = fake.seen[1].body["messages"]
+    assert repair[-1]["role"] == "user" and "invalid" in repair[-1]["content"]
+    rows = await summary_rows(gw)
+    assert len(rows) == 2 and all(r["batch_size"] == 1 for r in rows)
+
+
+async def test_invalid_answer_twice_is_a_clear_error(start_gateway, fake):
+    gw = await start_gateway(summaries={"window_ms": 1})
+    fake.replies.extend(["not json at all", json.dumps({"drafts": [{"assertion": "x"}]})])
+    status, data = await post(gw, {"task": "checklist", "model": "gpt-fake", "anomalies": [anomaly(1)]})
+    assert status == 502
+    assert "after one repair attempt" in data["error"]["message"]
+    assert "verify_how" in data["error"]["message"]
+    assert fake.requests == 2
+    # not cached: the next try asks again
+    fake.reply = model_reply
+    status, _ = await post(gw, {"task": "checklist", "model": "gpt-fake", "anomalies": [anomaly(1)]})
+    assert status == 200 and fake.requests == 3
+
+
+async def test_anthropic_provider(start_gateway, fake):
+    fake.reply = model_reply
+    gw = await start_gateway(summaries={"window_ms": 1})
+    status, data = await post(gw, {"task": "checklist", "model": "claude-fake", "anomalies": [anomaly(3)]})
+    assert status == 200, data
+    assert fake.seen[0].path == "/v1/messages" and "drafts" in fake.seen[0].body["system"]
+    assert data["drafts"][0]["anomaly_ids"] == ["an-3"]
+
+
+@pytest.mark.parametrize(
+    "body, where",
+    [
+        ({"task": "essay", "anomalies": [anomaly(1)]}, "task"),
+        ({"task": "checklist", "anomalies": []}, "anomalies"),
+        ({"task": "checklist", "anomalies": [anomaly(1), anomaly(1)]}, "used twice"),
+        ({"task": "checklist", "anomalies": [{**anomaly(1), "raw_log": "x"}]}, "raw_log"),
+        ({"task": "checklist", "model": "gpt-beta", "anomalies": [anomaly(1)]}, "not allowed"),
+    ],
+)
+async def test_bad_requests_name_the_field(gateway, fake, body, where):
+    status, data = await post(gateway, body)
+    assert status in (400, 403)
+    assert where in data["error"]["message"]
+    assert fake.requests == 0
+
+
+async def test_missing_key_is_401(gateway):
+    async with aiohttp.ClientSession() as s:
+        async with s.post(gateway.url + SUMMARIES_PATH, json={"task": "checklist"}) as r:
+            assert r.status == 401
+
+
+OFFLINE = {
+    "providers": {"offline": {"kind": "local"}},
+    "models": {
+        "gpt-fake": {"provider": "oa", "upstream_model": "gpt-upstream"},
+        "gpt-beta": {"provider": "oa", "upstream_model": "gpt-beta"},
+        "claude-fake": {"provider": "an", "upstream_model": "claude-upstream"},
+        "offline": {"provider": "offline", "upstream_model": "rules"},
+    },
+    "projects": {"alpha": {"models": ["offline", "gpt-fake"]}},
+}
+
+
+@pytest.mark.parametrize("task", ["checklist", "log_summary"])
+async def test_offline_drafter_validates_and_is_deterministic(start_gateway, fake, task):
+    gw = await start_gateway(summaries={"window_ms": 1}, **OFFLINE)
+    anomalies = [anomaly(1), anomaly(2, kind="resource"), anomaly(3, kind="correctness", log_excerpt="")]
+    status, data = await post(gw, {"task": task, "anomalies": anomalies})  # default: the project's first
+    assert status == 200, data
+    assert data["offline"] is True and data["provider"] == "local"
+    assert fake.requests == 0
+    drafts = DraftList.model_validate(data).drafts
+    assert {i for d in drafts for i in d.anomaly_ids} == {"an-1", "an-2", "an-3"}
+    assert all(d.assertion.startswith("[offline]") for d in drafts)
+    from gateway.drafter_local import offline_drafts
+
+    models = [AnomalyIn.model_validate(a) for a in anomalies]
+    assert offline_drafts(models, task) == offline_drafts(models, task)
+    assert all(isinstance(d, Draft) for d in offline_drafts(models, task))
+    if task == "checklist":
+        by_id = {d.anomaly_ids[0]: d for d in drafts}
+        assert by_id["an-2"].needs_local_profiler is True
+        assert "ratio <= 1.05" in by_id["an-1"].assertion
+    rows = await summary_rows(gw)
+    assert rows[0]["provider"] == "local" and rows[0]["input_tokens"] == 0
+
+
+async def test_provider_without_its_key_falls_back_to_offline(start_gateway, fake, monkeypatch):
+    monkeypatch.delenv("FARM_TEST_MISSING_KEY", raising=False)
+    fake.reply = model_reply
+    gw = await start_gateway(
+        providers={"oa": {"api_key_env": "FARM_TEST_MISSING_KEY"}}, summaries={"window_ms": 1}
+    )
+    status, data = await post(gw, {"task": "checklist", "model": "gpt-fake", "anomalies": [anomaly(1)]})
+    assert status == 200 and data["offline"] is True and fake.requests == 0
+
+
+async def test_local_model_on_proxy_endpoint_is_refused(start_gateway, oai):
+    gw = await start_gateway(**OFFLINE)
+    import openai
+
+    with pytest.raises(openai.BadRequestError, match="offline drafter"):
+        await oai(gw).chat.completions.create(model="offline", messages=[{"role": "user", "content": "hi"}])
