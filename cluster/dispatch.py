@@ -278,6 +278,9 @@ class Dispatcher:
             for item in call.items:
                 item.attempts += 1
                 item.avoid.add(slot.name)
+                self.listener.trial_crashed(
+                    item, slot.name, f"{error} (in a batch of {len(call.items)})", False
+                )
             self._requeue_solo(call.items)
         else:
             item = call.items[0]
