@@ -53,7 +53,7 @@ def test_sweep_stores_every_trial_and_the_pruned_one_with_its_reason(sweeps):
     trials = store.trials(job_a)
     assert len(trials) == 2 * (1 + 3)
     pruned = [t for t in trials if t.config.get("num_stages") == 6]
-    assert len(pruned) == 2 and all(t.status == "error" for t in pruned)
+    assert len(pruned) == 2 and all(t.status == "pruned" for t in pruned)
     assert all(t.error.startswith("pruned: shared memory") and t.resources["model"]["pruned"] for t in pruned)
     others = [t for t in trials if t not in pruned]
     assert all(t.status == "ok" and t.correct for t in others), [(t.status, t.error) for t in others]
