@@ -203,6 +203,46 @@ class Failure(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime, default=now)
 
 
+# ---- drafts from the agent acceptance layer (jobs.drafts, through the gateway's summaries endpoint) ----
+
+
+class DraftRun(Base):
+    """One drafting of a job's anomalies: what was sent (sizes before and after compression), to which
+    model, what it cost. A new drafting of the job replaces the previous one."""
+
+    __tablename__ = "draft_runs"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    task: Mapped[str] = mapped_column(String(32))  # checklist | log_summary
+    model: Mapped[str | None] = mapped_column(String(128))
+    provider: Mapped[str | None] = mapped_column(String(64))
+    offline: Mapped[bool] = mapped_column(Boolean, default=False)
+    cached: Mapped[bool] = mapped_column(Boolean, default=False)
+    anomalies: Mapped[int] = mapped_column(Integer)  # anomalies of the job
+    sent: Mapped[int] = mapped_column(Integer)  # after folding duplicate fingerprints
+    raw_bytes: Mapped[int] = mapped_column(Integer)
+    compressed_bytes: Mapped[int] = mapped_column(Integer)
+    input_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    output_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    batch: Mapped[dict | None] = mapped_column(JSON)  # requests, items, gateway request ids
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=now)
+
+
+class Draft(Base):
+    """A draft an engineer edits; `fingerprints` names the anomalies it explains (stable across runs)."""
+
+    __tablename__ = "drafts"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("draft_runs.id", ondelete="CASCADE"), index=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    assertion: Mapped[str] = mapped_column(Text)
+    verify_how: Mapped[str] = mapped_column(Text)
+    failure_signature: Mapped[str] = mapped_column(Text)
+    needs_local_profiler: Mapped[bool] = mapped_column(Boolean, default=False)
+    fingerprints: Mapped[list] = mapped_column(JSON)
+    offline: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur = dbapi_conn.cursor()
     # WAL + NORMAL: a commit costs no fsync of the main file, and readers never block the writer.
@@ -501,3 +541,22 @@ class Store:
             if fingerprint is not None:
                 q = q.where(Failure.fingerprint == fingerprint)
             return list(s.scalars(q))
+
+    # ---- drafts ---------------------------------------------------------------------------------
+    def replace_drafts(self, job_id: int, run: dict[str, Any], drafts: Sequence[dict[str, Any]]) -> int:
+        """Store one drafting of the job (replacing the previous); returns the run id."""
+        with Session(self.engine) as s, s.begin():
+            s.execute(delete(DraftRun).where(DraftRun.job_id == job_id))
+            s.execute(delete(Draft).where(Draft.job_id == job_id))
+            row = DraftRun(job_id=job_id, **run)
+            s.add(row)
+            s.flush()
+            if drafts:
+                s.execute(insert(Draft), [{"run_id": row.id, "job_id": job_id, **d} for d in drafts])
+            return row.id
+
+    def drafts(self, job_id: int) -> tuple[DraftRun | None, list[Draft]]:
+        with Session(self.engine, expire_on_commit=False) as s:
+            run = s.scalar(select(DraftRun).where(DraftRun.job_id == job_id).order_by(DraftRun.id.desc()))
+            rows = list(s.scalars(select(Draft).where(Draft.job_id == job_id).order_by(Draft.id)))
+            return run, rows

@@ -1,0 +1,182 @@
+"""Drafts: a job's anomalies, compressed, sent through the gateway's summaries endpoint; drafts stored back.
+
+`draft_job(store, job_id)` compresses the job's stored anomalies (jobs.compress), sends them with the
+project's key through the openai SDK to ``POST <gateway>/v1/farm/summaries`` and stores the drafts with
+the job (tables draft_runs, drafts), with the sizes before and after compression and the tokens spent.
+The gateway is named by ``FARM_GATEWAY_URL`` (with or without /v1) and the key by ``FARM_GATEWAY_KEY``.
+Without them, the gateway's offline drafter runs in-process (marked offline), so the workflow runs with
+no gateway and no network. `render_drafts` prints them next to the anomalies they explain.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from jobs.compress import Compressed, LogSource, compress, facts_from_job
+from jobs.store import Store
+
+TASKS = ("checklist", "log_summary")
+SUMMARIES_PATH = "/farm/summaries"  # under the gateway's /v1
+
+
+@dataclass(frozen=True)
+class GatewayTarget:
+    base_url: str  # ends with /v1
+    api_key: str
+    model: str | None = None  # None: the project's first model
+    timeout_s: float = 180.0
+
+    @classmethod
+    def from_env(cls) -> GatewayTarget | None:
+        """FARM_GATEWAY_URL / FARM_GATEWAY_KEY (and FARM_GATEWAY_MODEL); None when the key is unset."""
+        key = os.environ.get("FARM_GATEWAY_KEY", "").strip()
+        if not key:
+            return None
+        url = os.environ.get("FARM_GATEWAY_URL", "http://127.0.0.1:8787/v1").rstrip("/")
+        if not url.endswith("/v1"):
+            url += "/v1"
+        return cls(url, key, os.environ.get("FARM_GATEWAY_MODEL") or None)
+
+
+class DraftsError(RuntimeError):
+    """The gateway refused or failed; the message says why (its own error message included)."""
+
+
+@dataclass
+class DraftOutcome:
+    job_id: int
+    run_id: int | None
+    compressed: Compressed
+    reply: dict[str, Any]
+
+    @property
+    def drafts(self) -> list[dict[str, Any]]:
+        return self.reply.get("drafts", [])
+
+
+def request_drafts(items: list[dict[str, Any]], task: str, target: GatewayTarget) -> dict[str, Any]:
+    """One call of the summaries endpoint with the openai SDK (retries 429/5xx with backoff)."""
+    import httpx
+    import openai
+
+    body: dict[str, Any] = {"task": task, "anomalies": items}
+    if target.model:
+        body["model"] = target.model
+    with openai.OpenAI(base_url=target.base_url, api_key=target.api_key, timeout=target.timeout_s) as client:
+        try:
+            resp = client.post(SUMMARIES_PATH, cast_to=httpx.Response, body=body)
+        except openai.APIStatusError as e:
+            raise DraftsError(f"gateway answered HTTP {e.status_code}: {e.message}") from None
+        except openai.APIConnectionError as e:
+            raise DraftsError(f"gateway at {target.base_url} unreachable: {e}") from None
+    return resp.json()
+
+
+def offline_reply(items: list[dict[str, Any]], task: str) -> dict[str, Any]:
+    """The gateway's offline drafter, run in-process (no gateway configured)."""
+    try:
+        from gateway.drafter_local import offline_drafts
+        from gateway.summary_schema import AnomalyIn
+    except ImportError as e:  # the farm runs without the gateway package
+        raise DraftsError("no gateway configured (FARM_GATEWAY_KEY) and no offline drafter installed") from e
+    drafts = offline_drafts([AnomalyIn.model_validate(i) for i in items], task)
+    return {
+        "drafts": [d.model_dump(mode="json") for d in drafts],
+        "model": "offline-drafter",
+        "provider": "local (in-process)",
+        "offline": True,
+        "cached": False,
+        "usage": {"input_tokens": 0, "output_tokens": 0},
+        "batch": None,
+    }
+
+
+def draft_job(
+    store: Store,
+    job_id: int,
+    *,
+    task: str = "checklist",
+    target: GatewayTarget | None = None,
+    use_env: bool = True,
+    logs: LogSource | None = None,
+) -> DraftOutcome:
+    """Compress the job's anomalies, get drafts (gateway, else offline in-process) and store them.
+    `target` None with `use_env` reads FARM_GATEWAY_URL/KEY. A job without anomalies stores nothing."""
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {TASKS} (got {task!r})")
+    if store.get_job(job_id) is None:
+        raise LookupError(f"no job {job_id} in {store.url}")
+    facts = facts_from_job(store, job_id, logs=logs)
+    packed = compress(facts)
+    if not packed.items:
+        return DraftOutcome(job_id, None, packed, {"drafts": []})
+    if target is None and use_env:
+        target = GatewayTarget.from_env()
+    reply = request_drafts(packed.items, task, target) if target else offline_reply(packed.items, task)
+    usage = reply.get("usage") or {}
+    offline = bool(reply.get("offline"))
+    run = {
+        "task": task,
+        "model": reply.get("model"),
+        "provider": reply.get("provider"),
+        "offline": offline,
+        "cached": bool(reply.get("cached")),
+        "anomalies": len(facts),
+        "sent": len(packed.items),
+        "raw_bytes": packed.raw_bytes,
+        "compressed_bytes": packed.compressed_bytes,
+        "input_tokens": int(usage.get("input_tokens") or 0),
+        "output_tokens": int(usage.get("output_tokens") or 0),
+        "batch": reply.get("batch"),
+    }
+    rows = [
+        {
+            "assertion": d["assertion"],
+            "verify_how": d["verify_how"],
+            "failure_signature": d["failure_signature"],
+            "needs_local_profiler": bool(d["needs_local_profiler"]),
+            "fingerprints": list(d["anomaly_ids"]),  # the ids sent are the fingerprints
+            "offline": offline,
+        }
+        for d in reply.get("drafts", [])
+    ]
+    run_id = store.replace_drafts(job_id, run, rows)
+    return DraftOutcome(job_id, run_id, packed, reply)
+
+
+def render_drafts(store: Store, job_id: int, console: Console) -> None:
+    """The job's drafts next to the anomalies they explain, with the tokens spent; nothing if none."""
+    run, drafts = store.drafts(job_id)
+    if run is None:
+        return
+    where = "offline drafter" if run.offline else f"{run.model} via {run.provider}"
+    console.print(
+        f"[bold]drafts[/bold] ({run.task}, {where}{', cached' if run.cached else ''}): {len(drafts)} for "
+        f"{run.anomalies} anomalies ({run.sent} sent), {run.raw_bytes:,} B raw -> "
+        f"{run.compressed_bytes:,} B compressed, tokens in {run.input_tokens:,} out {run.output_tokens:,}"
+    )
+    by_fp: dict[str, list[Any]] = {}
+    for a in store.anomalies(job_id):
+        by_fp.setdefault(a.fingerprint, []).append(a)
+    table = Table(show_lines=True)
+    for col in ("anomalies", "assertion", "verify how", "failure signature", "profiler"):
+        table.add_column(col, overflow="fold")
+    for d in drafts:
+        explained = [a for fp in d.fingerprints for a in by_fp.get(fp, [])]
+        label = "\n".join(f"{a.kind} ({a.severity}): {a.message[:80]}" for a in explained) or ", ".join(
+            fp[:12] for fp in d.fingerprints
+        )
+        table.add_row(
+            escape(label),
+            escape(d.assertion),
+            escape(d.verify_how),
+            escape(d.failure_signature),
+            "yes" if d.needs_local_profiler else "no",
+        )
+    console.print(table)
