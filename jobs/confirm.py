@@ -5,9 +5,9 @@ For each suspicious trial (a regression verdict of slower or ambiguous), `rounds
 are run, A the baseline trial's request (backend, shape, config, dtype) and B the candidate's, all rounds
 of all pairs in one confirmation job on ONE worker, in the order A1 B1 A1' B1' ... A2 B2 ... round by
 round: both sides see the same machine, clocks and neighbours. The job is stored and listed like any
-other; its rows are created here and run by the farm's Dispatcher with one worker that gets the same
-torch thread count as the job's workers had (on a CPU, 1 vs 2 threads is a different measurement; the
-runner has no knob for that yet, so this module drives the Dispatcher with the runner's store listener).
+other; its rows are created here and run by the farm's runner with one worker that gets the same
+torch thread count as the job's workers had (on a CPU, 1 vs 2 threads is a different measurement: the
+runner's threads_per_worker option).
 
 When A and B are the same request (the baseline was taken at another commit and the point did not
 change: the old code cannot be re-run), B alone is re-run and its pooled samples are compared with the
@@ -21,19 +21,14 @@ thresholds) says slower AND at least two thirds of the rounds have a median rati
 from __future__ import annotations
 
 import math
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from cluster import session
-from cluster.dispatch import Dispatcher, DispatchOptions, NoWorkersLeft, WorkItem
 from jobs.baselines import digest
 from jobs.checks import AMBIGUOUS, FAIL, Context, Outcome, verdict_outcome
-from jobs.progress import ProgressView
-from jobs.runner import RunOptions, _StoreListener, kernels_commit
-from jobs.spec import SweepSpec, dump_spec, loads_spec
+from jobs.runner import RunOptions, kernels_commit, resume_job
+from jobs.spec import dump_spec, loads_spec
 from jobs.store import Job, Store, Trial
-from kernels.base import TrialRequest
 from kernels.measure.stats import compare
 
 
@@ -101,7 +96,7 @@ def confirm(
         git_commit=kernels_commit(),
     )
     threads = (pairs[0].env.data or {}).get("torch_threads") if pairs and pairs[0].env else None
-    status = _run_one_worker(store, confirm_id, spec, threads, options or RunOptions(show_progress=False))
+    status = _run_one_worker(store, confirm_id, threads, options or RunOptions(show_progress=False))
     store.set_job_status(confirm_id, status, message=f"confirmation of job {job.id} ({rounds} rounds)")
 
     by_key = {t.key: t for t in store.trials(confirm_id)}
@@ -113,38 +108,10 @@ def confirm(
     return Confirmation(confirm_id, outcomes)
 
 
-def _run_one_worker(
-    store: Store, job_id: int, spec: SweepSpec, threads: int | None, options: RunOptions
-) -> str:
+def _run_one_worker(store: Store, job_id: int, threads: int | None, options: RunOptions) -> str:
     """Run the job's rows in order on one worker with `threads` torch threads (None: the plan's)."""
-    plan = session.connect(options.address, 1)
-    todo = store.unfinished_trials(job_id)
-    items = [
-        WorkItem(
-            trial_id=t.id,
-            label=f"#{t.seq} {t.backend} {t.shape} {t.config}",
-            request=TrialRequest(t.family, t.backend, t.shape, t.config, t.dtype, policy=spec.measure),
-        )
-        for t in todo
-    ]
-    store.set_job_status(job_id, "running", cluster=plan.to_dict())
-    progress = ProgressView(total=len(todo), enabled=False, echo=options.echo)
-    listener = _StoreListener(store, progress)
-    dispatch = DispatchOptions(
-        workers=1,
-        gpu=plan.gpu,
-        timeout_s=spec.timeout_s,
-        max_attempts=spec.max_attempts,
-        threads_per_worker=threads or plan.threads_per_worker,
-        name_prefix=f"kf-confirm{job_id}-{int(time.time() * 1000) % 10**8}",
-    )
-    try:
-        Dispatcher(dispatch, listener).run(items)
-        return "completed"
-    except NoWorkersLeft:
-        return "failed"
-    finally:
-        listener.flush()
+    result = resume_job(job_id, store, replace(options, gpus=1, threads_per_worker=threads))
+    return result.status
 
 
 def _judge(store: Store, c: Context, a: list[Trial], b: list[Trial], confirm_id: int) -> Outcome:

@@ -84,6 +84,7 @@ class RunOptions:
     echo: Callable[[str], None] = print
     observer: Observer | None = None
     metrics: FarmMetrics | None = None  # Prometheus exporter; None: from FARM_METRICS_* (off when unset)
+    threads_per_worker: int | None = None  # torch threads per CPU worker; None: the CPUs shared out
 
 
 def run_sweep(spec: SweepSpec, store: Store, options: RunOptions | None = None) -> RunResult:
@@ -262,7 +263,7 @@ def _execute(job_id: int, spec: SweepSpec, store: Store, options: RunOptions) ->
             gpu=plan.gpu,
             timeout_s=spec.timeout_s,
             max_attempts=spec.max_attempts,
-            threads_per_worker=plan.threads_per_worker,
+            threads_per_worker=options.threads_per_worker or plan.threads_per_worker,
             name_prefix=f"kf-job{job_id}-{int(time.time() * 1000) % 10**8}",
         ),
         metrics.listen(listener) if metrics else listener,
