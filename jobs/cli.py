@@ -294,6 +294,14 @@ def baseline_list(db: str | None) -> None:
 @click.option("--ambiguous", type=click.Choice(["fail", "warn"]), default="fail", show_default=True)
 @click.option("--tag", default=None, help="a tag kept with failures in the failure bank (CI build, branch)")
 @click.option("--json", "as_json", is_flag=True, help="print the result as JSON instead of a table")
+@click.option(
+    "--drafts",
+    "want_drafts",
+    is_flag=True,
+    help="send the compressed anomalies through the gateway (FARM_GATEWAY_URL, FARM_GATEWAY_KEY; without "
+    "a key: the offline drafter) and store the drafts with the job",
+)
+@click.option("--drafts-task", type=click.Choice(["checklist", "log_summary"]), default="checklist")
 @address_option
 @db_option
 def accept_cmd(
@@ -306,6 +314,8 @@ def accept_cmd(
     ambiguous: str,
     tag: str | None,
     as_json: bool,
+    want_drafts: bool,
+    drafts_task: str,
     address: str | None,
     db: str | None,
 ) -> None:
@@ -335,7 +345,24 @@ def accept_cmd(
     if junit:
         write_junit(acc, junit)
         _echo(f"wrote {junit}")
+    if want_drafts:
+        _accept_drafts(store, job_id, drafts_task)
     sys.exit(acc.exit_code)
+
+
+def _accept_drafts(store: Store, job_id: int, task: str) -> None:
+    """Drafts for the anomalies just stored; a gateway failure is reported, never changes the verdict."""
+    from jobs.drafts import DraftsError, draft_job, render_drafts
+
+    try:
+        done = draft_job(store, job_id, task=task)
+    except DraftsError as err:
+        _echo(f"drafts: {err}")
+        return
+    if done.run_id is None:
+        _echo("drafts: no anomalies to draft")
+        return
+    render_drafts(store, job_id, Console(width=200))
 
 
 @main.group()

@@ -10,6 +10,7 @@ no gateway and no network. `render_drafts` prints them next to the anomalies the
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -62,7 +63,6 @@ class DraftOutcome:
 
 def request_drafts(items: list[dict[str, Any]], task: str, target: GatewayTarget) -> dict[str, Any]:
     """One call of the summaries endpoint with the openai SDK (retries 429/5xx with backoff)."""
-    import httpx
     import openai
 
     body: dict[str, Any] = {"task": task, "anomalies": items}
@@ -70,12 +70,12 @@ def request_drafts(items: list[dict[str, Any]], task: str, target: GatewayTarget
         body["model"] = target.model
     with openai.OpenAI(base_url=target.base_url, api_key=target.api_key, timeout=target.timeout_s) as client:
         try:
-            resp = client.post(SUMMARIES_PATH, cast_to=httpx.Response, body=body)
+            text = client.post(SUMMARIES_PATH, cast_to=str, body=body)
         except openai.APIStatusError as e:
             raise DraftsError(f"gateway answered HTTP {e.status_code}: {e.message}") from None
         except openai.APIConnectionError as e:
             raise DraftsError(f"gateway at {target.base_url} unreachable: {e}") from None
-    return resp.json()
+    return json.loads(text)
 
 
 def offline_reply(items: list[dict[str, Any]], task: str) -> dict[str, Any]:

@@ -192,6 +192,9 @@ def render_terminal(store: Store, job_id: int, console: Console | None = None) -
     for r in rows:
         if r.error:
             console.print(f"[red]trial {r.trial} {r.backend} {r.shape} {r.status}:[/red] {r.error}")
+    from jobs.drafts import render_drafts  # the agent acceptance layer's drafts, next to the anomalies
+
+    render_drafts(store, job_id, console)
 
 
 def to_json(store: Store, job_id: int) -> str:

@@ -1,0 +1,126 @@
+"""Drafts: the farm client of the summaries endpoint (openai SDK), storage, report, `farm accept --drafts`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from aiohttp import web
+from click.testing import CliRunner
+from rich.console import Console
+
+from benchmarks.acceptance_bench import realistic_log, seed_job
+from gateway.app import GATEWAY, create_app
+from gateway.config import GatewaySettings
+from gateway.testing.fake_upstream import FakeUpstream
+from jobs.cli import main
+from jobs.drafts import DraftsError, GatewayTarget, draft_job
+from jobs.report import render_terminal
+from jobs.store import Store
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store(str(tmp_path / "farm.db"))
+    yield s
+    s.close()
+
+
+def model_reply(body: dict) -> str:
+    user = next(m for m in body["messages"] if m["role"] == "user")
+    payload = json.loads(user["content"].split("\n", 1)[1])
+    drafts = [
+        {
+            "assertion": f"{a['interface']['signature']}: {a['kind']} must not recur",
+            "verify_how": "farm accept JOB --confirm",
+            "failure_signature": a["log_excerpt"].splitlines()[-1] if a["log_excerpt"] else a["kind"],
+            "needs_local_profiler": a["kind"] == "resource",
+            "anomaly_ids": [a["id"]],
+        }
+        for a in payload["anomalies"]
+    ]
+    return json.dumps({"drafts": drafts})
+
+
+@pytest.fixture
+async def live(tmp_path):
+    fake = FakeUpstream()
+    await fake.start()
+    settings = GatewaySettings(
+        host="127.0.0.1",
+        port=0,
+        database_url=f"sqlite+aiosqlite:///{tmp_path / 'gw.db'}",
+        secret="test-secret-0123456789",
+        providers={"oa": {"kind": "openai", "base_url": fake.base_url}},
+        models={"gpt-fake": {"provider": "oa", "upstream_model": "gpt-upstream"}},
+        projects={"farm": {"models": ["gpt-fake"], "tasks": ["checklist"]}},
+        summaries={"window_ms": 5},
+        ledger_flush_interval_s=0.05,
+    )
+    app = create_app(settings)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    key, _ = await app[GATEWAY].keys.create("farm", "ci")
+    target = GatewayTarget(f"http://127.0.0.1:{runner.addresses[0][1]}/v1", key)
+    yield fake, target
+    await runner.cleanup()
+    await fake.close()
+
+
+def test_offline_drafts_are_stored_and_shown_next_to_the_anomalies(store):
+    job_id = seed_job(store)
+    log = realistic_log(20_000)
+    done = draft_job(store, job_id, use_env=False, logs=lambda _t: log)
+    assert done.reply["offline"] is True
+    run, drafts = store.drafts(job_id)
+    assert run is not None and run.offline and run.anomalies == 6 and run.sent == 5
+    assert run.raw_bytes > run.compressed_bytes > 0
+    fingerprints = {a.fingerprint for a in store.anomalies(job_id)}
+    assert {fp for d in drafts for fp in d.fingerprints} == fingerprints
+    console = Console(record=True, width=250)
+    render_terminal(store, job_id, console)
+    text = console.export_text()
+    assert "drafts (checklist, offline drafter): 5 for 6 anomalies (5 sent)" in text
+    assert "[offline] slower" in text and "slower (error)" in text
+
+
+async def test_drafts_through_the_gateway_one_call_then_cached(store, live):
+    fake, target = live
+    fake.reply = model_reply
+    job_id = seed_job(store)
+    log = realistic_log(200_000)
+    done = await asyncio.to_thread(draft_job, store, job_id, target=target, logs=lambda _t: log)
+    assert fake.requests == 1
+    assert done.reply["offline"] is False and done.reply["cached"] is False
+    sent = fake.seen[0].body
+    assert len(json.dumps(sent)) < 20_000  # the 200 KB log never reaches the model
+    assert "Traceback" in json.dumps(sent)
+    run, drafts = store.drafts(job_id)
+    assert run.model == "gpt-fake" and run.input_tokens > 0 and run.output_tokens > 0
+    assert len(drafts) == 5 and all(len(d.fingerprints) == 1 for d in drafts)
+    again = await asyncio.to_thread(draft_job, store, job_id, target=target, logs=lambda _t: log)
+    assert fake.requests == 1 and again.reply["cached"] is True
+    assert store.drafts(job_id)[0].input_tokens == 0
+
+
+async def test_gateway_errors_are_reported(store, live):
+    fake, target = live
+    fake.replies.extend(["no json", "still no json"])
+    job_id = seed_job(store)
+    with pytest.raises(DraftsError, match="HTTP 502.*repair"):
+        await asyncio.to_thread(draft_job, store, job_id, target=target)
+    bad = GatewayTarget(target.base_url, "kf_000000000000_wrong")
+    with pytest.raises(DraftsError, match="HTTP 401"):
+        await asyncio.to_thread(draft_job, store, job_id, target=bad)
+    assert store.drafts(job_id) == (None, [])
+
+
+def test_farm_accept_drafts_offline(store, monkeypatch):
+    monkeypatch.delenv("FARM_GATEWAY_KEY", raising=False)
+    job_id = seed_job(store)
+    out = CliRunner().invoke(main, ["accept", str(job_id), "--drafts", "--db", store.url])
+    assert out.exit_code == 1, out.output  # the verdict is the farm's: failing trials fail
+    assert "drafts (checklist, offline drafter)" in out.output
+    assert "[offline]" in out.output
