@@ -39,6 +39,7 @@ class Row:
     cv_pct: float | None
     n: int | None
     stop_reason: str | None
+    flags: str  # the measurement's flags (noisy, throttled, step, few_samples), comma-separated
     speedup: float | None  # baseline median / this median
     tflops: float | None
     gbps: float | None
@@ -98,6 +99,7 @@ def build_rows(store: Store, job_id: int) -> list[Row]:
                 cv_pct=100 * s["cv"] if s.get("cv") is not None else None,
                 n=s.get("n"),
                 stop_reason=t.stop_reason,
+                flags=",".join(s.get("flags") or []),
                 speedup=speedup,
                 tflops=m.get("tflops"),
                 gbps=m.get("gbps"),
@@ -159,7 +161,7 @@ def render_terminal(store: Store, job_id: int, console: Console | None = None) -
         for key, label, fmt in _family_view(job.family)[0]
         if any(key in r.extra for r in rows)
     ]
-    cols += ["status", "median ms", "spread", "n", "speedup", "TFLOPS", "GB/s"]
+    cols += ["status", "median ms", "spread", "n", "stop", "speedup", "TFLOPS", "GB/s"]
     cols += [label for _key, label, _fmt in extra] + ["correct", "node"]
     if not console.is_terminal:  # a file or a pipe: wide enough that no column is cut
         console.width = max(console.width, 14 * len(cols) + 20)
@@ -180,6 +182,7 @@ def render_terminal(store: Store, job_id: int, console: Console | None = None) -
                 "median ms": _num(r.median_ms, ".4f"),
                 "spread": _num(r.spread_pct, ".1f") + ("%" if r.spread_pct is not None else ""),
                 "n": _num(r.n, "d"),
+                "stop": (r.stop_reason or "-") + (f" [yellow]{r.flags}[/yellow]" if r.flags else ""),
                 "speedup": _num(r.speedup, ".2f") + ("x" if r.speedup is not None else ""),
                 "TFLOPS": _num(r.tflops, ".3f"),
                 "GB/s": _num(r.gbps, ".2f"),
@@ -354,6 +357,7 @@ def render_html(store: Store, job_id: int) -> str:
         "status",
         "median ms",
         "spread %",
+        "stop",
         "speedup",
         "TFLOPS",
         "GB/s",
@@ -373,6 +377,7 @@ def render_html(store: Store, job_id: int) -> str:
             r.status,
             _num(r.median_ms, ".4f"),
             _num(r.spread_pct, ".1f"),
+            (r.stop_reason or "-") + (f" ({r.flags})" if r.flags else ""),
             _num(r.speedup, ".2f"),
             _num(r.tflops, ".3f"),
             _num(r.gbps, ".2f"),

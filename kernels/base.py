@@ -64,10 +64,22 @@ class TrialOutcome:
     def measured(cls, status: str, measurement: Any, **fields: Any) -> TrialOutcome:
         """An outcome carrying a kernels.measure Measurement: raw samples, summary, stop reason, timer."""
         m = measurement.to_dict()
+        # The summary also keeps what the report and the anomaly checks read: throttled and kept sample
+        # counts, flags (noisy, throttled, step, ...), the clock readings, the warm-up.
+        summary = {
+            **m["summary"],
+            "n_throttled": sum(m["throttled"]),
+            "n_kept": sum(m["kept"]),
+            "flags": m["flags"],
+            "clocks": m["clocks"],
+            "step": m["step"],
+            "warmup_iters": m["warmup_iters"],
+            "wall_s": m["wall_s"],
+        }
         return cls(
             status=status,
             samples_ns=list(m["samples_ns"]),
-            summary=m["summary"],
+            summary=summary,
             stop_reason=m["stop_reason"],
             timer=m["timer"],
             **fields,
