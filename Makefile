@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml Makefile $(PINS)
 venv: $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/farm sweep run $(SPEC)
+	$(BIN)/farm sweep run $(SPEC) --ambiguous warn
 
 test: $(STAMP) deps-debian
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -16,6 +16,7 @@ from pathlib import Path
 BENCHES = {
     "dispatch": "benchmarks.dispatch_bench",
     "gateway": "benchmarks.gateway_bench",
+    "acceptance": "benchmarks.acceptance_bench",
 }
 
 

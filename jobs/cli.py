@@ -11,6 +11,7 @@ from rich.table import Table
 
 from jobs.settings import FarmSettings
 from jobs.spec import SpecError, load_spec
+from jobs.spec import loads_spec as load_spec_text
 from jobs.store import Store
 
 
@@ -69,14 +70,40 @@ def _load(path: Path):
         sys.exit(2)
 
 
-def _finish(result, store: Store, report: bool) -> None:
+def _finish(result, store: Store, report: bool, accept: bool | None, ambiguous: str) -> None:
+    """Report, then judge the job by its card (when the spec names one) and exit with the worse code."""
     from jobs.report import render_terminal
+    from jobs.runner import EXIT_INTERRUPTED
 
     if report:
         render_terminal(store, result.job_id, Console())
     counts = " ".join(f"{k} {v}" for k, v in sorted(result.counts.items()))
     _echo(f"job {result.job_id} {result.status}: {counts}" + (f"\n{result.note}" if result.note else ""))
-    sys.exit(result.exit_code)
+    code = result.exit_code
+    job = store.get_job(result.job_id)
+    spec = load_spec_text(job.spec, f"job {job.id} spec")
+    if accept is None:
+        accept = spec.card is not None
+    if accept and code != EXIT_INTERRUPTED:
+        from jobs.acceptance import accept as judge
+        from jobs.acceptance import render
+
+        acc = judge(store, result.job_id, ambiguous=ambiguous)
+        render(acc, Console(width=200))
+        code = max(code, acc.exit_code)
+        if spec.drafts:
+            _accept_drafts(store, result.job_id, spec.drafts)
+    sys.exit(code)
+
+
+accept_option = click.option(
+    "--accept/--no-accept", default=None,
+    help="judge the job by its metric card when it finishes (default: when the spec names a card)",
+)  # fmt: skip
+ambiguous_option = click.option(
+    "--ambiguous", type=click.Choice(["fail", "warn"]), default="fail", show_default=True,
+    help="whether an ambiguous assertion (too noisy to call) fails the verdict or only warns",
+)  # fmt: skip
 
 
 @sweep.command("run")
@@ -86,8 +113,17 @@ def _finish(result, store: Store, report: bool) -> None:
 @db_option
 @quiet_option
 @click.option("--no-report", is_flag=True, help="do not print the report table at the end")
+@accept_option
+@ambiguous_option
 def sweep_run(
-    spec_path: Path, address: str | None, gpus: int | None, db: str | None, quiet: bool, no_report: bool
+    spec_path: Path,
+    address: str | None,
+    gpus: int | None,
+    db: str | None,
+    quiet: bool,
+    no_report: bool,
+    accept: bool | None,
+    ambiguous: str,
 ) -> None:
     """Run the sweep in SPEC_PATH: expand the grid, dispatch trials to one worker per GPU, store results."""
     from jobs.runner import RunOptions, run_sweep
@@ -97,7 +133,7 @@ def sweep_run(
     store = _store(db)
     options = RunOptions(address or settings.ray_address, gpus or settings.gpus, not quiet, _echo)
     result = run_sweep(spec, store, options)
-    _finish(result, store, not no_report)
+    _finish(result, store, not no_report, accept, ambiguous)
 
 
 @sweep.command("resume")
@@ -107,8 +143,17 @@ def sweep_run(
 @db_option
 @quiet_option
 @click.option("--no-report", is_flag=True)
+@accept_option
+@ambiguous_option
 def sweep_resume(
-    job_id: int, address: str | None, gpus: int | None, db: str | None, quiet: bool, no_report: bool
+    job_id: int,
+    address: str | None,
+    gpus: int | None,
+    db: str | None,
+    quiet: bool,
+    no_report: bool,
+    accept: bool | None,
+    ambiguous: str,
 ) -> None:
     """Run only the trials of JOB_ID that have not finished."""
     from jobs.runner import RunOptions, resume_job
@@ -120,7 +165,7 @@ def sweep_resume(
         result = resume_job(job_id, store, options)
     except (LookupError, SpecError) as err:
         raise click.ClickException(str(err)) from None
-    _finish(result, store, not no_report)
+    _finish(result, store, not no_report, accept, ambiguous)
 
 
 # ---- jobs --------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -86,7 +86,10 @@ class SweepSpec(_Strict):
     timeout_s: float = Field(300.0, gt=0, description="per-trial timeout; the worker is killed past it")
     max_attempts: int = Field(3, ge=1, le=10, description="attempts for a trial whose worker dies")
     tags: list[str] = Field(default_factory=list)
-    card: str | None = None
+    card: str | None = None  # the metric card `farm sweep run` and `farm accept` judge the job by
+    # After acceptance, draft acceptance checklists for the anomalies through the gateway (the built-in
+    # offline drafter when no gateway key is set): "checklist" or "log_summary".
+    drafts: Literal["checklist", "log_summary"] | None = None
 
     @field_validator("dtypes")
     @classmethod
