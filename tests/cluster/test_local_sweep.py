@@ -113,7 +113,9 @@ def test_hung_trial_is_stopped_at_its_timeout_and_the_sweep_goes_on(plan, store)
 
 
 def test_crashing_trial_is_retried_then_stored_as_crashed(plan, store):
-    spec = loads_spec(_probe("[{name: noop, baseline: true}, {name: crash}]", 2, timeout_s=120, max_attempts=2))
+    spec = loads_spec(
+        _probe("[{name: noop, baseline: true}, {name: crash}]", 2, timeout_s=120, max_attempts=2)
+    )
     result = run_sweep(spec, store, _quiet())
     trials = store.trials(result.job_id)
     crashed = [t for t in trials if t.backend == "crash"]
