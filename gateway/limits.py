@@ -102,14 +102,13 @@ class ProjectLimits:
                     f"project {self.name!r} has used its daily token budget "
                     f"({self.used_today}/{cfg.daily_token_budget} tokens)",
                 )
-        if self._rpm is not None:
-            if not self._rpm.has_capacity(1):
-                raise LimitExceeded(
-                    "rpm",
-                    _seconds_until_capacity(self._rpm, 1),
-                    f"project {self.name!r} is over its rate limit of {cfg.rpm} requests per minute",
-                )
-            await self._rpm.acquire(1)
+        # Check every limit before consuming any: a request refused by one limit must not use up another.
+        if self._rpm is not None and not self._rpm.has_capacity(1):
+            raise LimitExceeded(
+                "rpm",
+                _seconds_until_capacity(self._rpm, 1),
+                f"project {self.name!r} is over its rate limit of {cfg.rpm} requests per minute",
+            )
         reserve = 0
         if self._tpm is not None:
             reserve = min(max_tokens or cfg.default_max_tokens, int(self._tpm.max_rate))
@@ -120,6 +119,10 @@ class ProjectLimits:
                     f"project {self.name!r} is over its rate limit of {cfg.tpm} tokens per minute "
                     f"(this request reserves {reserve})",
                 )
+        # Both have capacity, so neither acquire waits (no await point between the checks and here).
+        if self._rpm is not None:
+            await self._rpm.acquire(1)
+        if self._tpm is not None:
             await self._tpm.acquire(reserve)
         t0 = time.perf_counter()
         if self._sem.locked():
@@ -128,17 +131,15 @@ class ProjectLimits:
                 async with asyncio.timeout(cfg.queue_timeout_s):
                     await self._sem.acquire()
             except TimeoutError:
-                if self._tpm is not None:
-                    _adjust_level(self._tpm, -reserve)
+                self._refund(reserve)
                 raise LimitExceeded(
                     "concurrency",
                     1.0,
                     f"project {self.name!r} has {cfg.max_concurrency} requests in flight and the queue "
                     f"wait of {cfg.queue_timeout_s:g} s ran out",
                 ) from None
-            except BaseException:
-                if self._tpm is not None:
-                    _adjust_level(self._tpm, -reserve)
+            except BaseException:  # cancelled while queued: it never reached the upstream
+                self._refund(reserve)
                 raise
             finally:
                 self.waiting -= 1
@@ -146,6 +147,13 @@ class ProjectLimits:
             await self._sem.acquire()
         self.in_flight += 1
         return Admission(self, reserve, time.perf_counter() - t0)
+
+    def _refund(self, reserve: int) -> None:
+        """Give back the rpm slot and tpm reservation of a request that was not admitted after all."""
+        if self._rpm is not None:
+            _adjust_level(self._rpm, -1)
+        if self._tpm is not None:
+            _adjust_level(self._tpm, -reserve)
 
     def _release(self) -> None:
         self.in_flight -= 1

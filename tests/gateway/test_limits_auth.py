@@ -156,3 +156,44 @@ async def test_bad_body_is_400_naming_the_field(gateway, oai):
     with pytest.raises(openai.BadRequestError) as ei:
         await oai(gateway).chat.completions.create(model="gpt-fake", messages=MSGS, max_tokens=-5)
     assert "max_tokens" in assert_openai_error(ei.value, 400)["message"]
+
+
+def _limits(**cfg):
+    from gateway.config import ProjectConfig
+    from gateway.limits import ProjectLimits
+
+    return ProjectLimits("alpha", ProjectConfig(models=["gpt-fake"], **cfg))
+
+
+async def test_tpm_rejections_do_not_use_up_rpm():
+    from gateway.limits import LimitExceeded
+
+    pl = _limits(rpm=5, tpm=100)
+    held = await pl.admit(60)
+    for _ in range(6):
+        with pytest.raises(LimitExceeded) as ei:
+            await pl.admit(60)
+        assert ei.value.limit == "tpm"
+    held.release()
+    held.settle(0)
+    ok = await pl.admit(10)  # only one request was admitted this minute: rpm has room
+    ok.release()
+
+
+async def test_queue_timeout_and_cancel_refund_rpm_and_tpm():
+    from gateway.limits import LimitExceeded
+
+    pl = _limits(rpm=2, tpm=100, max_concurrency=1, queue_timeout_s=0.05)
+    held = await pl.admit(30)
+    with pytest.raises(LimitExceeded) as ei:
+        await pl.admit(30)
+    assert ei.value.limit == "concurrency"
+    waiter = asyncio.create_task(pl.admit(30))
+    await asyncio.sleep(0.01)
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    held.release()
+    held.settle(0)
+    ok = await pl.admit(90)  # neither the timed-out nor the cancelled request kept its rpm slot or tokens
+    ok.release()
