@@ -7,11 +7,12 @@ waiting); equal anomalies from several callers are sent once. The answer must be
 ``DraftList``: an invalid one gets one repair call, then every caller of the batch gets a 502 that says
 why. Each caller gets only the drafts that name its own anomalies, under its own ids.
 
-Answers are cached by content hash of (task, model, the set of anomalies): the same set never costs a
-second model call, including while the first is still in flight. Every model call (repairs included, the
-offline drafter too) is one ledger row on endpoint ``summaries`` with the task and ``batch_size`` (the
-anomalies sent). A model whose provider is ``local``, or whose provider's API key variable is unset,
-is served by the offline drafter and the answer says ``"offline": true``.
+Answers are cached by content hash of (project, task, model, the set of anomalies): the same set never
+costs a project a second model call, including while the first is still in flight; projects never share
+answers. Every model call (repairs included, the offline drafter too) is one ledger row on endpoint
+``summaries`` with the task and ``batch_size`` (the anomalies sent). A model whose provider is ``local``,
+or whose provider's API key variable is unset, is served by the offline drafter and the answer says
+``"offline": true``.
 """
 
 from __future__ import annotations
@@ -149,7 +150,9 @@ class SummaryBatcher:
             h = a.content_hash()
             hashes.setdefault(h, a)
             ids_by_hash.setdefault(h, []).append(a.id)
-        set_key = _digest([req.task, model, sorted(hashes)])
+        # The project is part of the key: another project's answer was paid from its limits, budget and
+        # ledger, so it is never handed out across projects (cached or in flight).
+        set_key = _digest([info.project, req.task, model, sorted(hashes)])
         cached = set_key in self._cache
         if cached:
             self._cache.move_to_end(set_key)

@@ -226,3 +226,23 @@ async def test_local_model_on_proxy_endpoint_is_refused(start_gateway, oai):
 
     with pytest.raises(openai.BadRequestError, match="offline drafter"):
         await oai(gw).chat.completions.create(model="offline", messages=[{"role": "user", "content": "hi"}])
+
+
+@pytest.mark.parametrize("concurrent", [False, True])
+async def test_projects_never_share_cached_or_in_flight_answers(start_gateway, fake, concurrent):
+    fake.reply = model_reply
+    gw = await start_gateway(
+        summaries={"window_ms": 20}, projects={"beta": {"models": ["gpt-fake"], "rpm": 1}}
+    )
+    body = {"task": "checklist", "model": "gpt-fake", "anomalies": [anomaly(1), anomaly(2)]}
+    if concurrent:  # the second project's request arrives while the first's is in flight
+        results = await asyncio.gather(post(gw, body, "alpha"), post(gw, body, "beta"))
+    else:
+        results = [await post(gw, body, "alpha"), await post(gw, body, "beta")]
+    assert [s for s, _ in results] == [200, 200]
+    assert fake.requests == 2  # one model call per project, each on its own limits and ledger
+    assert all(d["cached"] is False for _, d in results)
+    assert sorted(r["project"] for r in await summary_rows(gw)) == ["alpha", "beta"]
+    # beta's own limits apply: its rpm of 1 is used up by its own call
+    status, data = await post(gw, {**body, "anomalies": [anomaly(3)]}, "beta")
+    assert status == 429, data
