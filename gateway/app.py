@@ -36,7 +36,13 @@ from gateway.ledger import LedgerWriter, tokens_used_today
 from gateway.limits import LimitExceeded, Limits
 from gateway.metrics import GatewayMetrics
 from gateway.summaries import SUMMARIES_PATH, SummaryBatcher
-from gateway.upstream import UpstreamClient, UpstreamResult, UpstreamTimeout, UpstreamUnreachable
+from gateway.upstream import (
+    UpstreamClient,
+    UpstreamResult,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+    client_retry_after,
+)
 from gateway.usage import Api, StreamUsage, estimate_output_tokens, estimate_tokens, usage_from_body
 
 log = logging.getLogger("gateway")
@@ -412,8 +418,21 @@ class Gateway:
         rec.upstream_end = time.perf_counter()
         status = result.status
         rec.status, rec.http_status, rec.error_class = "error", status, f"upstream_{status}"
+        if status in (401, 403):
+            # The upstream refused the gateway's own provider key: not the client's key, so not a 401/403
+            # to the client, and the upstream body (which may quote a masked tail of that key) stays here.
+            rec.http_status = 502
+            log.error("upstream %r refused the gateway's provider credential (HTTP %d)", rec.provider, status)
+            return error_response(
+                ep.style,
+                502,
+                f"upstream {rec.provider!r} rejected the gateway's provider credential (HTTP {status}); "
+                "this is a gateway configuration problem, not your API key: tell the gateway operator",
+                code="upstream_credential_rejected",
+                request_id=rec.request_id,
+            )
         headers = {"x-request-id": rec.request_id}
-        retry_after = result.headers.get("Retry-After")
+        retry_after = client_retry_after(result.headers)
         if retry_after:
             headers["Retry-After"] = retry_after
         body = result.body or b""

@@ -445,6 +445,16 @@ class SummaryBatcher:
                     result.status,
                     f"upstream_{result.status}",
                 )
+                if result.status in (401, 403):  # the gateway's own provider key; its body stays here
+                    rec.http_status = 502
+                    raise GatewayError(
+                        502,
+                        f"upstream {rec.provider!r} rejected the gateway's provider credential "
+                        f"(HTTP {result.status}); this is a gateway configuration problem, not your API "
+                        "key: tell the gateway operator",
+                        error_class=f"upstream_{result.status}",
+                        code="upstream_credential_rejected",
+                    )
                 detail = (result.body or b"")[:300].decode("utf-8", "replace").strip()
                 raise GatewayError(
                     result.status if result.status in (429, 504) else 502,

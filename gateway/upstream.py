@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -50,6 +51,15 @@ def parse_retry_after(headers: Mapping[str, str]) -> float | None:
     except (TypeError, ValueError):
         return None
     return max(0.0, when.timestamp() - time.time())
+
+
+def client_retry_after(headers: Mapping[str, str]) -> str | None:
+    """A plain ``Retry-After: <whole seconds>`` for the client from the upstream's headers (seconds,
+    HTTP date or ``retry-after-ms``); None when the upstream sent none."""
+    seconds = parse_retry_after(headers)
+    if seconds is None:
+        return None
+    return str(math.ceil(seconds))
 
 
 class UpstreamTimeout(Exception):

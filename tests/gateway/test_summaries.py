@@ -246,3 +246,14 @@ async def test_projects_never_share_cached_or_in_flight_answers(start_gateway, f
     # beta's own limits apply: its rpm of 1 is used up by its own call
     status, data = await post(gw, {**body, "anomalies": [anomaly(3)]}, "beta")
     assert status == 429, data
+
+
+async def test_upstream_auth_failure_is_a_502_without_the_upstream_body(start_gateway, fake):
+    from gateway.testing.fake_upstream import Fault
+
+    gw = await start_gateway(summaries={"window_ms": 1})
+    fake.faults.append(Fault(status=401))
+    status, data = await post(gw, {"task": "checklist", "model": "gpt-fake", "anomalies": [anomaly(1)]})
+    assert status == 502, data
+    assert "gateway's provider credential" in data["error"]["message"]
+    assert "fake upstream error" not in json.dumps(data)

@@ -56,10 +56,29 @@ async def test_other_4xx_never_retried(gateway, fake, oai, status):
     fake.faults.append(Fault(status=status))
     with pytest.raises(openai.APIStatusError) as ei:
         await oai(gateway).chat.completions.create(model="gpt-fake", messages=MSGS)
-    assert ei.value.status_code == status
+    # An upstream 401/403 means the gateway's own provider key was refused: a 502, never the client's fault.
+    expect = 502 if status in (401, 403) else status
+    assert ei.value.status_code == expect
     assert fake.requests == 1
     (row,) = await gateway.rows()
-    assert (row["retries"], row["http_status"], row["error_class"]) == (0, status, f"upstream_{status}")
+    assert (row["retries"], row["http_status"], row["error_class"]) == (0, expect, f"upstream_{status}")
+
+
+@pytest.mark.parametrize("status", [401, 403])
+async def test_upstream_auth_failure_is_a_502_about_the_gateways_credential(gateway, fake, oai, anth, status):
+    fake.faults.append(Fault(status=status))
+    with pytest.raises(openai.InternalServerError) as ei:
+        await oai(gateway).chat.completions.create(model="gpt-fake", messages=MSGS)
+    err = ei.value.response.json()["error"]
+    assert "gateway's provider credential" in err["message"] and err["type"] == "server_error"
+    assert "fake upstream error" not in ei.value.response.text  # the upstream body never passes through
+    fake.faults.append(Fault(status=status))
+    with pytest.raises(anthropic.InternalServerError) as ai:
+        await anth(gateway).messages.create(model="claude-fake", max_tokens=8, messages=MSGS)
+    body = ai.value.response.json()
+    assert body["type"] == "error" and "gateway's provider credential" in body["error"]["message"]
+    assert "fake upstream error" not in ai.value.response.text
+    assert fake.requests == 2
 
 
 async def test_retry_after_90s_is_not_waited_out(gateway, fake, oai, anth):
