@@ -100,7 +100,8 @@ class Dispatcher:
         self.slots = [_Slot(name=f"w{i}") for i in range(options.workers)]
         self.queue: collections.deque[WorkItem] = collections.deque()
         self._ref_owner: dict[Any, _Slot] = {}
-        self._trial_s: float | None = None  # running mean of a trial's time on a worker
+        # running mean of a trial's time on a worker, per (family, backend): what batch sizes are cut from
+        self._trial_s: dict[tuple[str, str], float] = {}
 
     # ---- actors ---------------------------------------------------------------------------------
     def _start(self, slot: _Slot) -> None:
@@ -171,7 +172,7 @@ class Dispatcher:
         depth = self.opt.pipeline if len(self.queue) >= 2 * max(1, len(ready)) else 1
         for slot in ready:
             while self.queue and len(slot.inflight) < depth:
-                items = self._take_batch(slot, self._batch_size(len(ready)))
+                items = self._take_batch(slot, len(ready))
                 ref = slot.actor.run_batch.remote(pickle.dumps([i.request for i in items]))
                 self._ref_owner[ref] = slot
                 if not slot.inflight:
@@ -180,23 +181,29 @@ class Dispatcher:
                 for item in items:
                     self.listener.trial_started(item, slot.name)
 
-    def _batch_size(self, ready: int) -> int:
-        """Trials per call: 1 until trials are known to be short, then enough to fill ~batch_target_s."""
-        if self._trial_s is None:
+    def _batch_size(self, kind: tuple[str, str], ready: int) -> int:
+        """Trials per call: 1 until trials of this family and backend are known to be short, then enough
+        to fill ~batch_target_s, and never so many that the batch comes near the per-trial timeout."""
+        trial_s = self._trial_s.get(kind)
+        if trial_s is None:
             return 1
         active = sum(not s.retired for s in self.slots)  # starting workers will want their share too
         fair = math.ceil(len(self.queue) / (2 * max(1, active, ready)))
-        return max(1, min(int(self.opt.batch_target_s / max(self._trial_s, 1e-6)), self.opt.max_batch, fair))
+        fill = int(min(self.opt.batch_target_s, self.opt.timeout_s / 4) / max(trial_s, 1e-6))
+        return max(1, min(fill, self.opt.max_batch, fair))
 
-    def _take_batch(self, slot: _Slot, size: int) -> list[WorkItem]:
+    def _take_batch(self, slot: _Slot, ready: int) -> list[WorkItem]:
+        """The next trial for this slot, plus the trials right behind it of the same family and backend."""
         first = self._take_for(slot)
+        kind = _kind(first)
+        size = 1 if first.solo else self._batch_size(kind, ready)
         batch = [first]
         while (
             size > len(batch)
-            and not first.solo
             and self.queue
             and not self.queue[0].solo
             and slot.name not in self.queue[0].avoid
+            and _kind(self.queue[0]) == kind
         ):
             batch.append(self.queue.popleft())
         return batch
@@ -235,7 +242,7 @@ class Dispatcher:
         slot.ready_ref = None
         try:
             slot.info = ray.get(ref)
-        except _ACTOR_GONE as err:
+        except ray.exceptions.RayError as err:
             self._kill(slot)
             self._lose(slot, f"actor failed to start: {_first_line(err)}", count_death=True)
             return
@@ -254,13 +261,17 @@ class Dispatcher:
         except ray.exceptions.RayTaskError as err:  # the framework failed, not the kernel
             failed = {"outcome": {"status": "error", "error": str(err)}, "started": None, "finished": None}
             results = [failed] * len(call.items)
+        except ray.exceptions.RayError as err:  # object lost, system error: treat the worker as gone
+            self._actor_died(slot, call, _first_line(err))
+            return
         slot.inflight.popleft()
         slot.head_started = time.monotonic()
         slot.deaths_in_row = 0
         for item, result in zip(call.items, results, strict=True):
             if result.get("started") and result.get("finished"):
                 took = result["finished"] - result["started"]
-                self._trial_s = took if self._trial_s is None else 0.8 * self._trial_s + 0.2 * took
+                old = self._trial_s.get(_kind(item))
+                self._trial_s[_kind(item)] = took if old is None else 0.8 * old + 0.2 * took
             self.listener.trial_finished(item, slot.name, result)
 
     def _requeue_solo(self, items: list[WorkItem]) -> None:
@@ -291,7 +302,9 @@ class Dispatcher:
             if not final:
                 self.queue.appendleft(item)
         self.queue.extendleft(reversed(orphans))
-        self._lose(slot, f"actor died: {error}", count_death=True)
+        # A trial that already killed a worker is the likely culprit, not this slot: only deaths under
+        # trials on their first attempt count towards retiring the slot.
+        self._lose(slot, f"actor died: {error}", count_death=all(i.attempts == 1 for i in call.items))
 
     def _enforce_deadlines(self) -> None:
         now = time.monotonic()
@@ -301,6 +314,8 @@ class Dispatcher:
                 seconds = now - slot.head_started
                 orphans = self._kill(slot)[len(call.items) :]
                 if len(call.items) > 1:
+                    # these trials are slower than their kind's mean said: stop batching them
+                    self._trial_s[_kind(call.items[0])] = self.opt.timeout_s
                     self._requeue_solo(call.items)
                     reason = f"killed: a batch of {len(call.items)} trials ran past {self.opt.timeout_s:g} s"
                 else:
@@ -316,6 +331,10 @@ class Dispatcher:
                     f"no actor could start in {self.opt.start_timeout_s:g} s (no free GPU or node?)",
                     True,
                 )
+
+
+def _kind(item: WorkItem) -> tuple[str, str]:
+    return item.request.family, item.request.backend
 
 
 def _first_line(err: BaseException) -> str:

@@ -143,12 +143,17 @@ def accept(
     assert job is not None
     base = baselines.resolve(store, job_id, baseline)
     matched = baselines.matches(store, base, job_id) if base else {}
+    if baseline is not None and not matched:  # asked for by name: judging nothing against it is no pass
+        raise ValueError(
+            f"baseline {baseline!r} matches no trial of job {job_id} (another family, other points, or "
+            "another environment class: GPU model or CPU)"
+        )
     envs = baselines.trial_envs(store, job_id)
     cache: dict[int, list[int]] = {}
 
     def samples(trial_id: int) -> list[int]:
         if trial_id not in cache:
-            cache[trial_id] = store.samples(trial_id)
+            cache[trial_id] = store.kept_samples(trial_id)
         return cache[trial_id]
 
     trials = store.trials(job_id)

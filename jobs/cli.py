@@ -12,7 +12,7 @@ from rich.table import Table
 from jobs.settings import FarmSettings
 from jobs.spec import SpecError, load_spec
 from jobs.spec import loads_spec as load_spec_text
-from jobs.store import Store
+from jobs.store import NOT_FAILED, Store
 
 
 def _store(db: str | None) -> Store:
@@ -185,7 +185,7 @@ def jobs_list(db: str | None, limit: int) -> None:
         table.add_column(col)
     for job, counts in store.list_jobs(limit):
         total = sum(counts.values())
-        bad = sum(n for s, n in counts.items() if s not in ("ok", "pending"))
+        bad = sum(n for s, n in counts.items() if s not in (*NOT_FAILED, "pending", "running"))
         table.add_row(
             str(job.id),
             job.name,
@@ -381,8 +381,9 @@ def accept_cmd(
     except CardError as err:
         click.echo(str(err), err=True)
         sys.exit(2)
-    except (LookupError, ValueError, SpecError) as err:
-        raise click.ClickException(str(err)) from None
+    except (LookupError, ValueError, SpecError) as err:  # a bad invocation: 2, never a verdict's 1
+        click.echo(f"Error: {err}", err=True)
+        sys.exit(2)
     if as_json:
         click.echo(json.dumps(acc.to_dict(), indent=2, default=str))
     else:

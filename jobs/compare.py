@@ -235,7 +235,9 @@ def _judge(
     if bad and any(t.status != "incorrect" for t in (ta, tb) if t.status != "ok"):
         row.note = "; ".join(bad) + ": no timing to compare"
         return row
-    cmp = compare_samples(store.samples(ta.id), store.samples(tb.id), min_effect=min_effect, alpha=alpha)
+    cmp = compare_samples(
+        store.kept_samples(ta.id), store.kept_samples(tb.id), min_effect=min_effect, alpha=alpha
+    )
     row.comparison = cmp.to_dict()
     if bad:
         row.note = "; ".join(bad) + " (timed, but its output failed the correctness check)"

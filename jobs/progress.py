@@ -15,6 +15,8 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from jobs.store import NOT_FAILED
+
 
 class ProgressView:
     def __init__(self, total: int, already: int = 0, enabled: bool = True, echo: Any = print):
@@ -56,7 +58,7 @@ class ProgressView:
     def _refresh(self) -> None:
         if not self._bar:
             return
-        failed = sum(n for s, n in self.done.items() if s not in ("ok", "pruned", "skipped"))
+        failed = sum(n for s, n in self.done.items() if s not in NOT_FAILED)
         nodes = " ".join(f"{node}:{n}" for node, n in sorted(self.per_node.items()))
         status = f"ok {self.done['ok']} failed {failed} running {self.inflight()}"
         if self.retries:

@@ -70,7 +70,7 @@ def build_rows(store: Store, job_id: int) -> list[Row]:
     extra_keys = [key for key, _label, _fmt in _family_view(trials[0].family)[0]] if trials else []
     base: dict[tuple, dict[str, float]] = {}
     for t in trials:
-        if t.baseline and t.median_ns:
+        if t.baseline and t.status == "ok" and t.median_ns:
             key = (_fmt_point(t.shape), t.dtype)
             base.setdefault(key, {})[_fmt_point(t.config)] = t.median_ns
     rows = []
@@ -81,7 +81,10 @@ def build_rows(store: Store, job_id: int) -> list[Row]:
         median = t.median_ns
         speedup = None
         candidates = base.get((_fmt_point(t.shape), t.dtype), {})
-        ref = candidates.get(_fmt_point(t.config)) or next(iter(candidates.values()), None)
+        # the baseline on the same config; another config only when the baseline has just one
+        ref = candidates.get(_fmt_point(t.config))
+        if ref is None and len(candidates) == 1:
+            ref = next(iter(candidates.values()))
         if ref and median:
             speedup = ref / median
         rows.append(

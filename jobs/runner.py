@@ -268,7 +268,7 @@ def _execute(job_id: int, spec: SweepSpec, store: Store, options: RunOptions) ->
         ),
         metrics.listen(listener) if metrics else listener,
     )
-    progress.inflight = lambda: sum(len(slot.inflight) for slot in dispatcher.slots)
+    progress.inflight = lambda: sum(len(call.items) for slot in dispatcher.slots for call in slot.inflight)
     status, note, code = "completed", "", None
     backends = [b.name for b in spec.backends]
     watch = metrics.job(spec.family, backends, dispatcher) if metrics else nullcontext()
@@ -280,6 +280,10 @@ def _execute(job_id: int, spec: SweepSpec, store: Store, options: RunOptions) ->
             note = f"interrupted; finished trials are stored. Resume with: farm sweep resume {job_id}"
         except NoWorkersLeft as err:
             status, code, note = "failed", EXIT_NO_WORKERS, str(err)
+        except Exception as err:  # the job must not stay "running": record the failure, then raise it
+            listener.flush()
+            store.set_job_status(job_id, "failed", message=f"driver error: {err!r}; resume to finish")
+            raise
         finally:
             listener.flush()
     counts = store.status_counts(job_id)

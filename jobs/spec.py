@@ -56,11 +56,10 @@ class Grid(_Strict):
         if not keys:  # no axes: one empty point, unless the points are all given by include
             product = [] if self.include else [{}]
         kept = [p for p in product if not any(_matches(p, rule) for rule in self.exclude)]
-        out: list[Point] = []
+        out: dict[str, Point] = {}  # keyed by content: duplicates drop in linear time
         for p in kept + list(self.include):
-            if p not in out:
-                out.append(p)
-        return out
+            out.setdefault(json.dumps(p, sort_keys=True), p)
+        return list(out.values())
 
 
 def _matches(point: Point, rule: Point) -> bool:
@@ -238,6 +237,13 @@ def _check_against_family(spec: SweepSpec, source: str) -> None:
         where = f"backends[{i}].configs" if b.configs is not None else "configs"
         if not (b.configs or spec.configs).points():
             problems.append(f"{where}: the grid expands to no points after exclude")
+    if spec.card is not None:
+        from jobs.cards import CardError, load_card  # jobs.cards reuses this module's error formatting
+
+        try:
+            load_card(spec.card)
+        except CardError as err:
+            problems.append(f"card: {'; '.join(err.problems)} (got {spec.card!r})")
     if problems:
         raise SpecError(source, list(dict.fromkeys(problems)))
     seen: set[str] = set()

@@ -32,6 +32,7 @@ from sqlalchemy import (
     event,
     func,
     insert,
+    or_,
     select,
     update,
 )
@@ -372,6 +373,15 @@ class Store:
             q = select(Sample.value_ns).where(Sample.trial_id == trial_id).order_by(Sample.seq)
             return list(s.scalars(q))
 
+    def kept_samples(self, trial_id: int) -> list[int]:
+        """The samples the trial's summary stands on: all of them but those the measurement discarded
+        (summary["discarded"], e.g. taken while the GPU was throttled). Comparisons use these."""
+        samples = self.samples(trial_id)
+        with Session(self.engine) as s:
+            summary = s.scalar(select(Trial.summary).where(Trial.id == trial_id)) or {}
+        dropped = set(summary.get("discarded") or ())
+        return [v for i, v in enumerate(samples) if i not in dropped] if dropped else samples
+
     def record_results(self, results: Iterable[dict[str, Any]]) -> None:
         """Write finished trials (and their raw samples) in one transaction.
 
@@ -408,7 +418,11 @@ class Store:
             if rows:
                 stmt = (
                     update(table)
-                    .where(table.c.id == bindparam("_id"))
+                    # the status test again, in the UPDATE itself, so a concurrent writer cannot win twice
+                    .where(
+                        table.c.id == bindparam("_id"),
+                        or_(*(table.c.status == s for s in (PENDING, RUNNING))),
+                    )
                     .values({c: bindparam(c) for c in rows[0] if c != "_id"})
                 )
                 conn.execute(stmt, rows)

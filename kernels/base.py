@@ -70,6 +70,9 @@ class TrialOutcome:
             **m["summary"],
             "n_throttled": sum(m["throttled"]),
             "n_kept": sum(m["kept"]),
+            # indices into samples_ns of the samples the measurement discarded (taken while throttled):
+            # the summary excludes them, and so must any comparison of the raw samples
+            "discarded": [i for i, kept in enumerate(m["kept"]) if not kept],
             "flags": m["flags"],
             "clocks": m["clocks"],
             "step": m["step"],

@@ -17,7 +17,9 @@ class MeasurePolicy(BaseModel):
     # -- sampling and stopping -------------------------------------------------------------------------
     warmup_ms: float = Field(25.0, ge=0, description="warm-up by time before the first sample")
     min_samples: int = Field(10, ge=1, description="never stop before this many samples")
-    max_samples: int = Field(1000, ge=1, description="stop after this many samples")
+    # High enough that a 25 us kernel still reaches min_time_s (nvbench has no sample cap, only a time
+    # cap): with 1000, every kernel under 0.5 ms stopped on max_samples and never converged.
+    max_samples: int = Field(20_000, ge=1, description="stop after this many samples")
     max_time_s: float = Field(15.0, gt=0, description="wall-clock cap on measuring one callable")
     target_rel_stdev: float = Field(
         0.005, gt=0, lt=1, description="stop ('converged') once stdev/mean of the samples is below this"

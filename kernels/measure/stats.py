@@ -4,7 +4,8 @@
 (candidate / baseline; above 1 is slower), a bootstrap confidence interval of that ratio (seeded, so the
 same samples always give the same answer), and a two-sided Mann-Whitney U test. Verdict:
   "faster"/"slower"  |ratio - 1| >= min_effect, p < alpha, and the interval excludes 1; when either side's
-                     dispersion (cv) is above max_cv, the whole interval must also lie further from 1
+                     dispersion (robust cv: 1.4826 MAD / median, so one preempted sample does not make a
+                     clear shift ambiguous) is above max_cv, the whole interval must also lie further from 1
                      than that dispersion (and than min_effect): clearly outside the noise;
   "same"             neither side noisy and the whole interval lies within 1 +- min_effect;
   "ambiguous"        everything else, in particular any noisy pair whose shift is not clearly outside the
@@ -27,6 +28,16 @@ def _cv(x: np.ndarray) -> float:
     if x.size < 2 or x.mean() <= 0:
         return math.inf
     return float(x.std(ddof=1) / x.mean())
+
+
+def _robust_cv(x: np.ndarray) -> float:
+    """1.4826 * MAD / median: the cv of normal noise, but one preempted sample cannot inflate it."""
+    if x.size < 2:
+        return math.inf
+    med = float(np.median(x))
+    if med <= 0:
+        return math.inf
+    return float(1.4826 * np.median(np.abs(x - med)) / med)
 
 
 @dataclass(frozen=True)
@@ -102,7 +113,8 @@ def compare(
     low, high = bootstrap_ratio_ci(b, c, n_boot=n_boot, confidence=confidence, seed=seed)
     p = float(mannwhitneyu(b, c, alternative="two-sided").pvalue)
     cv_b, cv_c = _cv(b), _cv(c)
-    noise = max(cv_b, cv_c)
+    # The verdict's dispersion gate uses a robust spread; the raw cvs are reported as they are.
+    noise = max(_robust_cv(b), _robust_cv(c))
     verdict, reason = _verdict(ratio, low, high, p, noise, **params)
     return Comparison(
         verdict, reason, ratio, low, high, confidence, p, cv_b, cv_c, int(b.size), int(c.size),

@@ -146,3 +146,17 @@ timeout_s: 60
     assert report.to_csv(store, result.job_id).splitlines()[0].startswith("trial,shape,backend")
     page = report.render_html(store, result.job_id)
     assert page.count("<img") == 3 and "CPU timings" in page and "torch_bf16" in page
+
+
+def test_one_worker_survives_trials_that_keep_crashing_it(plan, store):
+    # The crashing trials, not the worker slot, are to blame: the slot must not retire before they
+    # have used up their attempts, or the job would end with trials never run.
+    spec = loads_spec(
+        _probe("[{name: noop, baseline: true}, {name: crash}]", 2, timeout_s=120, max_attempts=3)
+    )
+    result = run_sweep(spec, store, _quiet(gpus=1))
+    trials = store.trials(result.job_id)
+    assert result.status == "completed" and result.exit_code == 1, result
+    assert sorted((t.backend, t.status, t.attempt) for t in trials) == [
+        ("crash", "crashed", 3), ("crash", "crashed", 3), ("noop", "ok", 1), ("noop", "ok", 1)
+    ]  # fmt: skip

@@ -113,6 +113,8 @@ def test_family_backend_and_baseline_errors(tmp_path):
     assert "exactly one backend must be marked baseline" in str(err)
     err = _error(tmp_path, GOOD.replace("min_samples: 3, max_samples: 5", "min_samples: 9, max_samples: 5"))
     assert "max_samples (5) is below min_samples (9)" in str(err)
+    err = _error(tmp_path, GOOD.replace("card: gemm", "card: gemmm"))
+    assert "card: no such card (known:" in str(err) and "(got 'gemmm')" in str(err)
 
 
 def test_bad_yaml_names_the_line(tmp_path):

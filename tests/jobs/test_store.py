@@ -114,3 +114,13 @@ def test_family_report_columns_and_scaling_plot(tmp_path):
     assert "us/token" in text and "2.50" in text  # 10 / batch 4
     page = report.render_html(store, job)
     assert "latency_per_token_us against batch" in page
+
+
+def test_kept_samples_leave_out_what_the_measurement_discarded(tmp_path):
+    store = Store(str(tmp_path / "f.db"))
+    trial = store.trials(_job(store))[0]
+    row = _result(trial.id, [10, 11, 900, 12])
+    row["summary"]["discarded"] = [2]  # taken while throttled
+    store.record_results([row])
+    assert store.samples(trial.id) == [10, 11, 900, 12]  # every raw sample is kept in the store
+    assert store.kept_samples(trial.id) == [10, 11, 12]

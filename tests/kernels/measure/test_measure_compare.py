@@ -60,3 +60,11 @@ def test_deterministic_and_json_safe() -> None:
     few = compare([1.0, 2.0], [1.0, 2.0])
     assert few.verdict == "ambiguous" and "too few" in few.reason
     json.dumps(few.to_dict())
+
+
+def test_one_preempted_sample_does_not_hide_a_clear_regression():
+    rng = np.random.default_rng(7)
+    base = rng.normal(1000.0, 5.0, 200)
+    cand = rng.normal(1100.0, 5.5, 200)
+    cand[17] = 1e6  # the OS paused the process once
+    assert compare(base, cand).verdict == "slower"

@@ -15,7 +15,7 @@ def _stream(n: int, mean_ns: float, noise: float, seed: int) -> np.ndarray:
 
 
 def test_stable_stream_stops_early_converged() -> None:
-    policy = MeasurePolicy()  # defaults: 0.5% target, 0.5 s minimum measured time, 1000 samples
+    policy = MeasurePolicy()  # defaults: 0.5% target, 0.5 s minimum measured time, 20000 samples
     result = run_stream(_stream(5000, 10e6, 0.001, seed=1), policy)  # 10 ms samples, 0.1% noise
     assert result.stop_reason == "converged"
     assert 50 <= result.n_used <= 52  # as soon as 0.5 s of measured time is reached
@@ -101,3 +101,10 @@ def test_policy_validation_names_the_problem() -> None:
     assert p.timer_name(on_gpu=True) == "cupti" and p.timer_name(on_gpu=False) == "cpu_perf_counter"
     d = MeasurePolicy()
     assert (d.seeds, d.target_rel_stdev, d.min_time_s, d.throttle_clock_fraction) == (2, 0.005, 0.5, 0.75)
+
+
+def test_short_kernel_converges_on_default_policy() -> None:
+    # 100 us samples need 5000 samples for 0.5 s of measured time: the default cap must allow that
+    result = run_stream(_stream(20_000, 100e3, 0.001, seed=6), MeasurePolicy())
+    assert result.stop_reason == "converged"
+    assert 5000 <= result.n_used <= 5010
