@@ -428,7 +428,7 @@ class SummaryBatcher:
             self.gw._finish(rec)
 
     async def _send(self, rec: Record, path: str, raw: bytes, headers: dict[str, str]) -> bytes:
-        from gateway.upstream import UpstreamTimeout, UpstreamUnreachable
+        from gateway.upstream import UpstreamTimeout, UpstreamUnreachable, client_retry_after
 
         client = self.gw.clients[rec.provider]
         rec.upstream_t0 = time.perf_counter()
@@ -461,7 +461,7 @@ class SummaryBatcher:
                     f"upstream {rec.provider!r} returned HTTP {result.status}"
                     + (f": {detail}" if detail else ""),
                     error_class=f"upstream_{result.status}",
-                    retry_after=result.headers.get("Retry-After"),
+                    retry_after=client_retry_after(result.headers),
                 )
             try:
                 return await result.response.read()

@@ -28,6 +28,7 @@ class Fault:
     stall_after_events: int | None = None  # stream: after N events (non-stream: after headers) wait
     drop: bool = False  # close the connection without answering
     omit_usage: bool = False  # report no usage at all (the gateway must estimate)
+    headers: dict[str, str] | None = None  # extra headers on an error answer (e.g. retry-after-ms)
 
 
 @dataclass
@@ -129,6 +130,7 @@ class FakeUpstream:
         else:
             body = {"error": {"message": msg, "type": "server_error", "param": None, "code": None}}
         headers = {"Retry-After": fault.retry_after} if fault.retry_after is not None else {}
+        headers.update(fault.headers or {})
         return web.json_response(body, status=fault.status, headers=headers)
 
     async def _wrap(self, request: web.Request, anthropic: bool, make) -> web.StreamResponse:

@@ -257,3 +257,16 @@ async def test_upstream_auth_failure_is_a_502_without_the_upstream_body(start_ga
     assert status == 502, data
     assert "gateway's provider credential" in data["error"]["message"]
     assert "fake upstream error" not in json.dumps(data)
+
+
+async def test_upstream_retry_after_ms_reaches_the_caller_as_seconds(start_gateway, fake):
+    from gateway.testing.fake_upstream import Fault
+
+    gw = await start_gateway(summaries={"window_ms": 1})
+    fake.faults.append(Fault(status=429, headers={"retry-after-ms": "75001"}))
+    async with aiohttp.ClientSession() as s:
+        body = {"task": "checklist", "model": "gpt-fake", "anomalies": [anomaly(1)]}
+        headers = {"Authorization": f"Bearer {gw.keys['alpha']}"}
+        async with s.post(gw.url + SUMMARIES_PATH, json=body, headers=headers) as r:
+            assert r.status == 429
+            assert r.headers["Retry-After"] == "76"

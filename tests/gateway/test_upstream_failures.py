@@ -100,6 +100,18 @@ async def test_retry_after_90s_is_not_waited_out(gateway, fake, oai, anth):
     assert [(r["http_status"], r["retries"]) for r in rows] == [(429, 0), (429, 0)]
 
 
+async def test_retry_after_ms_reaches_the_client_as_plain_seconds(gateway, fake, oai, anth):
+    fake.faults.append(Fault(status=429, headers={"retry-after-ms": "90200"}))
+    with pytest.raises(openai.RateLimitError) as ei:
+        await oai(gateway).chat.completions.create(model="gpt-fake", messages=MSGS)
+    assert ei.value.response.headers["retry-after"] == "91"
+    fake.faults.append(Fault(status=503, headers={"retry-after-ms": "61000"}))
+    with pytest.raises(anthropic.InternalServerError) as ai:
+        await anth(gateway).messages.create(model="claude-fake", max_tokens=8, messages=MSGS)
+    assert ai.value.response.headers["retry-after"] == "61"
+    assert fake.requests == 2  # over max_retry_after_s: handed to the client, not waited out
+
+
 async def test_stalled_upstream_gives_clean_504(start_gateway, fake, oai, anth):
     gw = await start_gateway(**SHORT_READ)
     fake.faults.append(Fault(stall_after_events=0))  # headers sent, body never finishes
