@@ -73,7 +73,8 @@ class ClockSampler:
             return False
         try:
             mhz = float(self._nvml.nvmlDeviceGetClockInfo(self._handle, self._nvml.NVML_CLOCK_SM))
-            self.reasons_seen |= int(_throttle_mask(self._nvml, self._handle))
+            # gpu_idle (0x1) is set whenever the clock is read between kernels: not a throttle
+            self.reasons_seen |= int(_throttle_mask(self._nvml, self._handle)) & ~0x1
         except Exception as exc:
             self.reason = f"NVML read failed: {exc}"
             return False

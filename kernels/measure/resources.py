@@ -65,7 +65,8 @@ def occupancy(
     smem_alloc = _round_up(smem_per_block, limits.smem_alloc_unit) + limits.smem_reserved_per_block
 
     by = {
-        "registers": (limits.regs_per_sm // regs_per_warp) // num_warps,
+        # the register file is split over 4 sub-partitions (SMSPs); a warp's registers live in one
+        "registers": ((limits.regs_per_sm // 4) // regs_per_warp * 4) // num_warps,
         "shared_memory": limits.smem_per_sm // smem_alloc,
         "warps": limits.max_warps_per_sm // num_warps,
         "blocks": limits.max_blocks_per_sm,

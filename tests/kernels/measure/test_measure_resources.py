@@ -96,3 +96,10 @@ def test_ncu_not_collected_says_why() -> None:
     if shutil.which("ncu") is None:
         missing = collect_ncu(["python", "x.py"], enabled=True)
         assert missing["collected"] is False and "PATH" in missing["reason"]
+
+
+def test_register_file_is_split_over_four_sub_partitions():
+    # 80 regs x 32 threads = 2560 per warp: 16384 // 2560 = 6 warps per sub-partition, 24 per SM
+    # (65536 // 2560 = 25 would overcount one-warp blocks)
+    assert occupancy(80, 0, 1)["blocks_per_sm"] == 24
+    assert occupancy(96, 0, 1)["blocks_per_sm"] == 20
