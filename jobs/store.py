@@ -346,8 +346,8 @@ class Store:
         self, job_id: int, status: str, *, message: str | None = None, cluster: dict | None = None
     ) -> None:
         values: dict[str, Any] = {"status": status}
-        if status == "running":
-            values["started_at"] = now()
+        if status == "running":  # a resumed job keeps the time it first started
+            values["started_at"] = func.coalesce(Job.started_at, now())
             values["finished_at"] = None
         elif status in ("completed", "failed", "interrupted"):
             values["finished_at"] = now()
