@@ -24,6 +24,7 @@ from sqlalchemy import text
 
 from gateway.config import GatewaySettings, ProjectConfig
 from gateway.db import create_engine, create_tables
+from gateway.db import ledger as ledger_table
 from gateway.errors import (
     ApiStyle,
     GatewayError,
@@ -50,6 +51,15 @@ log = logging.getLogger("gateway")
 FORWARD_HEADERS = ("anthropic-version", "anthropic-beta", "openai-beta", "accept")
 DEFAULT_ANTHROPIC_VERSION = "2023-06-01"
 MAX_BODY_BYTES = 64 * 1024 * 1024
+# Lengths of the ledger columns that hold client-controlled strings (a longer value fails the insert).
+_TASK_LEN = ledger_table.c.task.type.length
+_SESSION_LEN = ledger_table.c.session_id.type.length
+_MODEL_LEN = ledger_table.c.public_model.type.length
+_UPSTREAM_ID_LEN = ledger_table.c.upstream_request_id.type.length
+
+
+def _clip(value: str | None, n: int) -> str | None:
+    return value[:n] if value is not None and len(value) > n else value
 
 
 @dataclass(frozen=True, slots=True)
@@ -599,14 +609,14 @@ class Gateway:
                 "request_id": rec.request_id,
                 "ts": rec.ts,
                 "endpoint": rec.endpoint,
-                "upstream_request_id": rec.upstream_request_id,
+                "upstream_request_id": _clip(rec.upstream_request_id, _UPSTREAM_ID_LEN),
                 "project": rec.project,
                 "key_id": rec.key_id,
-                "public_model": rec.public_model,
+                "public_model": _clip(rec.public_model, _MODEL_LEN),
                 "upstream_model": rec.upstream_model,
                 "provider": rec.provider,
-                "task": rec.task,
-                "session_id": rec.session_id,
+                "task": _clip(rec.task, _TASK_LEN),
+                "session_id": _clip(rec.session_id, _SESSION_LEN),
                 "stream": rec.stream,
                 "status": rec.status,
                 "http_status": rec.http_status,

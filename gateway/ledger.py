@@ -2,7 +2,8 @@
 
 ``submit`` is synchronous and only appends to a list, so the request path never waits on the database.
 The writer flushes every ``interval`` seconds, sooner when a batch fills, and once more on ``stop``.
-A failed flush keeps its rows and tries again on the next tick.
+A failed flush keeps its rows and tries again on the next tick, except rows the database refuses for their
+data: those are found by splitting the batch, logged and dropped, so one bad row never blocks the ledger.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import logging
 from datetime import UTC, datetime
 
 from sqlalchemy import func, select
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, StatementError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.db import ledger
@@ -19,6 +21,13 @@ from gateway.db import ledger
 log = logging.getLogger("gateway.ledger")
 
 MAX_BACKLOG = 200_000
+
+
+def _is_row_error(e: Exception) -> bool:
+    """Whether the database refused the rows' data (not the database being unavailable)."""
+    if isinstance(e, (DataError, IntegrityError)):
+        return True
+    return isinstance(e, StatementError) and not isinstance(e, DBAPIError)  # a value that cannot be bound
 
 
 class LedgerWriter:
@@ -33,6 +42,7 @@ class LedgerWriter:
         self._stopping = False
         self.written = 0
         self.failed_flushes = 0
+        self.dropped = 0  # rows the database refused for their data
 
     @property
     def running(self) -> bool:
@@ -61,24 +71,51 @@ class LedgerWriter:
                 log.exception("ledger flush failed; will retry")
 
     async def flush(self) -> int:
-        """Write everything submitted so far; returns the number of rows written."""
+        """Write everything submitted so far; returns the number of rows written.
+
+        A batch the database refuses for its data (a value too long, a duplicate key, a value of the wrong
+        type) is split in halves until the bad rows are found: those are logged and dropped, the rest are
+        written. Any other failure (the database unreachable, locked, ...) keeps every unwritten row
+        pending for the next flush.
+        """
         async with self._lock:
             if not self._pending:
                 return 0
             batch, self._pending = self._pending, []
+            todo = [batch]  # a stack of chunks, the next to write last
+            written = 0
+            chunk: list[dict] = []
             try:
-                async with self._engine.begin() as conn:
-                    await conn.execute(ledger.insert(), batch)
+                while todo:
+                    chunk = todo.pop()
+                    try:
+                        async with self._engine.begin() as conn:
+                            await conn.execute(ledger.insert(), chunk)
+                    except Exception as e:
+                        if not _is_row_error(e):
+                            raise
+                        if len(chunk) == 1:
+                            self.dropped += 1
+                            log.error(
+                                "ledger row %s refused by the database, dropped: %s",
+                                chunk[0].get("request_id"),
+                                str(e).splitlines()[0][:300] if str(e) else e.__class__.__name__,
+                            )
+                        else:
+                            mid = len(chunk) // 2
+                            todo += [chunk[mid:], chunk[:mid]]
+                        continue
+                    written += len(chunk)
+                    self.written += len(chunk)
             except BaseException:
                 self.failed_flushes += 1
-                self._pending[:0] = batch
+                self._pending[:0] = chunk + [r for c in reversed(todo) for r in c]
                 if len(self._pending) > MAX_BACKLOG:
                     dropped = len(self._pending) - MAX_BACKLOG
                     del self._pending[:dropped]
                     log.error("ledger backlog over %d rows: dropped the %d oldest", MAX_BACKLOG, dropped)
                 raise
-            self.written += len(batch)
-            return len(batch)
+            return written
 
     async def stop(self) -> None:
         self._stopping = True

@@ -138,3 +138,47 @@ async def test_two_gateways_side_by_side_keep_separate_state(start_gateway, oai)
     assert a.gw.metrics.registry.get_sample_value(count, labels) == 1
     assert b.gw.metrics.registry.get_sample_value(count, labels) is None
     assert len(await a.rows()) == 1 and len(await b.rows()) == 0
+
+
+async def test_oversized_client_strings_are_truncated_to_their_columns(gateway, fake):
+    # aiohttp refuses a header line over 8190 bytes by default: 8 KB is the largest a client can send
+    headers = {
+        "Authorization": f"Bearer {gateway.keys['alpha']}",
+        "X-Farm-Task": "t" * 8000,
+        "X-Claude-Code-Session-Id": "s" * 8000,
+    }
+    async with aiohttp.ClientSession() as s:
+        status, rid, _ = await post(s, f"{gateway.v1}/chat/completions", {"model": "m" * 10_000}, headers)
+    assert status == 404
+    (row,) = await gateway.rows()
+    assert row["request_id"] == rid
+    assert (len(row["task"]), len(row["session_id"]), len(row["public_model"])) == (128, 128, 128)
+
+
+async def test_a_bad_row_is_dropped_not_the_whole_batch(tmp_path, caplog):
+    from datetime import UTC, datetime
+
+    from gateway.db import create_engine, create_tables
+    from gateway.ledger import LedgerWriter
+
+    engine = create_engine(f"sqlite+aiosqlite:///{tmp_path / 'l.db'}")
+    await create_tables(engine)
+    writer = LedgerWriter(engine, interval_s=60)
+
+    def row(rid: str) -> dict:
+        now = datetime.now(UTC)
+        return {"request_id": rid, "ts": now, "endpoint": "chat", "status": "ok", "latency_ms": 1.0}
+
+    try:
+        writer.submit(row("a"))
+        assert await writer.flush() == 1
+        for rid in ("b", "c", "a", "d", "e"):  # "a" again: the primary key refuses it
+            writer.submit(row(rid))
+        assert await writer.flush() == 4
+        assert writer.dropped == 1 and "dropped" in caplog.text
+        assert await writer.flush() == 0  # nothing left pending to fail again
+        con = sqlite3.connect(tmp_path / "l.db")
+        assert sorted(r for (r,) in con.execute("SELECT request_id FROM gateway_ledger")) == list("abcde")
+        con.close()
+    finally:
+        await engine.dispose()
