@@ -126,6 +126,16 @@ def _bad_request(message: str, error_class: str = "bad_request") -> GatewayError
     return GatewayError(400, message, error_class=error_class)
 
 
+async def read_body(request: web.Request) -> bytes:
+    """The request body; aiohttp's own refusals (a body over ``client_max_size``: 413) become errors in
+    the caller's API format instead of an internal error."""
+    try:
+        return await request.read()
+    except web.HTTPException as e:
+        error_class = "body_too_large" if e.status == 413 else f"http_{e.status}"
+        raise GatewayError(e.status, e.text or e.reason, error_class=error_class) from None
+
+
 def _client_key(request: web.Request) -> str | None:
     key = request.headers.get("x-api-key")
     if key:
@@ -306,7 +316,7 @@ class Gateway:
         )
         rec.session_id = headers.get("X-Claude-Code-Session-Id") or headers.get("session-id")
 
-        raw = await request.read()
+        raw = await read_body(request)
         try:
             body = json.loads(raw)
         except ValueError as e:
@@ -590,7 +600,7 @@ class Gateway:
                 upstream.release()
             else:
                 upstream.close()  # drops the connection: the upstream sees the request cancelled
-            if tracker.seen_usage:
+            if tracker.seen_usage and not tracker.bad_usage:
                 rec.input_tokens, rec.output_tokens = tracker.input_tokens, tracker.output_tokens
             elif rec.http_status == 200:
                 rec.input_tokens = estimate_tokens(raw)

@@ -128,7 +128,9 @@ class SummaryBatcher:
 
     async def _handle(self, request: web.Request) -> web.Response:
         info, project = await self.gw._authenticate(request)
-        req = self._parse(await request.read())
+        from gateway.app import read_body
+
+        req = self._parse(await read_body(request))
         if len(req.anomalies) > self.cfg.max_anomalies_per_request:
             raise GatewayError(
                 413,

@@ -26,16 +26,41 @@ def estimate_output_tokens(raw: bytes) -> int:
     return max(1, sum(len(m) for m in _TEXT_RE.findall(raw)) // _CHARS_PER_TOKEN)
 
 
+class BadUsage(ValueError):
+    """An upstream usage field that is not a whole number of tokens."""
+
+
+def _tok(u: dict, key: str) -> int:
+    """A token count from a usage object: absent or null is 0; anything not a count raises BadUsage."""
+    v = u.get(key)
+    if not v:
+        return 0
+    if isinstance(v, bool):
+        raise BadUsage(key)
+    try:
+        n = int(v)
+    except (TypeError, ValueError, OverflowError):
+        raise BadUsage(key) from None
+    if n < 0:
+        raise BadUsage(key)
+    return n
+
+
 def _anthropic_input(u: dict) -> int:
-    return (
-        int(u.get("input_tokens") or 0)
-        + int(u.get("cache_creation_input_tokens") or 0)
-        + int(u.get("cache_read_input_tokens") or 0)
-    )
+    cached = _tok(u, "cache_creation_input_tokens") + _tok(u, "cache_read_input_tokens")
+    return _tok(u, "input_tokens") + cached
 
 
 def usage_from_body(api: Api, body: object) -> tuple[int, int] | None:
-    """(input, output) tokens from a non-streamed response body, or None when it reports none."""
+    """(input, output) tokens from a non-streamed response body, or None when it reports none or reports
+    something that is not a token count (the caller then estimates)."""
+    try:
+        return _usage_from_body(api, body)
+    except BadUsage:
+        return None
+
+
+def _usage_from_body(api: Api, body: object) -> tuple[int, int] | None:
     if not isinstance(body, dict):
         return None
     u = body.get("usage")
@@ -44,14 +69,14 @@ def usage_from_body(api: Api, body: object) -> tuple[int, int] | None:
     if api == "chat":
         if "prompt_tokens" not in u and "completion_tokens" not in u:
             return None
-        return int(u.get("prompt_tokens") or 0), int(u.get("completion_tokens") or 0)
+        return _tok(u, "prompt_tokens"), _tok(u, "completion_tokens")
     if api == "responses":
         if "input_tokens" not in u and "output_tokens" not in u:
             return None
-        return int(u.get("input_tokens") or 0), int(u.get("output_tokens") or 0)
+        return _tok(u, "input_tokens"), _tok(u, "output_tokens")
     if "input_tokens" not in u and "output_tokens" not in u:
         return None
-    return _anthropic_input(u), int(u.get("output_tokens") or 0)
+    return _anthropic_input(u), _tok(u, "output_tokens")
 
 
 def _event_data(block: bytes) -> bytes:
@@ -65,7 +90,10 @@ def _event_data(block: bytes) -> bytes:
 class StreamUsage:
     """Feeds on upstream SSE bytes, returns the bytes to forward, and collects usage on the way."""
 
-    __slots__ = ("api", "strip_usage_chunk", "_buf", "input_tokens", "output_tokens", "seen_usage", "_text")
+    __slots__ = (
+        "api", "strip_usage_chunk", "_buf", "input_tokens", "output_tokens", "seen_usage", "bad_usage",
+        "_text",
+    )  # fmt: skip
 
     def __init__(self, api: Api, strip_usage_chunk: bool = False) -> None:
         self.api = api
@@ -74,6 +102,7 @@ class StreamUsage:
         self.input_tokens = 0
         self.output_tokens = 0
         self.seen_usage = False
+        self.bad_usage = False  # an event's usage was not a token count: the caller estimates instead
         self._text = 0
 
     def feed(self, chunk: bytes) -> bytes:
@@ -108,6 +137,13 @@ class StreamUsage:
         """Record usage carried by one event; False when the event must not reach the client."""
         for m in _TEXT_RE.finditer(block):
             self._text += len(m.group(1))
+        try:
+            return self._inspect_usage(block)
+        except BadUsage:
+            self.bad_usage = True
+            return True
+
+    def _inspect_usage(self, block: bytes) -> bool:
         api = self.api
         if api == "chat":
             if b'"usage":{' not in block and b'"usage": {' not in block:
@@ -115,11 +151,15 @@ class StreamUsage:
             obj = self._json(block)
             u = obj.get("usage") if obj else None
             if isinstance(u, dict):
+                keep = not (self.strip_usage_chunk and not obj.get("choices"))
+                try:
+                    self.input_tokens = _tok(u, "prompt_tokens")
+                    self.output_tokens = _tok(u, "completion_tokens")
+                except BadUsage:
+                    self.bad_usage = True
+                    return keep
                 self.seen_usage = True
-                self.input_tokens = int(u.get("prompt_tokens") or 0)
-                self.output_tokens = int(u.get("completion_tokens") or 0)
-                if self.strip_usage_chunk and not obj.get("choices"):
-                    return False
+                return keep
             return True
         if api == "responses":
             if b'"usage"' not in block or b"response." not in block:
@@ -129,8 +169,8 @@ class StreamUsage:
             u = resp.get("usage") if isinstance(resp, dict) else None
             if isinstance(u, dict):
                 self.seen_usage = True
-                self.input_tokens = int(u.get("input_tokens") or 0)
-                self.output_tokens = int(u.get("output_tokens") or 0)
+                self.input_tokens = _tok(u, "input_tokens")
+                self.output_tokens = _tok(u, "output_tokens")
             return True
         # Anthropic messages
         if b"message_start" in block:
@@ -140,14 +180,14 @@ class StreamUsage:
             if isinstance(u, dict):
                 self.seen_usage = True
                 self.input_tokens = _anthropic_input(u)
-                self.output_tokens = int(u.get("output_tokens") or 0)
+                self.output_tokens = _tok(u, "output_tokens")
         elif b"message_delta" in block:
             obj = self._json(block)
             u = obj.get("usage") if obj else None
             if isinstance(u, dict):
                 self.seen_usage = True
                 if "output_tokens" in u:
-                    self.output_tokens = int(u["output_tokens"] or 0)  # cumulative
+                    self.output_tokens = _tok(u, "output_tokens")  # cumulative
                 if u.get("input_tokens"):
                     self.input_tokens = _anthropic_input(u)
         return True

@@ -135,3 +135,29 @@ async def test_session_and_task_recorded(gateway, fake, oai, anth):
         ("codex-sess-1", "checklist"),
         ("cc-sess-2", "alpha-default"),
     ]
+
+
+async def test_body_over_client_max_size_is_a_413_in_the_callers_format(start_gateway, fake, monkeypatch):
+    import aiohttp
+
+    import gateway.app
+
+    monkeypatch.setattr(gateway.app, "MAX_BODY_BYTES", 2000)
+    gw = await start_gateway()
+    big = [{"role": "user", "content": "x" * 5000}]
+    async with aiohttp.ClientSession() as s:
+        headers = {"Authorization": f"Bearer {gw.keys['alpha']}"}
+        body = {"model": "gpt-fake", "messages": big}
+        async with s.post(f"{gw.v1}/chat/completions", json=body, headers=headers) as r:
+            assert r.status == 413
+            err = (await r.json())["error"]
+            assert "body" in err["message"] and err["type"] == "invalid_request_error"
+        headers = {"x-api-key": gw.keys["alpha"], "anthropic-version": "2023-06-01"}
+        body = {"model": "claude-fake", "max_tokens": 8, "messages": big}
+        async with s.post(f"{gw.v1}/messages", json=body, headers=headers) as r:
+            assert r.status == 413
+            data = await r.json()
+            assert data["type"] == "error" and data["error"]["type"] == "request_too_large"
+    assert fake.requests == 0
+    rows = await gw.rows()
+    assert [(r["http_status"], r["error_class"]) for r in rows] == [(413, "body_too_large")] * 2

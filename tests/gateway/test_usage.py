@@ -1,0 +1,29 @@
+"""Usage parsing: tolerant of what an upstream reports, bounded in what it buffers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gateway.usage import StreamUsage, usage_from_body
+
+
+@pytest.mark.parametrize("bad", ["12.5", "lots", {"n": 1}, [3], -4, True])
+def test_bad_usage_values_mean_estimate_not_crash(bad):
+    assert usage_from_body("chat", {"usage": {"prompt_tokens": bad, "completion_tokens": 3}}) is None
+    assert usage_from_body("responses", {"usage": {"input_tokens": 2, "output_tokens": bad}}) is None
+    assert usage_from_body("messages", {"usage": {"input_tokens": 2, "cache_read_input_tokens": bad}}) is None
+    assert usage_from_body("chat", {"usage": {"prompt_tokens": "7", "completion_tokens": None}}) == (7, 0)
+
+    chat = StreamUsage("chat", strip_usage_chunk=True)
+    event = b'data: {"choices":[],"usage":{"prompt_tokens":%s,"completion_tokens":1}}\n\n'
+    assert chat.feed(event % json.dumps(bad).encode()) == b""  # still stripped, as the client did not ask
+    assert chat.bad_usage and not chat.seen_usage
+
+    msgs = StreamUsage("messages")
+    start = b'event: message_start\ndata: {"type":"message_start","message":{"usage":{"input_tokens":5}}}\n\n'
+    delta = b'event: message_delta\ndata: {"type":"message_delta","usage":{"output_tokens":%s}}\n\n'
+    out = msgs.feed(start + delta % json.dumps(bad).encode())
+    assert out.count(b"\n\n") == 2  # every event still reaches the client
+    assert msgs.bad_usage
