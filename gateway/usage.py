@@ -16,6 +16,9 @@ Api = Literal["chat", "responses", "messages"]
 # Text fields of all three wire formats, used only for the estimate when an upstream reports no usage.
 _TEXT_RE = re.compile(rb'"(?:content|delta|text|partial_json|arguments)"\s*:\s*"((?:[^"\\]|\\.)*)"')
 _CHARS_PER_TOKEN = 4
+# An upstream that never ends an event ("\n\n") must not grow the buffer without bound: past this many
+# bytes the buffer is forwarded as it is (its usage, if any, is then not read).
+MAX_EVENT_BYTES = 1024 * 1024
 
 
 def estimate_tokens(raw: bytes) -> int:
@@ -111,6 +114,11 @@ class StreamUsage:
         buf = self._buf + chunk if self._buf else chunk
         end = buf.rfind(b"\n\n")
         if end < 0:
+            if len(buf) > MAX_EVENT_BYTES:  # no event end in sight: pass the bytes on rather than hoard them
+                for m in _TEXT_RE.finditer(buf):
+                    self._text += len(m.group(1))
+                self._buf = b""
+                return buf
             self._buf = buf
             return b""
         complete, self._buf = buf[: end + 2], buf[end + 2 :]

@@ -27,3 +27,16 @@ def test_bad_usage_values_mean_estimate_not_crash(bad):
     out = msgs.feed(start + delta % json.dumps(bad).encode())
     assert out.count(b"\n\n") == 2  # every event still reaches the client
     assert msgs.bad_usage
+
+
+def test_a_stream_without_event_ends_is_forwarded_once_the_buffer_passes_the_cap():
+    from gateway.usage import MAX_EVENT_BYTES
+
+    tracker = StreamUsage("chat")
+    chunk = b"data: " + b"x" * 65_530  # 64 KiB, never a blank line
+    sent = b""
+    for _ in range(40):  # 2.5 MiB in all
+        sent += tracker.feed(chunk)
+    assert len(sent) >= 40 * len(chunk) - MAX_EVENT_BYTES - len(chunk)  # the buffer stays bounded
+    sent += tracker.finish()
+    assert sent == chunk * 40  # every byte reaches the client, in order
