@@ -642,22 +642,21 @@ class Gateway:
                 "batch_size": rec.batch_size,
             }
         )
-        m = self.metrics
         project = rec.project or "unknown"
-        model = rec.model_label
-        m.requests.labels(project, model, rec.task_label, rec.status).inc()
-        m.latency.labels(project, model, rec.status).observe(latency)
+        m = self.metrics.request_children(project, rec.model_label, rec.task_label, rec.status)
+        m.requests.inc()
+        m.latency.observe(latency)
         if rec.input_tokens:
-            m.input_tokens.labels(project, model, rec.task_label).inc(rec.input_tokens)
+            m.input_tokens.inc(rec.input_tokens)
         if rec.output_tokens:
-            m.output_tokens.labels(project, model, rec.task_label).inc(rec.output_tokens)
+            m.output_tokens.inc(rec.output_tokens)
         if upstream_s is not None:
-            m.upstream_latency.labels(project, model).observe(upstream_s)
-            m.overhead.labels(project, model).observe(max(0.0, latency - upstream_s - rec.queue_wait))
+            m.upstream_latency.observe(upstream_s)
+            m.overhead.observe(max(0.0, latency - upstream_s - rec.queue_wait))
         if rec.ttft is not None:
-            m.ttft.labels(project, model).observe(rec.ttft)
+            m.ttft.observe(rec.ttft)
         if rec.queue_wait:
-            m.queue_wait.labels(project).observe(rec.queue_wait)
+            m.queue_wait.observe(rec.queue_wait)
 
 
 GATEWAY = web.AppKey("gateway", Gateway)

@@ -182,3 +182,23 @@ async def test_a_bad_row_is_dropped_not_the_whole_batch(tmp_path, caplog):
         con.close()
     finally:
         await engine.dispose()
+
+
+async def test_request_metrics_reuse_their_labelled_children(gateway, oai):
+    client = oai(gateway)
+    for _ in range(3):
+        await client.chat.completions.create(model="gpt-fake", messages=MSGS)
+    m = gateway.gw.metrics
+    assert list(m._children) == [("alpha", "gpt-fake", "alpha-default", "ok")]
+    assert (
+        m.request_children("alpha", "gpt-fake", "alpha-default", "ok")
+        is m._children[("alpha", "gpt-fake", "alpha-default", "ok")]
+    )
+    labels = {"project": "alpha", "model": "gpt-fake", "task": "alpha-default", "status": "ok"}
+    assert m.registry.get_sample_value("gateway_requests_total", labels) == 3
+    assert (
+        m.registry.get_sample_value(
+            "gateway_request_latency_seconds_count", {k: labels[k] for k in ("project", "model", "status")}
+        )
+        == 3
+    )
