@@ -28,7 +28,7 @@ def test_sweep_joins_the_cluster_and_runs_on_both_nodes(two_nodes, tmp_path):
     spec = loads_spec("""
 name: probe-2nodes
 family: probe
-backends: [{name: spin, baseline: true, configs: {grid: {ms: [10]}}}]
+backends: [{name: spin, baseline: true, configs: {grid: {ms: [300]}}}]
 shapes: {grid: {n: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]}}
 measure: {warmup_ms: 0, min_samples: 1, max_samples: 2, max_time_s: 0.5}
 timeout_s: 60
