@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 
@@ -18,6 +19,15 @@ class DeviceLimits:
 
 H100 = DeviceLimits("H100/H800 SXM", 3350.0, {"bf16": 989.0, "fp8": 1979.0}, 132, 228, 227, 50)
 H200 = DeviceLimits("H200 SXM", 4800.0, {"bf16": 989.0, "fp8": 1979.0}, 132, 228, 227, 60)
+
+
+# The SM count the split heuristics and wave counts assume when no device is at hand (H100/H800/H200).
+HOPPER_SMS = H100.sms
+
+
+def triton_interpreting() -> bool:
+    """True when Triton kernels run in the CPU interpreter (TRITON_INTERPRET set and not "0")."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def limits_for(device_name: str | None) -> DeviceLimits | None:

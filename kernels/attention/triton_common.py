@@ -13,18 +13,18 @@ The interpreter's fp32 -> bf16 cast truncates, so there the kernels store fp32 a
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from kernels.hardware import triton_interpreting
+
 LOG2E = 1.4426950408889634
 
 
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+interpreting = triton_interpreting
 
 
 @dataclass(frozen=True)

@@ -36,8 +36,9 @@ from kernels.attention.triton_common import (
     warps_for,
 )
 from kernels.attention.triton_prefill import _check
+from kernels.hardware import HOPPER_SMS
 
-NUM_SMS = 132  # H100 / H200
+NUM_SMS = HOPPER_SMS
 MIN_KEYS_PER_SPLIT = 256
 MAX_SPLITS = 64
 

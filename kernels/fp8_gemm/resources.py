@@ -28,9 +28,10 @@ from typing import Any
 
 from kernels.fp8_gemm.quant import GROUP, cdiv
 from kernels.fp8_gemm.tiles import TileConfig
+from kernels.hardware import HOPPER_SMS
 from kernels.measure.resources import H100, SMLimits, occupancy
 
-NUM_SMS = 132  # H100 / H800 / H200 SXM
+NUM_SMS = HOPPER_SMS
 SMEM_LIMIT = H100.max_smem_per_block  # 227 KB
 MAX_REGS = H100.max_regs_per_thread  # 255
 REG_OVERHEAD = 40  # addresses, masks, scales, loop counters (a rough, documented constant)

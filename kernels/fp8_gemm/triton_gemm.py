@@ -17,7 +17,6 @@ trusted; that path is the only one the CPU tests exercise.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -27,12 +26,12 @@ import triton.language as tl
 
 from kernels.fp8_gemm.quant import FP8, GROUP, cdiv
 from kernels.fp8_gemm.tiles import TileConfig
+from kernels.hardware import triton_interpreting
 
 KERNEL_NAME = "_fp8_gemm_kernel"
 
 
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+interpreting = triton_interpreting
 
 
 @triton.jit

@@ -30,6 +30,7 @@ import sys
 
 import torch
 
+from kernels.hardware import HOPPER_SMS, triton_interpreting
 from kernels.paged_mla.layout import D_V, is_fp8
 
 # No GPU (a CPU worker, a laptop): the kernels can only run in the interpreter. Triton reads the variable
@@ -44,14 +45,13 @@ if not torch.cuda.is_available():
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-DEFAULT_NUM_SMS = 132  # H100 / H200
+DEFAULT_NUM_SMS = HOPPER_SMS
 MIN_TOKENS_PER_SPLIT = 256
 MAX_SPLITS = 64
 _LOG2E = 1.4426950408889634
 
 
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+interpreting = triton_interpreting
 
 
 def default_block_m(rows: int) -> int:
