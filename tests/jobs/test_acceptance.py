@@ -5,6 +5,12 @@ One baseline job, then candidates of the same points: noise alone, a real inject
 are noisy, so the gemm card's CPU thresholds are used (a slowdown must exceed 50% to be called, cv up to
 25% counts as stable); the injected slowdown is ~4x, far outside both, and the noise-only rerun must pass
 or at worst be ambiguous (accepted as a warning).
+
+Every job runs on one worker, one trial at a time. On two cores, two logical workers contend for the
+CPU: a baseline measured alone and a candidate measured beside a 4x-slowed neighbour are not the same
+conditions, and the untouched trial then reads as slower than its baseline (CI saw it). On GPUs each
+worker owns its device and that contention does not exist. One torch thread, too: a two-thread matmul
+whose second core is taken by a neighbour's process waits at every barrier and reads 10-100x slower.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ def farm(tmp_path_factory):
     session.connect(gpus=2)
     db = str(tmp_path_factory.mktemp("accept") / "farm.db")
     store = Store(db)
-    quiet = RunOptions(show_progress=False, echo=lambda _msg: None)
+    quiet = RunOptions(gpus=1, threads_per_worker=1, show_progress=False, echo=lambda _msg: None)
 
     def run(text: str) -> int:
         result = run_sweep(loads_spec(text), store, quiet)
