@@ -2,7 +2,10 @@
 
 The fake upstream and the gateway each run in their own subprocess (own event loop, own core share);
 this process is the aiohttp client. Serial: added latency p50/p95. Concurrency 32: requests per second,
-non-stream and stream. Bounded in count and time (well under a minute).
+non-stream and stream, and the CPU time each server process spent per request (from /proc: user + system).
+Requests per second depend on whatever else the machine runs; CPU per request much less so, and
+1 / (gateway CPU per request) is the most one gateway process can serve with a core to itself.
+Bounded in count and time (well under a minute).
 
     .venv/bin/python -m benchmarks.gateway_bench [--serial N] [--seconds S] [--concurrency C]
 """
@@ -84,7 +87,20 @@ async def serial(url: str, headers: dict, n: int) -> list[float]:
     return out
 
 
-async def throughput(url: str, headers: dict, stream: bool, conc: int, seconds: float) -> float:
+def _cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of a process so far (Linux /proc); None elsewhere."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def throughput(
+    url: str, headers: dict, stream: bool, conc: int, seconds: float, pids: dict[str, int]
+) -> dict:
+    """Requests per second at `conc` in flight, and the CPU microseconds per request of each process in
+    `pids` over the measured window."""
     body = json.dumps({**BODY, "stream": stream}).encode()
     done = 0
     connector = aiohttp.TCPConnector(limit=conc)
@@ -99,10 +115,16 @@ async def throughput(url: str, headers: dict, stream: bool, conc: int, seconds: 
                 await _one(s, url, body, headers, stream)
                 done += 1
 
+        cpu0 = {name: _cpu_s(pid) for name, pid in pids.items()}
         t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(conc)))
         elapsed = time.perf_counter() - t0
-    return done / elapsed
+        cpu1 = {name: _cpu_s(pid) for name, pid in pids.items()}
+    out = {"rps": done / elapsed, "requests": done}
+    for name in pids:
+        a, b = cpu0[name], cpu1[name]
+        out[f"{name}_cpu_us"] = (b - a) / done * 1e6 if a is not None and b is not None else None
+    return out
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -164,10 +186,14 @@ async def run(args: argparse.Namespace) -> dict:
         res: dict = {}
         res["serial_direct"] = await serial(direct, h_direct, args.serial)
         res["serial_via"] = await serial(via, h_via, args.serial)
+        fake_pid, gw_pid = procs[0].pid, procs[1].pid
         for stream in (False, True):
             tag = "stream" if stream else "nonstream"
-            res[f"{tag}_direct"] = await throughput(direct, h_direct, stream, args.concurrency, args.seconds)
-            res[f"{tag}_via"] = await throughput(via, h_via, stream, args.concurrency, args.seconds)
+            conc, secs = args.concurrency, args.seconds
+            res[f"{tag}_direct"] = await throughput(direct, h_direct, stream, conc, secs, {"fake": fake_pid})
+            res[f"{tag}_via"] = await throughput(
+                via, h_via, stream, conc, secs, {"fake": fake_pid, "gateway": gw_pid}
+            )
         return res
     finally:
         for p in reversed(procs):
@@ -184,15 +210,17 @@ def report(res: dict, args: argparse.Namespace) -> str:
     rows = [
         ("serial p50 latency (ms)", _pct(d, 50), _pct(v, 50), _pct(v, 50) - _pct(d, 50), "added <= 1 ms"),
         ("serial p95 latency (ms)", _pct(d, 95), _pct(v, 95), _pct(v, 95) - _pct(d, 95), ""),
-        (
-            f"non-stream req/s @{args.concurrency}",
-            res["nonstream_direct"],
-            res["nonstream_via"],
-            None,
-            ">= 1500 req/s",
-        ),
-        (f"stream req/s @{args.concurrency}", res["stream_direct"], res["stream_via"], None, ">= 800 req/s"),
     ]
+    for tag, label, target in (
+        ("nonstream", "non-stream", ">= 1500 req/s"),
+        ("stream", "stream", ">= 800 req/s"),
+    ):
+        d, v = res[f"{tag}_direct"], res[f"{tag}_via"]
+        rows.append((f"{label} req/s @{args.concurrency}", d["rps"], v["rps"], None, target))
+        if v.get("gateway_cpu_us") is not None:
+            rows.append((f"  {label} CPU us/req", d["fake_cpu_us"], v["gateway_cpu_us"], None,
+                         f"direct: the fake; gateway: its process (one-core ceiling "
+                         f"{1e6 / v['gateway_cpu_us']:.0f} req/s)"))  # fmt: skip
     lines = [f"{'':28} {'direct':>10} {'gateway':>10} {'added':>9}  target", "-" * 72]
     for name, a, b, added, target in rows:
         add = f"{added:9.3f}" if added is not None else f"{'':9}"
@@ -213,7 +241,18 @@ def _has_uvloop() -> bool:
         return False
 
 
-def main(argv: list[str] | None = None) -> None:
+def figures(res: dict) -> dict:
+    """The run as JSON-able figures (raw serial latencies summarised)."""
+    out = {k: v for k, v in res.items() if not k.startswith("serial_")}
+    for side in ("direct", "via"):
+        xs = res[f"serial_{side}"]
+        out[f"serial_{side}_ms"] = {"p50": _pct(xs, 50), "p95": _pct(xs, 95), "n": len(xs)}
+    out["added_p50_ms"] = out["serial_via_ms"]["p50"] - out["serial_direct_ms"]["p50"]
+    out["cpus"] = os.cpu_count()
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--serial", type=int, default=500, help="serial requests per side")
     ap.add_argument("--seconds", type=float, default=4.0, help="duration of each throughput run")
@@ -227,6 +266,7 @@ def main(argv: list[str] | None = None) -> None:
     res = asyncio.run(run(args))
     print("gateway benchmark (fake upstream, OpenAI chat completions)")
     print(report(res, args))
+    return figures(res)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ its upstream request (``serve`` below does).
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -696,6 +697,12 @@ def serve(settings: GatewaySettings, host: str | None = None, port: int | None =
         except ImportError:
             log.info("uvloop is not installed: using the default asyncio event loop")
     app = create_app(settings)
+    # Everything built so far lives as long as the process: keep it out of the collector's scans, and
+    # collect the youngest generation less often (aiohttp makes a few hundred objects per request; the
+    # default threshold of 700 had the collector take about 25 us per request at 1500 requests/s).
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 20)
     web.run_app(
         app,
         host=host or settings.host,

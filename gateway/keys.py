@@ -96,7 +96,7 @@ class KeyStore:
         self._cache: dict[str, tuple[KeyInfo, str, float]] = {}
 
     def _digest(self, key: str) -> str:
-        return hmac.new(self._secret, key.encode(), hashlib.sha256).hexdigest()
+        return hmac.digest(self._secret, key.encode(), hashlib.sha256).hex()
 
     async def create(
         self, project: str, name: str = "", expires_in: timedelta | None = None

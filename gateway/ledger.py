@@ -4,13 +4,20 @@
 The writer flushes every ``interval`` seconds, sooner when a batch fills, and once more on ``stop``.
 A failed flush keeps its rows and tries again on the next tick, except rows the database refuses for their
 data: those are found by splitting the batch, logged and dropped, so one bad row never blocks the ledger.
+
+On a dialect with positional parameters (SQLite, asyncpg) the INSERT is compiled once and fed plain tuples
+through the driver's executemany, with the column types' own bind processors applied here: SQLAlchemy's
+per-row parameter handling cost about 34 us of the 41 us a row took (measured on SQLite), and at 1500
+requests/s that is 5% of a core on the event loop's process. Elsewhere the Core insert is used.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, StatementError
@@ -21,11 +28,56 @@ from gateway.db import ledger
 log = logging.getLogger("gateway.ledger")
 
 MAX_BACKLOG = 200_000
+_PLAIN_TYPES = (str, int, float, type(None))  # what every driver binds as it is (bool is an int)
+_PLAIN = frozenset({*_PLAIN_TYPES, bool})
+
+
+class _Insert:
+    """The ledger INSERT compiled once for a positional-parameter dialect; rows become tuples in its
+    parameter order, each value through its column type's bind processor (as SQLAlchemy would store it)."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        dialect = engine.dialect
+        names = [c.name for c in ledger.columns]
+        compiled = ledger.insert().compile(dialect=dialect, column_keys=names)
+        self.sql = compiled.string
+        order = list(compiled.positiontup or ())
+        assert sorted(order) == sorted(names), (order, names)
+        self.defaults: list[tuple[str, Any]] = []  # (column, value when the row has none), in order
+        self.processors: list[tuple[int, Callable[[Any], Any]]] = []  # (position, bind processor)
+        for i, name in enumerate(order):
+            col = ledger.c[name]
+            default = col.default.arg if col.default is not None and col.default.is_scalar else None
+            self.defaults.append((name, default))
+            process = col.type.dialect_impl(dialect).bind_processor(dialect)
+            if process is not None:
+                self.processors.append((i, process))
+
+    @staticmethod
+    def supported(engine: AsyncEngine) -> bool:
+        return bool(engine.dialect.positional)
+
+    def params(self, row: dict) -> tuple:
+        """The row's parameters in order; ValueError names a value no driver could bind."""
+        get = row.get
+        values = [get(name, default) for name, default in self.defaults]
+        for i, process in self.processors:
+            if values[i] is not None:
+                values[i] = process(values[i])
+        if not _PLAIN.issuperset(map(type, values)):
+            for (name, _), value in zip(self.defaults, values, strict=True):
+                if not isinstance(value, _PLAIN_TYPES):
+                    raise ValueError(f"column {name}: cannot store a {type(value).__name__}")
+        return tuple(values)
+
+
+class _BadRow(Exception):
+    """A row with a value its column cannot take, found before it reached the database."""
 
 
 def _is_row_error(e: Exception) -> bool:
     """Whether the database refused the rows' data (not the database being unavailable)."""
-    if isinstance(e, (DataError, IntegrityError)):
+    if isinstance(e, (DataError, IntegrityError, _BadRow)):
         return True
     return isinstance(e, StatementError) and not isinstance(e, DBAPIError)  # a value that cannot be bound
 
@@ -33,6 +85,7 @@ def _is_row_error(e: Exception) -> bool:
 class LedgerWriter:
     def __init__(self, engine: AsyncEngine, *, interval_s: float = 0.25, batch_size: int = 500) -> None:
         self._engine = engine
+        self._insert = _Insert(engine) if _Insert.supported(engine) else None
         self._interval = interval_s
         self._batch_size = batch_size
         self._pending: list[dict] = []
@@ -89,8 +142,7 @@ class LedgerWriter:
                 while todo:
                     chunk = todo.pop()
                     try:
-                        async with self._engine.begin() as conn:
-                            await conn.execute(ledger.insert(), chunk)
+                        await self._write(chunk)
                     except Exception as e:
                         if not _is_row_error(e):
                             raise
@@ -116,6 +168,22 @@ class LedgerWriter:
                     log.error("ledger backlog over %d rows: dropped the %d oldest", MAX_BACKLOG, dropped)
                 raise
             return written
+
+    async def _write(self, rows: list[dict]) -> None:
+        if self._insert is None:
+            async with self._engine.begin() as conn:
+                await conn.execute(ledger.insert(), rows)
+            return
+        params = []
+        for row in rows:
+            try:
+                params.append(self._insert.params(row))
+            except (ValueError, TypeError, AttributeError) as e:  # a value its column cannot take
+                if len(rows) == 1:
+                    raise _BadRow(str(e)) from e
+                raise _BadRow("a row in the batch has a value its column cannot take") from e
+        async with self._engine.begin() as conn:
+            await conn.exec_driver_sql(self._insert.sql, params)
 
     async def stop(self) -> None:
         self._stopping = True

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 
 from aiolimiter import AsyncLimiter
 
@@ -41,13 +41,9 @@ def _adjust_level(limiter: AsyncLimiter, delta: float) -> None:
         limiter._level = max(0.0, limiter._level + delta)
 
 
-def _utc_day(now: datetime) -> str:
-    return now.strftime("%Y-%m-%d")
-
-
-def _seconds_to_midnight(now: datetime) -> float:
-    tomorrow = (now + timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
-    return (tomorrow - now).total_seconds()
+def _next_utc_midnight(epoch_s: float) -> float:
+    """The epoch seconds of the next 00:00 UTC after ``epoch_s``."""
+    return (epoch_s // 86400 + 1) * 86400
 
 
 @dataclass(slots=True)
@@ -68,7 +64,9 @@ class Admission:
 
 
 class ProjectLimits:
-    def __init__(self, name: str, cfg: ProjectConfig, used_today: int = 0) -> None:
+    def __init__(
+        self, name: str, cfg: ProjectConfig, used_today: int = 0, clock: Callable[[], float] = time.time
+    ) -> None:
         self.name = name
         self.cfg = cfg
         self._sem = asyncio.Semaphore(cfg.max_concurrency)
@@ -76,7 +74,8 @@ class ProjectLimits:
         self._tpm = AsyncLimiter(cfg.tpm, 60) if cfg.tpm else None
         self.in_flight = 0
         self.waiting = 0
-        self._day = _utc_day(datetime.now(UTC))
+        self._clock = clock
+        self._day_ends = _next_utc_midnight(clock())  # epoch seconds; a float compare per request
         self.used_today = used_today
 
     def budget_remaining(self) -> int | None:
@@ -86,9 +85,9 @@ class ProjectLimits:
         return max(0, self.cfg.daily_token_budget - self.used_today)
 
     def _roll_day(self) -> None:
-        day = _utc_day(datetime.now(UTC))
-        if day != self._day:
-            self._day = day
+        now = self._clock()
+        if now >= self._day_ends:
+            self._day_ends = _next_utc_midnight(now)
             self.used_today = 0
 
     async def admit(self, max_tokens: int | None) -> Admission:
@@ -98,7 +97,7 @@ class ProjectLimits:
             if self.used_today >= cfg.daily_token_budget:
                 raise LimitExceeded(
                     "daily_budget",
-                    _seconds_to_midnight(datetime.now(UTC)),
+                    self._day_ends - self._clock(),
                     f"project {self.name!r} has used its daily token budget "
                     f"({self.used_today}/{cfg.daily_token_budget} tokens)",
                 )

@@ -202,3 +202,41 @@ async def test_request_metrics_reuse_their_labelled_children(gateway, oai):
         )
         == 3
     )
+
+
+async def test_rows_read_back_as_written_and_a_value_no_column_takes_drops_its_row_alone(tmp_path, caplog):
+    """The writer's own INSERT (compiled once, plain tuples) stores what SQLAlchemy's would: datetimes,
+    booleans and column defaults read back through the table as they went in."""
+    from datetime import UTC, datetime
+
+    from sqlalchemy import select
+
+    from gateway.db import create_engine, create_tables, ledger
+    from gateway.ledger import LedgerWriter
+
+    engine = create_engine(f"sqlite+aiosqlite:///{tmp_path / 'l.db'}")
+    await create_tables(engine)
+    writer = LedgerWriter(engine, interval_s=60)
+    ts = datetime(2026, 11, 29, 21, 30, 1, 123456, tzinfo=UTC)
+    full = {"request_id": "full", "ts": ts, "endpoint": "chat", "status": "ok", "latency_ms": 2.5,
+            "stream": True, "tokens_estimated": True, "input_tokens": 7, "output_tokens": 3, "task": "t",
+            "upstream_ms": 1.25, "batch_size": 4}  # fmt: skip
+    try:
+        writer.submit(full)
+        writer.submit({**full, "request_id": "bad", "task": {"not": "a string"}})
+        writer.submit({"request_id": "bare", "ts": ts, "endpoint": "chat", "status": "ok", "latency_ms": 1.0})
+        assert await writer.flush() == 2
+        assert writer.dropped == 1 and "column task: cannot store a dict" in caplog.text
+        async with engine.connect() as conn:
+            rows = {r.request_id: r._asdict() for r in await conn.execute(select(ledger))}
+        assert set(rows) == {"full", "bare"}
+        got = rows["full"]
+        assert got["ts"].replace(tzinfo=UTC) == ts
+        assert {k: got[k] for k in full if k != "ts"} == {k: v for k, v in full.items() if k != "ts"}
+        bare = rows["bare"]
+        assert (bare["stream"], bare["tokens_estimated"], bare["retries"], bare["input_tokens"]) == (
+            False, False, 0, 0,
+        )  # fmt: skip
+        assert bare["queue_wait_ms"] == 0.0 and bare["task"] is None
+    finally:
+        await engine.dispose()
