@@ -6,7 +6,7 @@ ledger); the rest is shown once at creation and never stored or logged.
 
 from __future__ import annotations
 
-import hashlib
+import asyncio
 import hmac
 import re
 import secrets
@@ -94,9 +94,12 @@ class KeyStore:
         self._clock = clock
         # digest -> (info, row hash, monotonic fetch time); holds no plaintext key
         self._cache: dict[str, tuple[KeyInfo, str, float]] = {}
+        # key id -> the store lookup in flight: requests that miss the cache together share one query
+        self._loading: dict[str, asyncio.Future[tuple[KeyInfo, str] | None]] = {}
+        self._generation = 0  # bumped by revoke/rotate: a lookup begun before one is not cached
 
     def _digest(self, key: str) -> str:
-        return hmac.digest(self._secret, key.encode(), hashlib.sha256).hex()
+        return hmac.digest(self._secret, key.encode(), "sha256").hex()
 
     async def create(
         self, project: str, name: str = "", expires_in: timedelta | None = None
@@ -146,7 +149,7 @@ class KeyStore:
                 .where(api_keys.c.id == key_id, api_keys.c.revoked_at.is_(None))
                 .values(revoked_at=self._clock())
             )
-        self._cache.clear()
+        self._forget()
         return res.rowcount > 0
 
     async def rotate(self, key_id: str, grace: timedelta) -> tuple[str, KeyInfo]:
@@ -168,8 +171,14 @@ class KeyStore:
                 .where(api_keys.c.id == key_id)
                 .values(expires_at=old_expiry, rotated_to=new_info.id)
             )
-        self._cache.clear()
+        self._forget()
         return new_key, new_info
+
+    def _forget(self) -> None:
+        """Drop what this process knows about keys (after it changed one)."""
+        self._cache.clear()
+        self._loading.clear()
+        self._generation += 1
 
     async def authenticate(self, key: str) -> KeyInfo | None:
         """The key's info if it is valid now, else None. Never raises on a malformed key."""
@@ -179,16 +188,33 @@ class KeyStore:
         digest = self._digest(key)
         mono = time.monotonic()
         cached = self._cache.get(digest)
+        generation = self._generation
         if cached is not None and mono - cached[2] <= self._cache_ttl:
             info, row_hash = cached[0], cached[1]
         else:
-            async with self._engine.connect() as conn:
-                row = (await conn.execute(select(api_keys).where(api_keys.c.id == m.group(1)))).first()
-            if row is None:
+            loaded = await self._load(m.group(1))
+            if loaded is None:
                 return None
-            info, row_hash = _row_to_info(row), row.key_hash
+            info, row_hash = loaded
         if not hmac.compare_digest(row_hash, digest):
             return None
-        if cached is None or cached[0] is not info:
+        if (cached is None or cached[0] is not info) and generation == self._generation:
             self._cache[digest] = (info, row_hash, mono)
         return info if info.usable(self._clock()) else None
+
+    async def _load(self, key_id: str) -> tuple[KeyInfo, str] | None:
+        """The key row's info and hash, one query per key id however many requests wait for it (when the
+        cache entry of a busy key expires, every request in flight would otherwise query the store)."""
+        fut = self._loading.get(key_id)
+        if fut is None:
+            fut = asyncio.ensure_future(self._query(key_id))
+            self._loading[key_id] = fut
+            fut.add_done_callback(
+                lambda f: self._loading.pop(key_id) if self._loading.get(key_id) is f else None
+            )
+        return await asyncio.shield(fut)  # a waiter cancelled does not cancel the others' query
+
+    async def _query(self, key_id: str) -> tuple[KeyInfo, str] | None:
+        async with self._engine.connect() as conn:
+            row = (await conn.execute(select(api_keys).where(api_keys.c.id == key_id))).first()
+        return (_row_to_info(row), row.key_hash) if row is not None else None
