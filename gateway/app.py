@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import itertools
 import json
 import logging
 import os
@@ -59,6 +60,11 @@ _MODEL_LEN = ledger_table.c.public_model.type.length
 _UPSTREAM_ID_LEN = ledger_table.c.upstream_request_id.type.length
 
 
+# Request ids: a random prefix drawn once per process, then a counter (unique without a syscall each).
+_ID_PREFIX = os.urandom(6).hex()
+_ID_SEQ = itertools.count(int.from_bytes(os.urandom(3), "big") << 16)
+
+
 def _clip(value: str | None, n: int) -> str | None:
     return value[:n] if value is not None and len(value) > n else value
 
@@ -102,7 +108,7 @@ class Record:
     )  # fmt: skip
 
     def __init__(self, endpoint: str) -> None:
-        self.request_id = os.urandom(12).hex()
+        self.request_id = f"{_ID_PREFIX}{next(_ID_SEQ):012x}"
         self.ts = datetime.now(UTC)
         self.t0 = time.perf_counter()
         self.endpoint = endpoint
