@@ -5,7 +5,8 @@ form, top-k sparse attention (DeepSeek sparse attention), and a paged decode ste
                  mla_decode_reference, the causal rule and the sparse-index semantics
   inputs         seeded input builders (NaN-poisoned memory a kernel must not read)
   cost           FLOPs and bytes per mode
-  triton_common  shared Triton helpers (interpreter detection, head-dim split, tile loads)
+  triton_common  shared Triton helpers (head-dim split, tile loads, online softmax, split-KV merge and
+                 split count; kernels.paged_mla.triton_decode uses them too)
   triton_prefill flash-attention forward (online softmax, causal, GQA)
   triton_decode  split-KV decode with GQA heads packed into the rows, plus the combine kernel
   triton_sparse  top-k sparse attention gathering KV rows by index

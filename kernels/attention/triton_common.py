@@ -9,6 +9,9 @@ Dot precision: on a GPU, bf16/fp16 operands go to the tensor cores as they are (
 rounded to the input dtype before P @ V) and fp32 operands use IEEE fp32 (no TF32). The interpreter
 (TRITON_INTERPRET=1) computes bf16 dots wrong, so there every operand is upcast to fp32 (`F32=True`).
 The interpreter's fp32 -> bf16 cast truncates, so there the kernels store fp32 and torch rounds.
+
+The online softmax (softmax_init / softmax_step / finish), the split-KV merge (lse_shift / merge_splits)
+and the split count (split_count) also serve the paged MLA decode (kernels.paged_mla.triton_decode).
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import triton.language as tl
 from kernels.hardware import triton_interpreting
 
 LOG2E = 1.4426950408889634
+MIN_KEYS_PER_SPLIT = 256
+MAX_SPLITS = 64
 
 
 interpreting = triton_interpreting
@@ -70,6 +75,15 @@ def warps_for(block_m: int, block_dv: int, requested: int | None = None) -> int:
     return requested or (8 if block_m * block_dv >= 16384 else 4)
 
 
+def split_count(programs: int, keys: float, chunks: int, num_sms: int) -> int:
+    """Splits per sequence for a split-KV decode: enough that `programs` x splits covers the SMs about
+    once, capped so that a split keeps >= MIN_KEYS_PER_SPLIT of the sequence's `keys` and at least one of
+    its `chunks` (key blocks, pages), and by MAX_SPLITS; at least 1."""
+    want = triton.cdiv(num_sms, max(programs, 1))
+    by_keys = max(1, int(keys // MIN_KEYS_PER_SPLIT))
+    return max(1, min(want, by_keys, max(1, chunks), MAX_SPLITS))
+
+
 def use_f32_dots(dtype: torch.dtype) -> bool:
     """Upcast dot operands to fp32 (interpreter, or fp32 inputs where IEEE precision is wanted)."""
     return interpreting() or dtype == torch.float32
@@ -78,6 +92,35 @@ def use_f32_dots(dtype: torch.dtype) -> bool:
 def store_dtype(want: torch.dtype) -> torch.dtype:
     """The dtype the kernel writes `out` in (fp32 in the interpreter, where torch then rounds)."""
     return torch.float32 if interpreting() else want
+
+
+def tile_meta(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dims: HeadDims,
+    block_m: int,
+    block_n: int,
+    num_warps: int | None,
+    num_stages: int,
+) -> dict:
+    """The launch keywords the attention kernels share: head-dim split, tiles, dot precision, V in K,
+    warps and stages."""
+    return dict(
+        D1=dims.d1, D2=dims.d2, BLOCK_D2=dims.block_d2, DV=dims.dv, BLOCK_DV=dims.block_dv,
+        BLOCK_M=block_m, BLOCK_N=block_n, F32=use_f32_dots(q.dtype), V_IN_K=v_in_k(k, v, dims),
+        num_warps=warps_for(block_m, dims.block_dv, num_warps), num_stages=num_stages,
+    )  # fmt: skip
+
+
+@triton.jit
+def seq_keys(lens_ptr, b, S_K, HAS_LENS: tl.constexpr):
+    """Sequence b's key count: lens[b] when per-sequence lengths are given, else S_K."""
+    if HAS_LENS:
+        s_k = tl.load(lens_ptr + b)
+    else:
+        s_k = S_K
+    return s_k
 
 
 @triton.jit
@@ -101,18 +144,26 @@ def load_q(rows_ptr, row_ok, D1: tl.constexpr, D2: tl.constexpr, BLOCK_D2: tl.co
 
 
 @triton.jit
+def store_rows(rows_ptr, x, row_ok, DV: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """Write the first DV channels of `x [M, BLOCK_DV]` to the rows `rows_ptr [M]` (masked rows skipped)."""
+    offs = tl.arange(0, BLOCK_DV)
+    tl.store(rows_ptr[:, None] + offs[None, :], x, mask=row_ok[:, None] & (offs < DV)[None, :])
+
+
+@triton.jit
 def qk_scores(
     q1,
     q2,
     k_rows_ptr,
     key_ok,
+    scale,
     D1: tl.constexpr,
     D2: tl.constexpr,
     BLOCK_D2: tl.constexpr,
     F32: tl.constexpr,
 ):
-    """q @ k^T for the key rows `k_rows_ptr [N]` (masked keys read as 0): ([M, N] fp32, the K tile's
-    first D1 channels, which serve as V when V is the start of K and d_v == D1, as in MLA)."""
+    """q @ k^T x `scale` for the key rows `k_rows_ptr [N]` (masked keys read as 0): ([M, N] fp32, the K
+    tile's first D1 channels, which serve as V when V is the start of K and d_v == D1, as in MLA)."""
     offs1 = tl.arange(0, D1)
     k1 = tl.load(k_rows_ptr[:, None] + offs1[None, :], mask=key_ok[:, None], other=0.0)
     s = dot(q1, tl.trans(k1), F32)
@@ -122,15 +173,39 @@ def qk_scores(
             k_rows_ptr[:, None] + offs2[None, :], mask=key_ok[:, None] & (offs2 < D1 + D2)[None, :], other=0.0
         )
         s += dot(q2, tl.trans(k2), F32)
-    return s, k1
+    return s * scale, k1
 
 
 @triton.jit
-def load_v(v_rows_ptr, key_ok, DV: tl.constexpr, BLOCK_DV: tl.constexpr):
-    offs = tl.arange(0, BLOCK_DV)
-    return tl.load(
-        v_rows_ptr[:, None] + offs[None, :], mask=key_ok[:, None] & (offs < DV)[None, :], other=0.0
-    )
+def load_v(k1, v_rows_ptr, key_ok, DV: tl.constexpr, BLOCK_DV: tl.constexpr, V_IN_K: tl.constexpr):
+    """The V tile of the key rows: the K tile's first channels `k1` when V lies in K, else loaded from
+    `v_rows_ptr [N]` (masked keys read as 0)."""
+    if V_IN_K:
+        v = k1
+    else:
+        offs = tl.arange(0, BLOCK_DV)
+        v = tl.load(
+            v_rows_ptr[:, None] + offs[None, :], mask=key_ok[:, None] & (offs < DV)[None, :], other=0.0
+        )
+    return v
+
+
+@triton.jit
+def visible_keys(offs_n, key_ok, last, CAUSAL: tl.constexpr):
+    """[M, N]: key n exists and, when causal, is at or before row m's last visible key `last [M]`."""
+    visible = key_ok[None, :]
+    if CAUSAL:
+        visible = visible & (offs_n[None, :] <= last[:, None])
+    return visible
+
+
+@triton.jit
+def softmax_init(BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """The online-softmax state of rows that have seen no key: m = -inf, l = 0, acc = 0."""
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    return m_i, l_i, acc
 
 
 @triton.jit
@@ -161,3 +236,21 @@ def finish(m_i, l_i, acc):
     out = acc / l_safe[:, None]
     lse = tl.where(has, (m_i + tl.math.log2(l_safe)) / 1.4426950408889634, float("-inf"))
     return out, lse
+
+
+@triton.jit
+def lse_shift(lses):
+    """The largest split lse, or 0 when every split is empty (-inf): exp(lse_s - shift) is then 0 for an
+    empty split and never NaN."""
+    m = tl.max(lses, axis=0)
+    return tl.where(m == float("-inf"), 0.0, m)
+
+
+@triton.jit
+def merge_splits(acc, total, shift):
+    """Merge split-KV partials by their lse: with w_s = exp(lse_s - shift), acc = sum_s w_s out_s and
+    total = sum_s w_s, the output is acc / total and the lse shift + log(total) (natural log); a row no
+    split saw gets 0 and -inf."""
+    has = total > 0.0
+    total_safe = tl.where(has, total, 1.0)
+    return acc / total_safe, tl.where(has, shift + tl.log(total_safe), float("-inf"))

@@ -27,31 +27,30 @@ from kernels.attention.triton_common import (
     head_dims,
     load_q,
     load_v,
+    lse_shift,
+    merge_splits,
     qk_scores,
     rows_block,
+    seq_keys,
+    softmax_init,
     softmax_step,
+    split_count,
     store_dtype,
-    use_f32_dots,
-    v_in_k,
-    warps_for,
+    store_rows,
+    tile_meta,
+    visible_keys,
 )
 from kernels.attention.triton_prefill import _check
 from kernels.hardware import HOPPER_SMS
 
 NUM_SMS = HOPPER_SMS
-MIN_KEYS_PER_SPLIT = 256
-MAX_SPLITS = 64
 
 
 def choose_splits(
     batch: int, h_kv: int, row_blocks: int, s_k: int, block_n: int, num_sms: int = NUM_SMS
 ) -> int:
     """Enough splits for programs to cover the SMs about once, each split keeping >= 256 keys."""
-    programs = max(batch * h_kv * row_blocks, 1)
-    want = triton.cdiv(num_sms, programs)
-    by_keys = max(1, s_k // MIN_KEYS_PER_SPLIT)
-    by_blocks = max(1, triton.cdiv(s_k, block_n))
-    return max(1, min(want, by_keys, by_blocks, MAX_SPLITS))
+    return split_count(batch * h_kv * row_blocks, s_k, triton.cdiv(s_k, block_n), num_sms)
 
 
 @triton.jit
@@ -74,10 +73,7 @@ def _decode_split_kernel(
     mb = tl.program_id(2)
     b = bk // H_KV
     kvh = bk % H_KV
-    if HAS_LENS:
-        s_k = tl.load(lens_ptr + b)
-    else:
-        s_k = S_K
+    s_k = seq_keys(lens_ptr, b, S_K, HAS_LENS)
     offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
     m_ok = offs_m < S_Q * GROUP
     tok = offs_m // GROUP
@@ -87,28 +83,18 @@ def _decode_split_kernel(
     last = s_k - S_Q + tok  # the last key each row sees (causal)
     start = split * CHUNK
     end = tl.minimum(start + CHUNK, s_k)
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    m_i, l_i, acc = softmax_init(BLOCK_M, BLOCK_DV)
     k_base = k_ptr + b * stride_kb + kvh * stride_kh
     v_base = v_ptr + b * stride_vb + kvh * stride_vh
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < end
-        s, k1 = qk_scores(q1, q2, k_base + offs_n * stride_ks, n_ok, D1, D2, BLOCK_D2, F32)
-        s = s * sm_scale_log2
-        visible = n_ok[None, :]
-        if CAUSAL:
-            visible = visible & (offs_n[None, :] <= last[:, None])
-        if V_IN_K:
-            v = k1
-        else:
-            v = load_v(v_base + offs_n * stride_vs, n_ok, DV, BLOCK_DV)
+        s, k1 = qk_scores(q1, q2, k_base + offs_n * stride_ks, n_ok, sm_scale_log2, D1, D2, BLOCK_D2, F32)
+        v = load_v(k1, v_base + offs_n * stride_vs, n_ok, DV, BLOCK_DV, V_IN_K)
+        visible = visible_keys(offs_n, n_ok, last, CAUSAL)
         m_i, l_i, acc = softmax_step(s, visible, m_i, l_i, acc, v, F32)
     out, lse = finish(m_i, l_i, acc)
-    offs_v = tl.arange(0, BLOCK_DV)
-    po = po_ptr + bk * stride_pob + split * stride_pos + offs_m[:, None] * stride_pom + offs_v[None, :]
-    tl.store(po, out, mask=m_ok[:, None] & (offs_v < DV)[None, :])
+    store_rows(po_ptr + bk * stride_pob + split * stride_pos + offs_m * stride_pom, out, m_ok, DV, BLOCK_DV)
     tl.store(pl_ptr + bk * stride_plb + split * stride_pls + offs_m, lse, mask=m_ok)
 
 
@@ -130,9 +116,8 @@ def _decode_combine_kernel(
     offs_s = tl.arange(0, BLOCK_S)
     s_ok = offs_s < NUM_SPLITS
     lse_s = tl.load(pl_ptr + bk * stride_plb + offs_s * stride_pls + row, mask=s_ok, other=float("-inf"))
-    m = tl.max(lse_s, axis=0)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp(lse_s - m_safe)  # 0 for empty splits
+    shift = lse_shift(lse_s)
+    w = tl.exp(lse_s - shift)  # 0 for empty splits
     total = tl.sum(w, axis=0)
     offs_v = tl.arange(0, BLOCK_DV)
     v_ok = offs_v < DV
@@ -141,9 +126,7 @@ def _decode_combine_kernel(
         mask=s_ok[:, None] & v_ok[None, :] & (w > 0.0)[:, None],
         other=0.0,
     )
-    has = total > 0.0
-    out = tl.sum(parts * w[:, None], axis=0) / tl.where(has, total, 1.0)
-    lse = tl.where(has, m_safe + tl.log(tl.where(has, total, 1.0)), float("-inf"))
+    out, lse = merge_splits(tl.sum(parts * w[:, None], axis=0), total, shift)
     tl.store(o_ptr + b * stride_ob + tok * stride_os + head * stride_oh + offs_v, out, mask=v_ok)
     tl.store(lse_ptr + b * stride_lb + head * stride_lh + tok, lse)
 
@@ -190,10 +173,8 @@ def decode_attention_triton(
         part_out.stride(0), part_out.stride(1), part_out.stride(2),
         part_lse.stride(0), part_lse.stride(1),
         s_q, s_k, h_kv, group, chunk,
-        D1=dims.d1, D2=dims.d2, BLOCK_D2=dims.block_d2, DV=dims.dv, BLOCK_DV=dims.block_dv,
-        BLOCK_M=bm, BLOCK_N=block_n,
-        CAUSAL=causal, HAS_LENS=seqlens_k is not None, F32=use_f32_dots(q.dtype), V_IN_K=v_in_k(k, v, dims),
-        num_warps=warps_for(bm, dims.block_dv, num_warps), num_stages=num_stages,
+        CAUSAL=causal, HAS_LENS=seqlens_k is not None,
+        **tile_meta(q, k, v, dims, bm, block_n, num_warps, num_stages),
     )  # fmt: skip
     out = torch.empty(b, s_q, h_q, dims.dv, dtype=store_dtype(q.dtype), device=dev)
     lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=dev)

@@ -25,11 +25,13 @@ from kernels.attention.triton_common import (
     load_v,
     qk_scores,
     rows_block,
+    seq_keys,
+    softmax_init,
     softmax_step,
     store_dtype,
-    use_f32_dots,
-    v_in_k,
-    warps_for,
+    store_rows,
+    tile_meta,
+    visible_keys,
 )
 
 
@@ -54,10 +56,7 @@ def _flash_fwd_kernel(
     b = bh // H_Q
     h = bh % H_Q
     kvh = h // GROUP
-    if HAS_LENS:
-        s_k = tl.load(lens_ptr + b)
-    else:
-        s_k = S_K
+    s_k = seq_keys(lens_ptr, b, S_K, HAS_LENS)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     m_ok = offs_m < S_Q
     q1, q2 = load_q(q_ptr + b * stride_qb + offs_m * stride_qs + h * stride_qh, m_ok, D1, D2, BLOCK_D2)
@@ -65,28 +64,18 @@ def _flash_fwd_kernel(
     hi = s_k
     if CAUSAL:
         hi = tl.minimum(s_k, (pid_m + 1) * BLOCK_M - 1 + s_k - S_Q + CAUSAL_SHIFT + 1)
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    m_i, l_i, acc = softmax_init(BLOCK_M, BLOCK_DV)
     k_base = k_ptr + b * stride_kb + kvh * stride_kh
     v_base = v_ptr + b * stride_vb + kvh * stride_vh
     for n0 in range(0, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < s_k
-        s, k1 = qk_scores(q1, q2, k_base + offs_n * stride_ks, n_ok, D1, D2, BLOCK_D2, F32)
-        s = s * sm_scale_log2
-        visible = n_ok[None, :]
-        if CAUSAL:
-            visible = visible & (offs_n[None, :] <= last[:, None])
-        if V_IN_K:
-            v = k1
-        else:
-            v = load_v(v_base + offs_n * stride_vs, n_ok, DV, BLOCK_DV)
+        s, k1 = qk_scores(q1, q2, k_base + offs_n * stride_ks, n_ok, sm_scale_log2, D1, D2, BLOCK_D2, F32)
+        v = load_v(k1, v_base + offs_n * stride_vs, n_ok, DV, BLOCK_DV, V_IN_K)
+        visible = visible_keys(offs_n, n_ok, last, CAUSAL)
         m_i, l_i, acc = softmax_step(s, visible, m_i, l_i, acc, v, F32)
     out, lse = finish(m_i, l_i, acc)
-    offs_v = tl.arange(0, BLOCK_DV)
-    o_rows = o_ptr + b * stride_ob + offs_m * stride_os + h * stride_oh
-    tl.store(o_rows[:, None] + offs_v[None, :], out, mask=m_ok[:, None] & (offs_v < DV)[None, :])
+    store_rows(o_ptr + b * stride_ob + offs_m * stride_os + h * stride_oh, out, m_ok, DV, BLOCK_DV)
     tl.store(lse_ptr + b * stride_lb + h * stride_lh + offs_m, lse, mask=m_ok)
 
 
@@ -128,11 +117,8 @@ def flash_attention_triton(
         out.stride(0), out.stride(1), out.stride(2),
         lse.stride(0), lse.stride(1),
         s_q, k.shape[1], h_q, h_q // k.shape[2],
-        D1=dims.d1, D2=dims.d2, BLOCK_D2=dims.block_d2, DV=dims.dv, BLOCK_DV=dims.block_dv,
-        BLOCK_M=bm, BLOCK_N=block_n,
-        CAUSAL=causal, HAS_LENS=seqlens_k is not None, F32=use_f32_dots(q.dtype), V_IN_K=v_in_k(k, v, dims),
-        CAUSAL_SHIFT=_causal_shift,
-        num_warps=warps_for(bm, dims.block_dv, num_warps), num_stages=num_stages,
+        CAUSAL=causal, HAS_LENS=seqlens_k is not None, CAUSAL_SHIFT=_causal_shift,
+        **tile_meta(q, k, v, dims, bm, block_n, num_warps, num_stages),
     )  # fmt: skip
     if launches is not None:
         launches.append(("_flash_fwd_kernel", handle))

@@ -28,11 +28,12 @@ from kernels.attention.triton_common import (
     load_v,
     qk_scores,
     rows_block,
+    seq_keys,
+    softmax_init,
     softmax_step,
     store_dtype,
-    use_f32_dots,
-    v_in_k,
-    warps_for,
+    store_rows,
+    tile_meta,
 )
 from kernels.attention.triton_prefill import _check
 
@@ -66,17 +67,12 @@ def _sparse_kernel(
     mb = tl.program_id(2)
     b = bt // S_Q
     t = bt % S_Q
-    if HAS_LENS:
-        s_k = tl.load(lens_ptr + b)
-    else:
-        s_k = S_K
+    s_k = seq_keys(lens_ptr, b, S_K, HAS_LENS)
     offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
     m_ok = offs_m < GROUP
     head = kvh * GROUP + offs_m
     q1, q2 = load_q(q_ptr + b * stride_qb + t * stride_qs + head * stride_qh, m_ok, D1, D2, BLOCK_D2)
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    m_i, l_i, acc = softmax_init(BLOCK_M, BLOCK_DV)
     k_base = k_ptr + b * stride_kb + kvh * stride_kh
     v_base = v_ptr + b * stride_vb + kvh * stride_vh
     idx_row = idx_ptr + b * stride_ib + t * stride_is
@@ -85,17 +81,11 @@ def _sparse_kernel(
         idx = tl.load(idx_row + offs_n, mask=offs_n < TOPK, other=-1)
         ok = (idx >= 0) & (idx < s_k)
         pos = tl.where(ok, idx, 0).to(tl.int64)
-        s, k1 = qk_scores(q1, q2, k_base + pos * stride_ks, ok, D1, D2, BLOCK_D2, F32)
-        s = s * sm_scale_log2
-        if V_IN_K:
-            v = k1
-        else:
-            v = load_v(v_base + pos * stride_vs, ok, DV, BLOCK_DV)
+        s, k1 = qk_scores(q1, q2, k_base + pos * stride_ks, ok, sm_scale_log2, D1, D2, BLOCK_D2, F32)
+        v = load_v(k1, v_base + pos * stride_vs, ok, DV, BLOCK_DV, V_IN_K)
         m_i, l_i, acc = softmax_step(s, ok[None, :], m_i, l_i, acc, v, F32)
     out, lse = finish(m_i, l_i, acc)
-    offs_v = tl.arange(0, BLOCK_DV)
-    o_rows = o_ptr + b * stride_ob + t * stride_os + head * stride_oh
-    tl.store(o_rows[:, None] + offs_v[None, :], out, mask=m_ok[:, None] & (offs_v < DV)[None, :])
+    store_rows(o_ptr + b * stride_ob + t * stride_os + head * stride_oh, out, m_ok, DV, BLOCK_DV)
     tl.store(lse_ptr + b * stride_lb + head * stride_lh + t, lse, mask=m_ok)
 
 
@@ -143,10 +133,8 @@ def sparse_attention_triton(
         out.stride(0), out.stride(1), out.stride(2),
         lse.stride(0), lse.stride(1),
         s_q, k.shape[1], h_kv, group, topk,
-        D1=dims.d1, D2=dims.d2, BLOCK_D2=dims.block_d2, DV=dims.dv, BLOCK_DV=dims.block_dv,
-        BLOCK_M=bm, BLOCK_N=block_n, HAS_LENS=seqlens_k is not None,
-        F32=use_f32_dots(q.dtype), V_IN_K=v_in_k(k, v, dims),
-        num_warps=warps_for(bm, dims.block_dv, num_warps), num_stages=num_stages,
+        HAS_LENS=seqlens_k is not None,
+        **tile_meta(q, k, v, dims, bm, block_n, num_warps, num_stages),
     )  # fmt: skip
     if launches is not None:
         launches.append(("_sparse_kernel", handle))
