@@ -45,10 +45,20 @@ if not torch.cuda.is_available():
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from kernels.attention.triton_common import (  # noqa: E402
+    LOG2E,
+    dot,
+    finish,
+    lse_shift,
+    merge_splits,
+    softmax_init,
+    softmax_step,
+    split_count,
+    store_dtype,
+    store_rows,
+)
+
 DEFAULT_NUM_SMS = HOPPER_SMS
-MIN_TOKENS_PER_SPLIT = 256
-MAX_SPLITS = 64
-_LOG2E = 1.4426950408889634
 
 
 interpreting = triton_interpreting
@@ -70,19 +80,15 @@ def choose_num_splits(
     """How many splits per sequence, so that batch x splits x row blocks roughly fills the SMs once.
 
     splits = ceil(num_sms / (batch x row_blocks)), then capped so that a split of the mean-length
-    sequence still holds >= MIN_TOKENS_PER_SPLIT tokens, by the longest sequence's page count (a split
-    never gets less than a page) and by MAX_SPLITS; at least 1. rows = s_q x h_q.
+    sequence still holds >= MIN_KEYS_PER_SPLIT tokens, by the longest sequence's page count (a split
+    never gets less than a page) and by MAX_SPLITS (kernels.attention.triton_common.split_count); at
+    least 1. rows = s_q x h_q.
     """
     lens = cache_seqlens.tolist() if isinstance(cache_seqlens, torch.Tensor) else list(cache_seqlens)
-    batch = max(len(lens), 1)
     if not lens or max(lens) <= 0:
         return 1
-    programs = batch * triton.cdiv(rows, block_m)
-    want = triton.cdiv(num_sms, programs)
-    mean = sum(lens) / len(lens)
-    by_work = max(1, int(mean // MIN_TOKENS_PER_SPLIT))
-    by_pages = triton.cdiv(max(lens), page_size)
-    return max(1, min(want, by_work, by_pages, MAX_SPLITS))
+    programs = len(lens) * triton.cdiv(rows, block_m)
+    return split_count(programs, sum(lens) / len(lens), triton.cdiv(max(lens), page_size), num_sms)
 
 
 @triton.jit
@@ -118,7 +124,7 @@ def _split_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     IS_FP8: tl.constexpr,
-    BF16_DOT: tl.constexpr,
+    F32: tl.constexpr,
     OVERREAD: tl.constexpr,  # test-only: pretend every sequence is this many tokens longer
 ):
     b = tl.program_id(0)
@@ -137,12 +143,12 @@ def _split_kernel(
     q_rows = q_ptr + b * stride_qb + tok * stride_qs + head * stride_qh
     q_n = tl.load(q_rows[:, None] + offs_dn[None, :], mask=m_ok[:, None] & dn_ok[None, :], other=0.0)
     q_r = tl.load(q_rows[:, None] + D_NOPE + offs_dr[None, :], mask=m_ok[:, None] & dr_ok[None, :], other=0.0)
-    if BF16_DOT:
-        q_n = q_n.to(tl.bfloat16)
-        q_r = q_r.to(tl.bfloat16)
-    else:
+    if F32:
         q_n = q_n.to(tl.float32)
         q_r = q_r.to(tl.float32)
+    else:
+        q_n = q_n.to(tl.bfloat16)
+        q_r = q_r.to(tl.bfloat16)
 
     seqlen = tl.load(seqlens_ptr + b) + OVERREAD
     n_pages = tl.cdiv(seqlen, PAGE)
@@ -151,9 +157,7 @@ def _split_kernel(
     end = tl.minimum((split + 1) * pages_per_split * PAGE, seqlen)
     limit = seqlen - S_Q + tok + 1  # keys visible to each row: [0, limit)
 
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_DN], tl.float32)
+    m_i, l_i, acc = softmax_init(BLOCK_M, BLOCK_DN)
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < end
@@ -169,30 +173,17 @@ def _split_kernel(
             sc = tl.load(scale_ptr + blk * stride_sb + offs_n % PAGE, mask=n_ok, other=0.0)
             k_n = k_n * sc[:, None]
             k_r = k_r * sc[:, None]
-        if BF16_DOT:
-            k_n = k_n.to(tl.bfloat16)
-            k_r = k_r.to(tl.bfloat16)
-        s = tl.dot(q_n, tl.trans(k_n)) + tl.dot(q_r, tl.trans(k_r))
+        k_n = k_n.to(q_n.dtype)  # bf16 for the tensor cores, or fp32 (F32)
+        k_r = k_r.to(q_r.dtype)
+        s = dot(q_n, tl.trans(k_n), F32) + dot(q_r, tl.trans(k_r), F32)
         s = s * sm_scale_log2
         visible = n_ok[None, :] & (offs_n[None, :] < limit[:, None])
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.math.exp2(m_i - m_safe)
-        p = tl.math.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        if BF16_DOT:
-            pv = tl.dot(p.to(tl.bfloat16), k_n)
-        else:
-            pv = tl.dot(p, k_n)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+        m_i, l_i, acc = softmax_step(s, visible, m_i, l_i, acc, k_n, F32)  # V = the first D_NOPE channels
 
-    has = l_i > 0.0
-    out = acc / tl.where(has, l_i, 1.0)[:, None]
-    lse = tl.where(has, (m_i + tl.math.log2(tl.where(has, l_i, 1.0))) / 1.4426950408889634, float("-inf"))
-    po = po_ptr + b * stride_pob + split * stride_pos + offs_m[:, None] * stride_pom + offs_dn[None, :]
-    tl.store(po, out, mask=m_ok[:, None] & dn_ok[None, :])
+    out, lse = finish(m_i, l_i, acc)
+    store_rows(
+        po_ptr + b * stride_pob + split * stride_pos + offs_m * stride_pom, out, m_ok, D_NOPE, BLOCK_DN
+    )
     tl.store(pl_ptr + b * stride_plb + split * stride_pls + offs_m, lse, mask=m_ok)
 
 
@@ -226,21 +217,18 @@ def _combine_kernel(
     lses = tl.load(
         pl_ptr + b * stride_plb + offs_s * stride_pls + r, mask=offs_s < NUM_SPLITS, other=float("-inf")
     )
-    m = tl.max(lses, axis=0)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    shift = lse_shift(lses)
     offs_d = tl.arange(0, BLOCK_DN)
     d_ok = offs_d < D_NOPE
     acc = tl.zeros([BLOCK_DN], tl.float32)
     total = tl.full([], 0.0, tl.float32)
     for s in range(0, NUM_SPLITS):
         lse_s = tl.load(pl_ptr + b * stride_plb + s * stride_pls + r)
-        w = tl.exp(lse_s - m_safe)  # 0 for an empty split
+        w = tl.exp(lse_s - shift)  # 0 for an empty split
         o = tl.load(po_ptr + b * stride_pob + s * stride_pos + r * stride_pom + offs_d, mask=d_ok, other=0.0)
         acc += w * o
         total += w
-    has = total > 0.0
-    out = acc / tl.where(has, total, 1.0)
-    lse = tl.where(has, m_safe + tl.log(tl.where(has, total, 1.0)), float("-inf"))
+    out, lse = merge_splits(acc, total, shift)
     o_ptr = out_ptr + b * stride_ob + tok * stride_os + head * stride_oh + offs_d
     tl.store(o_ptr, out.to(out_ptr.dtype.element_ty), mask=d_ok)
     tl.store(lse_ptr + b * stride_lb + head * stride_lh + tok, lse)
@@ -314,7 +302,7 @@ def mla_decode_triton(
     d_rope = d - d_v
     _split_kernel[(b, num_splits, triton.cdiv(rows, bm))](
         q, kv_cache, scales, block_table, cache_seqlens, part_out, part_lse,
-        scale * _LOG2E,
+        scale * LOG2E,
         q.stride(0), q.stride(1), q.stride(2),
         kv_cache.stride(0), kv_cache.stride(1),
         scales.stride(0) if fp8 else 0,
@@ -324,14 +312,13 @@ def mla_decode_triton(
         h_q, s_q, num_splits,
         PAGE=page, D_NOPE=d_v, D_ROPE=d_rope,
         BLOCK_DN=triton.next_power_of_2(d_v), BLOCK_DR=max(16, triton.next_power_of_2(max(d_rope, 1))),
-        BLOCK_M=bm, BLOCK_N=bn, IS_FP8=fp8, BF16_DOT=not interpreting(), OVERREAD=_overread,
+        BLOCK_M=bm, BLOCK_N=bn, IS_FP8=fp8, F32=interpreting(), OVERREAD=_overread,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     want = out_dtype or q.dtype
     # The interpreter's fp32 -> bf16/fp16 cast truncates instead of rounding to nearest: there the kernel
     # stores fp32 and torch rounds. On a GPU the kernel stores `want` directly (round to nearest even).
-    store = torch.float32 if interpreting() else want
-    out = torch.empty(b, s_q, h_q, d_v, dtype=store, device=dev)
+    out = torch.empty(b, s_q, h_q, d_v, dtype=store_dtype(want), device=dev)
     lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=dev)
     _combine_kernel[(b, rows)](
         part_out, part_lse, out, lse,
