@@ -18,7 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -34,6 +33,7 @@ from gateway.errors import (
     sse_error_event,
     upstream_error_is_shaped,
 )
+from gateway.http1 import TransportError
 from gateway.keys import KeyInfo, KeyStore, utcnow
 from gateway.ledger import LedgerWriter, tokens_used_today
 from gateway.limits import LimitExceeded, Limits
@@ -480,14 +480,14 @@ class Gateway:
         upstream = result.response
         try:
             data = await upstream.read()
-        except (aiohttp.ServerTimeoutError, TimeoutError):
+        except TimeoutError:  # gateway.http1.ReadTimeout
             raise GatewayError(
                 504,
                 f"upstream {rec.provider!r} stopped sending within the read timeout of "
                 f"{self.clients[rec.provider].cfg.read_timeout_s:g} s",
                 error_class="read_timeout",
             ) from None
-        except aiohttp.ClientError as e:
+        except TransportError as e:
             raise GatewayError(
                 502,
                 f"upstream {rec.provider!r} dropped the connection: {e}",
@@ -541,14 +541,14 @@ class Gateway:
                         first = tracker.finish()
                         break
                     first = tracker.feed(chunk)
-            except (aiohttp.ServerTimeoutError, TimeoutError):
+            except TimeoutError:  # gateway.http1.ReadTimeout
                 raise GatewayError(
                     504,
                     f"upstream {rec.provider!r} sent no stream data within the read timeout "
                     f"of {read_timeout:g} s",
                     error_class="read_timeout",
                 ) from None
-            except aiohttp.ClientError as e:
+            except TransportError as e:
                 raise GatewayError(
                     502,
                     f"upstream {rec.provider!r} dropped the stream: {e}",
@@ -572,14 +572,14 @@ class Gateway:
                 while True:
                     try:
                         chunk = await content.readany()
-                    except (aiohttp.ServerTimeoutError, TimeoutError):
+                    except TimeoutError:  # gateway.http1.ReadTimeout
                         rec.status, rec.error_class = "error", "read_timeout"
                         msg = (
                             f"upstream {rec.provider!r} stalled mid-stream (read timeout {read_timeout:g} s)"
                         )
                         await out.write(sse_error_event(ep.style, 504, msg))
                         break
-                    except aiohttp.ClientError as e:
+                    except TransportError as e:
                         rec.status, rec.error_class = "error", "upstream_disconnected"
                         msg = f"upstream {rec.provider!r} dropped the stream: {e}"
                         await out.write(sse_error_event(ep.style, 502, msg))

@@ -27,12 +27,12 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
 from aiohttp import web
 from pydantic import ValidationError
 
 from gateway.drafter_local import offline_drafts
 from gateway.errors import GatewayError, error_response
+from gateway.http1 import TransportError
 from gateway.limits import LimitExceeded
 from gateway.summary_schema import AnomalyIn, Draft, DraftList, SummaryRequest
 from gateway.usage import estimate_output_tokens, estimate_tokens, usage_from_body
@@ -472,7 +472,7 @@ class SummaryBatcher:
         except UpstreamTimeout as e:
             rec.http_status, rec.error_class = 504, "read_timeout"
             raise GatewayError(504, str(e), error_class="read_timeout") from None
-        except (UpstreamUnreachable, aiohttp.ClientError) as e:
+        except (UpstreamUnreachable, TransportError) as e:
             rec.http_status, rec.error_class = 502, "unreachable"
             raise GatewayError(502, f"upstream {rec.provider!r}: {e}", error_class="unreachable") from None
         finally:

@@ -1,4 +1,4 @@
-"""Pooled upstream clients (one aiohttp session per provider) and the retry loop.
+"""Pooled upstream clients (one gateway.http1 connection pool per provider) and the retry loop.
 
 Retried: 408, 409, 429, 5xx and connection errors, with backoff ``base * 2**n`` capped, plus jitter;
 an upstream ``Retry-After`` (or ``retry-after-ms``) is honoured up to ``max_retry_after_s``, and a longer
@@ -17,10 +17,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 
-import aiohttp
 from multidict import CIMultiDictProxy
 
 from gateway.config import ProviderConfig, RetryConfig
+from gateway.http1 import ConnectTimeout, Pool, ReadTimeout, Response, TransportError
 
 log = logging.getLogger("gateway.upstream")
 
@@ -76,7 +76,7 @@ class UpstreamResult:
 
     status: int
     headers: CIMultiDictProxy[str]
-    response: aiohttp.ClientResponse
+    response: Response
     body: bytes | None = None
     retries: int = 0
     retry_wait_s: float = 0.0
@@ -95,19 +95,20 @@ class UpstreamClient:
                 self._auth_headers["x-api-key"] = api_key
             else:
                 self._auth_headers["Authorization"] = f"Bearer {api_key}"
-        self._session: aiohttp.ClientSession | None = None
+        self._pool: Pool | None = None
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=self.cfg.max_connections, ttl_dns_cache=300)
-        timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=self.cfg.connect_timeout_s, sock_read=self.cfg.read_timeout_s
+        self._pool = Pool(
+            self.base_url,
+            connect_timeout=self.cfg.connect_timeout_s,
+            read_timeout=self.cfg.read_timeout_s,
+            limit=self.cfg.max_connections,
         )
-        self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, raise_for_status=False)
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
 
     def _backoff(self, attempt: int) -> float:
         r = self.retry
@@ -120,8 +121,7 @@ class UpstreamClient:
         headers: dict[str, str],
         on_retry: Callable[[str], None] | None = None,
     ) -> UpstreamResult:
-        assert self._session is not None, "upstream client not started"
-        url = self.base_url + path
+        assert self._pool is not None, "upstream client not started"
         hdrs = {**headers, **self._auth_headers}
         r = self.retry
         attempt = 0
@@ -129,15 +129,15 @@ class UpstreamClient:
         reasons: list[str] = []
         while True:
             try:
-                resp = await self._session.post(url, data=body, headers=hdrs)
-            except aiohttp.ConnectionTimeoutError as e:
+                resp = await self._pool.post(path, body, hdrs)
+            except ConnectTimeout as e:
                 reason, err = "connect_timeout", e
-            except (aiohttp.ServerTimeoutError, TimeoutError) as e:
+            except ReadTimeout as e:
                 raise UpstreamTimeout(
                     f"upstream {self.name!r} sent no response within the read timeout of "
                     f"{self.cfg.read_timeout_s:g} s"
                 ) from e
-            except (aiohttp.ClientConnectionError, OSError) as e:
+            except TransportError as e:
                 reason, err = "connect_error", e
             else:
                 status = resp.status
@@ -173,10 +173,10 @@ class UpstreamClient:
             waited += delay
             attempt += 1
 
-    async def _read_error(self, resp: aiohttp.ClientResponse) -> bytes:
+    async def _read_error(self, resp: Response) -> bytes:
         try:
             return await resp.read()
-        except (aiohttp.ClientError, TimeoutError):
+        except TransportError:
             return b""
         finally:
             resp.release()
