@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
@@ -34,11 +35,20 @@ class ProviderConfig(_Strict):
     connect_timeout_s: float = Field(10.0, gt=0)
     read_timeout_s: float = Field(120.0, gt=0)
     max_connections: int = Field(256, ge=1)
+    # PEM bundle of the CAs to trust for an https base_url instead of the system's (a private CA)
+    ca_file: str | None = None
 
     @model_validator(mode="after")
     def _needs_url(self) -> ProviderConfig:
-        if self.kind != "local" and not self.base_url:
+        if self.kind == "local":
+            return self
+        if not self.base_url:
             raise ValueError(f"base_url: required for a provider of kind {self.kind!r}")
+        u = urlsplit(self.base_url)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ValueError(f"base_url: {self.base_url!r} is not an http(s)://host[:port][/path] URL")
+        if self.ca_file is not None and not Path(self.ca_file).is_file():
+            raise ValueError(f"ca_file: {self.ca_file!r} is not a file")
         return self
 
 

@@ -6,11 +6,12 @@ request path cost 118-218 us of CPU per request against the fake upstream, this 
 side by side (cookies, redirects, tracing, payload registries and a task per request are all work the
 gateway never needs). The gateway is one event loop, so that CPU is its throughput.
 
-What it does: POST a body; a response framed by Content-Length, chunked encoding or the end of the
-connection; the body read whole or chunk by chunk as it arrives, reading paused while more than 1 MiB waits
-unread; a connect timeout and a read timeout (the longest wait for the next bytes); https with the system's
-trust store (SSL_CERT_FILE and SSL_CERT_DIR are honoured). A pooled connection that the server closed while
-it sat idle is replaced, once, when the request fails on it before any byte of the response came back.
+What it does: POST a body; a response framed by Content-Length, chunked encoding or the end of the connection;
+the body read whole or chunk by chunk as it arrives, reading paused while more than 1 MiB waits unread; a
+connect timeout and a read timeout (the longest wait for the next bytes); https with the system's trust store
+(SSL_CERT_FILE and SSL_CERT_DIR are honoured) or a CA bundle of the provider's own. A pooled connection that
+the server closed while it sat idle is replaced, once, when the request fails on it before any byte of the
+response came back.
 What it does not: redirects, cookies, proxies, compression (it asks for identity), HTTP/2.
 """
 
@@ -207,7 +208,15 @@ class Pool:
     """Keep-alive connections to one upstream (scheme, host and port of `base_url`), at most `limit` in use
     at once; requests beyond it wait for one to come back."""
 
-    def __init__(self, base_url: str, *, connect_timeout: float, read_timeout: float, limit: int) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        connect_timeout: float,
+        read_timeout: float,
+        limit: int,
+        ca_file: str | None = None,
+    ) -> None:
         u = urlsplit(base_url)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError(f"base_url {base_url!r}: expected http(s)://host[:port][/path]")
@@ -217,7 +226,7 @@ class Pool:
         default_port = self.port == (443 if u.scheme == "https" else 80)
         host = f"[{self.host}]" if ":" in self.host else self.host
         self.host_header = host if default_port else f"{host}:{self.port}"
-        self.ssl = ssl.create_default_context() if u.scheme == "https" else None
+        self.ssl = ssl.create_default_context(cafile=ca_file) if u.scheme == "https" else None
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self._slots = asyncio.Semaphore(limit)

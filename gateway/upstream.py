@@ -103,6 +103,7 @@ class UpstreamClient:
             connect_timeout=self.cfg.connect_timeout_s,
             read_timeout=self.cfg.read_timeout_s,
             limit=self.cfg.max_connections,
+            ca_file=self.cfg.ca_file,
         )
 
     async def close(self) -> None:

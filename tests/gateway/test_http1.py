@@ -195,7 +195,9 @@ async def test_a_large_body_pauses_reading_until_it_is_read_and_arrives_intact()
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a certificate")
-async def test_https_with_a_trusted_certificate_and_refusal_of_an_untrusted_one(tmp_path, monkeypatch):
+async def test_https_trusted_by_the_system_store_or_a_ca_file_and_an_untrusted_one_refused(
+    tmp_path, monkeypatch
+):
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(
         ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
@@ -226,5 +228,14 @@ async def test_https_with_a_trusted_certificate_and_refusal_of_an_untrusted_one(
             assert r.status == 200 and answer["object"] == "chat.completion"
         assert len(pool._idle) == 1  # one TLS connection, kept alive
         await pool.close()
+
+        monkeypatch.delenv("SSL_CERT_FILE")  # a provider's own CA bundle (config: ca_file)
+        own = Pool(
+            f"https://127.0.0.1:{port}/v1", connect_timeout=5, read_timeout=5, limit=1, ca_file=str(cert)
+        )
+        r = await own.post("/chat/completions", body, {"Content-Type": "application/json"})
+        assert r.status == 200 and json.loads(await r.read())["object"] == "chat.completion"
+        r.release()
+        await own.close()
     finally:
         await fake.close()

@@ -145,6 +145,18 @@ def test_invalid_config_names_the_field(tmp_path):
         load_settings(path)
     res = CliRunner().invoke(cli, ["serve", "--config", str(path)])
     assert res.exit_code != 0 and "providers.p.kind" in res.output
+    base["providers"]["p"] = {"kind": "openai", "base_url": "api.example.com/v1"}  # no scheme
+    path.write_text(yaml.safe_dump(base))
+    with pytest.raises(ConfigError, match=r"providers\.p.*base_url: 'api.example.com/v1' is not an http"):
+        load_settings(path)
+    base["providers"]["p"] = {
+        "kind": "openai",
+        "base_url": "https://h/v1",
+        "ca_file": str(tmp_path / "no.pem"),
+    }
+    path.write_text(yaml.safe_dump(base))
+    with pytest.raises(ConfigError, match=r"providers\.p.*ca_file: .*no\.pem' is not a file"):
+        load_settings(path)
 
 
 def test_example_config_loads(monkeypatch):
