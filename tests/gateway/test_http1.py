@@ -182,7 +182,7 @@ async def test_a_large_body_pauses_reading_until_it_is_read_and_arrives_intact()
     srv, pool = await _pool([ok(big)])
     try:
         r = await pool.post("/x", b"{}", {})
-        for _ in range(200):  # let the socket fill the buffer past the high-water mark
+        for _ in range(1000):  # let the socket fill the buffer past the high-water mark (<= 5 s)
             if r._conn.paused:
                 break
             await asyncio.sleep(0.005)
