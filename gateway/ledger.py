@@ -6,9 +6,9 @@ A failed flush keeps its rows and tries again on the next tick, except rows the 
 data: those are found by splitting the batch, logged and dropped, so one bad row never blocks the ledger.
 
 On a dialect with positional parameters (SQLite, asyncpg) the INSERT is compiled once and fed plain tuples
-through the driver's executemany, with the column types' own bind processors applied here: SQLAlchemy's
-per-row parameter handling cost about 34 us of the 41 us a row took (measured on SQLite), and at 1500
-requests/s that is 5% of a core on the event loop's process. Elsewhere the Core insert is used.
+through the driver's executemany, with the column types' own bind processors applied here. Measured on
+SQLite, that takes a row from 41 us of CPU (the Core insert) to 24 us (raw sqlite3 alone: 7 us); at 1500
+requests/s the difference is 2.5% of a core in the gateway's process. Elsewhere the Core insert is used.
 """
 
 from __future__ import annotations
