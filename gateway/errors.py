@@ -1,7 +1,30 @@
-"""Errors in the calling API's own shape.
+"""The gateway's own errors, and their shape in the calling API's format.
 
-OpenAI: ``{"error": {"message", "type", "code"}}``;
-Anthropic: ``{"type": "error", "error": {"type", "message"}}``.
+Every failure a client sees is a ``GatewayError``; lower layers translate their own exceptions into one of
+these at their boundary (the upstream transport's in ``gateway.upstream``, the limiter's in the
+pipeline), so no module catches an exception type from two layers below it::
+
+    GatewayError(status, message, error_class)        answered in the caller's API shape
+    ├── ClientError                                   4xx: the request itself is wrong or not allowed
+    │   ├── BadRequest              400   body, JSON, header or field invalid
+    │   ├── AuthError               401   missing, unknown, revoked or expired key
+    │   ├── Forbidden               403   model or project not allowed for this key
+    │   ├── NotFound                404   unknown path or model
+    │   ├── MethodNotAllowed        405   known path, other method
+    │   ├── PayloadTooLarge         413   body over the size limit, too many anomalies
+    │   └── RateLimited             429   a project limit (``limit`` names it; ``retry_after`` set)
+    └── UpstreamError                                 the provider failed; nothing wrong with the request
+        ├── UpstreamUnreachable     502   connect refused / DNS / connect timeout, after the retries
+        ├── UpstreamDisconnected    502   connection dropped, or a malformed response
+        ├── UpstreamTooLarge        502   response headers or body over the gateway's caps
+        ├── UpstreamCredentialRejected 502 the provider refused the gateway's own provider key
+        ├── UpstreamBadAnswer       502   an answer the gateway cannot use (summaries)
+        └── UpstreamTimeout         504   no byte within the read timeout
+
+An upstream's own error answer (its 4xx/429/5xx body) is not an exception: it is passed on with its status.
+
+Shapes: OpenAI ``{"error": {"message", "type", "param", "code"}}``;
+Anthropic ``{"type": "error", "error": {"type", "message"}}``.
 """
 
 from __future__ import annotations
@@ -56,6 +79,80 @@ class GatewayError(Exception):
         self.code = code
         self.retry_after = retry_after
         self.limit = limit
+
+
+class _Fixed(GatewayError):
+    """A kind of error with a fixed HTTP status and a default ``error_class``: ``BadRequest("...")``."""
+
+    status_code = 500
+    default_class = "internal_error"
+
+    def __init__(self, message: str, *, error_class: str | None = None, **kw) -> None:
+        super().__init__(self.status_code, message, error_class=error_class or self.default_class, **kw)
+
+
+class ClientError(_Fixed):
+    """4xx: the request is wrong or not allowed; the gateway logs one line, never a traceback."""
+
+    status_code = 400
+
+
+class BadRequest(ClientError):
+    status_code, default_class = 400, "bad_request"
+
+
+class AuthError(ClientError):
+    status_code, default_class = 401, "auth_invalid"
+
+
+class Forbidden(ClientError):
+    status_code, default_class = 403, "forbidden"
+
+
+class NotFound(ClientError):
+    status_code, default_class = 404, "not_found"
+
+
+class MethodNotAllowed(ClientError):
+    status_code, default_class = 405, "method_not_allowed"
+
+
+class PayloadTooLarge(ClientError):
+    status_code, default_class = 413, "body_too_large"
+
+
+class RateLimited(ClientError):
+    status_code, default_class = 429, "rate_limited"
+
+
+class UpstreamError(_Fixed):
+    """The provider failed (a 5xx to the client); raised by gateway.upstream at its boundary."""
+
+    status_code, default_class = 502, "upstream_error"
+
+
+class UpstreamUnreachable(UpstreamError):
+    default_class = "unreachable"
+
+
+class UpstreamDisconnected(UpstreamError):
+    default_class = "upstream_disconnected"
+
+
+class UpstreamTooLarge(UpstreamError):
+    default_class = "upstream_too_large"
+
+
+class UpstreamCredentialRejected(UpstreamError):
+    default_class = "upstream_credential_rejected"
+
+
+class UpstreamBadAnswer(UpstreamError):
+    default_class = "invalid_model_answer"
+
+
+class UpstreamTimeout(UpstreamError):
+    status_code, default_class = 504, "read_timeout"
 
 
 def error_type(style: ApiStyle, status: int) -> str:
