@@ -1,9 +1,25 @@
-"""Pooled upstream clients (one gateway.http1 connection pool per provider) and the retry loop.
+"""Upstream clients: one per provider, each a fair slot scheduler in front of a transport
+(gateway.transport: an aiohttp session and connection pool), and the retry loop.
 
-Retried: 408, 409, 429, 5xx and connection errors, with backoff ``base * 2**n`` capped, plus jitter;
-an upstream ``Retry-After`` (or ``retry-after-ms``) is honoured up to ``max_retry_after_s``, and a longer
-one is handed to the client instead of being waited out. The total wait across retries is capped too.
-Never retried: any other 4xx, a read timeout, or anything after a stream's first byte went to the client.
+Nothing above this module sees an aiohttp or asyncio exception: ``UpstreamClient.send`` and the
+``read()`` / ``readany()`` of the response it returns raise only ``gateway.errors`` kinds
+(``UpstreamUnreachable``, ``UpstreamTimeout``, ``UpstreamDisconnected``, ``UpstreamTooLarge``; ``BadRequest``
+for a header that cannot be sent). An upstream's own error answer is not an exception: it comes back as an
+``UpstreamResult`` with its status and body.
+
+**Fair slots.** A provider has ``max_connections`` slots. A request holds one from the moment it is sent
+until its response is released or closed (a stream holds it to its end); the waits between retries do not
+hold one. While slots are free, anyone gets one at once. When they are scarce, a freed slot goes to the
+project with waiters that holds the fewest slots (ties: the one served least recently), so a project with one
+request waiting is served next, not behind another project's forty. The time spent waiting for a slot is
+returned as ``slot_wait_s``: queueing, not upstream time.
+
+**Retries.** Retried: 408, 409, 429, 5xx, and connection failures where nothing of the response came back
+(refused, DNS, connect timeout, a connection dropped before the head), with backoff
+``base * 2**n`` capped, plus jitter. An upstream ``Retry-After`` (or ``retry-after-ms``) is honoured up to
+``max_retry_after_s``; a longer one is handed to the client instead of being waited out. The total wait
+across retries is capped too. Never retried: any other 4xx (a 400 above all), a read timeout, a response
+over the caps, or anything once a response's head has been returned to the caller.
 """
 
 from __future__ import annotations
@@ -13,18 +29,30 @@ import logging
 import math
 import random
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
+from typing import TYPE_CHECKING
 
 from multidict import CIMultiDictProxy
 
 from gateway.config import ProviderConfig, RetryConfig
-from gateway.http1 import ConnectTimeout, Pool, ReadTimeout, Response, TransportError
+from gateway.errors import BadRequest, GatewayError, UpstreamError
+from gateway.transport import AiohttpTransport, Transport, TransportResponse, check_headers, retry_reason
+
+if TYPE_CHECKING:
+    from gateway.config import GatewaySettings
 
 log = logging.getLogger("gateway.upstream")
 
 RETRYABLE_STATUS = frozenset({408, 409, 429})
+# Headers the gateway sets itself; a caller passing one is refused rather than overriding the provider key
+# or the framing.
+RESERVED_HEADERS = frozenset(
+    {"authorization", "x-api-key", "proxy-authorization", "host", "content-length", "transfer-encoding",
+     "connection", "upgrade", "te", "trailer", "keep-alive", "cookie"}
+)  # fmt: skip
 
 
 def is_retryable_status(status: int) -> bool:
@@ -54,62 +82,227 @@ def parse_retry_after(headers: Mapping[str, str]) -> float | None:
 
 
 def client_retry_after(headers: Mapping[str, str]) -> str | None:
-    """A plain ``Retry-After: <whole seconds>`` for the client from the upstream's headers (seconds,
-    HTTP date or ``retry-after-ms``); None when the upstream sent none."""
+    """A plain ``Retry-After: <whole seconds>`` for the client from the upstream's headers (seconds, HTTP
+    date or ``retry-after-ms``), at least 1 (an upstream's 0 or past date would make clients retry in a
+    tight loop); None when the upstream sent none."""
     seconds = parse_retry_after(headers)
     if seconds is None:
         return None
-    return str(math.ceil(seconds))
+    return str(max(1, math.ceil(seconds)))
 
 
-class UpstreamTimeout(Exception):
-    """No data from the upstream within the read timeout (becomes a 504)."""
+# --- fair slots ------------------------------------------------------------------------------------
+class _Share:
+    __slots__ = ("held", "waiters", "last")
+
+    def __init__(self) -> None:
+        self.held = 0  # slots this project holds now
+        self.waiters: deque[asyncio.Future[None]] = deque()
+        self.last = 0  # sequence number of its latest grant
 
 
-class UpstreamUnreachable(Exception):
-    """The upstream could not be reached or dropped the connection (becomes a 502)."""
+class FairSlots:
+    """``capacity`` slots shared by projects: free slots are taken at once; when a project has to wait, a
+    freed slot goes to the waiting project holding the fewest (ties: the least recently served)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.free = capacity
+        self._shares: dict[str, _Share] = {}
+        self._queued: dict[str, _Share] = {}  # projects with waiters
+        self._seq = 0
+
+    @property
+    def waiting(self) -> int:
+        return sum(len(s.waiters) for s in self._queued.values())
+
+    def held(self, project: str) -> int:
+        s = self._shares.get(project)
+        return s.held if s is not None else 0
+
+    async def acquire(self, project: str) -> float:
+        """Take a slot for ``project``; returns the seconds waited for it."""
+        share = self._shares.get(project)
+        if share is None:
+            share = self._shares[project] = _Share()
+        if self.free > 0 and not self._queued:
+            self.free -= 1
+            share.held += 1
+            self._seq += 1
+            share.last = self._seq
+            return 0.0
+        t0 = time.perf_counter()
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        share.waiters.append(fut)
+        self._queued[project] = share
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():  # granted, then cancelled before it ran: pass it on
+                self.release(project)
+            else:
+                self._forget(project, share, fut)
+            raise
+        return time.perf_counter() - t0
+
+    def _forget(self, project: str, share: _Share, fut: asyncio.Future[None]) -> None:
+        try:
+            share.waiters.remove(fut)
+        except ValueError:
+            pass
+        if not share.waiters:
+            self._queued.pop(project, None)
+
+    def release(self, project: str) -> None:
+        self._shares[project].held -= 1
+        while self._queued:
+            name, share = min(self._queued.items(), key=lambda kv: (kv[1].held, kv[1].last))
+            fut = share.waiters.popleft()
+            if not share.waiters:
+                del self._queued[name]
+            if fut.done():  # cancelled while waiting; its task will find it gone
+                continue
+            share.held += 1
+            self._seq += 1
+            share.last = self._seq
+            fut.set_result(None)
+            return
+        self.free += 1
+
+
+# --- responses and results -----------------------------------------------------------------------
+class UpstreamResponse:
+    """An upstream response whose head has arrived, holding its provider slot. Read the body whole
+    (``read()``) or as it arrives (``readany()``, b"" at the end), then ``release()`` it (the connection is
+    kept when the body was read to its end) or ``close()`` it (the connection is dropped: the upstream sees
+    the request cancelled). Either frees the slot; so does a failed read. Reads raise only gateway.errors
+    kinds."""
+
+    __slots__ = ("_r", "_slots", "_project", "status", "headers")
+
+    def __init__(self, r: TransportResponse, slots: FairSlots | None, project: str) -> None:
+        self._r = r
+        self._slots = slots
+        self._project = project
+        self.status = r.status
+        self.headers = r.headers
+
+    @property
+    def content(self) -> UpstreamResponse:
+        """``content.readany()`` works too, as on an aiohttp response."""
+        return self
+
+    async def readany(self) -> bytes:
+        try:
+            return await self._r.readany()
+        except GatewayError:
+            self.close()
+            raise
+
+    async def read(self) -> bytes:
+        try:
+            return await self._r.read()
+        except GatewayError:
+            self.close()
+            raise
+
+    def release(self) -> None:
+        self._r.release()
+        self._free()
+
+    def close(self) -> None:
+        self._r.close()
+        self._free()
+
+    def _free(self) -> None:
+        slots, self._slots = self._slots, None
+        if slots is not None:
+            slots.release(self._project)
+
+    def __del__(self) -> None:
+        if self._slots is not None:  # never released: a bug above; don't let the provider lose the slot
+            log.warning("an upstream response was dropped without release() or close()")
+            try:
+                self.close()
+            except Exception:  # pragma: no cover - the loop may be gone at exit
+                pass
 
 
 @dataclass(slots=True)
 class UpstreamResult:
-    """The final attempt. ``body`` is read already for an error status; ``response`` is open on success."""
+    """The final attempt. On success (status < 400) ``response`` is open and holds a provider slot; read it,
+    then release or close it. On an error status ``body`` holds the upstream's answer (read already, at most
+    ``max_response_bytes``) and ``response`` is None."""
 
     status: int
     headers: CIMultiDictProxy[str]
-    response: Response
+    response: UpstreamResponse | None
     body: bytes | None = None
     retries: int = 0
     retry_wait_s: float = 0.0
     retry_reasons: list[str] = field(default_factory=list)
+    slot_wait_s: float = 0.0  # waiting for a provider slot (queueing, not upstream time), all attempts
 
 
+# --- the client ----------------------------------------------------------------------------------
 class UpstreamClient:
-    def __init__(self, name: str, cfg: ProviderConfig, retry: RetryConfig, api_key: str | None) -> None:
+    """One provider: its fair slots, its transport, the retry loop. ``transport``: another Transport than
+    the default AiohttpTransport (tests, another HTTP library); it then sends the provider key itself."""
+
+    def __init__(
+        self,
+        name: str,
+        cfg: ProviderConfig,
+        retry: RetryConfig,
+        api_key: str | None,
+        *,
+        transport: Transport | None = None,
+    ) -> None:
         self.name = name
         self.cfg = cfg
         self.retry = retry
         self.base_url = cfg.base_url.rstrip("/")
-        self._auth_headers: dict[str, str] = {}
+        auth: dict[str, str] = {}
         if api_key:
             if cfg.kind == "anthropic":
-                self._auth_headers["x-api-key"] = api_key
+                auth["x-api-key"] = api_key
             else:
-                self._auth_headers["Authorization"] = f"Bearer {api_key}"
-        self._pool: Pool | None = None
+                auth["Authorization"] = f"Bearer {api_key}"
+            try:
+                check_headers(auth)
+            except BadRequest:
+                raise ValueError(
+                    f"provider {name!r}: the API key in ${cfg.api_key_env} has a line break or a non-ASCII "
+                    "character"
+                ) from None
+        self._auth_headers = auth
+        self.slots = FairSlots(cfg.max_connections)
+        self._transport: Transport | None = transport
+        self._started = False
+
+    @property
+    def transport(self) -> Transport | None:
+        return self._transport
 
     async def start(self) -> None:
-        self._pool = Pool(
-            self.base_url,
-            connect_timeout=self.cfg.connect_timeout_s,
-            read_timeout=self.cfg.read_timeout_s,
-            limit=self.cfg.max_connections,
-            ca_file=self.cfg.ca_file,
-        )
+        if self._transport is None:
+            self._transport = AiohttpTransport(
+                self.name,
+                self.base_url,
+                connect_timeout=self.cfg.connect_timeout_s,
+                read_timeout=self.cfg.read_timeout_s,
+                max_connections=self.cfg.max_connections,
+                max_response_bytes=self.cfg.max_response_bytes,
+                ca_file=self.cfg.ca_file,
+                default_headers=self._auth_headers,
+            )
+        await self._transport.start()
+        self._started = True
 
     async def close(self) -> None:
-        if self._pool is not None:
-            await self._pool.close()
-            self._pool = None
+        if self._transport is not None and self._started:
+            self._started = False
+            await self._transport.close()
 
     def _backoff(self, attempt: int) -> float:
         r = self.retry
@@ -119,38 +312,69 @@ class UpstreamClient:
         self,
         path: str,
         body: bytes,
-        headers: dict[str, str],
+        headers: Mapping[str, str],
         on_retry: Callable[[str], None] | None = None,
+        *,
+        project: str | None = None,
     ) -> UpstreamResult:
-        assert self._pool is not None, "upstream client not started"
-        hdrs = {**headers, **self._auth_headers}
+        """POST ``body`` to ``base_url + path`` with retries. ``headers``: the request's own (content type,
+        API version, beta flags); the provider key is added here. ``project`` names the fair share the
+        request's provider slot comes from. ``on_retry(reason)`` is called before each retry's wait.
+        An UpstreamError raised here carries ``slot_wait_s`` too (getattr: absent on a BadRequest)."""
+        transport = self._transport
+        if transport is None or not self._started:
+            raise RuntimeError(f"upstream client {self.name!r} is not started")
+        for name in headers:
+            if name.lower() in RESERVED_HEADERS:
+                raise BadRequest(
+                    f"header {name!r} is set by the gateway and cannot be forwarded", error_class="bad_header"
+                )
+        check_headers(headers)
+        key = project or ""
+        slots = self.slots
         r = self.retry
         attempt = 0
         waited = 0.0
+        slot_wait = 0.0
         reasons: list[str] = []
         while True:
+            slot_wait += await slots.acquire(key)
+            held = True
+            err: UpstreamError | None = None
             try:
-                resp = await self._pool.post(path, body, hdrs)
-            except ConnectTimeout as e:
-                reason, err = "connect_timeout", e
-            except ReadTimeout as e:
-                raise UpstreamTimeout(
-                    f"upstream {self.name!r} sent no response within the read timeout of "
-                    f"{self.cfg.read_timeout_s:g} s"
-                ) from e
-            except TransportError as e:
-                reason, err = "connect_error", e
-            else:
+                resp = await transport.post(path, body, headers)
                 status = resp.status
-                if status < 400 or not is_retryable_status(status):
-                    if status >= 400:
-                        body_bytes = await self._read_error(resp)
-                        return UpstreamResult(
-                            status, resp.headers, resp, body_bytes, attempt, waited, reasons
-                        )
-                    return UpstreamResult(status, resp.headers, resp, None, attempt, waited, reasons)
+                if status < 400:
+                    held = False
+                    return UpstreamResult(
+                        status, resp.headers, UpstreamResponse(resp, slots, key), None, attempt, waited,
+                        reasons, slot_wait,
+                    )  # fmt: skip
                 body_bytes = await self._read_error(resp)
-                reason, err = str(status), None
+            except UpstreamError as e:
+                err = e
+            finally:
+                if held:
+                    slots.release(key)
+            if err is not None:
+                reason = retry_reason(err)
+                if reason is None:
+                    err.slot_wait_s = slot_wait  # type: ignore[attr-defined]
+                    raise err
+                delay = self._backoff(attempt)
+                if attempt >= r.max_retries or waited + delay > r.max_total_wait_s:
+                    final = type(err)(
+                        f"{err.message} (after {attempt} {'retry' if attempt == 1 else 'retries'})",
+                        error_class=err.error_class,
+                    )
+                    final.slot_wait_s = slot_wait  # type: ignore[attr-defined]
+                    raise final from None
+            else:
+                result = UpstreamResult(
+                    status, resp.headers, None, body_bytes, attempt, waited, reasons, slot_wait
+                )
+                if not is_retryable_status(status):
+                    return result
                 retry_after = parse_retry_after(resp.headers)
                 delay = retry_after if retry_after is not None else self._backoff(attempt)
                 if (
@@ -158,14 +382,8 @@ class UpstreamClient:
                     or (retry_after is not None and retry_after > r.max_retry_after_s)
                     or waited + delay > r.max_total_wait_s
                 ):
-                    return UpstreamResult(status, resp.headers, resp, body_bytes, attempt, waited, reasons)
-            if err is not None:
-                delay = self._backoff(attempt)
-                if attempt >= r.max_retries or waited + delay > r.max_total_wait_s:
-                    raise UpstreamUnreachable(
-                        f"upstream {self.name!r} is unreachable ({reason}: {err.__class__.__name__}"
-                        f"{': ' + str(err) if str(err) else ''}) after {attempt} retries"
-                    ) from err
+                    return result
+                reason = str(status)
             reasons.append(reason)
             if on_retry is not None:
                 on_retry(reason)
@@ -174,10 +392,35 @@ class UpstreamClient:
             waited += delay
             attempt += 1
 
-    async def _read_error(self, resp: Response) -> bytes:
+    async def _read_error(self, resp: TransportResponse) -> bytes:
+        """An error answer's body (b"" when it cannot be read whole); the response is done after it."""
         try:
             return await resp.read()
-        except TransportError:
+        except GatewayError:
             return b""
         finally:
             resp.release()
+
+
+def pool_warnings(settings: GatewaySettings) -> list[str]:
+    """One line per provider whose ``max_connections`` is below the summed ``max_concurrency`` of the
+    projects that can use its models: their requests then wait for a connection (fairly shared, the wait
+    counted as queue time)."""
+    out = []
+    for pname, provider in settings.providers.items():
+        if provider.kind == "local":
+            continue
+        users = {
+            proj: cfg.max_concurrency
+            for proj, cfg in settings.projects.items()
+            if any(settings.models[m].provider == pname for m in cfg.models if m in settings.models)
+        }
+        total = sum(users.values())
+        if total > provider.max_connections:
+            who = ", ".join(f"{p} {n}" for p, n in sorted(users.items()))
+            out.append(
+                f"provider {pname!r}: max_connections {provider.max_connections} is below the "
+                f"{total} requests its projects may have in flight (max_concurrency: {who}); beyond it "
+                "requests wait for a connection, shared fairly between projects"
+            )
+    return out
