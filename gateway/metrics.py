@@ -6,11 +6,15 @@ task list (anything else is labelled ``other``) and ``model`` by the configured 
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from gateway.limits import Limits
+
+if TYPE_CHECKING:
+    from gateway.ledger import LedgerWriter
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
@@ -126,3 +130,48 @@ class GatewayMetrics:
             if pl.cfg.daily_token_budget is not None:
                 self.budget_remaining.labels(name).set_function(lambda pl=pl: pl.budget_remaining() or 0)
                 self.budget.labels(name).set(pl.cfg.daily_token_budget)
+
+    def bind_ledger(self, writer: LedgerWriter) -> None:
+        """The ledger writer's backlog and counters, read at scrape time."""
+        self.registry.register(_LedgerCollector(writer))
+
+
+class _LedgerCollector:
+    def __init__(self, writer: LedgerWriter) -> None:
+        self._w = writer
+
+    def describe(self):
+        return self._families(0, 0.0, 0, 0, 0, 0, 0)
+
+    def collect(self):
+        w = self._w
+        return self._families(
+            w.pending_rows, w.oldest_pending_s(), w.written, w.dropped, w.failed_flushes, w.spool_errors,
+            w.replayed,
+        )  # fmt: skip
+
+    @staticmethod
+    def _families(pending, oldest, written, dropped, failures, spool_errors, replayed):
+        return [
+            GaugeMetricFamily("gateway_ledger_pending_rows", "Ledger rows not yet written", value=pending),
+            GaugeMetricFamily(
+                "gateway_ledger_oldest_pending_seconds",
+                "Age of the oldest unwritten ledger row",
+                value=oldest,
+            ),
+            CounterMetricFamily("gateway_ledger_written_rows", "Ledger rows written", value=written),
+            CounterMetricFamily(
+                "gateway_ledger_dropped_rows", "Ledger rows refused for their data and dropped", value=dropped
+            ),
+            CounterMetricFamily(
+                "gateway_ledger_flush_failures", "Ledger flushes that failed (rows kept)", value=failures
+            ),
+            CounterMetricFamily(
+                "gateway_ledger_spool_errors", "Ledger rows the spool could not write", value=spool_errors
+            ),
+            CounterMetricFamily(
+                "gateway_ledger_replayed_rows",
+                "Rows of a previous process written from the spool",
+                value=replayed,
+            ),
+        ]

@@ -19,6 +19,10 @@ _CHARS_PER_TOKEN = 4
 # An upstream that never ends an event ("\n\n") must not grow the buffer without bound: past this many
 # bytes the buffer is forwarded as it is (its usage, if any, is then not read).
 MAX_EVENT_BYTES = 1024 * 1024
+# The most tokens one request can plausibly report (largest contexts are ~1-2 M). A larger count is not a
+# count (BadUsage: the caller estimates), so a broken upstream can never poison a budget or the ledger,
+# whose writer clamps to the same bound (gateway.ledger.clean_row).
+MAX_TOKENS_PER_REQUEST = 10_000_000
 
 
 def estimate_tokens(raw: bytes) -> int:
@@ -34,7 +38,8 @@ class BadUsage(ValueError):
 
 
 def _tok(u: dict, key: str) -> int:
-    """A token count from a usage object: absent or null is 0; anything not a count raises BadUsage."""
+    """A token count from a usage object: absent or null is 0; anything not a count (or a count over
+    MAX_TOKENS_PER_REQUEST) raises BadUsage."""
     v = u.get(key)
     if not v:
         return 0
@@ -44,7 +49,7 @@ def _tok(u: dict, key: str) -> int:
         n = int(v)
     except (TypeError, ValueError, OverflowError):
         raise BadUsage(key) from None
-    if n < 0:
+    if n < 0 or n > MAX_TOKENS_PER_REQUEST:
         raise BadUsage(key)
     return n
 
