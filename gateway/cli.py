@@ -1,4 +1,4 @@
-"""``farm gateway ...``: serve, keys create/list/revoke/rotate, usage, client-config, doctor.
+"""``farm gateway ...``: serve, keys create/list/revoke/rotate/reset-secret, usage, client-config, doctor.
 
 Mounted by the main CLI as ``gateway.cli.gateway``; also runnable as ``python -m gateway.cli``.
 Every command takes ``--config PATH`` (or ``FARM_GATEWAY_CONFIG``); the default is the example config.
@@ -43,6 +43,7 @@ from gateway.onboarding import (
     render,
     write_config,
 )
+from gateway.secret import reset_secret, resolve_secret
 
 DEFAULT_CONFIG = Path(__file__).parent / "example-config.yaml"
 T = TypeVar("T")
@@ -65,16 +66,28 @@ def _duration(value: str | None, what: str) -> timedelta | None:
         raise click.BadParameter(str(e), param_hint=what) from None
 
 
-def _with_store(settings: GatewaySettings, fn: Callable[[KeyStore], Awaitable[T]]) -> T:
+def _with_store(
+    settings: GatewaySettings, fn: Callable[[KeyStore], Awaitable[T]], *, secret: bool = True
+) -> T:
+    """Run ``fn`` on the key store. With ``secret`` the server secret is resolved as the gateway does
+    (gateway.secret), so a key made here works there; list and revoke need none (an emergency revocation
+    must not wait for one)."""
+
     async def run() -> T:
         engine = create_engine(settings.database_url)
         try:
             await create_tables(engine)
-            return await fn(KeyStore(engine, settings.secret_bytes(), cache_ttl_s=0))
+            store = KeyStore(engine, cache_ttl_s=0)
+            if secret:
+                store.set_secret(await resolve_secret(settings, engine))
+            return await fn(store)
         finally:
             await engine.dispose()
 
-    return asyncio.run(run())
+    try:
+        return asyncio.run(run())
+    except ConfigError as e:
+        raise click.ClickException(str(e)) from None
 
 
 def _console() -> Console:
@@ -115,7 +128,10 @@ def serve(config_path: str | None, host: str | None, port: int | None) -> None:
         f"store {settings.database_url}",
         err=True,
     )
-    run_server(settings, host=host, port=port)
+    try:
+        run_server(settings, host=host, port=port)
+    except ConfigError as e:  # e.g. a server secret the database's keys were not made with
+        raise click.ClickException(str(e)) from None
 
 
 @gateway.group()
@@ -149,7 +165,7 @@ def keys_create(config_path: str | None, project: str, name: str, expires: str |
 def keys_list(config_path: str | None, project: str | None) -> None:
     """List keys (ids and states, never the keys themselves)."""
     settings = _settings(config_path)
-    infos = _with_store(settings, lambda s: s.list(project))
+    infos = _with_store(settings, lambda s: s.list(project), secret=False)
     now = datetime.now(UTC)
     table = Table("id", "project", "name", "created", "expires", "state", "rotated to")
     for i in infos:
@@ -165,7 +181,7 @@ def keys_list(config_path: str | None, project: str | None) -> None:
 def keys_revoke(config_path: str | None, key_id: str) -> None:
     """Revoke a key at once."""
     settings = _settings(config_path)
-    if not _with_store(settings, lambda s: s.revoke(key_id)):
+    if not _with_store(settings, lambda s: s.revoke(key_id), secret=False):
         raise click.ClickException(f"no active key with id {key_id!r}")
     click.echo(f"revoked {key_id}")
 
@@ -191,6 +207,37 @@ def keys_rotate(config_path: str | None, key_id: str, grace: str | None) -> None
     click.echo(f"new key id: {info.id} (old key {key_id} works for {grace_td} more)", err=True)
     click.echo("This key is shown once; store it now:", err=True)
     click.echo(key)
+
+
+@keys.command("reset-secret")
+@config_option
+@click.confirmation_option(
+    prompt="Revoke EVERY key of this gateway and record the current secret?",
+    help="Do not ask for confirmation.",
+)
+def keys_reset_secret(config_path: str | None) -> None:
+    """Start over with the current secret: revoke every key and record this secret as the one keys use.
+
+    For a lost secret (keys made with it can no longer be checked) or a leaked one (set the new
+    FARM_GATEWAY_SECRET first). Restart running gateways afterwards, then create new keys."""
+    settings = _settings(config_path)
+
+    async def run() -> tuple[int, str]:
+        engine = create_engine(settings.database_url)
+        try:
+            await create_tables(engine)
+            return await reset_secret(settings, engine)
+        finally:
+            await engine.dispose()
+
+    try:
+        revoked, source = asyncio.run(run())
+    except ConfigError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(
+        f"revoked {revoked} keys; keys are now hashed with the secret from {source}. Restart running "
+        "gateways, then create new keys (`farm gateway keys create`)."
+    )
 
 
 BY_COLUMNS = {

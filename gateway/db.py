@@ -35,6 +35,14 @@ api_keys = Table(
     Column("rotated_to", String(32), nullable=True),
 )
 
+# Small facts about the store itself, e.g. "secret_fingerprint" (gateway.secret): name -> value.
+meta = Table(
+    "gateway_meta",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("value", String(256), nullable=False),
+)
+
 ledger = Table(
     "gateway_ledger",
     metadata,

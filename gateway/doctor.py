@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Literal
 
 import aiohttp
+from multidict import CIMultiDict
 
 from gateway.config import GatewaySettings, ProjectConfig
 from gateway.db import create_engine
-from gateway.keys import KeyInfo, KeyStore, utcnow
+from gateway.keys import KEY_RE, KeyInfo, KeyStore, credential_from_headers, utcnow
 from gateway.onboarding import DEFAULT_KEY_ENV, is_placeholder, root_url
 
 Status = Literal["PASS", "WARN", "FAIL"]
@@ -31,7 +32,7 @@ DoctorTool = Literal["claude-code", "codex", "openai-env"]
 DOCTOR_TOOLS: tuple[DoctorTool, ...] = ("claude-code", "codex", "openai-env")
 ANTHROPIC_VERSION = "2023-06-01"
 ASSUMED_CALL_S = 20.0  # a typical agent call, for turning rpm into a concurrency
-_KEY_RE = re.compile(r"^kf_([0-9a-f]{12})_[A-Za-z0-9_-]{20,}$")
+_KEY_RE = KEY_RE
 # A key's state as the gateway's own key store sees it (only with --config); None when unknown.
 KeyLookup = Callable[[str], Awaitable[tuple[KeyInfo | None, ProjectConfig | None] | None]]
 
@@ -74,6 +75,10 @@ class Resolved:
     model: str | None
     model_from: str
     auth_header: str | None = None  # a literal Authorization header the tool's settings add
+    key_header: str = "authorization"  # where the tool sends ``key``: "authorization" | "x-api-key"
+    # the other credential header the tool sends besides (Claude Code with both ANTHROPIC_AUTH_TOKEN and
+    # ANTHROPIC_API_KEY set sends both): (header, variable, value)
+    also: tuple[str, str, str] | None = None
 
 
 def _authorization_in(headers: object, env: Mapping[str, str], from_env: bool = False) -> str | None:
@@ -224,23 +229,17 @@ def _claude_settings(inp: DoctorInput, checks: list[Check]) -> Resolved:
         return inp.env.get(name), "shell"
 
     base, base_from = get("ANTHROPIC_BASE_URL")
+    key_header, also = "authorization", None
     if inp.key_env:
         key_env, key = inp.key_env, inp.env.get(inp.key_env)
     else:
         key_env = "ANTHROPIC_AUTH_TOKEN"
-        key, _ = get(key_env)
-        api_key, _ = get("ANTHROPIC_API_KEY")
-        if api_key and key and api_key != key:
-            checks.append(
-                _warn(
-                    "tool settings",
-                    "both ANTHROPIC_API_KEY and ANTHROPIC_AUTH_TOKEN are set to different values; the "
-                    "gateway reads x-api-key (ANTHROPIC_API_KEY) first.",
-                    "keep only ANTHROPIC_AUTH_TOKEN.",
-                )
-            )
-        if not key and api_key:
-            key_env, key = "ANTHROPIC_API_KEY", api_key
+        key, key_from = get(key_env)
+        api_key, api_from = get("ANTHROPIC_API_KEY")
+        if api_key and api_key.strip() and key and key.strip() and api_key.strip() != key.strip():
+            key_env, key, key_header, also = _both_credentials(checks, key, key_from, api_key, api_from)
+        elif api_key and not key:
+            key_env, key, key_header = "ANTHROPIC_API_KEY", api_key, "x-api-key"
     model, model_from = get("ANTHROPIC_MODEL")
     if not base and inp.base_url is None:
         openai_base = inp.env.get("OPENAI_BASE_URL")
@@ -267,7 +266,63 @@ def _claude_settings(inp: DoctorInput, checks: list[Check]) -> Resolved:
         inp.model or model,
         "--model" if inp.model else model_from if model else "",
         _authorization_in(_custom_headers(get("ANTHROPIC_CUSTOM_HEADERS")[0]), inp.env),
+        key_header,
+        also,
     )
+
+
+def _what_key(value: str) -> str:
+    if _KEY_RE.match(value):
+        return f"gateway key {value[3:15]}"
+    if value.startswith("sk-ant-"):
+        return "an Anthropic key (sk-ant-...)"
+    return "an OpenAI key (sk-...)" if value.startswith("sk-") else "something that is not a gateway key"
+
+
+def _both_credentials(
+    checks: list[Check], token: str, token_from: str, api_key: str, api_from: str
+) -> tuple[str, str, str, tuple[str, str, str]]:
+    """Claude Code sends ANTHROPIC_AUTH_TOKEN as 'Authorization: Bearer' and ANTHROPIC_API_KEY as
+    'x-api-key', both when both are set. Which one the gateway uses (gateway.keys.credential_from_headers),
+    and whether that can be what the user meant; returns (variable, key, header, the other header)."""
+    t, a = token.strip(), api_key.strip()
+    used = credential_from_headers(CIMultiDict({"Authorization": f"Bearer {t}", "x-api-key": a}))
+    names = {
+        "authorization": ("ANTHROPIC_AUTH_TOKEN", token, token_from),
+        "x-api-key": ("ANTHROPIC_API_KEY", api_key, api_from),
+    }
+    var, value, _ = names[used.header or "authorization"]
+    other_header = used.ignored or "x-api-key"
+    other_var, other_value, other_from = names[other_header]
+
+    def src(where: str) -> str:
+        return "this shell" if where == "shell" else where
+
+    where = src(other_from)
+    both = (
+        f"ANTHROPIC_AUTH_TOKEN (from {src(token_from)}) and ANTHROPIC_API_KEY (from {src(api_from)}) are set"
+    )
+    if _KEY_RE.match(t) and _KEY_RE.match(a):
+        checks.append(
+            _fail(
+                "credentials",
+                f"{both}, to two different gateway keys ({t[3:15]} and {a[3:15]}): Claude Code sends "
+                f"both, as 'Authorization: Bearer' and 'x-api-key', and the gateway uses only {var} "
+                f"(key {value.strip()[3:15]}), so its project, limits and budget apply whatever you meant.",
+                f"keep one key: remove {other_var} from {where}.",
+            )
+        )
+    elif _KEY_RE.match(value.strip()):
+        checks.append(
+            _warn(
+                "credentials",
+                f"{both}: Claude Code sends both headers; the gateway uses the gateway key in {var} and "
+                f"ignores {other_var} ({_what_key(other_value.strip())}), which is still sent to the gateway "
+                "with every request (it never forwards it).",
+                f"remove {other_var} from {where} for Claude Code sessions that use the gateway.",
+            )
+        )
+    return var, value, used.header or "authorization", (other_header, other_var, other_value.strip())
 
 
 def _openai_settings(inp: DoctorInput, checks: list[Check]) -> Resolved:
@@ -459,6 +514,7 @@ class Doctor:
         self.checks: list[Check] = []
         self.anthropic_style = inp.tool == "claude-code"
         self.auth_header: str | None = None
+        self.resolved: Resolved | None = None
 
     def add(self, check: Check) -> Check:
         self.checks.append(check)
@@ -473,7 +529,18 @@ class Doctor:
         return _openai_settings(self.inp, self.checks)
 
     def headers(self, key: str) -> dict[str, str]:
-        h = {"Authorization": self.auth_header or f"Bearer {key}"}
+        """The headers the tool sends: the key in its header, and any other credential header besides."""
+        r = self.resolved
+        h: dict[str, str] = {}
+        if r is not None and r.also is not None:
+            other, _, value = r.also
+            h["x-api-key" if other == "x-api-key" else "Authorization"] = (
+                value if other == "x-api-key" else self.auth_header or f"Bearer {value}"
+            )
+        if r is not None and r.key_header == "x-api-key":
+            h["x-api-key"] = key
+        else:
+            h["Authorization"] = self.auth_header or f"Bearer {key}"
         if self.anthropic_style:
             h["anthropic-version"] = ANTHROPIC_VERSION
         return h
@@ -484,6 +551,7 @@ class Doctor:
 
     async def run(self) -> list[Check]:
         r = self.resolve()
+        self.resolved = r
         self.auth_header = r.auth_header
         key_check, key = check_key(r)
         self.add(key_check)
@@ -608,6 +676,9 @@ class Doctor:
                 )
             elif state == "expired":
                 why = f"key {info.id} expired at {info.expires_at:%Y-%m-%d %H:%M} UTC."
+            elif r.also is not None:
+                self.add(self._conflict(r, f"401 although key {info.id} in ${r.key_env} is {state}"))
+                return
             else:
                 why = (
                     f"key {info.id} is {state}, but the rest of the key does not match: a typo or a cut copy."
@@ -629,6 +700,9 @@ class Doctor:
                 )
             )
             return
+        if r.also is not None:
+            self.add(self._conflict(r, f"401 ({msg})", maybe=True))
+            return
         self.add(
             _fail(
                 "auth",
@@ -638,6 +712,28 @@ class Doctor:
                 "ask the admin (`farm gateway keys list` shows the state of each key id) for a new key, or "
                 "use the key `keys rotate` printed.",
             )
+        )
+
+    def _conflict(self, r: Resolved, head: str, maybe: bool = False) -> Check:
+        """A 401 while the tool sends two credential headers: the gateway used the other one."""
+        assert r.also is not None
+        other_header, other_var, other_value = r.also
+        label = {"x-api-key": "'x-api-key'", "authorization": "'Authorization: Bearer'"}
+        used = (
+            f"this gateway used {label[other_header]} ({other_var}, {_what_key(other_value)}) instead of the "
+            f"key in ${r.key_env} (a gateway from before the fix reads x-api-key first)"
+        )
+        if maybe:
+            used = (
+                f"either {used}, or the key in ${r.key_env} was revoked, expired or rotated (key id "
+                f"{r.key.strip()[3:15] if r.key and _KEY_RE.match(r.key.strip()) else 'none'})"
+            )
+        return _fail(
+            "auth",
+            f"{head}: {self.inp.tool} sends both {label[r.key_header]} and {label[other_header]}, "
+            f"and {used}.",
+            f"remove {other_var} so that only the gateway key is sent"
+            + ("; if the 401 stays, ask the admin for a new key." if maybe else "."),
         )
 
     def call(self, r: Resolved, model: str) -> tuple[str, dict]:
@@ -794,7 +890,7 @@ def store_lookup(settings: GatewaySettings) -> KeyLookup:
     async def lookup(key_id: str) -> tuple[KeyInfo | None, ProjectConfig | None] | None:
         engine = create_engine(settings.database_url)
         try:
-            info = await KeyStore(engine, settings.secret_bytes(), cache_ttl_s=0).get(key_id)
+            info = await KeyStore(engine, cache_ttl_s=0).get(key_id)  # a lookup by id needs no secret
         except Exception:  # no database here, or no tables: the answer is unknown, not an error
             return None
         finally:

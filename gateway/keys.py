@@ -11,7 +11,7 @@ import hmac
 import re
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -22,7 +22,8 @@ from gateway.db import api_keys
 
 KEY_PREFIX = "kf_"
 _ID_LEN = 12
-_KEY_RE = re.compile(r"^kf_([0-9a-f]{12})_[A-Za-z0-9_-]{20,}$")
+KEY_RE = re.compile(r"^kf_([0-9a-f]{12})_[A-Za-z0-9_-]{20,}$")  # group 1: the public key id
+_KEY_RE = KEY_RE
 
 Clock = Callable[[], datetime]
 
@@ -47,6 +48,64 @@ def parse_duration(text: str) -> timedelta:
     if not m:
         raise ValueError(f"invalid duration {text!r}: use e.g. 90s, 15m, 12h, 30d, 2w")
     return timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def is_gateway_key(value: str) -> bool:
+    """Whether ``value`` has a gateway key's form (``kf_<12 hex>_<secret>``); says nothing of validity."""
+    return KEY_RE.match(value) is not None
+
+
+_HEADER_LABEL = {"authorization": "'Authorization: Bearer'", "x-api-key": "'x-api-key'"}
+MISSING_KEY_MESSAGE = "missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'"
+INVALID_KEY_MESSAGE = "invalid, expired or revoked API key"
+
+
+@dataclass(frozen=True, slots=True)
+class Credential:
+    """The key a request carries and where it came from.
+
+    ``ignored`` names the other header when both ``Authorization: Bearer`` and ``x-api-key`` carried
+    different values (Claude Code with both ANTHROPIC_AUTH_TOKEN and ANTHROPIC_API_KEY set sends both)."""
+
+    key: str | None
+    header: str | None = None  # "authorization" | "x-api-key"
+    ignored: str | None = None  # "authorization" | "x-api-key"
+
+    def invalid_message(self) -> str:
+        """The 401 text for a key the store refused."""
+        if self.ignored is None or self.header is None:
+            return INVALID_KEY_MESSAGE
+        used, ignored = _HEADER_LABEL[self.header], _HEADER_LABEL[self.ignored]
+        return (
+            f"{INVALID_KEY_MESSAGE} (both 'Authorization: Bearer' and 'x-api-key' were sent with different "
+            f"values; the gateway used {used} and ignored {ignored}: send only the gateway key, e.g. unset "
+            "ANTHROPIC_API_KEY for Claude Code)"
+        )
+
+
+def credential_from_headers(headers: Mapping[str, str]) -> Credential:
+    """The client's key from ``x-api-key`` or ``Authorization: Bearer`` (``headers`` must be case-insensitive,
+    as aiohttp's ``request.headers``). When both carry different values, the one shaped like a gateway key
+    wins; when both or neither are, ``Authorization`` wins (Claude Code's ANTHROPIC_AUTH_TOKEN, where the
+    client configs put the key)."""
+    api_key = headers.get("x-api-key")
+    api_key = api_key.strip() if api_key else ""
+    auth = headers.get("Authorization")
+    bearer = auth[7:].strip() if auth and auth[:7].lower() == "bearer " else ""
+    if api_key and bearer and api_key != bearer:
+        if KEY_RE.match(api_key) is not None and KEY_RE.match(bearer) is None:
+            return Credential(api_key, "x-api-key", "authorization")
+        return Credential(bearer, "authorization", "x-api-key")
+    if bearer:
+        return Credential(bearer, "authorization")
+    if api_key:
+        return Credential(api_key, "x-api-key")
+    return Credential(None)
+
+
+def key_from_headers(headers: Mapping[str, str]) -> str | None:
+    """``credential_from_headers(headers).key``."""
+    return credential_from_headers(headers).key
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,10 +145,15 @@ def _row_to_info(row) -> KeyInfo:
 
 class KeyStore:
     def __init__(
-        self, engine: AsyncEngine, secret: bytes, *, cache_ttl_s: float = 5.0, clock: Clock = utcnow
+        self,
+        engine: AsyncEngine,
+        secret: bytes | None = None,
+        *,
+        cache_ttl_s: float = 1.0,
+        clock: Clock = utcnow,
     ) -> None:
         self._engine = engine
-        self._secret = secret
+        self._secret = secret  # None until set_secret: only get/list/revoke work without it
         self._cache_ttl = cache_ttl_s
         self._clock = clock
         # digest -> (info, row hash, monotonic fetch time); holds no plaintext key
@@ -98,7 +162,16 @@ class KeyStore:
         self._loading: dict[str, asyncio.Future[tuple[KeyInfo, str] | None]] = {}
         self._generation = 0  # bumped by revoke/rotate: a lookup begun before one is not cached
 
+    def set_secret(self, secret: bytes) -> None:
+        """The server secret (from gateway.secret.resolve_secret); a store built without one gets it here."""
+        if not secret:
+            raise ValueError("empty server secret")
+        self._secret = secret
+        self._forget()
+
     def _digest(self, key: str) -> str:
+        if self._secret is None:
+            raise RuntimeError("KeyStore has no server secret yet (gateway.secret.resolve_secret gives it)")
         return hmac.digest(self._secret, key.encode(), "sha256").hex()
 
     async def create(

@@ -207,6 +207,78 @@ async def test_revoked_rotated_and_foreign_keys(gateway) -> None:
     assert "another gateway" in c.message
 
 
+# --- two credentials at once (Claude Code sends ANTHROPIC_AUTH_TOKEN and ANTHROPIC_API_KEY both) ----------
+
+OWN_ANTHROPIC_KEY = "sk-ant-api03-" + "u" * 40
+
+
+def claude_env(gw, token: str, api_key: str) -> dict[str, str]:
+    return {"ANTHROPIC_BASE_URL": gw.url, "ANTHROPIC_AUTH_TOKEN": token, "ANTHROPIC_API_KEY": api_key}
+
+
+async def test_claude_code_with_its_own_anthropic_key_besides_the_gateway_key_warns_and_works(
+    gateway,
+) -> None:
+    key = gateway.keys["alpha"]
+    checks = await diagnose(gateway, "claude-code", claude_env(gateway, key, OWN_ANTHROPIC_KEY))
+    assert not failed(checks), checks
+    w = one(checks, "credentials", "WARN")
+    assert "uses the gateway key in ANTHROPIC_AUTH_TOKEN" in w.message and "Anthropic key" in w.message
+    assert "remove ANTHROPIC_API_KEY from this shell" in w.fix and OWN_ANTHROPIC_KEY not in w.line()
+    assert one(checks, "model call", "PASS")
+    # the gateway key in ANTHROPIC_API_KEY, the user's own key in ANTHROPIC_AUTH_TOKEN: the gateway still
+    # picks the gateway key (x-api-key), so this works too
+    checks = await diagnose(gateway, "claude-code", claude_env(gateway, OWN_ANTHROPIC_KEY, key))
+    assert not failed(checks), checks
+    assert "uses the gateway key in ANTHROPIC_API_KEY" in one(checks, "credentials", "WARN").message
+    assert "ANTHROPIC_API_KEY holds a well-formed gateway key" in one(checks, "key", "PASS").message
+
+
+async def test_claude_code_with_two_different_gateway_keys_fails(gateway) -> None:
+    alpha, beta = gateway.keys["alpha"], gateway.keys["beta"]
+    checks = await diagnose(gateway, "claude-code", claude_env(gateway, alpha, beta))
+    c = one(checks, "credentials", "FAIL")
+    assert (
+        "two different gateway keys" in c.message
+        and f"uses only ANTHROPIC_AUTH_TOKEN (key {alpha[3:15]})" in (c.message)
+    )
+    assert "remove ANTHROPIC_API_KEY" in c.fix and failed(checks)
+    env = claude_env(gateway, alpha, beta)
+    args = ["doctor", "--tool", "claude-code", "--claude-settings", "/nonexistent/settings.json"]
+    res = await asyncio.to_thread(CliRunner().invoke, cli, args, env=env)
+    assert res.exit_code == 1 and "FAIL  credentials" in res.stdout, res.stdout
+    assert alpha not in res.stdout and beta not in res.stdout
+
+
+async def test_claude_code_both_keys_against_a_gateway_that_reads_x_api_key_first(gateway) -> None:
+    """A gateway from before the fix answers 401 when x-api-key holds the user's own key: a FAIL naming the
+    conflict, where the old doctor (probing with the Bearer token alone) passed."""
+    key = gateway.keys["alpha"]
+
+    async def models(request: web.Request) -> web.Response:
+        sent = request.headers.get("x-api-key") or request.headers.get("Authorization", "")[7:]
+        if sent != key:
+            err = {"type": "authentication_error", "message": "invalid, expired or revoked API key"}
+            return web.json_response({"type": "error", "error": err}, status=401)
+        return web.json_response({"data": [{"type": "model", "id": "claude-fake"}], "has_more": False})
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        old = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        env = {**claude_env(gateway, key, OWN_ANTHROPIC_KEY), "ANTHROPIC_BASE_URL": old}
+        checks = await diagnose(gateway, "claude-code", env)
+    finally:
+        await runner.cleanup()
+    c = one(checks, "auth", "FAIL")
+    assert "sends both 'Authorization: Bearer' and 'x-api-key'" in c.message
+    assert "used 'x-api-key' (ANTHROPIC_API_KEY, an Anthropic key (sk-ant-...))" in c.message
+    assert "remove ANTHROPIC_API_KEY" in c.fix and failed(checks)
+
+
 # --- the model call -------------------------------------------------------------------------------------
 
 

@@ -210,5 +210,8 @@ async def test_serve_with_example_config_starts_and_stops_cleanly(tmp_path):
         proc.send_signal(signal.SIGINT)
         out, _ = await asyncio.wait_for(proc.communicate(), 20)
     assert proc.returncode == 0, out.decode()
-    assert b"DEV secret" in out  # the dev default is announced
+    # no built-in secret: one is generated next to the database and announced in one line, never shown
+    secret_file = tmp_path / "gateway.secret"
+    assert out.count(b"generated a new gateway secret") == 1 and str(secret_file).encode() in out
+    assert secret_file.read_bytes().strip() not in out and b"DEV secret" not in out
     assert (tmp_path / "gw.db").exists()
