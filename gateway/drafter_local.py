@@ -2,7 +2,9 @@
 
 No network and no model: the same anomalies always give the same drafts, each marked ``[offline]`` so
 nobody mistakes them for a model's. It lets ``make run`` show the whole acceptance workflow on a laptop.
-``checklist`` writes one draft per anomaly; ``log_summary`` one per distinct failure signature.
+``checklist`` writes one draft per anomaly; ``log_summary`` one per distinct failure signature. Either way
+every anomaly id is named by exactly one draft (the batcher requires every id to be covered), and every
+draft stays within the ``Draft`` field limits whatever the anomalies say.
 """
 
 from __future__ import annotations
@@ -100,7 +102,11 @@ def draft_log_summary(anomalies: list[AnomalyIn]) -> list[Draft]:
                     f"{OFFLINE_MARK} {len(members)} anomal{'y' if len(members) == 1 else 'ies'} "
                     f"({', '.join(kinds)}) share one failure on {', '.join(subjects)}"
                 )[:2000],
-                verify_how=f"{OFFLINE_MARK} " + "; ".join(_VERIFY.get(k, _DEFAULT_VERIFY)[0] for k in kinds),
+                # each way to verify once (unknown kinds share the default), within the Draft's limit
+                verify_how=(
+                    f"{OFFLINE_MARK} "
+                    + "; ".join(dict.fromkeys(_VERIFY.get(k, _DEFAULT_VERIFY)[0] for k in kinds))
+                )[:2000],
                 failure_signature=signature,
                 needs_local_profiler=profiler,
                 anomaly_ids=[a.id for a in members],

@@ -3,15 +3,36 @@
 A caller (the farm, with a project key) sends ``{"task": "checklist"|"log_summary", "model"?: ...,
 "anomalies": [AnomalyIn, ...]}``. Requests of the same project, task and model that arrive within
 ``summaries.window_ms`` are gathered into one model call (sooner when ``max_items`` anomalies are
-waiting); equal anomalies from several callers are sent once. The answer must be JSON and validate as
-``DraftList``: an invalid one gets one repair call, then every caller of the batch gets a 502 that says
-why. Each caller gets only the drafts that name its own anomalies, under its own ids.
+waiting); equal anomalies from several callers are sent once. No model call carries more than
+``max_items`` anomalies: a request with more is split, in its own order, into chunks of at most
+``max_items``, each batched like a request of its own (other callers' requests may share its window), and
+the caller gets the merged drafts of all its chunks.
 
-Answers are cached by content hash of (project, task, model, the set of anomalies): the same set never
-costs a project a second model call, including while the first is still in flight; projects never share
-answers. Every model call (repairs included, the offline drafter too) is one ledger row on endpoint
-``summaries`` with the task and ``batch_size`` (the anomalies sent). A model whose provider is ``local``,
-or whose provider's API key variable is unset, is served by the offline drafter and the answer says
+The answer must be JSON, validate as ``DraftList`` and cover every anomaly id it was sent (each id in the
+``anomaly_ids`` of some draft). An invalid answer, or one with a gap, gets one repair call; for a gap the
+repair prompt names the missing ids and asks for drafts for them only (the drafts already given stand).
+Each caller gets only the drafts that name its own anomalies, under its own ids. The reply::
+
+    {"drafts": [{"assertion", "verify_how", "failure_signature", "needs_local_profiler", "anomaly_ids"}],
+     "errors": [{"anomaly_id": "<the caller's id>",
+                 "error": "the model's answer did not cover this anomaly after one repair attempt"}],
+     "model", "provider", "offline", "cached", "usage": {"input_tokens", "output_tokens"},
+     "batch": {"requests", "items", "request_ids"}}
+
+HTTP status: 200 when at least one of the caller's anomalies is covered, the uncovered ones (if any) listed
+in ``errors`` (empty when all are covered); 502 when none is covered, or when the answer is still invalid
+after the repair. When a model call of a split request fails (a limit, the upstream), the request gets that
+call's error. ``batch`` describes the model calls that served the caller: ``requests`` the request sets
+they served, ``items`` the anomalies they carried, ``request_ids`` the ledger ids of every call (chunks
+and repairs); ``usage`` is the caller's share of their tokens, by anomalies.
+
+Answers are cached by content hash of (project, task, model, the whole set of anomalies of a request): the
+same set never costs a project a second model call, including while the first is still in flight;
+projects never share answers. Only complete answers are cached: an answer with a gap goes to the callers
+waiting for it and is then dropped, so the same request asks the model again. Every model call (repairs
+included, the offline drafter too) is one ledger row on endpoint ``summaries`` with the task and
+``batch_size`` (the anomalies sent). A model whose provider is ``local``, or whose provider's API key
+variable is unset, is served by the offline drafter (it covers every anomaly) and the answer says
 ``"offline": true``.
 """
 
@@ -31,14 +52,24 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from gateway.drafter_local import offline_drafts
-from gateway.errors import GatewayError, error_response
-from gateway.http1 import TransportError
-from gateway.limits import LimitExceeded
+from gateway.errors import (
+    BadRequest,
+    Forbidden,
+    GatewayError,
+    NotFound,
+    PayloadTooLarge,
+    RateLimited,
+    UpstreamBadAnswer,
+    UpstreamCredentialRejected,
+    UpstreamError,
+)
+from gateway.pipeline import Record, parse_json_object, read_body
 from gateway.summary_schema import AnomalyIn, Draft, DraftList, SummaryRequest
+from gateway.upstream import client_retry_after
 from gateway.usage import estimate_output_tokens, estimate_tokens, usage_from_body
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway, Record
+    from gateway.app import Gateway
 
 log = logging.getLogger("gateway.summaries")
 
@@ -73,27 +104,44 @@ def _digest(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+UNCOVERED = "the model's answer did not cover this anomaly after one repair attempt"
+
+
 @dataclass
 class SetAnswer:
-    """The drafts for one anomaly set, with anomaly ids as content hashes (caller-independent)."""
+    """The drafts for one anomaly set (or one chunk of it), ids as content hashes (caller-independent)."""
 
     drafts: list[dict[str, Any]]
+    missing: list[str]  # content hashes no draft covers after the repair; such an answer is never cached
     model: str
+    provider: str
+    offline: bool
+    input_tokens: float  # this set's share of the calls' tokens, by anomalies
+    output_tokens: float
+    batch_requests: int  # request sets the calls served
+    batch_items: int  # anomalies the calls carried
+    request_ids: list[str]  # every model call (chunks and repairs)
+    sets: frozenset[str] = frozenset()  # set keys the calls served (to merge chunks; empty once merged)
+
+
+@dataclass
+class _CallAnswer:
+    """What one batch's model call (and its repair) gave: drafts and gaps by content hash, token totals."""
+
+    drafts: list[dict[str, Any]]
+    missing: set[str]
     provider: str
     offline: bool
     input_tokens: int
     output_tokens: int
-    batch_requests: int
-    batch_items: int
-    items: int  # anomalies of this set
     request_ids: list[str]
 
 
 @dataclass
 class _Pending:
     set_key: str
-    hashes: dict[str, AnomalyIn]  # content hash -> anomaly, this set's
-    future: asyncio.Future[SetAnswer]
+    hashes: dict[str, AnomalyIn]  # content hash -> anomaly: the set's chunk in this batch
+    future: asyncio.Future[SetAnswer]  # this chunk's answer
 
 
 @dataclass
@@ -118,34 +166,27 @@ class SummaryBatcher:
         self.model_calls = 0
 
     # --- the route -------------------------------------------------------------------------------
-    async def handle(self, request: web.Request) -> web.Response:
-        try:
-            return await self._handle(request)
-        except GatewayError as e:
-            return error_response(
-                "openai", e.status, e.message, code=e.code, retry_after=e.retry_after, limit=e.limit
-            )
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        # Through the pipeline; no ledger row for the request itself: each model call is one.
+        return await self.gw.pipeline.serve(request, "summaries", "openai", self._handle, ledger=False)
 
-    async def _handle(self, request: web.Request) -> web.Response:
-        info, project = await self.gw._authenticate(request)
-        from gateway.app import read_body
-
+    async def _handle(self, request: web.Request, _rec: Record) -> web.Response:
+        info, project = await self.gw.pipeline.authenticate(request)
         req = self._parse(await read_body(request))
         if len(req.anomalies) > self.cfg.max_anomalies_per_request:
-            raise GatewayError(
-                413,
+            raise PayloadTooLarge(
                 f"anomalies: {len(req.anomalies)} in one request, at most "
                 f"{self.cfg.max_anomalies_per_request}",
                 error_class="too_many_anomalies",
             )
         model = req.model or project.models[0]
         if model not in self.gw.settings.models:
-            raise GatewayError(404, f"model {model!r} does not exist", error_class="model_unknown")
+            raise NotFound(f"model {model!r} does not exist", error_class="model_unknown")
         if model not in project.models:
-            raise GatewayError(
-                403, f"project {info.project!r} is not allowed to use model {model!r}",
+            raise Forbidden(
+                f"project {info.project!r} is not allowed to use model {model!r}",
                 error_class="model_forbidden",
-            )  # fmt: skip
+            )
         hashes: dict[str, AnomalyIn] = {}
         ids_by_hash: dict[str, list[str]] = {}
         for a in req.anomalies:
@@ -167,12 +208,7 @@ class SummaryBatcher:
         return web.json_response(self._reply(answer, ids_by_hash, cached))
 
     def _parse(self, raw: bytes) -> SummaryRequest:
-        try:
-            body = json.loads(raw)
-        except ValueError as e:
-            raise GatewayError(
-                400, f"request body is not valid JSON: {e}", error_class="bad_request"
-            ) from None
+        body = parse_json_object(raw)
         try:
             return SummaryRequest.model_validate(body)
         except ValidationError as e:
@@ -183,7 +219,7 @@ class SummaryBatcher:
                 if where
                 else f"invalid request body: {err['msg']}"
             )
-            raise GatewayError(400, msg, error_class="bad_request") from None
+            raise BadRequest(msg) from None
 
     @staticmethod
     def _reply(answer: SetAnswer, ids_by_hash: dict[str, list[str]], cached: bool) -> dict[str, Any]:
@@ -192,16 +228,24 @@ class SummaryBatcher:
             ids = [i for h in d["anomaly_ids"] for i in ids_by_hash.get(h, [])]
             if ids:
                 drafts.append({**d, "anomaly_ids": ids})
+        missing = set(answer.missing)
+        errors = [
+            {"anomaly_id": i, "error": UNCOVERED}
+            for h, ids in ids_by_hash.items()
+            if h in missing
+            for i in ids
+        ]
         return {
             "drafts": drafts,
+            "errors": errors,
             "model": answer.model,
             "provider": answer.provider,
             "offline": answer.offline,
             "cached": cached,
-            # this caller's share of the batch's tokens (by anomalies); a cache hit costs nothing
+            # this caller's share of the calls' tokens (by anomalies); a cache hit costs nothing
             "usage": {
-                "input_tokens": 0 if cached else _share(answer.input_tokens, answer),
-                "output_tokens": 0 if cached else _share(answer.output_tokens, answer),
+                "input_tokens": 0 if cached else round(answer.input_tokens),
+                "output_tokens": 0 if cached else round(answer.output_tokens),
             },
             "batch": {
                 "requests": answer.batch_requests,
@@ -214,25 +258,102 @@ class SummaryBatcher:
     def _enqueue(
         self, project: str, task: str, model: str, key_id: str, set_key: str, hashes: dict[str, AnomalyIn]
     ) -> asyncio.Future[SetAnswer]:
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[SetAnswer] = loop.create_future()
+        """The set's future answer (in flight from now on); its chunks (<= ``max_items``) join batches."""
+        fut: asyncio.Future[SetAnswer] = asyncio.get_running_loop().create_future()
         fut.add_done_callback(_consume_exception)
         self._in_flight[set_key] = fut
-        bkey = (project, task, model)
+        order, step = list(hashes), self.cfg.max_items
+        parts = [
+            self._add((project, task, model), key_id, set_key, {h: hashes[h] for h in order[i : i + step]})
+            for i in range(0, len(order), step)
+        ]
+        left = len(parts)
+
+        def part_done(_part: asyncio.Future[SetAnswer]) -> None:
+            nonlocal left
+            left -= 1
+            if left == 0:
+                self._settle(set_key, parts, fut)
+
+        for part in parts:
+            part.add_done_callback(part_done)
+        return fut
+
+    def _add(
+        self, bkey: tuple[str, str, str], key_id: str, set_key: str, hashes: dict[str, AnomalyIn]
+    ) -> asyncio.Future[SetAnswer]:
+        """One chunk of a set into the open batch of ``bkey``; the future of the chunk's answer."""
+        loop = asyncio.get_running_loop()
+        part: asyncio.Future[SetAnswer] = loop.create_future()
+        part.add_done_callback(_consume_exception)
         batch = self._open.get(bkey)
-        new_items = [h for h in hashes if batch is None or h not in batch.items]
-        if batch is not None and len(batch.items) + len(new_items) > self.cfg.max_items:
-            self._flush(bkey)  # this set would overfill the batch: send what waits, start a new one
+        if batch is not None and (
+            len(batch.items) + sum(h not in batch.items for h in hashes) > self.cfg.max_items
+            or any(p.set_key == set_key for p in batch.sets)
+        ):
+            self._flush(bkey)  # the chunk would overfill the batch (or it holds a chunk of this set): send it
             batch = None
         if batch is None:
-            batch = _Batch(project, task, model, key_id)
+            batch = _Batch(*bkey, key_id)
             self._open[bkey] = batch
             batch.timer = loop.call_later(self.cfg.window_ms / 1000, self._flush, bkey)
-        batch.sets.append(_Pending(set_key, hashes, fut))
+        batch.sets.append(_Pending(set_key, hashes, part))
         batch.items.update(hashes)
         if len(batch.items) >= self.cfg.max_items:
             self._flush(bkey)
-        return fut
+        return part
+
+    def _settle(
+        self, set_key: str, parts: list[asyncio.Future[SetAnswer]], fut: asyncio.Future[SetAnswer]
+    ) -> None:
+        """Every chunk of a set is answered: merge, cache the answer if complete, resolve the set's future."""
+        if self._in_flight.get(set_key) is fut:
+            del self._in_flight[set_key]
+        if fut.done():
+            return
+        try:
+            fut.set_result(self._merge(set_key, parts))
+        except GatewayError as e:
+            fut.set_exception(e)
+        except Exception:
+            log.exception("summaries: merging the chunks of a set failed")
+            fut.set_exception(
+                GatewayError(500, "internal gateway error in the summary batcher", error_class="internal")
+            )
+
+    def _merge(self, set_key: str, parts: list[asyncio.Future[SetAnswer]]) -> SetAnswer:
+        for part in parts:  # any failed chunk fails the request, with its error
+            if part.cancelled():
+                raise GatewayError(
+                    500, "internal gateway error in the summary batcher", error_class="internal"
+                )
+            if (err := part.exception()) is not None:
+                raise err
+        answers = [part.result() for part in parts]
+        sets = frozenset().union(*(a.sets for a in answers))
+        answer = SetAnswer(
+            drafts=[d for a in answers for d in a.drafts],
+            missing=[h for a in answers for h in a.missing],
+            model=answers[0].model,
+            provider=answers[0].provider,
+            offline=any(a.offline for a in answers),
+            input_tokens=sum(a.input_tokens for a in answers),
+            output_tokens=sum(a.output_tokens for a in answers),
+            batch_requests=len(sets),
+            batch_items=sum(a.batch_items for a in answers),
+            request_ids=[r for a in answers for r in a.request_ids],
+        )
+        if not answer.drafts:
+            raise UpstreamBadAnswer(
+                f"the model's answer did not cover any of the {len(answer.missing)} anomalies of this "
+                "request after one repair attempt",
+                error_class="incomplete_model_answer",
+            )
+        if not answer.missing and self.cfg.cache_entries:  # an incomplete answer is never cached
+            self._cache[set_key] = answer
+            while len(self._cache) > self.cfg.cache_entries:
+                self._cache.popitem(last=False)
+        return answer
 
     def _flush(self, bkey: tuple[str, str, str]) -> None:
         batch = self._open.pop(bkey, None)
@@ -252,6 +373,7 @@ class SummaryBatcher:
 
     # --- one model call for a batch --------------------------------------------------------------
     async def _run(self, batch: _Batch) -> None:
+        """Answer every chunk waiting in the batch (the sets' futures settle once all their chunks are)."""
         try:
             answer = await self._call(batch)
         except BaseException as e:
@@ -262,30 +384,33 @@ class SummaryBatcher:
                     500, "internal gateway error in the summary batcher", error_class="internal"
                 )
             for p in batch.sets:
-                self._in_flight.pop(p.set_key, None)
                 if not p.future.done():
                     p.future.set_exception(err)
             if not isinstance(e, Exception):
                 raise
             return
+        sets = frozenset(p.set_key for p in batch.sets)
         for p in batch.sets:
-            mine = set(p.hashes)
-            drafts = []
-            for d in answer.drafts:
-                ids = [h for h in d["anomaly_ids"] if h in mine]
-                if ids:
-                    drafts.append({**d, "anomaly_ids": ids})
-            result = SetAnswer(**{**answer.__dict__, "drafts": drafts, "items": len(mine)})
-            if self.cfg.cache_entries:
-                self._cache[p.set_key] = result
-                while len(self._cache) > self.cfg.cache_entries:
-                    self._cache.popitem(last=False)
-            self._in_flight.pop(p.set_key, None)
+            share = len(p.hashes) / len(batch.items)
+            result = SetAnswer(
+                drafts=_restrict(answer.drafts, set(p.hashes)),
+                missing=[h for h in p.hashes if h in answer.missing],
+                model=batch.model,
+                provider=answer.provider,
+                offline=answer.offline,
+                input_tokens=answer.input_tokens * share,
+                output_tokens=answer.output_tokens * share,
+                batch_requests=len(sets),
+                batch_items=len(batch.items),
+                request_ids=answer.request_ids,
+                sets=sets,
+            )
             if not p.future.done():
                 p.future.set_result(result)
 
-    async def _call(self, batch: _Batch) -> SetAnswer:
-        """The drafts of the batch (ids as content hashes) from the model, with one repair attempt."""
+    async def _call(self, batch: _Batch) -> _CallAnswer:
+        """The drafts of the batch (ids as content hashes) from the model, with one repair attempt for an
+        invalid answer or one that leaves anomaly ids uncovered; the ids still uncovered after it."""
         settings = self.gw.settings
         route = settings.models[batch.model]
         provider = settings.providers[route.provider]
@@ -295,24 +420,22 @@ class SummaryBatcher:
         offline = provider.kind == "local" or bool(
             provider.api_key_env and not os.environ.get(provider.api_key_env)
         )
-        common = dict(
-            model=batch.model,
-            provider="local" if offline else route.provider,
-            offline=offline,
-            batch_requests=len(batch.sets),
-            batch_items=len(items),
-            items=len(items),
-        )
         if offline:
             rec = self._record(batch, "local", "offline-drafter")
-            drafts = offline_drafts(items, batch.task)
+            drafts = _restrict_drafts(offline_drafts(items, batch.task), set(by_local))
             rec.status, rec.http_status = "ok", 200
-            self.gw._finish(rec)
+            self.gw.pipeline.account(rec)
             self.model_calls += 1
-            return SetAnswer(
-                drafts=_to_hashes(drafts, by_local), input_tokens=0, output_tokens=0,
-                request_ids=[rec.request_id], **common,
-            )  # fmt: skip
+            covered = {i for d in drafts for i in d.anomaly_ids}
+            return _CallAnswer(
+                drafts=_to_hashes(drafts, by_local),
+                missing={h for i, h in by_local.items() if i not in covered},
+                provider="local",
+                offline=True,
+                input_tokens=0,
+                output_tokens=0,
+                request_ids=[rec.request_id],
+            )
         max_tokens = (
             self.cfg.checklist_max_tokens if batch.task == "checklist" else self.cfg.log_summary_max_tokens
         )
@@ -323,6 +446,8 @@ class SummaryBatcher:
         messages: list[dict[str, str]] = [{"role": "user", "content": TASK_PROMPTS[batch.task] + "\n" + user}]
         totals = [0, 0]
         request_ids: list[str] = []
+        kept: list[Draft] = []  # the valid drafts so far, each naming only ids no earlier draft covers
+        covered: set[str] = set()
         problem = ""
         for attempt in range(2):
             text = await self._model_call(
@@ -330,37 +455,51 @@ class SummaryBatcher:
             )
             drafts, problem = _validate(text, set(by_local))
             if drafts is not None:
-                return SetAnswer(
-                    drafts=_to_hashes(drafts, by_local), input_tokens=totals[0], output_tokens=totals[1],
-                    request_ids=request_ids, **common,
-                )  # fmt: skip
-            log.warning("summaries: invalid model answer (attempt %d): %s", attempt + 1, problem)
-            messages = messages + [
-                {"role": "assistant", "content": text[:8000]},
-                {
-                    "role": "user",
-                    "content": f"That answer is invalid: {problem}. Answer again with only the JSON object "
-                    'in the required shape {"drafts": [...]}, nothing else.',
-                },
-            ]
-        raise GatewayError(
-            502,
-            f"the model's answer was not valid drafts after one repair attempt: {problem}",
-            error_class="invalid_model_answer",
+                new = _restrict_drafts(drafts, set(by_local) - covered)
+                kept += new
+                covered.update(i for d in new for i in d.anomaly_ids)
+                missing = [i for i in by_local if i not in covered]
+                if not missing:
+                    break
+                problem = f"anomaly ids not covered by any draft: {', '.join(missing)}"
+                repair = (
+                    f"Your answer did not cover these anomaly ids: {', '.join(missing)}. Every anomaly id "
+                    "must appear in the anomaly_ids of some draft. Answer with only the JSON object in the "
+                    'required shape {"drafts": [...]} with drafts for these ids; the drafts you already '
+                    "wrote stand."
+                )
+            else:
+                repair = (
+                    f"That answer is invalid: {problem}. Answer again with only the JSON object "
+                    'in the required shape {"drafts": [...]}, nothing else.'
+                )
+            log.warning("summaries: unusable model answer (attempt %d): %s", attempt + 1, problem)
+            if attempt == 0:
+                messages = messages + [
+                    {"role": "assistant", "content": text[:8000]},
+                    {"role": "user", "content": repair},
+                ]
+        if not kept:
+            raise UpstreamBadAnswer(
+                f"the model's answer was not valid drafts after one repair attempt: {problem}",
+                error_class="invalid_model_answer",
+            )
+        return _CallAnswer(
+            drafts=_to_hashes(kept, by_local),
+            missing={h for i, h in by_local.items() if i not in covered},
+            provider=route.provider,
+            offline=False,
+            input_tokens=totals[0],
+            output_tokens=totals[1],
+            request_ids=request_ids,
         )
 
     def _record(self, batch: _Batch, provider: str, upstream_model: str) -> Record:
-        from gateway.app import Record
-
-        project = self.gw.settings.projects[batch.project]
         rec = Record("summaries")
         rec.project, rec.key_id = batch.project, batch.key_id
         rec.public_model = rec.model_label = batch.model
         rec.upstream_model, rec.provider = upstream_model, provider
-        rec.task = batch.task
-        rec.task_label = (
-            batch.task if batch.task in project.tasks or batch.task == project.default_task else "other"
-        )
+        rec.tag(self.gw.settings.projects[batch.project], batch.task)
         rec.batch_size = len(batch.items)
         return rec
 
@@ -394,20 +533,13 @@ class SummaryBatcher:
             path, api, headers = "/chat/completions", "chat", {}
         raw = json.dumps(body).encode()
         headers["Content-Type"] = "application/json"
+        pipeline = self.gw.pipeline
         try:
-            admission = await self.gw.limits[batch.project].admit(max_tokens)
-        except LimitExceeded as e:
-            self.gw.metrics.rejections.labels(batch.project, e.limit).inc()
-            rec.status, rec.http_status, rec.error_class = "rejected", 429, f"limit_{e.limit}"
-            self.gw._finish(rec)
-            raise GatewayError(
-                429,
-                e.message,
-                error_class=f"limit_{e.limit}",
-                retry_after=e.retry_after_header,
-                limit=e.limit,
-            ) from None
-        rec.queue_wait = admission.queue_wait_s
+            admission = await pipeline.admit(rec, max_tokens, estimate_tokens(raw))
+        except RateLimited as e:
+            rec.status, rec.http_status, rec.error_class = "rejected", 429, e.error_class
+            pipeline.account(rec)
+            raise
         try:
             data = await self._send(rec, path, raw, headers)
             try:
@@ -427,20 +559,14 @@ class SummaryBatcher:
         finally:
             admission.release()
             admission.settle(rec.input_tokens + rec.output_tokens)
-            self.gw._finish(rec)
+            self.gw.pipeline.account(rec)
 
     async def _send(self, rec: Record, path: str, raw: bytes, headers: dict[str, str]) -> bytes:
-        from gateway.upstream import UpstreamTimeout, UpstreamUnreachable, client_retry_after
-
+        """The answer body of one model call; an upstream error answer becomes an UpstreamError (a 429 or
+        504 keeps its status, so the farm can tell "slow down" from "broken")."""
         client = self.gw.clients[rec.provider]
-        rec.upstream_t0 = time.perf_counter()
-
-        def on_retry(reason: str) -> None:
-            rec.retries += 1
-            self.gw.metrics.retries.labels(rec.project, rec.model_label, reason).inc()
-
         try:
-            result = await client.send(path, raw, headers, on_retry)
+            result = await self.gw.pipeline.send(rec, client, path, raw, headers)
             if result.status >= 400:
                 rec.status, rec.http_status, rec.error_class = (
                     "error",
@@ -449,32 +575,29 @@ class SummaryBatcher:
                 )
                 if result.status in (401, 403):  # the gateway's own provider key; its body stays here
                     rec.http_status = 502
-                    raise GatewayError(
-                        502,
+                    raise UpstreamCredentialRejected(
                         f"upstream {rec.provider!r} rejected the gateway's provider credential "
                         f"(HTTP {result.status}); this is a gateway configuration problem, not your API "
                         "key: tell the gateway operator",
-                        error_class=f"upstream_{result.status}",
                         code="upstream_credential_rejected",
                     )
                 detail = (result.body or b"")[:300].decode("utf-8", "replace").strip()
-                raise GatewayError(
-                    result.status if result.status in (429, 504) else 502,
+                err = UpstreamError(
                     f"upstream {rec.provider!r} returned HTTP {result.status}"
                     + (f": {detail}" if detail else ""),
                     error_class=f"upstream_{result.status}",
                     retry_after=client_retry_after(result.headers),
                 )
+                if result.status in (429, 504):
+                    err.status = result.status
+                raise err
             try:
                 return await result.response.read()
             finally:
                 result.response.release()
-        except UpstreamTimeout as e:
-            rec.http_status, rec.error_class = 504, "read_timeout"
-            raise GatewayError(504, str(e), error_class="read_timeout") from None
-        except (UpstreamUnreachable, TransportError) as e:
-            rec.http_status, rec.error_class = 502, "unreachable"
-            raise GatewayError(502, f"upstream {rec.provider!r}: {e}", error_class="unreachable") from None
+        except UpstreamError as e:
+            rec.http_status, rec.error_class = rec.http_status or e.status, rec.error_class or e.error_class
+            raise
         finally:
             rec.upstream_end = time.perf_counter()
 
@@ -484,8 +607,24 @@ def _consume_exception(fut: asyncio.Future) -> None:
         fut.exception()  # a batch error nobody awaited any more must not be logged as "never retrieved"
 
 
-def _share(total: int, answer: SetAnswer) -> int:
-    return round(total * answer.items / answer.batch_items) if answer.batch_items else 0
+def _restrict(drafts: list[dict[str, Any]], allowed: set[str]) -> list[dict[str, Any]]:
+    """The drafts naming ``allowed`` ids, each with only those ids (content hashes)."""
+    out = []
+    for d in drafts:
+        ids = [h for h in d["anomaly_ids"] if h in allowed]
+        if ids:
+            out.append({**d, "anomaly_ids": ids})
+    return out
+
+
+def _restrict_drafts(drafts: list[Draft], allowed: set[str]) -> list[Draft]:
+    """The drafts naming ``allowed`` ids, each with only those ids, once (batch-local ids)."""
+    out = []
+    for d in drafts:
+        ids = [i for i in dict.fromkeys(d.anomaly_ids) if i in allowed]
+        if ids:
+            out.append(d.model_copy(update={"anomaly_ids": ids}))
+    return out
 
 
 def _to_hashes(drafts: list[Draft], by_local: dict[str, str]) -> list[dict[str, Any]]:

@@ -270,3 +270,198 @@ async def test_upstream_retry_after_ms_reaches_the_caller_as_seconds(start_gatew
         async with s.post(gw.url + SUMMARIES_PATH, json=body, headers=headers) as r:
             assert r.status == 429
             assert r.headers["Retry-After"] == "76"
+
+
+# --- coverage: every anomaly id must be covered by some draft ---------------------------------------
+
+
+def drafts_for(*local_ids: str) -> str:
+    """A valid answer whose drafts name only ``local_ids`` (the batch-local ids a1, a2, ...)."""
+    return json.dumps(
+        {
+            "drafts": [
+                {
+                    "assertion": f"{i} ratio <= 1.05",
+                    "verify_how": "farm accept JOB --confirm",
+                    "failure_signature": f"sig {i}",
+                    "needs_local_profiler": False,
+                    "anomaly_ids": [i],
+                }
+                for i in local_ids
+            ]
+        }
+    )
+
+
+UNCOVERED = "the model's answer did not cover this anomaly after one repair attempt"
+
+
+def only(*numbers: int):
+    """A model that answers like ``model_reply`` but only for the anomalies ``anomaly(n)`` of ``numbers``."""
+
+    def reply(body: dict) -> str:
+        keep = {
+            a["id"]
+            for a in sent_anomalies(body)
+            for n in numbers
+            if f"(m={n}," in a["interface"]["signature"]
+        }
+        answer = json.loads(model_reply(body))
+        answer["drafts"] = [d for d in answer["drafts"] if d["anomaly_ids"][0] in keep]
+        return json.dumps(answer)
+
+    return reply
+
+
+def sent_anomalies(body: dict) -> list[dict]:
+    """The anomalies a model call carried (its first user message)."""
+    msgs = [m for m in body["messages"] if m["role"] == "user"]
+    return json.loads(msgs[0]["content"].split("\n", 1)[1])["anomalies"]
+
+
+def covered(data: dict) -> list[str]:
+    return sorted(i for d in data["drafts"] for i in d["anomaly_ids"])
+
+
+async def test_partial_answer_gets_a_repair_that_names_the_missing_ids(start_gateway, fake):
+    gw = await start_gateway(summaries={"window_ms": 1})
+    body = {"task": "checklist", "model": "gpt-fake", "anomalies": [anomaly(1), anomaly(2), anomaly(3)]}
+    fake.replies.append(drafts_for("a1"))  # valid JSON, but a2 and a3 are not covered
+    fake.reply = model_reply  # the repair answers everything; a1 keeps its first draft
+    status, data = await post(gw, body)
+    assert status == 200, data
+    assert fake.requests == 2
+    repair = fake.seen[1].body["messages"][-1]
+    assert repair["role"] == "user" and "a2" in repair["content"] and "a3" in repair["content"]
+    assert "a1," not in repair["content"]
+    assert covered(data) == ["an-1", "an-2", "an-3"]  # each exactly once
+    assert data["errors"] == []
+    assert len(data["batch"]["request_ids"]) == 2
+    rows = await summary_rows(gw)
+    assert len(rows) == 2 and all(r["batch_size"] == 3 for r in rows)
+    # complete, so cached
+    status, again = await post(gw, body)
+    assert status == 200 and again["cached"] is True and fake.requests == 2
+
+
+async def test_partial_answer_twice_gives_per_anomaly_errors_and_is_not_cached(start_gateway, fake):
+    gw = await start_gateway(summaries={"window_ms": 1})
+    body = {"task": "checklist", "model": "gpt-fake", "anomalies": [anomaly(1), anomaly(2), anomaly(3)]}
+    fake.replies.extend([drafts_for("a1"), drafts_for("a2")])  # the repair covers a2, never a3
+    status, data = await post(gw, body)
+    assert status == 200, data
+    assert fake.requests == 2
+    assert covered(data) == ["an-1", "an-2"]
+    assert data["errors"] == [{"anomaly_id": "an-3", "error": UNCOVERED}]
+    assert data["cached"] is False
+    # nothing incomplete is cached: the same request (relabelled too) asks the model again
+    fake.reply = model_reply
+    status, again = await post(gw, body)
+    assert status == 200 and again["cached"] is False and again["errors"] == []
+    assert fake.requests == 3
+    assert covered(again) == ["an-1", "an-2", "an-3"]
+
+
+async def test_partial_answer_for_concurrent_callers(start_gateway, fake):
+    """Two callers in one batch: the covered one gets 200, the one with nothing covered gets 502."""
+    gw = await start_gateway(summaries={"window_ms": 5000, "max_items": 3})
+    fake.reply = only(1)  # both times: anomalies 2 and 3 are never covered
+    one = {"task": "checklist", "model": "gpt-fake", "anomalies": [anomaly(1)]}
+    two = {"task": "checklist", "model": "gpt-fake", "anomalies": [anomaly(2), anomaly(3)]}
+    (s1, d1), (s2, d2) = await asyncio.gather(post(gw, one), post(gw, two))
+    assert fake.requests == 2
+    assert s1 == 200 and covered(d1) == ["an-1"] and d1["errors"] == []
+    assert s2 == 502, d2
+    assert "did not cover" in d2["error"]["message"]
+    # anomaly 1's set was complete and is cached; the other set is not
+    fake.reply = model_reply
+    s1, d1 = await post(gw, one)
+    assert s1 == 200 and d1["cached"] is True and fake.requests == 2
+    four = {"task": "checklist", "model": "gpt-fake", "anomalies": [anomaly(4)]}  # fills the batch again
+    (s2, d2), (s4, _) = await asyncio.gather(post(gw, two), post(gw, four))
+    assert s2 == s4 == 200 and d2["cached"] is False and fake.requests == 3
+    assert covered(d2) == ["an-2", "an-3"] and d2["errors"] == []
+
+
+# --- max_items: a large request is split into several model calls ------------------------------------
+
+
+async def test_request_above_max_items_is_split_into_calls_of_at_most_max_items(start_gateway, fake):
+    fake.reply = model_reply
+    gw = await start_gateway(summaries={"window_ms": 20, "max_items": 32})
+    body = {"task": "checklist", "model": "gpt-fake", "anomalies": [anomaly(i) for i in range(40)]}
+    status, data = await post(gw, body)
+    assert status == 200, data
+    assert fake.requests == 2
+    sizes = [len(sent_anomalies(s.body)) for s in fake.seen]
+    assert all(n <= 32 for n in sizes) and sum(sizes) == 40
+    signatures = {a["interface"]["signature"] for s in fake.seen for a in sent_anomalies(s.body)}
+    assert len(signatures) == 40  # every anomaly sent once
+    assert covered(data) == sorted(f"an-{i}" for i in range(40))
+    assert data["errors"] == []
+    assert data["batch"]["items"] == 40 and data["batch"]["requests"] == 1
+    assert len(data["batch"]["request_ids"]) == 2
+    assert 0 < data["usage"]["input_tokens"] <= sum(u[2] for u in fake.usage_log)
+    rows = await summary_rows(gw)
+    assert sorted(r["batch_size"] for r in rows) == sorted(sizes)
+    # cached per whole set
+    status, again = await post(gw, body)
+    assert status == 200 and again["cached"] is True and fake.requests == 2
+    assert covered(again) == covered(data)
+
+
+async def test_identical_large_sets_in_flight_are_coalesced(start_gateway, fake):
+    fake.reply = model_reply
+    gw = await start_gateway(summaries={"window_ms": 50, "max_items": 32})
+    body = {"task": "log_summary", "model": "gpt-fake", "anomalies": [anomaly(i) for i in range(40)]}
+    results = await asyncio.gather(post(gw, body), post(gw, body))
+    assert [s for s, _ in results] == [200, 200]
+    assert fake.requests == 2  # one set of chunked calls for both callers
+    assert all(len(sent_anomalies(s.body)) <= 32 for s in fake.seen)
+    for _, data in results:
+        assert covered(data) == sorted(f"an-{i}" for i in range(40))
+
+
+async def test_split_request_with_an_uncovered_anomaly_in_one_chunk(start_gateway, fake):
+    fake.reply = only(*range(39))  # anomaly 39 (in the second chunk) is never covered
+    gw = await start_gateway(summaries={"window_ms": 1, "max_items": 32})
+    body = {"task": "checklist", "model": "gpt-fake", "anomalies": [anomaly(i) for i in range(40)]}
+    status, data = await post(gw, body)
+    assert status == 200, data
+    assert fake.requests == 3  # two chunks, one repair for the chunk with the gap
+    assert all(len(sent_anomalies(s.body)) <= 32 for s in fake.seen)
+    assert covered(data) == sorted(f"an-{i}" for i in range(39))
+    assert [e["anomaly_id"] for e in data["errors"]] == ["an-39"]
+    status, again = await post(gw, body)
+    assert again["cached"] is False and fake.requests == 6
+
+
+# --- the offline drafter covers every id ----------------------------------------------------------
+
+
+async def test_offline_drafter_covers_every_anomaly():
+    from gateway.drafter_local import offline_drafts
+
+    varied = [anomaly(i) for i in range(10)]
+    varied += [anomaly(10 + i, kind=f"custom-kind-{i:02d}-{'x' * 16}", log_excerpt="") for i in range(40)]
+    varied += [anomaly(60 + i, log_excerpt="FATAL same line everywhere") for i in range(5)]
+    varied += [anomaly(70, kind="timeout", log_excerpt="", message="")]
+    models = [AnomalyIn.model_validate(a) for a in varied]
+    # every distinct kind, sharing one failure signature: the drafts must still validate
+    same = [m.model_copy(update={"log_excerpt": "ERROR one failure"}) for m in models]
+    for task, batch in [(task, batch) for task in ("checklist", "log_summary") for batch in (models, same)]:
+        drafts = offline_drafts(batch, task)
+        assert all(isinstance(d, Draft) for d in drafts)
+        assert {i for d in drafts for i in d.anomaly_ids} == {m.id for m in batch}
+        DraftList.model_validate({"drafts": [d.model_dump() for d in drafts]})
+
+
+async def test_offline_drafter_splits_large_requests_and_covers_every_id(start_gateway, fake):
+    gw = await start_gateway(summaries={"window_ms": 1, "max_items": 32}, **OFFLINE)
+    body = {"task": "log_summary", "anomalies": [anomaly(i) for i in range(40)]}
+    status, data = await post(gw, body)
+    assert status == 200, data
+    assert data["offline"] is True and fake.requests == 0
+    rows = await summary_rows(gw)
+    assert sorted(r["batch_size"] for r in rows) == [8, 32]
+    assert covered(data) == sorted(f"an-{i}" for i in range(40)) and data["errors"] == []
