@@ -18,6 +18,7 @@ BENCHES = {
     "dispatch": "benchmarks.dispatch_bench",
     "gateway": "benchmarks.gateway_bench",
     "acceptance": "benchmarks.acceptance_bench",
+    "soak": "benchmarks.soak",
 }
 
 
