@@ -17,7 +17,6 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 log = logging.getLogger("gateway.config")
 
-DEV_SECRET = "kernelfarm-gateway-dev-secret-do-not-use-in-production"
 DEFAULT_DB_URL = "sqlite+aiosqlite:///.farm/gateway.db"
 
 
@@ -35,6 +34,8 @@ class ProviderConfig(_Strict):
     connect_timeout_s: float = Field(10.0, gt=0)
     read_timeout_s: float = Field(120.0, gt=0)
     max_connections: int = Field(256, ge=1)
+    # the most bytes of one response body the gateway reads (after decompression); more: a 502
+    max_response_bytes: int = Field(64 * 1024 * 1024, ge=1024)
     # PEM bundle of the CAs to trust for an https base_url instead of the system's (a private CA)
     ca_file: str | None = None
 
@@ -108,7 +109,12 @@ class GatewaySettings(BaseSettings):
     summaries: SummariesConfig = Field(default_factory=SummariesConfig)
     ledger_flush_interval_s: float = Field(0.25, gt=0)
     ledger_batch_size: int = Field(500, ge=1)
-    key_cache_ttl_s: float = Field(5.0, ge=0)
+    # the ledger's write-ahead spool (gateway.spool); None: `<db stem>-spool` next to an SQLite file,
+    # else .farm/gateway-spool
+    ledger_spool_dir: str | None = None
+    # how long an authenticated key is trusted without a store lookup: the bound on how late a revocation
+    # made by another process (the CLI, another instance) bites
+    key_cache_ttl_s: float = Field(1.0, ge=0, le=1.0)
     key_rotation_grace_s: float = Field(3600.0, ge=0)
     access_log: bool = False
     uvloop: bool = True  # use uvloop for `serve` when it is installed
@@ -141,18 +147,12 @@ class GatewaySettings(BaseSettings):
                     )
         return self
 
-    def secret_bytes(self) -> bytes:
-        """The server secret keys are hashed with. Falls back to a logged dev default when unset."""
+    def secret_bytes(self) -> bytes | None:
+        """FARM_GATEWAY_SECRET (or ``secret:``) when set; else None, and gateway.secret.resolve_secret uses
+        the secret file next to the database. There is no built-in secret."""
         if self.secret is None or not self.secret.get_secret_value():
-            log.warning(
-                "FARM_GATEWAY_SECRET is not set: using the built-in DEV secret. "
-                "Keys created this way are only as safe as this repository; set a secret for real use."
-            )
-            return DEV_SECRET.encode()
+            return None
         return self.secret.get_secret_value().encode()
-
-    def uses_dev_secret(self) -> bool:
-        return self.secret is None or not self.secret.get_secret_value()
 
 
 class ConfigError(Exception):

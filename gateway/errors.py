@@ -71,6 +71,7 @@ class GatewayError(Exception):
         code: str | None = None,
         retry_after: str | None = None,
         limit: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -79,6 +80,8 @@ class GatewayError(Exception):
         self.code = code
         self.retry_after = retry_after
         self.limit = limit
+        self.headers = headers  # extra response headers (e.g. x-should-retry)
+        self.close_connection = False  # answer with Connection: close (the request stream is unusable)
 
 
 class _Fixed(GatewayError):
@@ -177,8 +180,9 @@ def error_response(
     retry_after: str | None = None,
     request_id: str | None = None,
     limit: str | None = None,
+    headers: dict[str, str] | None = None,
 ) -> web.Response:
-    headers = {}
+    headers = dict(headers) if headers else {}
     if retry_after is not None:
         headers["Retry-After"] = retry_after
     if request_id is not None:
@@ -193,12 +197,35 @@ def error_response(
     )
 
 
-def sse_error_event(style: ApiStyle, status: int, message: str) -> bytes:
-    """An error event for a stream whose status line has already gone to the client."""
+def sse_error_event(style: ApiStyle, status: int, message: str, *, responses_api: bool = False) -> bytes:
+    """The events that end a stream whose status line has already gone to the client.
+
+    Anthropic: an ``error`` event. OpenAI chat: a ``data:`` chunk with ``{"error": ...}`` (the SDK raises
+    it). Responses API (Codex): an ``error`` event and then ``response.failed``, both with their ``type``,
+    so the client shows the reason instead of "stream closed before response.completed"."""
     body = error_body(style, status, message)
     if style == "anthropic":
         return b"event: error\ndata: " + json.dumps(body).encode() + b"\n\n"
-    return b"data: " + json.dumps(body).encode() + b"\n\n"
+    if not responses_api:
+        return b"data: " + json.dumps(body).encode() + b"\n\n"
+    code = body["error"]["type"]
+    error = {"type": "error", "code": code, "message": message, "param": None}
+    failed = {
+        "type": "response.failed",
+        "response": {
+            "object": "response",
+            "status": "failed",
+            "error": {"code": code, "message": message},
+            "incomplete_details": None,
+        },
+    }
+    return (
+        b"event: error\ndata: "
+        + json.dumps(error).encode()
+        + b"\n\nevent: response.failed\ndata: "
+        + json.dumps(failed).encode()
+        + b"\n\n"
+    )
 
 
 def upstream_error_is_shaped(style: ApiStyle, body: object) -> bool:

@@ -49,8 +49,9 @@ def _next_utc_midnight(epoch_s: float) -> float:
 @dataclass(slots=True)
 class Admission:
     project: ProjectLimits
-    reserved_tokens: int
+    reserved_tokens: int  # held in the tpm bucket until settled
     queue_wait_s: float
+    budget_reserved: int = 0  # held against the daily budget until settled
     released: bool = False
 
     def release(self) -> None:
@@ -59,8 +60,8 @@ class Admission:
             self.project._release()
 
     def settle(self, actual_tokens: int) -> None:
-        self.project._settle(self.reserved_tokens, actual_tokens)
-        self.reserved_tokens = 0
+        self.project._settle(self.reserved_tokens, self.budget_reserved, actual_tokens)
+        self.reserved_tokens = self.budget_reserved = 0
 
 
 class ProjectLimits:
@@ -77,6 +78,10 @@ class ProjectLimits:
         self._clock = clock
         self._day_ends = _next_utc_midnight(clock())  # epoch seconds; a float compare per request
         self.used_today = used_today
+        # Tokens reserved against the daily budget by requests in flight (their input estimate plus their
+        # output cap): a request is admitted only while used + reserved is under the budget, so the most
+        # the budget can be overshot is one request's reservation, however many run at once.
+        self.budget_reserved = 0
 
     def budget_remaining(self) -> int | None:
         if self.cfg.daily_token_budget is None:
@@ -90,17 +95,26 @@ class ProjectLimits:
             self._day_ends = _next_utc_midnight(now)
             self.used_today = 0
 
-    async def admit(self, max_tokens: int | None) -> Admission:
+    async def admit(self, max_tokens: int | None, input_estimate: int = 0) -> Admission:
+        """Admit one request that may produce ``max_tokens`` (None: the project's default) after an input
+        of about ``input_estimate`` tokens, or raise LimitExceeded naming the limit."""
         cfg = self.cfg
+        budget_reserve = 0
         if cfg.daily_token_budget is not None:
             self._roll_day()
-            if self.used_today >= cfg.daily_token_budget:
+            if self.used_today + self.budget_reserved >= cfg.daily_token_budget:
+                spent = self.used_today >= cfg.daily_token_budget
                 raise LimitExceeded(
                     "daily_budget",
-                    self._day_ends - self._clock(),
+                    self._day_ends - self._clock() if spent else 1.0,
                     f"project {self.name!r} has used its daily token budget "
-                    f"({self.used_today}/{cfg.daily_token_budget} tokens)",
+                    f"({self.used_today}/{cfg.daily_token_budget} tokens)"
+                    if spent
+                    else f"project {self.name!r}: the requests in flight reserve the rest of its daily token "
+                    f"budget ({self.used_today} used + {self.budget_reserved} reserved of "
+                    f"{cfg.daily_token_budget})",
                 )
+            budget_reserve = max(0, input_estimate) + (max_tokens or cfg.default_max_tokens)
         # Check every limit before consuming any: a request refused by one limit must not use up another.
         if self._rpm is not None and not self._rpm.has_capacity(1):
             raise LimitExceeded(
@@ -119,6 +133,7 @@ class ProjectLimits:
                     f"(this request reserves {reserve})",
                 )
         # Both have capacity, so neither acquire waits (no await point between the checks and here).
+        self.budget_reserved += budget_reserve
         if self._rpm is not None:
             await self._rpm.acquire(1)
         if self._tpm is not None:
@@ -130,7 +145,7 @@ class ProjectLimits:
                 async with asyncio.timeout(cfg.queue_timeout_s):
                     await self._sem.acquire()
             except TimeoutError:
-                self._refund(reserve)
+                self._refund(reserve, budget_reserve)
                 raise LimitExceeded(
                     "concurrency",
                     1.0,
@@ -138,17 +153,18 @@ class ProjectLimits:
                     f"wait of {cfg.queue_timeout_s:g} s ran out",
                 ) from None
             except BaseException:  # cancelled while queued: it never reached the upstream
-                self._refund(reserve)
+                self._refund(reserve, budget_reserve)
                 raise
             finally:
                 self.waiting -= 1
         else:
             await self._sem.acquire()
         self.in_flight += 1
-        return Admission(self, reserve, time.perf_counter() - t0)
+        return Admission(self, reserve, time.perf_counter() - t0, budget_reserve)
 
-    def _refund(self, reserve: int) -> None:
-        """Give back the rpm slot and tpm reservation of a request that was not admitted after all."""
+    def _refund(self, reserve: int, budget_reserve: int) -> None:
+        """Give back the rpm slot and the reservations of a request that was not admitted after all."""
+        self.budget_reserved = max(0, self.budget_reserved - budget_reserve)
         if self._rpm is not None:
             _adjust_level(self._rpm, -1)
         if self._tpm is not None:
@@ -158,9 +174,10 @@ class ProjectLimits:
         self.in_flight -= 1
         self._sem.release()
 
-    def _settle(self, reserved: int, actual: int) -> None:
+    def _settle(self, reserved: int, budget_reserved: int, actual: int) -> None:
         if self._tpm is not None and actual != reserved:
             _adjust_level(self._tpm, actual - reserved)
+        self.budget_reserved = max(0, self.budget_reserved - budget_reserved)
         self._roll_day()
         self.used_today += actual
 

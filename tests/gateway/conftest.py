@@ -199,3 +199,9 @@ def _async(fn):
         fn(request)
 
     return hook
+
+
+@pytest.fixture(scope="session")
+def settings_factory():
+    """``make_settings`` for fixtures that build a gateway themselves (e.g. in a thread of their own)."""
+    return make_settings

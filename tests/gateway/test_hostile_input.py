@@ -1,0 +1,224 @@
+"""Inputs a hostile or careless client sends: each is a clear 4xx in the caller's API format, one log
+line, and the gateway keeps serving (seen: RecursionError, non-latin-1 headers and bad gzip gave 500s;
+unknown routes gave aiohttp's plain text)."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import logging
+
+import aiohttp
+import openai
+import pytest
+
+from gateway.testing.fake_upstream import Fault
+
+MSGS = [{"role": "user", "content": "hi"}]
+
+
+async def raw_request(port: int, head: bytes, body: bytes = b"") -> tuple[int, dict[str, str], bytes]:
+    """One HTTP/1.1 request written byte for byte (header values the client libraries would refuse)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(head + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
+        await writer.drain()
+        data = await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+    head_part, _, payload = data.partition(b"\r\n\r\n")
+    lines = head_part.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {k.strip().lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:] if ":" in ln)}
+    return status, headers, payload
+
+
+def _openai_error(payload: bytes) -> dict:
+    body = json.loads(payload)
+    assert set(body) == {"error"} and body["error"]["message"], body
+    return body["error"]
+
+
+def _anthropic_error(payload: bytes) -> dict:
+    body = json.loads(payload)
+    assert body["type"] == "error" and body["error"]["message"], body
+    return body["error"]
+
+
+async def _still_serving(gw, oai) -> None:
+    r = await oai(gw).chat.completions.create(model="gpt-fake", messages=MSGS)
+    assert r.choices[0].message.content
+
+
+async def test_deeply_nested_json_is_a_400(gateway, oai, caplog):
+    key = gateway.keys["alpha"]
+    body = b"[" * 100_000 + b"]" * 100_000
+    async with aiohttp.ClientSession() as s:
+        async with s.post(
+            f"{gateway.v1}/chat/completions", data=body, headers={"Authorization": f"Bearer {key}"}
+        ) as r:
+            assert r.status == 400
+            err = _openai_error(await r.read())
+    assert "nested" in err["message"]
+    assert "Traceback" not in caplog.text
+    await _still_serving(gateway, oai)
+
+
+@pytest.mark.parametrize("name", ["anthropic-beta", "openai-beta"])
+async def test_non_latin1_forwarded_header_is_a_400_naming_it(gateway, fake, oai, name):
+    key = gateway.keys["alpha"].encode()
+    path, model = (
+        (b"/v1/messages", "claude-fake")
+        if name == "anthropic-beta"
+        else (b"/v1/chat/completions", "gpt-fake")
+    )
+    body = json.dumps({"model": model, "max_tokens": 5, "messages": MSGS}).encode()
+    head = (
+        b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"x-api-key: " + key + b"\r\n" + name.encode() + b": \xce\xb2eta-\xe2\x98\x83\r\n"
+    )
+    status, headers, payload = await raw_request(gateway.port, head, body)
+    assert status == 400
+    err = _anthropic_error(payload) if name == "anthropic-beta" else _openai_error(payload)
+    assert name in err["message"]
+    assert fake.requests == 0
+    await _still_serving(gateway, oai)
+
+
+async def test_gzip_header_with_a_body_that_is_not_gzip_is_a_400(gateway, fake, oai):
+    key = gateway.keys["alpha"]
+    async with aiohttp.ClientSession() as s:
+        hdrs = {
+            "Authorization": f"Bearer {key}",
+            "Content-Encoding": "gzip",
+            "Content-Type": "application/json",
+        }
+        body = json.dumps({"model": "gpt-fake", "messages": MSGS}).encode()
+        async with s.post(f"{gateway.v1}/chat/completions", data=body, headers=hdrs) as r:
+            assert r.status == 400, await r.text()
+            err = _openai_error(await r.read())
+            assert "gzip" in err["message"]
+        # a real gzip body is read
+        async with s.post(f"{gateway.v1}/chat/completions", data=gzip.compress(body), headers=hdrs) as r:
+            assert r.status == 200, await r.text()
+    assert fake.requests == 1
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "style"),
+    [
+        ("POST", "/v1/nope", 404, "openai"),
+        ("GET", "/v1/chat/completions", 405, "openai"),
+        ("GET", "/v1/messages", 405, "anthropic"),
+        ("DELETE", "/v1/models", 405, "openai"),
+        ("POST", "/v1/messages/batches", 404, "anthropic"),
+    ],
+)
+async def test_unknown_paths_and_methods_answer_json_in_the_callers_format(
+    gateway, method, path, status, style
+):
+    async with aiohttp.ClientSession() as s:
+        async with s.request(method, gateway.url + path) as r:
+            assert r.status == status
+            assert r.content_type == "application/json"
+            payload = await r.read()
+            if status == 405:
+                assert r.headers["Allow"]
+    err = _anthropic_error(payload) if style == "anthropic" else _openai_error(payload)
+    assert path in err["message"]
+
+
+async def test_malformed_http_logs_no_traceback(gateway, oai, caplog):
+    caplog.set_level(logging.DEBUG)
+    status, _, _ = await raw_request(
+        gateway.port, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nBad Header\r\n"
+    )
+    assert status == 400
+    body = json.dumps({"model": "gpt-fake", "messages": MSGS}).encode()
+    status, _, payload = await raw_request(
+        gateway.port,
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer nonsense\r\n",
+        body,
+    )
+    assert status == 401
+    _openai_error(payload)
+    assert "Traceback" not in caplog.text
+    await _still_serving(gateway, oai)
+
+
+async def test_latin1_task_header_is_served_and_recorded(gateway, fake, oai):
+    key = gateway.keys["alpha"].encode()
+    body = json.dumps({"model": "gpt-fake", "messages": MSGS}).encode()
+    head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Authorization: Bearer " + key + b"\r\nX-Farm-Task: caf\xe9-review\r\n"
+    )
+    status, _, payload = await raw_request(gateway.port, head, body)
+    assert status == 200, payload
+    await _still_serving(gateway, oai)
+    rows = await gateway.rows()
+    assert [r["task"] for r in rows] == ["caf\ufffd-review", "alpha-default"]
+
+
+async def test_one_sdk_call_costs_at_most_max_retries_plus_one_upstream_attempts(gateway, fake, oai, anth):
+    """Seen: every attempt answered 429 with Retry-After: 0 gave 12 upstream POSTs for one SDK call."""
+    max_retries = gateway.gw.settings.retry.max_retries
+    for _ in range(50):
+        fake.faults.append(Fault(status=429, retry_after="0"))
+    client = openai.AsyncOpenAI(base_url=gateway.v1, api_key=gateway.keys["alpha"], max_retries=2)
+    try:
+        with pytest.raises(openai.RateLimitError) as ei:
+            await client.chat.completions.create(model="gpt-fake", messages=MSGS)
+    finally:
+        await client.close()
+    assert fake.requests == max_retries + 1
+    assert ei.value.response.headers["x-should-retry"] == "false"
+    assert int(ei.value.response.headers["Retry-After"]) >= 1
+    fake.faults.clear()
+
+
+async def test_retry_after_zero_without_gateway_retries_is_at_least_one_second(start_gateway, fake, oai):
+    gw = await start_gateway(retry={"max_retries": 0})
+    fake.faults.append(Fault(status=429, retry_after="0"))
+    with pytest.raises(openai.RateLimitError) as ei:
+        await oai(gw).chat.completions.create(model="gpt-fake", messages=MSGS)
+    assert ei.value.response.headers["Retry-After"] == "1"
+    assert "x-should-retry" not in ei.value.response.headers
+
+
+async def test_responses_stream_failure_ends_with_typed_events(start_gateway, fake, oai):
+    """Seen: the error event had no ``type``, so Codex showed "stream closed before response.completed"."""
+    gw = await start_gateway(providers={"oa": {"read_timeout_s": 0.3}})
+    fake.faults.append(Fault(stall_after_events=2))
+    events = []
+    stream = await oai(gw).responses.create(model="gpt-fake", input="hi", stream=True)
+    async for ev in stream:
+        events.append(ev)
+    types = [e.type for e in events]
+    assert types[-2:] == ["error", "response.failed"], types
+    assert "stalled mid-stream" in events[-1].response.error.message
+    assert fake.requests == 1
+
+
+async def test_daily_budget_overshoot_is_bounded_by_one_request(start_gateway, fake, oai):
+    """Many requests in flight at once may not all pass a budget check made before any of them settles."""
+    gw = await start_gateway(projects={"alpha": {"daily_token_budget": 300, "max_concurrency": 40}})
+    fake.latency_s = 0.2
+    client = oai(gw)
+
+    async def one():
+        try:
+            await client.chat.completions.create(model="gpt-fake", messages=MSGS, max_tokens=20)
+            return True
+        except openai.RateLimitError as e:
+            assert e.response.headers["x-farm-limit"] == "daily_budget"
+            return False
+
+    results = await asyncio.gather(*(one() for _ in range(30)))
+    fake.latency_s = 0.0
+    rows = [r for r in await gw.rows() if r["status"] == "ok"]
+    used = sum(r["input_tokens"] + r["output_tokens"] for r in rows)
+    assert sum(results) == len(rows) < 30
+    # each reservation is its input estimate + max_tokens; the overshoot is at most one request's usage
+    assert used <= 300 + max(r["input_tokens"] + r["output_tokens"] for r in rows) + 20
