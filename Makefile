@@ -45,11 +45,12 @@ lint: $(STAMP)
 gateway: $(STAMP)
 	$(BIN)/farm gateway serve --config gateway/example-config.yaml
 
-# Debian's prometheus package (promtool, prometheus) for tests/observability and `make monitor`:
-# installed when missing (as root, or with passwordless sudo), a no-op once it is there. A machine
-# that cannot install it gets a warning and those tests skip; an apt failure as root fails the build.
+# Debian's prometheus (tests/observability, `make monitor`), redis-server and postgresql (the gateway's
+# shared-state and PostgreSQL tests start their own servers from them): installed when missing (as root,
+# or with passwordless sudo), a no-op once there. A machine that cannot install them gets a warning and
+# those tests skip with the reason; an apt failure as root fails the build.
 deps-debian:
-	@DEPS_OPTIONAL=1 scripts/monitor.sh deps
+	@DEPS_OPTIONAL=1 scripts/debian-deps.sh
 
 # Prometheus on 127.0.0.1 with grafana/prometheus.yml, in the background; prints the URLs.
 monitor:

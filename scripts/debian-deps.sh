@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Debian packages the tests start real servers from: prometheus (promtool, prometheus), redis-server and
+# postgresql. Installs whichever is missing (as root, or with passwordless sudo); a no-op once all are
+# there. With DEPS_OPTIONAL=1 (make test) a machine that cannot install them (not root, no sudo, no
+# apt-get) gets a warning and exit 0, and the tests that need them skip with that reason; an apt failure
+# as root still fails.
+set -euo pipefail
+
+missing=()
+{ command -v promtool && command -v prometheus; } >/dev/null 2>&1 || missing+=(prometheus)
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || missing+=(postgresql)
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+sudo=""
+if [ "$(id -u)" != 0 ]; then
+  if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+    sudo="sudo -n"
+  else
+    echo "deps: missing ${missing[*]} and this is not root: run" \
+      "'sudo apt-get install --no-install-recommends ${missing[*]}' (their tests skip until then)" >&2
+    [ "${DEPS_OPTIONAL:-0}" = 1 ] && exit 0
+    exit 1
+  fi
+fi
+if ! command -v apt-get >/dev/null 2>&1; then
+  echo "deps: no apt-get here: install ${missing[*]} yourself (their tests skip until then)" >&2
+  [ "${DEPS_OPTIONAL:-0}" = 1 ] && exit 0
+  exit 1
+fi
+echo "deps: installing Debian's ${missing[*]}"
+$sudo apt-get update -q
+# policy-rc.d: install the servers without starting their system services (the tests start their own)
+if [ -d /usr/sbin ] && [ ! -e /usr/sbin/policy-rc.d ]; then
+  printf '#!/bin/sh\nexit 101\n' | $sudo tee /usr/sbin/policy-rc.d >/dev/null
+  $sudo chmod +x /usr/sbin/policy-rc.d
+  trap '$sudo rm -f /usr/sbin/policy-rc.d' EXIT
+fi
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
