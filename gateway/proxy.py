@@ -333,6 +333,9 @@ class Proxy:
             rec.upstream_end = time.perf_counter()
         if tracker.seen_usage and not tracker.bad_usage:
             rec.input_tokens, rec.output_tokens = tracker.input_tokens, tracker.output_tokens
+            if not tracker.output_final:  # cut before the final count: what was relayed, estimated
+                rec.output_tokens = max(rec.output_tokens, tracker.estimated_output_tokens())
+                rec.estimated = True
         elif rec.http_status == 200:
             rec.input_tokens = estimate_tokens(raw)
             rec.output_tokens = tracker.estimated_output_tokens()

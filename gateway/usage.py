@@ -100,7 +100,7 @@ class StreamUsage:
 
     __slots__ = (
         "api", "strip_usage_chunk", "_buf", "input_tokens", "output_tokens", "seen_usage", "bad_usage",
-        "_text",
+        "output_final", "_text",
     )  # fmt: skip
 
     def __init__(self, api: Api, strip_usage_chunk: bool = False) -> None:
@@ -111,6 +111,9 @@ class StreamUsage:
         self.output_tokens = 0
         self.seen_usage = False
         self.bad_usage = False  # an event's usage was not a token count: the caller estimates instead
+        # Whether output_tokens is the final count. Anthropic's message_start carries a placeholder (often 1);
+        # only message_delta carries the count, so a stream cut before it has its output estimated.
+        self.output_final = False
         self._text = 0
 
     def feed(self, chunk: bytes) -> bytes:
@@ -127,18 +130,34 @@ class StreamUsage:
             self._buf = buf
             return b""
         complete, self._buf = buf[: end + 2], buf[end + 2 :]
+        self._text += sum(map(len, _TEXT_RE.findall(complete)))
+        if not self._may_carry_usage(complete):  # the common event: forwarded as it is, not split
+            return complete
         out = []
         dropped = False
         for block in complete.split(b"\n\n"):
             if not block:
                 continue
-            if self._inspect(block):
+            try:
+                keep = self._inspect_usage(block)
+            except BadUsage:
+                self.bad_usage = keep = True
+            if keep:
                 out.append(block)
             else:
                 dropped = True
         if not dropped:
             return complete
         return b"".join(b + b"\n\n" for b in out)
+
+    def _may_carry_usage(self, data: bytes) -> bool:
+        """False when no event in ``data`` can carry usage (``_inspect_usage`` would look at none)."""
+        api = self.api
+        if api == "chat":
+            return b'"usage":{' in data or b'"usage": {' in data
+        if api == "responses":
+            return b'"usage"' in data and b"response." in data
+        return b"message_start" in data or b"message_delta" in data
 
     def finish(self) -> bytes:
         rest, self._buf = self._buf, b""
@@ -171,7 +190,7 @@ class StreamUsage:
                 except BadUsage:
                     self.bad_usage = True
                     return keep
-                self.seen_usage = True
+                self.seen_usage = self.output_final = True
                 return keep
             return True
         if api == "responses":
@@ -181,26 +200,29 @@ class StreamUsage:
             resp = obj.get("response") if obj else None
             u = resp.get("usage") if isinstance(resp, dict) else None
             if isinstance(u, dict):
-                self.seen_usage = True
+                self.seen_usage = self.output_final = True
                 self.input_tokens = _tok(u, "input_tokens")
                 self.output_tokens = _tok(u, "output_tokens")
             return True
-        # Anthropic messages
-        if b"message_start" in block:
-            obj = self._json(block)
-            msg = obj.get("message") if obj else None
+        # Anthropic messages: the event's own type decides (a text delta may quote "message_delta")
+        if b"message_start" not in block and b"message_delta" not in block:
+            return True
+        obj = self._json(block)
+        kind = obj.get("type") if obj else None
+        if kind == "message_start":
+            msg = obj.get("message")
             u = msg.get("usage") if isinstance(msg, dict) else None
             if isinstance(u, dict):
                 self.seen_usage = True
                 self.input_tokens = _anthropic_input(u)
                 self.output_tokens = _tok(u, "output_tokens")
-        elif b"message_delta" in block:
-            obj = self._json(block)
-            u = obj.get("usage") if obj else None
+        elif kind == "message_delta":
+            u = obj.get("usage")
             if isinstance(u, dict):
                 self.seen_usage = True
                 if "output_tokens" in u:
                     self.output_tokens = _tok(u, "output_tokens")  # cumulative
+                    self.output_final = True
                 if u.get("input_tokens"):
                     self.input_tokens = _anthropic_input(u)
         return True

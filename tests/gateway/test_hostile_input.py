@@ -222,3 +222,18 @@ async def test_daily_budget_overshoot_is_bounded_by_one_request(start_gateway, f
     assert sum(results) == len(rows) < 30
     # each reservation is its input estimate + max_tokens; the overshoot is at most one request's usage
     assert used <= 300 + max(r["input_tokens"] + r["output_tokens"] for r in rows) + 20
+
+
+async def test_anthropic_stream_cut_before_message_delta_has_its_output_estimated(start_gateway, fake, anth):
+    gw = await start_gateway(providers={"an": {"read_timeout_s": 0.3}})
+    fake.faults.append(Fault(stall_after_events=6))  # message_start, block start, ping, 3 text deltas
+    client = anth(gw)
+    with pytest.raises(Exception, match="stalled mid-stream"):
+        async with client.messages.stream(model="claude-fake", max_tokens=64, messages=MSGS) as s:
+            async for _ in s.text_stream:
+                pass
+    (row,) = await gw.rows()
+    assert row["status"] == "error" and row["error_class"] == "read_timeout"
+    # message_start said output_tokens 1 (a placeholder); what was relayed is estimated instead
+    assert row["output_tokens"] >= 1 and row["tokens_estimated"] == 1
+    assert row["input_tokens"] == fake.usage_log[-1][2]

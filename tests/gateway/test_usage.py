@@ -40,3 +40,28 @@ def test_a_stream_without_event_ends_is_forwarded_once_the_buffer_passes_the_cap
     assert len(sent) >= 40 * len(chunk) - MAX_EVENT_BYTES - len(chunk)  # the buffer stays bounded
     sent += tracker.finish()
     assert sent == chunk * 40  # every byte reaches the client, in order
+
+
+def _event(kind: str, data: dict) -> bytes:
+    return f"event: {kind}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def test_anthropic_output_tokens_come_from_message_delta_not_message_start():
+    start = _event(
+        "message_start",
+        {"type": "message_start", "message": {"usage": {"input_tokens": 9, "output_tokens": 1}}},
+    )
+    text = _event(
+        "content_block_delta",
+        {"type": "content_block_delta", "delta": {"type": "text_delta", "text": "a message_delta b " * 20}},
+    )
+    delta = _event("message_delta", {"type": "message_delta", "usage": {"output_tokens": 57}})
+    whole = StreamUsage("messages")
+    whole.feed(start + text)
+    assert (whole.output_tokens, whole.output_final) == (1, False)  # the text quoting the name is not usage
+    whole.feed(delta)
+    assert (whole.input_tokens, whole.output_tokens, whole.output_final) == (9, 57, True)
+
+    cut = StreamUsage("messages")  # the stream broke before message_delta: 1 is a placeholder, not the count
+    cut.feed(start + text)
+    assert not cut.output_final and cut.estimated_output_tokens() > 1
