@@ -1,8 +1,24 @@
-"""Tables for keys and the token ledger, and the async engine factory (SQLite by default)."""
+"""Tables for keys and the token ledger, the async engine factory (SQLite by default, PostgreSQL through
+asyncpg), and the schema's version: Alembic migrations in ``gateway/migrations``.
+
+The tables below are what the code reads and writes; the migrations make them (the first one creates
+today's tables, and adopts a database made by the releases before migrations: missing tables and columns
+added, then versioned). ``ensure_schema`` is what every start and command runs: a database at the newest
+revision passes, one without any of the gateway's tables is created at once (the zero-setup SQLite default,
+or a new PostgreSQL database), and any other (older, unversioned, or newer than this code) is refused with
+one line naming ``farm gateway db upgrade``, which runs ``upgrade_schema``.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import (
     Boolean,
@@ -17,8 +33,10 @@ from sqlalchemy import (
     inspect,
     text,
 )
-from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.engine import Connection, Dialect, make_url
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from gateway.config import ConfigError
 
 metadata = MetaData()
 
@@ -73,37 +91,207 @@ ledger = Table(
     Column("batch_size", Integer, nullable=True),
 )
 
-# Columns added after the first release: (table, column, SQL type); added to an existing table at start.
-_ADDED_COLUMNS = (("gateway_ledger", "batch_size", "INTEGER"),)
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+# Alembic's own table, prefixed like the others: a PostgreSQL database may be shared with other programs.
+VERSION_TABLE = "gateway_alembic_version"
+UPGRADE_COMMAND = "farm gateway db upgrade"
+_PG_LOCK_KEY = 0x6B66_6777  # pg_advisory_xact_lock key held while migrating ("kfgw")
 
 
 def create_engine(url: str) -> AsyncEngine:
-    """An async engine; for SQLite the parent folder is created and WAL mode is switched on."""
+    """An async engine; for SQLite the parent folder is created and WAL mode is switched on; a PostgreSQL
+    session (asyncpg) runs in UTC, so dates (``farm gateway usage``) are UTC days as the budgets are."""
     u = make_url(url)
+    kwargs: dict[str, Any] = {}
     if u.get_backend_name() == "sqlite" and u.database and u.database != ":memory:":
         Path(u.database).parent.mkdir(parents=True, exist_ok=True)
-    engine = create_async_engine(url)
+    if u.get_backend_name() == "postgresql" and u.get_driver_name() == "asyncpg":
+        kwargs["connect_args"] = {
+            "server_settings": {"timezone": "UTC", "application_name": "kernelfarm-gateway"}
+        }
+    engine = create_async_engine(url, **kwargs)
     if u.get_backend_name() == "sqlite":
 
         @event.listens_for(engine.sync_engine, "connect")
-        def _pragmas(dbapi_conn, _record):  # pragma: no cover - trivial
+        def _pragmas(dbapi_conn, _record):  # pragma: no cover
             cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA synchronous=NORMAL")
             cur.execute("PRAGMA busy_timeout=5000")
+            try:
+                cur.execute("PRAGMA journal_mode=WAL")  # kept by the file: set by its first connection
+            except Exception as e:  # a new file that another connection is writing (first starts at once):
+                if "locked" not in str(e):  # SQLite does not wait here; that or a later one switches it
+                    raise
+            cur.execute("PRAGMA synchronous=NORMAL")
             cur.close()
 
     return engine
 
 
+# --- the schema's version ----------------------------------------------------------------------------------
+class SchemaError(ConfigError):
+    """The database's schema is not the one this code needs; the message says what to run."""
+
+
+@dataclass(frozen=True)
+class SchemaState:
+    current: str | None  # the revision the database records (None: not versioned)
+    head: str  # the newest revision this code knows
+    tables: frozenset[str]  # the gateway's tables that exist
+    known: bool = True  # whether this code knows ``current``
+
+    @property
+    def up_to_date(self) -> bool:
+        return self.current == self.head
+
+    @property
+    def empty(self) -> bool:
+        """No gateway table and no version: a new database, created without asking."""
+        return self.current is None and not self.tables
+
+    def problem(self, url: str) -> str | None:
+        """One line saying why this database cannot be used as it is, naming the fix; None when it can."""
+        if self.up_to_date:
+            return None
+        where = display_url(url)
+        if self.current is None:
+            return (
+                f"the gateway database {where} has tables from before schema migrations: run "
+                f"`{UPGRADE_COMMAND}` (with the same --config) to adopt them, then start again"
+            )
+        if not self.known:
+            return (
+                f"the gateway database {where} is at schema revision {self.current}, which this gateway "
+                f"does not know (it needs {self.head}): a newer release migrated it; run that release"
+            )
+        return (
+            f"the gateway database {where} is at schema revision {self.current}, older than the {self.head} "
+            f"this gateway needs: run `{UPGRADE_COMMAND}` (with the same --config), then start again"
+        )
+
+
+def display_url(url: str) -> str:
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "(unparsable URL)"
+
+
+@lru_cache(maxsize=1)
+def _alembic():
+    """The Alembic config and script directory of gateway/migrations (parsed once per process)."""
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.set_main_option("version_table", VERSION_TABLE)
+    return cfg, ScriptDirectory.from_config(cfg)
+
+
+def head_revision() -> str:
+    head = _alembic()[1].get_current_head()
+    assert head is not None, "gateway/migrations has no revisions"
+    return head
+
+
+def migration_options(dialect: Dialect) -> dict[str, Any]:
+    """What gateway/migrations/env.py and ``upgrade_schema`` configure Alembic with."""
+    return {
+        "target_metadata": metadata,
+        "version_table": VERSION_TABLE,
+        "render_as_batch": dialect.name == "sqlite",  # SQLite alters a table by copying it
+        "compare_type": True,
+    }
+
+
+def _state(conn: Connection) -> SchemaState:
+    from alembic.runtime.migration import MigrationContext
+
+    current = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE}).get_current_revision()
+    present = set(inspect(conn).get_table_names())
+    script = _alembic()[1]
+    known = True
+    if current is not None:
+        try:
+            known = script.get_revision(current) is not None
+        except Exception:  # alembic: "Can't locate revision ..."
+            known = False
+    return SchemaState(current, head_revision(), frozenset(present & set(metadata.tables)), known)
+
+
+async def schema_state(engine: AsyncEngine) -> SchemaState:
+    async with engine.connect() as conn:
+        return await conn.run_sync(_state)
+
+
+_MIGRATING = threading.Lock()  # Alembic's `op` and `context` are process globals: one migration at a time
+
+
+@asynccontextmanager
+async def _migration_lock(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """A connection in a transaction that only one migrating process holds at a time: SQLite's write lock
+    (BEGIN IMMEDIATE; the others wait out busy_timeout) or a PostgreSQL advisory lock. The whole
+    migration is one transaction (both databases have transactional DDL)."""
+    while not _MIGRATING.acquire(blocking=False):  # cancellable, and never blocks the event loop
+        await asyncio.sleep(0.01)
+    try:
+        async with engine.connect() as conn:
+            backend = conn.dialect.name
+            if backend == "sqlite":
+                await conn.exec_driver_sql("BEGIN IMMEDIATE")
+            elif backend == "postgresql":
+                await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_LOCK_KEY})
+            try:
+                yield conn
+            except BaseException:
+                await conn.rollback()
+                raise
+            await conn.commit()
+    finally:
+        _MIGRATING.release()
+
+
+def _migrate(conn: Connection, target: str) -> None:
+    from alembic.runtime.environment import EnvironmentContext
+
+    cfg, script = _alembic()
+
+    def upgrade(rev, _context):
+        return script._upgrade_revs(target, rev)
+
+    with EnvironmentContext(cfg, script, fn=upgrade, destination_rev=target) as env:
+        env.configure(connection=conn, **migration_options(conn.dialect))
+        with env.begin_transaction():  # the caller's transaction: nothing begun here
+            env.run_migrations()
+
+
+async def upgrade_schema(engine: AsyncEngine, target: str = "head") -> tuple[SchemaState, SchemaState]:
+    """Run the migrations up to ``target`` (default: the newest), adopting a database from before
+    migrations; (state before, state after). Safe to run from several processes at once."""
+    async with _migration_lock(engine) as conn:
+        before = await conn.run_sync(_state)
+        if not before.known:
+            raise SchemaError(before.problem(str(engine.url)) or "unknown schema revision")
+        if before.current != target and not (target == "head" and before.up_to_date):
+            await conn.run_sync(_migrate, target)
+        after = await conn.run_sync(_state)
+    return before, after
+
+
+async def ensure_schema(engine: AsyncEngine) -> SchemaState:
+    """Check that the database is at the newest revision before a start or a command. A database without
+    any gateway table is created here (zero setup); any other out-of-date one raises SchemaError, one
+    line naming ``farm gateway db upgrade``."""
+    state = await schema_state(engine)
+    if state.up_to_date:
+        return state
+    if state.empty:
+        _, state = await upgrade_schema(engine)  # re-checked under the lock: another process may be first
+        if state.up_to_date:
+            return state
+    raise SchemaError(state.problem(str(engine.url)) or "gateway database schema out of date")
+
+
 async def create_tables(engine: AsyncEngine) -> None:
-    async with engine.begin() as conn:
-        await conn.run_sync(metadata.create_all)
-        await conn.run_sync(_add_missing_columns)
-
-
-def _add_missing_columns(conn) -> None:
-    insp = inspect(conn)
-    for table, column, sql_type in _ADDED_COLUMNS:
-        if column not in {c["name"] for c in insp.get_columns(table)}:
-            conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {column} {sql_type}"))
+    """Bring the schema up to date (``upgrade_schema``); for tests and tools that make a database."""
+    await upgrade_schema(engine)

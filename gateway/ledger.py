@@ -149,6 +149,7 @@ class _Insert:
         assert sorted(order) == sorted(names), (order, names)
         self.defaults: list[tuple[str, Any]] = []  # (column, value when the row has none), in order
         self.processors: list[tuple[int, Callable[[Any], Any]]] = []  # (position, bind processor)
+        native: set[type] = set()  # value types the driver binds itself (asyncpg: datetime)
         for i, name in enumerate(order):
             col = ledger.c[name]
             default = col.default.arg if col.default is not None and col.default.is_scalar else None
@@ -156,6 +157,10 @@ class _Insert:
             process = col.type.dialect_impl(dialect).bind_processor(dialect)
             if process is not None:
                 self.processors.append((i, process))
+            elif isinstance(col.type, DateTime):  # no processor: the driver takes the datetime as it is
+                native.add(datetime)
+        self._plain = _PLAIN | native
+        self._plain_types = (*_PLAIN_TYPES, *native)
 
     @staticmethod
     def supported(engine: AsyncEngine) -> bool:
@@ -168,9 +173,9 @@ class _Insert:
         for i, process in self.processors:
             if values[i] is not None:
                 values[i] = process(values[i])
-        if not _PLAIN.issuperset(map(type, values)):
+        if not self._plain.issuperset(map(type, values)):
             for (name, _), value in zip(self.defaults, values, strict=True):
-                if not isinstance(value, _PLAIN_TYPES):
+                if not isinstance(value, self._plain_types):
                     raise ValueError(f"column {name}: cannot store a {type(value).__name__}")
         return tuple(values)
 

@@ -8,12 +8,19 @@ import openai
 import pytest
 import yaml
 from click.testing import CliRunner
+from pg import DB_BACKENDS
 
 from gateway.cli import DEFAULT_CONFIG
 from gateway.cli import gateway as cli
 from gateway.config import ConfigError, load_settings
 
 MSGS = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(params=DB_BACKENDS)
+def db_backend(request) -> str:
+    """Every gateway of this module runs on SQLite and on PostgreSQL (conftest.start_gateway)."""
+    return request.param
 
 
 def write_config(gw, tmp_path) -> str:
@@ -83,11 +90,16 @@ async def test_expired_key(gateway, oai):
 
 
 async def test_keys_are_stored_hashed(gateway):
-    import sqlite3
+    from sqlalchemy import select
 
-    con = sqlite3.connect(gateway.db_path)
-    dump = "\n".join(con.iterdump())
-    con.close()
+    from gateway.db import metadata
+
+    rows = []
+    async with gateway.gw.engine.connect() as conn:  # every row of every table, as text
+        for table in metadata.sorted_tables:
+            rows += [str(tuple(r)) for r in await conn.execute(select(table))]
+    dump = "\n".join(rows)
+    assert gateway.keys["alpha"].split("_")[1] in dump  # the key ids are there
     for key in gateway.keys.values():
         assert key not in dump and key.split("_", 2)[2] not in dump
 

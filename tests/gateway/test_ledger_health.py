@@ -5,17 +5,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sqlite3
 from datetime import UTC, datetime
 
 import aiohttp
+import pytest
+from pg import DB_BACKENDS
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from gateway.db import create_engine, create_tables
+from gateway.db import create_engine, create_tables, ledger
 from gateway.ledger import LedgerWriter
 
 MSGS = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(params=DB_BACKENDS)
+def db_backend(request) -> str:
+    """Every gateway of this module runs on SQLite and on PostgreSQL (conftest.start_gateway)."""
+    return request.param
 
 
 def _row(rid: str) -> dict:
@@ -32,10 +39,8 @@ async def _until(cond, timeout: float = 5.0) -> None:
 
 async def test_a_ledger_that_cannot_write_makes_readyz_503_and_shows_in_metrics(gateway, caplog):
     caplog.set_level(logging.WARNING, "gateway.ledger")
-    con = sqlite3.connect(gateway.db_path)
-    con.execute("DROP TABLE gateway_ledger")  # every flush now fails: rows must stay pending
-    con.commit()
-    con.close()
+    async with gateway.gw.engine.begin() as conn:
+        await conn.run_sync(ledger.drop)  # every flush now fails: rows must stay pending
     headers = {"Authorization": f"Bearer {gateway.keys['alpha']}"}
     ready: dict = {}
     metrics: dict[str, float] = {}
@@ -66,7 +71,8 @@ async def test_a_ledger_that_cannot_write_makes_readyz_503_and_shows_in_metrics(
         logged = [r for r in caplog.records if "ledger flush failed" in r.getMessage()]
         assert len(logged) == 1 and failures >= 3  # once, with its traceback, not once per retry
 
-        await create_tables(gateway.gw.engine)  # the database is back
+        async with gateway.gw.engine.begin() as conn:
+            await conn.run_sync(ledger.create)  # the database is back
 
         async def ready_again() -> bool:
             async with s.get(f"{gateway.url}/readyz") as r:

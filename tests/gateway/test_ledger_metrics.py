@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
-import sqlite3
-
 import aiohttp
+import pytest
+from pg import DB_BACKENDS
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.testing.fake_upstream import Fault
 
 MSGS = [{"role": "user", "content": "hi"}]
 ALLOWED_LABELS = {"project", "model", "task", "status", "reason", "limit", "le"}
+
+
+@pytest.fixture(params=DB_BACKENDS)
+def db_backend(request) -> str:
+    """Every gateway and database here runs on SQLite and on PostgreSQL (conftest: start_gateway, db_url)."""
+    return request.param
 
 
 async def post(s: aiohttp.ClientSession, url: str, body: dict, headers: dict) -> tuple[int, str, bytes]:
@@ -76,11 +82,9 @@ async def test_graceful_stop_loses_no_rows(start_gateway, fake):
     async with aiohttp.ClientSession() as s:
         for _ in range(25):
             assert (await post(s, f"{gw.v1}/messages", body, headers))[0] == 200
-    con = sqlite3.connect(gw.db_path)
-    assert con.execute("SELECT count(*) FROM gateway_ledger").fetchone()[0] == 0  # nothing flushed yet
+    assert await gw.rows(flush=False) == []  # nothing flushed yet
     await gw.stop()
-    assert con.execute("SELECT count(*) FROM gateway_ledger").fetchone()[0] == 25
-    con.close()
+    assert len(await gw.rows(flush=False)) == 25
 
 
 async def test_metrics_labels_are_bounded_and_carry_no_secrets(gateway, fake, oai):
@@ -155,14 +159,15 @@ async def test_oversized_client_strings_are_truncated_to_their_columns(gateway, 
     assert (len(row["task"]), len(row["session_id"]), len(row["public_model"])) == (128, 128, 128)
 
 
-async def test_a_bad_row_is_dropped_not_the_whole_batch(tmp_path, caplog):
+async def test_a_bad_row_is_dropped_not_the_whole_batch(db_url, caplog):
     from datetime import UTC, datetime
 
-    from gateway.db import create_engine, create_tables
+    from sqlalchemy import select
+
+    from gateway.db import create_engine, ledger
     from gateway.ledger import LedgerWriter
 
-    engine = create_engine(f"sqlite+aiosqlite:///{tmp_path / 'l.db'}")
-    await create_tables(engine)
+    engine = create_engine(db_url)
     writer = LedgerWriter(engine, interval_s=60)
 
     def row(rid: str) -> dict:
@@ -177,9 +182,8 @@ async def test_a_bad_row_is_dropped_not_the_whole_batch(tmp_path, caplog):
         assert await writer.flush() == 4
         assert writer.dropped == 1 and "dropped" in caplog.text
         assert await writer.flush() == 0  # nothing left pending to fail again
-        con = sqlite3.connect(tmp_path / "l.db")
-        assert sorted(r for (r,) in con.execute("SELECT request_id FROM gateway_ledger")) == list("abcde")
-        con.close()
+        async with engine.connect() as conn:
+            assert sorted((await conn.execute(select(ledger.c.request_id))).scalars()) == list("abcde")
     finally:
         await engine.dispose()
 
@@ -204,19 +208,19 @@ async def test_request_metrics_reuse_their_labelled_children(gateway, oai):
     )
 
 
-async def test_rows_read_back_as_written_and_a_value_no_column_takes_drops_its_row_alone(tmp_path, caplog):
+async def test_rows_read_back_as_written_and_a_value_no_column_takes_drops_its_row_alone(db_url, caplog):
     """The writer's own INSERT (compiled once, plain tuples) stores what SQLAlchemy's would: datetimes,
     booleans and column defaults read back through the table as they went in."""
     from datetime import UTC, datetime
 
     from sqlalchemy import select
 
-    from gateway.db import create_engine, create_tables, ledger
+    from gateway.db import create_engine, ledger
     from gateway.ledger import LedgerWriter
 
-    engine = create_engine(f"sqlite+aiosqlite:///{tmp_path / 'l.db'}")
-    await create_tables(engine)
+    engine = create_engine(db_url)
     writer = LedgerWriter(engine, interval_s=60)
+    assert writer._insert is not None  # the fast path, on SQLite and on PostgreSQL (asyncpg)
     ts = datetime(2026, 11, 29, 21, 30, 1, 123456, tzinfo=UTC)
     full = {"request_id": "full", "ts": ts, "endpoint": "chat", "status": "ok", "latency_ms": 2.5,
             "stream": True, "tokens_estimated": True, "input_tokens": 7, "output_tokens": 3, "task": "t",

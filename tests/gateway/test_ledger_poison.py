@@ -9,6 +9,8 @@ import logging
 from datetime import UTC, datetime
 
 import aiohttp
+import pytest
+from pg import DB_BACKENDS
 from prometheus_client.parser import text_string_to_metric_families
 
 import gateway.ledger as ledger_mod
@@ -17,6 +19,12 @@ from gateway.testing.fake_upstream import Fault
 from gateway.usage import MAX_TOKENS_PER_REQUEST, StreamUsage, usage_from_body
 
 MSGS = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(params=DB_BACKENDS)
+def db_backend(request) -> str:
+    """Every gateway of this module runs on SQLite and on PostgreSQL (conftest.start_gateway)."""
+    return request.param
 
 
 async def raw_post(port: int, path: str, body: dict, headers: list[tuple[bytes, bytes]]) -> tuple[int, dict]:

@@ -16,8 +16,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 import yaml
+from pg import DB_BACKENDS, SQLITE_ONLY
+from sqlalchemy import select, text
 
-from gateway.db import create_engine, create_tables
+from gateway.db import create_engine, ledger
 from gateway.ledger import DATETIMES, LedgerWriter
 from gateway.spool import default_spool_dir, read_rows
 from gateway.testing.fake_upstream import Fault
@@ -30,20 +32,31 @@ def _row(rid: str, **extra) -> dict:
     return {"request_id": rid, "ts": ts, "endpoint": "chat", "status": "ok", "latency_ms": 1.0, **extra}
 
 
+@pytest.fixture(params=DB_BACKENDS)
+def db_backend(request) -> str:
+    """The writer's database, and the gateways', are SQLite and PostgreSQL (conftest: db_url)."""
+    return request.param
+
+
 @pytest.fixture
-async def db(tmp_path):
-    engine = create_engine(f"sqlite+aiosqlite:///{tmp_path / 'l.db'}")
-    await create_tables(engine)
+async def db(db_url):
+    engine = create_engine(db_url)
     yield engine
     await engine.dispose()
 
 
-def _ids(tmp_path: Path) -> list[str]:
-    con = sqlite3.connect(tmp_path / "l.db")
-    try:
-        return sorted(r for (r,) in con.execute("SELECT request_id FROM gateway_ledger"))
-    finally:
-        con.close()
+async def _ids(engine) -> list[str]:
+    async with engine.connect() as conn:
+        return sorted((await conn.execute(select(ledger.c.request_id))).scalars())
+
+
+async def _sql(engine, statement: str) -> None:
+    """Change the database behind the writer's back (as another process would)."""
+    async with engine.begin() as conn:
+        await conn.execute(text(statement))
+
+
+NO_TABLE = "no such table|does not exist"  # SQLite's words, PostgreSQL's
 
 
 def _segments(spool: Path) -> list[Path]:
@@ -75,7 +88,7 @@ async def test_every_row_is_spooled_when_submit_returns(db, tmp_path):
         assert (got[0]["task"], got[0]["input_tokens"], got[0]["stream"]) == ("t", 3, True)
     finally:
         await writer.stop()
-    assert _ids(tmp_path) == ["a", "b"] and _segments(spool) == []
+    assert await _ids(db) == ["a", "b"] and _segments(spool) == []
 
 
 async def test_a_flush_deletes_the_segments_it_wrote_and_a_failed_one_keeps_them(db, tmp_path):
@@ -91,21 +104,17 @@ async def test_a_flush_deletes_the_segments_it_wrote_and_a_failed_one_keeps_them
         writer.submit(_row("c"))
         (second,) = _segments(spool)
         assert second != first
-        con = sqlite3.connect(tmp_path / "l.db")
-        con.execute("ALTER TABLE gateway_ledger RENAME TO away")  # the next flush fails
-        con.commit()
-        with pytest.raises(Exception, match="no such table"):
+        await _sql(db, "ALTER TABLE gateway_ledger RENAME TO away")  # the next flush fails
+        with pytest.raises(Exception, match=NO_TABLE):
             await writer.flush()
         writer.submit(_row("d"))  # goes to a new segment; the failed one is kept
         assert len(_segments(spool)) == 2 and writer.pending_rows == 2
-        con.execute("ALTER TABLE away RENAME TO gateway_ledger")
-        con.commit()
-        con.close()
+        await _sql(db, "ALTER TABLE away RENAME TO gateway_ledger")
         assert await writer.flush() == 2
         assert _segments(spool) == []
     finally:
         await writer.stop()
-    assert _ids(tmp_path) == ["a", "b", "c", "d"]
+    assert await _ids(db) == ["a", "b", "c", "d"]
 
 
 async def test_a_crashed_writer_s_rows_are_replayed_exactly_once(db, tmp_path):
@@ -118,13 +127,13 @@ async def test_a_crashed_writer_s_rows_are_replayed_exactly_once(db, tmp_path):
     for i in range(5, 12):
         a.submit(_row(f"r{i}"))
     _crash(a)
-    assert _ids(tmp_path) == [f"r{i}" for i in range(5)]
+    assert await _ids(db) == [f"r{i}" for i in range(5)]
 
     b = LedgerWriter(db, interval_s=60, spool_dir=spool)
     await b.start()  # the replay happens here, before start returns
     try:
         assert b.replayed == 7 and b.dropped == 0
-        assert _ids(tmp_path) == sorted(f"r{i}" for i in range(12))
+        assert await _ids(db) == sorted(f"r{i}" for i in range(12))
         assert _segments(spool) == []
     finally:
         await b.stop()
@@ -140,17 +149,14 @@ async def test_replaying_rows_that_are_partly_in_the_database_adds_no_duplicate(
     assert await a.flush() == 10
     a.submit(_row("r10"))
     _crash(a)
-    con = sqlite3.connect(tmp_path / "l.db")
-    con.execute("DELETE FROM gateway_ledger WHERE request_id IN ('r2', 'r7')")  # partly there
-    con.commit()
-    con.close()
+    await _sql(db, "DELETE FROM gateway_ledger WHERE request_id IN ('r2', 'r7')")  # partly there
     assert len(_spooled(spool)) == 11
 
     b = LedgerWriter(db, interval_s=60, spool_dir=spool)
     await b.start()
     try:
         assert (b.replayed, b.dropped, b.failed_flushes) == (3, 0, 0)
-        assert _ids(tmp_path) == sorted(f"r{i}" for i in range(11))
+        assert await _ids(db) == sorted(f"r{i}" for i in range(11))
         assert _segments(spool) == [] and "ERROR" not in caplog.text
     finally:
         await b.stop()
@@ -165,13 +171,13 @@ async def test_a_segment_held_by_a_live_writer_is_never_replayed(db, tmp_path):
     b = LedgerWriter(db, interval_s=60, spool_dir=spool)  # another gateway process sharing the folder
     await b.start()
     try:
-        assert b.replayed == 0 and _ids(tmp_path) == [] and len(_segments(spool)) == 1
+        assert b.replayed == 0 and await _ids(db) == [] and len(_segments(spool)) == 1
         b.submit(_row("other"))
         assert len(_segments(spool)) == 2
     finally:
         await a.stop()
         await b.stop()
-    assert _ids(tmp_path) == ["live-1", "live-2", "other"] and _segments(spool) == []
+    assert await _ids(db) == ["live-1", "live-2", "other"] and _segments(spool) == []
 
 
 async def test_a_failed_final_flush_leaves_the_spool_for_the_next_start(db, tmp_path):
@@ -180,19 +186,15 @@ async def test_a_failed_final_flush_leaves_the_spool_for_the_next_start(db, tmp_
     await a.start()
     a.submit(_row("x"))
     a.submit(_row("y"))
-    con = sqlite3.connect(tmp_path / "l.db")
-    con.execute("ALTER TABLE gateway_ledger RENAME TO away")
-    con.commit()
-    with pytest.raises(Exception, match="no such table"):
+    await _sql(db, "ALTER TABLE gateway_ledger RENAME TO away")
+    with pytest.raises(Exception, match=NO_TABLE):
         await a.stop()
     assert len(_segments(spool)) == 1
-    con.execute("ALTER TABLE away RENAME TO gateway_ledger")
-    con.commit()
-    con.close()
+    await _sql(db, "ALTER TABLE away RENAME TO gateway_ledger")
     b = LedgerWriter(db, interval_s=60, spool_dir=spool)
     await b.start()
     await b.stop()
-    assert b.replayed == 2 and _ids(tmp_path) == ["x", "y"] and _segments(spool) == []
+    assert b.replayed == 2 and await _ids(db) == ["x", "y"] and _segments(spool) == []
 
 
 def test_the_default_spool_sits_next_to_the_sqlite_file():
@@ -231,6 +233,7 @@ async def _serve(config: Path, port: int, cwd: Path) -> asyncio.subprocess.Proce
     raise AssertionError("gateway did not come up: " + (await proc.communicate())[0].decode())
 
 
+@SQLITE_ONLY  # reads the database file with sqlite3 while the gateway process is dead
 async def test_sigkill_loses_no_row_and_sigterm_drains_and_flushes(start_gateway, fake, tmp_path):
     setup = await start_gateway()  # creates the database and a key for project alpha
     key = setup.keys["alpha"]
@@ -323,7 +326,7 @@ async def test_a_spool_that_cannot_be_written_is_named_and_the_row_still_written
         assert writer.problems() == [] and len(_segments(spool)) == 1
     finally:
         await writer.stop()
-    assert _ids(tmp_path) == ["a", "b", "c"]
+    assert await _ids(db) == ["a", "b", "c"]
 
 
 async def test_a_row_submitted_after_stop_is_kept_for_the_next_start(db, tmp_path):
@@ -337,4 +340,4 @@ async def test_a_row_submitted_after_stop_is_kept_for_the_next_start(db, tmp_pat
     b = LedgerWriter(db, interval_s=60, spool_dir=spool)
     await b.start()
     await b.stop()
-    assert b.replayed == 1 and _ids(tmp_path) == ["early", "late"] and _segments(spool) == []
+    assert b.replayed == 1 and await _ids(db) == ["early", "late"] and _segments(spool) == []

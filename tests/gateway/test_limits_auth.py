@@ -7,10 +7,17 @@ import asyncio
 import anthropic
 import openai
 import pytest
+from pg import DB_BACKENDS
 
 from gateway.testing.fake_upstream import Fault
 
 MSGS = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(params=DB_BACKENDS)
+def db_backend(request) -> str:
+    """Every gateway of this module runs on SQLite and on PostgreSQL (conftest.start_gateway)."""
+    return request.param
 
 
 def metric(gw, name: str, **labels) -> float:

@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import pytest
+from pg import DB_BACKENDS
 
 MESSAGES = [{"role": "user", "content": "Draft an acceptance checklist for the paged MLA decode kernel."}]
+
+
+@pytest.fixture(params=DB_BACKENDS)
+def db_backend(request) -> str:
+    """Every gateway of this module runs on SQLite and on PostgreSQL (conftest.start_gateway)."""
+    return request.param
 
 
 @pytest.mark.parametrize("header", ["bearer", "x-api-key"])
