@@ -11,7 +11,7 @@ import hmac
 import re
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -161,6 +161,9 @@ class KeyStore:
         # key id -> the store lookup in flight: requests that miss the cache together share one query
         self._loading: dict[str, asyncio.Future[tuple[KeyInfo, str] | None]] = {}
         self._generation = 0  # bumped by revoke/rotate: a lookup begun before one is not cached
+        # awaited after revoke/rotate: gateway.shared publishes the change, so every process sharing its
+        # Redis drops its key cache at once (not just this one)
+        self.on_change: Callable[[], Awaitable[None]] | None = None
 
     def set_secret(self, secret: bytes) -> None:
         """The server secret (from gateway.secret.resolve_secret); a store built without one gets it here."""
@@ -222,7 +225,7 @@ class KeyStore:
                 .where(api_keys.c.id == key_id, api_keys.c.revoked_at.is_(None))
                 .values(revoked_at=self._clock())
             )
-        self._forget()
+        await self._changed()
         return res.rowcount > 0
 
     async def rotate(self, key_id: str, grace: timedelta) -> tuple[str, KeyInfo]:
@@ -244,8 +247,14 @@ class KeyStore:
                 .where(api_keys.c.id == key_id)
                 .values(expires_at=old_expiry, rotated_to=new_info.id)
             )
-        self._forget()
+        await self._changed()
         return new_key, new_info
+
+    async def _changed(self) -> None:
+        """A key changed: forget here, and tell the other processes (``on_change``)."""
+        self._forget()
+        if self.on_change is not None:
+            await self.on_change()
 
     def _forget(self) -> None:
         """Drop what this process knows about keys (after it changed one)."""

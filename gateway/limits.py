@@ -1,4 +1,15 @@
-"""Per-project limits: concurrency with a bounded queue wait, rpm and tpm (aiolimiter), daily token budget."""
+"""Per-project limits: concurrency with a bounded queue wait, rpm and tpm (aiolimiter), daily token budget.
+
+Two implementations of one small interface, chosen when the gateway starts:
+
+- ``Limits`` / ``ProjectLimits`` (here): in this process only, as each process sees its own requests;
+- ``gateway.shared.SharedLimits``: the same limits across every gateway process that shares a Redis
+  (``redis_url``), each process falling back to ``share_of`` its limits while Redis is unreachable.
+
+Either way a project's limiter has ``admit(max_tokens, input_estimate) -> admission`` (raising
+``LimitExceeded``), and the admission has ``queue_wait_s``, ``release()`` (the concurrency slot, once the
+upstream is done) and ``settle(actual_tokens)`` (the tpm and budget reservations become the real usage).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +18,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from aiolimiter import AsyncLimiter
 
@@ -39,6 +51,35 @@ def _adjust_level(limiter: AsyncLimiter, delta: float) -> None:
     if hasattr(limiter, "_level"):
         limiter.has_capacity(0)
         limiter._level = max(0.0, limiter._level + delta)
+
+
+class AdmissionLike(Protocol):
+    """What ``admit`` gives back (``Admission`` here, ``gateway.shared.SharedAdmission`` with Redis)."""
+
+    queue_wait_s: float
+
+    def release(self) -> None: ...
+
+    def settle(self, actual_tokens: int) -> None: ...
+
+
+def share_of(cfg: ProjectConfig, processes: int) -> ProjectConfig:
+    """The limits one of ``processes`` gateway processes enforces on its own (while the shared state is
+    unreachable): each limit divided by ``processes``, rounded down, at least 1."""
+    if processes <= 1:
+        return cfg
+
+    def part(value: int | None) -> int | None:
+        return None if value is None else max(1, value // processes)
+
+    return cfg.model_copy(
+        update={
+            "max_concurrency": part(cfg.max_concurrency),
+            "rpm": part(cfg.rpm),
+            "tpm": part(cfg.tpm),
+            "daily_token_budget": part(cfg.daily_token_budget),
+        }
+    )
 
 
 def _next_utc_midnight(epoch_s: float) -> float:

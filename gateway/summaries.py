@@ -34,11 +34,17 @@ included, the offline drafter too) is one ledger row on endpoint ``summaries`` w
 ``batch_size`` (the anomalies sent). A model whose provider is ``local``, or whose provider's API key
 variable is unset, is served by the offline drafter (it covers every anomaly) and the answer says
 ``"offline": true``.
+
+With ``redis_url`` (gateway.shared) the cache and the coalescing span every process sharing that Redis:
+a set's complete answer is also kept there, and the first process to take the set's lock makes the model
+call while the others wait for its outcome (``_shared_answer``); without Redis, or while it is down, all
+of this stays in the process.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import logging
@@ -164,6 +170,7 @@ class SummaryBatcher:
         self._cache: OrderedDict[str, SetAnswer] = OrderedDict()
         self._tasks: set[asyncio.Task] = set()
         self.model_calls = 0
+        self._shared_tasks: set[asyncio.Future[SetAnswer]] = set()  # coalescing across processes
 
     # --- the route -------------------------------------------------------------------------------
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -200,6 +207,10 @@ class SummaryBatcher:
         if cached:
             self._cache.move_to_end(set_key)
             answer = self._cache[set_key]
+        elif self.gw.shared is not None and self.gw.shared.up:
+            answer, cached = await self._shared_answer(
+                info.project, req.task, model, info.id, set_key, hashes
+            )
         else:
             fut = self._in_flight.get(set_key)
             if fut is None:
@@ -370,6 +381,81 @@ class SummaryBatcher:
             self._flush(bkey)
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        for fut in list(self._shared_tasks):  # waiting for another process's answer
+            fut.cancel()
+        if self._shared_tasks:
+            await asyncio.gather(*self._shared_tasks, return_exceptions=True)
+
+    # --- across processes (gateway.shared) -------------------------------------------------------
+    async def _shared_answer(
+        self, project: str, task: str, model: str, key_id: str, set_key: str, hashes: dict[str, AnomalyIn]
+    ) -> tuple[SetAnswer, bool]:
+        """The set's answer and whether it was cached: from Redis' cache, or from the one model call for
+        the set among all processes (this one's, or another's that this one waits for)."""
+        from gateway.shared import SharedUnavailable
+
+        shared = self.gw.shared
+        assert shared is not None
+        fut = self._in_flight.get(set_key)
+        if fut is None:
+            try:
+                blob = await shared.summary_get(set_key)
+            except SharedUnavailable:
+                blob = None
+            if blob is not None:
+                answer = _decode_outcome(blob)
+                self._remember(set_key, answer)
+                return answer, True
+            fut = self._in_flight.get(set_key)  # another request of this process may have begun meanwhile
+            if fut is None:
+                fut = asyncio.ensure_future(self._coalesce(project, task, model, key_id, set_key, hashes))
+                fut.add_done_callback(_consume_exception)
+                self._in_flight[set_key] = fut
+                self._shared_tasks.add(fut)
+
+                def done(f: asyncio.Future[SetAnswer]) -> None:
+                    self._shared_tasks.discard(f)
+                    if self._in_flight.get(set_key) is f:
+                        del self._in_flight[set_key]
+
+                fut.add_done_callback(done)
+        return await asyncio.shield(fut), False
+
+    async def _coalesce(
+        self, project: str, task: str, model: str, key_id: str, set_key: str, hashes: dict[str, AnomalyIn]
+    ) -> SetAnswer:
+        """Take the set's lock and make the call here (storing the outcome for the waiting processes), or
+        wait for the process that holds it. Redis failing on the way: the call is made here."""
+        from gateway.shared import SharedUnavailable
+
+        shared = self.gw.shared
+        assert shared is not None
+        try:
+            kind, value = await shared.summary_claim(set_key)
+        except SharedUnavailable:
+            return await asyncio.shield(self._enqueue(project, task, model, key_id, set_key, hashes))
+        if kind == "answer":
+            answer = _decode_outcome(value)
+            self._remember(set_key, answer)
+            return answer
+        token = value
+        try:
+            answer = await asyncio.shield(self._enqueue(project, task, model, key_id, set_key, hashes))
+        except GatewayError as e:
+            await shared.summary_done(set_key, token, _encode_error(e), complete=False)
+            raise
+        except BaseException:
+            await asyncio.shield(shared.summary_done(set_key, token, b"", complete=False))
+            raise
+        await shared.summary_done(set_key, token, _encode_answer(answer), complete=not answer.missing)
+        return answer
+
+    def _remember(self, set_key: str, answer: SetAnswer) -> None:
+        """Another process's complete answer goes to this process's cache too."""
+        if not answer.missing and self.cfg.cache_entries:
+            self._cache[set_key] = answer
+            while len(self._cache) > self.cfg.cache_entries:
+                self._cache.popitem(last=False)
 
     # --- one model call for a batch --------------------------------------------------------------
     async def _run(self, batch: _Batch) -> None:
@@ -600,6 +686,33 @@ class SummaryBatcher:
             raise
         finally:
             rec.upstream_end = time.perf_counter()
+
+
+def _encode_answer(answer: SetAnswer) -> bytes:
+    data = dataclasses.asdict(answer)
+    data.pop("sets", None)
+    return json.dumps({"answer": data}, separators=(",", ":")).encode()
+
+
+def _encode_error(e: GatewayError) -> bytes:
+    fields = ("status", "message", "error_class", "code", "retry_after", "limit")
+    return json.dumps({"error": {f: getattr(e, f) for f in fields}}, separators=(",", ":")).encode()
+
+
+def _decode_outcome(blob: bytes) -> SetAnswer:
+    """A set's outcome stored by another process: its answer, or the error its call gave."""
+    data = json.loads(blob)
+    if "error" in data:
+        err = data["error"]
+        raise GatewayError(
+            err["status"],
+            err["message"],
+            error_class=err["error_class"],
+            code=err.get("code"),
+            retry_after=err.get("retry_after"),
+            limit=err.get("limit"),
+        )
+    return SetAnswer(**data["answer"])
 
 
 def _consume_exception(fut: asyncio.Future) -> None:
