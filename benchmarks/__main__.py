@@ -19,11 +19,20 @@ BENCHES = {
     "gateway": "benchmarks.gateway_bench",
     "acceptance": "benchmarks.acceptance_bench",
     "soak": "benchmarks.soak",
+    "shared": "benchmarks.shared_limits_bench",
 }
 
 
 def main(argv: list[str]) -> int:
-    names = argv or list(BENCHES)
+    # options after a name go to that benchmark: `python -m benchmarks gateway --redis`
+    flags: dict[str, list[str]] = {}
+    names: list[str] = []
+    for arg in argv:
+        if arg.startswith("-") and names:
+            flags.setdefault(names[-1], []).append(arg)
+        else:
+            names.append(arg)
+    names = names or list(BENCHES)
     unknown = [n for n in names if n not in BENCHES]
     if unknown:
         print(f"unknown benchmark(s) {unknown}; known: {', '.join(BENCHES)}", file=sys.stderr)
@@ -34,10 +43,13 @@ def main(argv: list[str]) -> int:
     for name in names:
         print(f"\n=== {name} ===", flush=True)
         bench_main = importlib.import_module(BENCHES[name]).main
-        # a benchmark with its own argument parser gets no arguments: its defaults are the reported run
-        figures = bench_main([]) if inspect.signature(bench_main).parameters else bench_main()
+        # a benchmark with its own argument parser gets only the options given after its name: its
+        # defaults are the reported run
+        params = inspect.signature(bench_main).parameters
+        figures = bench_main(flags.get(name, [])) if params else bench_main()
         if isinstance(figures, dict):
-            path = out_dir / f"{name}-{platform.node()}-{stamp}.json"
+            tag = "".join(f"-{f.lstrip('-').replace('=', '')}" for f in flags.get(name, []))  # gateway-redis
+            path = out_dir / f"{name}{tag}-{platform.node()}-{stamp}.json"
             path.write_text(json.dumps(figures, indent=2, default=str))
             print(f"(figures written to {path})")
     return 0

@@ -7,7 +7,14 @@ Requests per second depend on whatever else the machine runs; CPU per request mu
 1 / (gateway CPU per request) is the most one gateway process can serve with a core to itself.
 Bounded in count and time (well under a minute).
 
+``--redis`` (``python -m benchmarks gateway --redis``) runs instead the limits comparison: non-stream
+requests per second and CPU per request (all gateway processes together, and the redis-server apart) with
+a project that has every limit set (concurrency, rpm, tpm, daily budget; far above what the run uses), for
+in-process limits, limits shared through Redis, and shared through Redis with ``serve --workers N``
+(``--workers``, 2). It starts a redis-server of its own on a free port (skipped, saying so, without one).
+
     .venv/bin/python -m benchmarks.gateway_bench [--serial N] [--seconds S] [--concurrency C]
+    .venv/bin/python -m benchmarks.gateway_bench --redis [--workers N] [--seconds S] [--concurrency C]
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -23,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import aiohttp
@@ -115,11 +124,11 @@ async def throughput(
                 await _one(s, url, body, headers, stream)
                 done += 1
 
-        cpu0 = {name: _cpu_s(pid) for name, pid in pids.items()}
+        cpu0 = {name: _tree_cpu_s(pid) for name, pid in pids.items()}
         t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(conc)))
         elapsed = time.perf_counter() - t0
-        cpu1 = {name: _cpu_s(pid) for name, pid in pids.items()}
+        cpu1 = {name: _tree_cpu_s(pid) for name, pid in pids.items()}
     out = {"rps": done / elapsed, "requests": done}
     for name in pids:
         a, b = cpu0[name], cpu1[name]
@@ -129,6 +138,18 @@ async def throughput(
 
 def _pct(xs: list[float], q: float) -> float:
     return statistics.quantiles(xs, n=100, method="inclusive")[int(q) - 1] * 1000
+
+
+def _tree_cpu_s(pid: int) -> float | None:
+    """CPU seconds of a process and its children (a ``--workers`` supervisor and its workers)."""
+    try:
+        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        kids = []
+    own = _cpu_s(pid)
+    if own is None:
+        return None
+    return own + sum(_cpu_s(int(k)) or 0.0 for k in kids)
 
 
 async def _create_key(cfg_path: Path, env: dict[str, str]) -> str:
@@ -205,6 +226,144 @@ async def run(args: argparse.Namespace) -> dict:
                 p.kill()
 
 
+LIMITED = {  # every limit set, far above what a run uses: the whole admission and settlement path runs
+    "max_concurrency": 256,
+    "rpm": 100_000_000,
+    "tpm": 10_000_000_000,
+    "daily_token_budget": 1_000_000_000_000,
+}
+
+
+def _start_redis(work: Path) -> tuple[subprocess.Popen, str] | str:
+    """A redis-server on a free port of 127.0.0.1 without persistence, or why there is none."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        return "redis-server is not installed (Debian: apt-get install redis-server)"
+    try:
+        import redis  # noqa: F401
+    except ImportError:
+        return "the redis package is not installed (.venv/bin/pip install redis)"
+    port = _free_port()
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", str(work), "--protected-mode", "no"],
+        stdout=(work / "redis.log").open("w"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc, f"redis://127.0.0.1:{port}/0"
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                return f"redis-server did not start: {(work / 'redis.log').read_text()[-500:]}"
+            time.sleep(0.02)
+
+
+async def _wait_workers(url: str, n: int, timeout: float = 30) -> None:
+    """Until ``n`` distinct workers have answered ``/workerz`` (fresh connections)."""
+    seen: set[int] = set()
+    deadline = time.monotonic() + timeout
+    while len(seen) < n:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {len(seen)} of {n} workers answered")
+        try:
+            async with aiohttp.ClientSession() as s, s.get(url + "/workerz") as r:
+                seen.add((await r.json())["pid"])
+        except aiohttp.ClientError:
+            await asyncio.sleep(0.05)
+
+
+async def run_limits(args: argparse.Namespace) -> dict:
+    """In-process limits, Redis-shared limits, and Redis-shared limits with ``--workers``, one after the
+    other against one fake upstream: non-stream req/s and CPU per request."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "FARM_GATEWAY_SECRET": "bench-secret"}
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    if args.no_uvloop:
+        env["FARM_GATEWAY_UVLOOP"] = "0"
+    tmp = Path(tempfile.mkdtemp(prefix="gwbench-redis-"))
+    redis = _start_redis(tmp)
+    if isinstance(redis, str):
+        print(f"skipped the Redis comparison: {redis}")
+        return {"skipped": redis}
+    redis_proc, redis_url = redis
+    fake_port = _free_port()
+    fake = _start([sys.executable, "-m", "gateway.testing.fake_upstream", str(fake_port)], env)
+    modes = [("in-process", None, 1), ("redis", redis_url, 1), (f"redis, {args.workers} workers", redis_url,
+             args.workers)]  # fmt: skip
+    out: dict = {"runs": [], "concurrency": args.concurrency, "seconds": args.seconds}
+    try:
+        await _wait_http(f"http://127.0.0.1:{fake_port}/v1/models")
+        key = None
+        for name, url, workers in modes:
+            gw_port = _free_port()
+            cfg = {
+                "host": "127.0.0.1",
+                "port": gw_port,
+                "database_url": f"sqlite+aiosqlite:///{tmp / 'bench.db'}",
+                "providers": {"fake": {"kind": "openai", "base_url": f"http://127.0.0.1:{fake_port}/v1"}},
+                "models": {MODEL: {"provider": "fake", "upstream_model": MODEL}},
+                "projects": {"bench": {"models": [MODEL], "default_task": "bench", **LIMITED}},
+            }
+            if url:
+                cfg |= {"redis_url": url, "redis_key_prefix": f"bench{uuid.uuid4().hex[:8]}"}
+            cfg_path = tmp / "gateway.yaml"
+            cfg_path.write_text(yaml.safe_dump(cfg))
+            key = key or await _create_key(cfg_path, env)
+            cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg_path)]
+            gw = _start([*cmd, "--workers", str(workers)], env)
+            try:
+                base = f"http://127.0.0.1:{gw_port}"
+                await _wait_http(base + "/readyz", timeout=60)
+                await _wait_workers(base, workers)
+                headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
+                pids = {"gateway": gw.pid, "fake": fake.pid, "redis": redis_proc.pid}
+                res = await throughput(
+                    base + "/v1/chat/completions", headers, False, args.concurrency, args.seconds, pids
+                )
+            finally:
+                gw.send_signal(signal.SIGINT)
+                try:
+                    gw.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    gw.kill()
+            if not url:
+                res.pop("redis_cpu_us", None)
+            out["runs"].append({"mode": name, "workers": workers, **res})
+            print(f"  {name}: {res['rps']:.0f} req/s", flush=True)
+        return out
+    finally:
+        fake.send_signal(signal.SIGINT)
+        redis_proc.terminate()
+        for p in (fake, redis_proc):
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def report_limits(res: dict) -> str:
+    lines = [
+        f"{'limits':24} {'req/s':>8} {'gateway CPU us/req':>19} {'redis CPU us/req':>17} "
+        f"{'fake CPU us/req':>16}",
+        "-" * 88,
+    ]
+    for r in res["runs"]:
+        redis_cpu = f"{r['redis_cpu_us']:17.0f}" if r.get("redis_cpu_us") is not None else f"{'-':>17}"
+        gw_cpu = r.get("gateway_cpu_us")
+        lines.append(
+            f"{r['mode']:24} {r['rps']:8.0f} {gw_cpu if gw_cpu is None else round(gw_cpu):>19} {redis_cpu} "
+            f"{r['fake_cpu_us'] or 0:16.0f}"
+        )
+    lines.append(
+        f"(non-stream chat completions, concurrency {res['concurrency']}, {res['seconds']:g} s each; "
+        f"gateway CPU: every gateway process, supervisor and workers; {os.cpu_count()} CPUs)"
+    )
+    return "\n".join(lines)
+
+
 def report(res: dict, args: argparse.Namespace) -> str:
     d, v = res["serial_direct"], res["serial_via"]
     rows = [
@@ -258,11 +417,21 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--seconds", type=float, default=4.0, help="duration of each throughput run")
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--no-uvloop", action="store_true", help="plain asyncio loops in all three processes")
+    ap.add_argument(
+        "--redis", action="store_true", help="compare in-process, Redis-shared and --workers limits instead"
+    )
+    ap.add_argument("--workers", type=int, default=2, help="gateway workers of the last --redis run")
     args = ap.parse_args(argv)
     if _has_uvloop() and not args.no_uvloop:
         import uvloop  # type: ignore[import-not-found]
 
         uvloop.install()
+    if args.redis:
+        print("gateway benchmark: limits in-process, shared through Redis, and with --workers", flush=True)
+        limits = asyncio.run(run_limits(args))
+        if "runs" in limits:
+            print(report_limits(limits))
+        return {"redis_limits": limits}
     res = asyncio.run(run(args))
     print("gateway benchmark (fake upstream, OpenAI chat completions)")
     print(report(res, args))

@@ -1,0 +1,277 @@
+"""``farm gateway serve --workers N`` as real processes: N workers on one port sharing limits through Redis,
+supervised (a killed worker comes back), stopped together by SIGTERM with the ledger flushed, metrics
+summed over the workers; and the refusals: ``--workers 2`` without ``redis_url``, and a second process
+without ``redis_url`` on a SQLite database that one already serves. Free ports, temporary folders."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import aiohttp
+import pytest
+import yaml
+
+from gateway.testing.fake_upstream import FakeUpstream
+
+ROOT = Path(__file__).resolve().parents[2]
+SECRET = "workers-secret-0123456789abcdef"
+MSGS = [{"role": "user", "content": "hi"}]
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FARM_GATEWAY_", "PROMETHEUS_MULTIPROC"))}
+    return env | {"PYTHONPATH": str(ROOT), "FARM_GATEWAY_SECRET": SECRET}
+
+
+def _config(tmp_path: Path, upstream: str, redis_url: str | None, name: str = "gateway") -> Path:
+    cfg: dict = {
+        "host": "127.0.0.1",
+        "database_url": f"sqlite+aiosqlite:///{tmp_path / 'gw.db'}",
+        "ledger_spool_dir": str(tmp_path / "spool"),
+        "ledger_flush_interval_s": 30,  # nothing is written before the stop: SIGTERM must flush
+        "providers": {"oa": {"kind": "openai", "base_url": upstream}},
+        "models": {"gpt-fake": {"provider": "oa", "upstream_model": "gpt-upstream"}},
+        "projects": {"alpha": {"models": ["gpt-fake"], "max_concurrency": 64, "rpm": 100_000}},
+        "retry": {"max_retries": 0},
+        "uvloop": False,
+    }
+    if redis_url:
+        cfg |= {"redis_url": redis_url, "redis_key_prefix": f"w{uuid.uuid4().hex[:12]}"}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+class Serve:
+    """``python -m gateway.cli serve`` with its output in a log file."""
+
+    def __init__(self, cfg: Path, tmp_path: Path, name: str, *args: str, port: int | None = None) -> None:
+        self.port = port or _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tmp_path / f"{name}.log"
+        cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg), "--port", str(self.port)]
+        with self.log.open("w") as out:
+            self.proc = subprocess.Popen(
+                [*cmd, *args], cwd=ROOT, env=_env(), stdout=out, stderr=subprocess.STDOUT
+            )
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    async def ready(self, s: aiohttp.ClientSession, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"serve exited with {self.proc.returncode}:\n{self.output()[-3000:]}")
+            try:
+                async with s.get(self.url + "/readyz") as r:
+                    if r.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            assert time.monotonic() < deadline, f"not ready within {timeout:g} s:\n{self.output()[-3000:]}"
+            await asyncio.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def _children(pid: int) -> set[int]:
+    try:
+        return {int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
+    except OSError:
+        return set()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+async def _worker_pids(s: aiohttp.ClientSession, url: str, want: int, timeout: float = 20) -> set[int]:
+    """The pids that answer ``/workerz`` on fresh connections (the kernel spreads them over the workers)."""
+    seen: set[int] = set()
+    deadline = time.monotonic() + timeout
+    while len(seen) < want:
+        assert time.monotonic() < deadline, f"only {seen} answered"
+        async with aiohttp.ClientSession() as fresh:  # a new connection, a new source port
+            try:
+                async with fresh.get(url + "/workerz") as r:
+                    body = await r.json()
+                    assert body["workers"] == want
+                    seen.add(body["pid"])
+            except aiohttp.ClientError:
+                await asyncio.sleep(0.05)
+    return seen
+
+
+async def _create_key(cfg: Path) -> str:
+    made = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateway.cli", "keys", "create", "--config", str(cfg), "--project", "alpha",
+        cwd=ROOT, env=_env(), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await made.communicate()
+    assert made.returncode == 0, err.decode()[-2000:]
+    return out.decode().strip().splitlines()[-1]
+
+
+async def _chat(s: aiohttp.ClientSession, url: str, key: str) -> int:
+    async with aiohttp.ClientSession() as fresh:  # fresh connections reach both workers
+        async with fresh.post(
+            url + "/v1/chat/completions",
+            json={"model": "gpt-fake", "messages": MSGS},
+            headers={"Authorization": f"Bearer {key}"},
+        ) as r:
+            await r.read()
+            return r.status
+
+
+def _requests_total(text: str) -> float:
+    return sum(
+        float(m.group(1))
+        for m in re.finditer(r'^gateway_requests_total\{[^}]*status="ok"[^}]*\} (\S+)$', text, re.M)
+    )
+
+
+def _ledger_rows(tmp_path: Path) -> int:
+    with sqlite3.connect(tmp_path / "gw.db") as db:
+        return db.execute("SELECT count(*) FROM gateway_ledger").fetchone()[0]
+
+
+async def test_two_workers_share_a_port_survive_a_kill_and_stop_together(redis_server, tmp_path):
+    fake = FakeUpstream()
+    await fake.start()
+    cfg = _config(tmp_path, fake.base_url, redis_server.url)
+    gw: Serve | None = None
+    try:
+        key = await _create_key(cfg)
+        gw = Serve(cfg, tmp_path, "workers", "--workers", "2")
+        async with aiohttp.ClientSession() as s:
+            await gw.ready(s)
+            # both workers answer on the one port, and they are the supervisor's children
+            pids = await _worker_pids(s, gw.url, 2)
+            children = _children(gw.proc.pid)  # the workers, and multiprocessing's resource tracker
+            assert pids <= children, (pids, children)
+
+            # requests through both; /metrics (served by either) counts all of them
+            statuses = await asyncio.gather(*(_chat(s, gw.url, key) for _ in range(20)))
+            assert statuses == [200] * 20
+            for _ in range(4):  # whichever worker answers the scrape
+                async with aiohttp.ClientSession() as fresh, fresh.get(gw.url + "/metrics") as r:
+                    assert _requests_total(await r.text()) == 20
+            # the values read live in each process (copied into the metrics folder every second) are there
+            # once, combined: no per-process series
+            want = {
+                'gateway_in_flight{project="alpha"} 0.0',
+                "gateway_shared_state_up 1.0",
+                "gateway_ledger_pending_rows 20.0",  # the rows of both (written at the stop only)
+                "gateway_ledger_written_rows_total 0.0",
+            }
+            deadline = time.monotonic() + 5
+            while True:
+                async with s.get(gw.url + "/metrics") as r:
+                    lines = set((text := await r.text()).splitlines())
+                if want <= lines:
+                    break
+                assert time.monotonic() < deadline, (want - lines, text[-3000:])
+                await asyncio.sleep(0.1)
+
+            # kill -9 one worker: the supervisor logs it and starts another; the port keeps serving
+            victim = min(pids)
+            os.kill(victim, signal.SIGKILL)
+            while _alive(victim):  # (connections already queued on its socket are reset: SO_REUSEPORT)
+                await asyncio.sleep(0.01)
+            statuses = await asyncio.gather(*(_chat(s, gw.url, key) for _ in range(10)))
+            assert statuses == [200] * 10  # the other worker serves meanwhile
+            deadline = time.monotonic() + 20
+            while victim in (now := _children(gw.proc.pid)) or not now - children:
+                assert time.monotonic() < deadline, f"not restarted:\n{gw.output()[-3000:]}"
+                await asyncio.sleep(0.05)
+            new_pids = await _worker_pids(s, gw.url, 2)
+            assert victim not in new_pids and len(new_pids & pids) == 1
+            assert re.search(rf"worker \d \(pid {victim}\) was killed by SIGKILL .*restarting", gw.output())
+            assert await _chat(s, gw.url, key) == 200
+            # the dead worker's counts stay in /metrics (its live gauges go)
+            async with aiohttp.ClientSession() as fresh, fresh.get(gw.url + "/metrics") as r:
+                assert _requests_total(await r.text()) == 31
+
+        # SIGTERM to the supervisor: every worker stops, and the ledger is flushed (interval 30 s: only
+        # the graceful stop writes it); the dead worker's spooled rows were replayed by its successor
+        workers = _children(gw.proc.pid) - (children - pids)
+        assert len(workers) == 2
+        gw.proc.send_signal(signal.SIGTERM)
+        assert gw.proc.wait(timeout=30) == 0, gw.output()[-3000:]
+        assert not any(_alive(p) for p in workers)
+        assert _ledger_rows(tmp_path) == 31
+        assert not list((tmp_path / "spool").glob("ledger-*.jsonl"))
+        assert "supervisor: stopped" in gw.output()
+    finally:
+        if gw is not None:
+            gw.stop()
+        await fake.close()
+
+
+async def test_workers_without_redis_url_is_refused_naming_it(tmp_path):
+    cfg = _config(tmp_path, "http://127.0.0.1:9/v1", None)
+    gw = Serve(cfg, tmp_path, "noredis", "--workers", "2")
+    try:
+        assert gw.proc.wait(timeout=30) != 0
+    finally:
+        gw.stop()
+    out = gw.output()
+    assert "--workers 2 needs redis_url" in out and "on its own" in out, out[-2000:]
+
+
+async def test_a_second_process_on_one_sqlite_database_without_redis_is_refused(tmp_path):
+    cfg = _config(tmp_path, "http://127.0.0.1:9/v1", None)
+    first = Serve(cfg, tmp_path, "first")
+    second: Serve | None = None
+    try:
+        async with aiohttp.ClientSession() as s:
+            await first.ready(s)
+            second = Serve(cfg, tmp_path, "second")
+            assert second.proc.wait(timeout=30) != 0
+            out = second.output()
+            assert "another gateway process" in out and "redis_url" in out, out[-2000:]
+            assert f"pid {first.proc.pid}" in out
+            async with s.get(first.url + "/healthz") as r:  # the first one is untouched
+                assert r.status == 200
+        # once the first has stopped, a new process may serve the database
+        first.stop()
+        third = Serve(cfg, tmp_path, "third")
+        try:
+            async with aiohttp.ClientSession() as s:
+                await third.ready(s)
+        finally:
+            third.stop()
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
