@@ -16,6 +16,7 @@ import logging
 import os
 from collections.abc import Callable
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -23,7 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from sqlalchemy import text
 
 from gateway.config import GatewaySettings
-from gateway.db import create_engine, create_tables
+from gateway.db import create_engine, ensure_schema
 from gateway.errors import ApiStyle, GatewayError, MethodNotAllowed, NotFound, error_response
 from gateway.keys import KeyStore, utcnow
 from gateway.ledger import LedgerWriter, tokens_used_today
@@ -35,6 +36,9 @@ from gateway.secret import resolve_secret
 from gateway.spool import default_spool_dir
 from gateway.summaries import SUMMARIES_PATH, SummaryBatcher
 from gateway.upstream import UpstreamClient, pool_warnings
+
+if TYPE_CHECKING:
+    from gateway.shared import SharedState
 
 log = logging.getLogger("gateway")
 
@@ -64,16 +68,30 @@ class Gateway:
         self.metrics = GatewayMetrics(registry)
         self.metrics.bind_ledger(self.ledger)
         self.limits = Limits({})
+        # gateway.shared.SharedState with `redis_url` (built in start): limits, key revocations and the
+        # summaries cache shared by every process using that Redis; None: all of it in this process
+        self.shared: SharedState | None = None
         self.clients: dict[str, UpstreamClient] = {}
         self.pipeline = Pipeline(self)
         self.ready = False
 
     # --- lifecycle -------------------------------------------------------------------------------
     async def start(self, _app: web.Application | None = None) -> None:
-        await create_tables(self.engine)
+        await ensure_schema(self.engine)  # SchemaError (a ConfigError): run `farm gateway db upgrade`
         self.keys.set_secret(await resolve_secret(self.settings, self.engine))  # ConfigError: wrong secret
         await self.ledger.start()  # first: replays a dead process's spool, so the budgets below count it
-        self.limits = Limits(self.settings.projects, await tokens_used_today(self.engine))
+        used_today = await tokens_used_today(self.engine)
+        if self.settings.redis_url:
+            from gateway.shared import SharedLimits, SharedState  # imports redis only when configured
+
+            self.shared = SharedState(
+                self.settings, seed_source=lambda: tokens_used_today(self.engine), keys=self.keys
+            )
+            await self.shared.start()  # Redis down: starts degraded, on this process's share of the limits
+            self.metrics.bind_shared(self.shared)
+            self.limits = SharedLimits(self.shared, self.settings.projects, used_today)
+        else:
+            self.limits = Limits(self.settings.projects, used_today)
         self.metrics.bind_limits(self.limits)
         for name, cfg in self.settings.providers.items():
             if cfg.kind == "local":  # the offline drafter: nothing to connect to
@@ -96,6 +114,8 @@ class Gateway:
 
     async def stop(self, _app: web.Application | None = None) -> None:
         self.ready = False
+        if self.shared is not None:
+            await self.shared.stop()  # sends the last releases and settlements first
         await self.ledger.stop()
         for client in self.clients.values():
             await client.close()
@@ -117,11 +137,14 @@ class Gateway:
         except Exception as e:
             problems.append(f"store unreachable: {e.__class__.__name__}")
         ledger = self.ledger.stats()
+        shared = {"shared_state": self.shared.status()} if self.shared is not None else {}
         if problems:
             return web.json_response(
-                {"status": "unavailable", "problems": problems, "ledger": ledger}, status=503
+                {"status": "unavailable", "problems": problems, "ledger": ledger, **shared}, status=503
             )
-        return web.json_response({"status": "ready", "ledger": ledger})
+        if self.shared is not None and not self.shared.up:  # still serving, on per-process limits
+            return web.json_response({"status": "degraded", "ledger": ledger, **shared})
+        return web.json_response({"status": "ready", "ledger": ledger, **shared})
 
     async def metrics_route(self, request: web.Request) -> web.Response:
         body = generate_latest(self.metrics.registry)
@@ -230,8 +253,34 @@ def create_app(
     return app
 
 
-def serve(settings: GatewaySettings, host: str | None = None, port: int | None = None) -> None:
-    """Run the gateway until interrupted (graceful stop flushes the ledger)."""
+def serve(
+    settings: GatewaySettings, host: str | None = None, port: int | None = None, *, workers: int = 1
+) -> int:
+    """Run the gateway until interrupted (graceful stop flushes the ledger); returns the exit status.
+
+    ``workers`` > 1: that many processes on one port under a supervisor (gateway.workers; needs
+    ``redis_url``). One process without ``redis_url`` holds an exclusive lock on its SQLite database for its
+    life, so a second one on the same file is refused (each would enforce the limits on its own)."""
+    from gateway.workers import hold_database_lock, supervise
+
+    if workers != 1:
+        return supervise(settings, host, port, workers)
+    hold_database_lock(settings)  # ConfigError naming redis_url when another process serves the database
+    run_one(settings, host, port)
+    return 0
+
+
+def run_one(
+    settings: GatewaySettings,
+    host: str | None = None,
+    port: int | None = None,
+    *,
+    reuse_port: bool = False,
+    worker: tuple[int, int] | None = None,
+    on_ready: Callable[[], None] | None = None,
+) -> None:
+    """Serve one gateway process until SIGINT/SIGTERM. ``worker``: (index, count) of a worker of
+    ``serve --workers`` (its ``/workerz`` says so); ``on_ready`` is called once the gateway has started."""
     uvloop = None
     if settings.uvloop:
         try:
@@ -239,6 +288,34 @@ def serve(settings: GatewaySettings, host: str | None = None, port: int | None =
         except ImportError:
             log.info("uvloop is not installed: using the default asyncio event loop")
     app = create_app(settings)
+    gw = app[GATEWAY]
+    index, count = worker if worker is not None else (None, 1)
+    info = {"pid": os.getpid(), "worker": index, "workers": count}
+
+    async def workerz(_request: web.Request) -> web.Response:
+        return web.json_response(info)
+
+    app.router.add_get("/workerz", workerz)
+    if gw.metrics.multiprocess:  # PROMETHEUS_MULTIPROC_DIR: the gauges are copied into it (gateway.metrics)
+        mirror: list[asyncio.Task] = []
+
+        async def start_mirror(_app: web.Application) -> None:
+            mirror.append(asyncio.create_task(gw.metrics.mirror_forever()))
+
+        async def stop_mirror(_app: web.Application) -> None:
+            for t in mirror:
+                t.cancel()
+            await asyncio.gather(*mirror, return_exceptions=True)
+            gw.metrics.sync()  # the ledger's last flush included
+
+        app.on_startup.append(start_mirror)
+        app.on_cleanup.append(stop_mirror)
+    if on_ready is not None:
+
+        async def ready(_app: web.Application) -> None:
+            on_ready()
+
+        app.on_startup.append(ready)
     # Everything built so far lives as long as the process: keep it out of the collector's scans, and
     # collect the youngest generation less often (aiohttp makes a few hundred objects per request; the
     # default threshold of 700 had the collector take about 25 us per request at 1500 requests/s).
@@ -252,5 +329,7 @@ def serve(settings: GatewaySettings, host: str | None = None, port: int | None =
         handler_cancellation=True,
         access_log=logging.getLogger("gateway.access") if settings.access_log else None,
         shutdown_timeout=30,
+        reuse_port=reuse_port or None,
+        print=None if worker else print,
         loop=uvloop.new_event_loop() if uvloop is not None else None,
     )

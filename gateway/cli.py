@@ -1,4 +1,5 @@
-"""``farm gateway ...``: serve, keys create/list/revoke/rotate/reset-secret, usage, client-config, doctor.
+"""``farm gateway ...``: serve, keys create/list/revoke/rotate/reset-secret, usage, db upgrade, client-config,
+doctor.
 
 Mounted by the main CLI as ``gateway.cli.gateway``; also runnable as ``python -m gateway.cli``.
 Every command takes ``--config PATH`` (or ``FARM_GATEWAY_CONFIG``); the default is the example config.
@@ -19,9 +20,10 @@ import click
 from rich.console import Console
 from rich.table import Table
 from sqlalchemy import case, func, select
+from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.config import ConfigError, GatewaySettings, load_settings
-from gateway.db import create_engine, create_tables, ledger
+from gateway.db import SchemaError, create_engine, display_url, ensure_schema, ledger, upgrade_schema
 from gateway.doctor import (
     DOCTOR_TOOLS,
     DoctorInput,
@@ -76,7 +78,7 @@ def _with_store(
     async def run() -> T:
         engine = create_engine(settings.database_url)
         try:
-            await create_tables(engine)
+            await ensure_schema(engine)  # SchemaError: run `farm gateway db upgrade`
             store = KeyStore(engine, cache_ttl_s=0)
             if secret:
                 store.set_secret(await resolve_secret(settings, engine))
@@ -117,7 +119,15 @@ def gateway() -> None:
 @config_option
 @click.option("--host", default=None, help="Bind address (default from config: 127.0.0.1).")
 @click.option("--port", type=int, default=None, help="Port (default from config).")
-def serve(config_path: str | None, host: str | None, port: int | None) -> None:
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Gateway processes on the port, supervised by this one (restarted when they die); "
+    "more than 1 needs redis_url (shared limits).",
+)
+def serve(config_path: str | None, host: str | None, port: int | None, workers: int) -> None:
     """Run the gateway until interrupted (Ctrl-C stops it gracefully and flushes the ledger)."""
     from gateway.app import serve as run_server
 
@@ -129,9 +139,11 @@ def serve(config_path: str | None, host: str | None, port: int | None) -> None:
         err=True,
     )
     try:
-        run_server(settings, host=host, port=port)
+        status = run_server(settings, host=host, port=port, workers=workers)
     except ConfigError as e:  # e.g. a server secret the database's keys were not made with
         raise click.ClickException(str(e)) from None
+    if status:
+        sys.exit(status)
 
 
 @gateway.group()
@@ -225,7 +237,7 @@ def keys_reset_secret(config_path: str | None) -> None:
     async def run() -> tuple[int, str]:
         engine = create_engine(settings.database_url)
         try:
-            await create_tables(engine)
+            await ensure_schema(engine)
             return await reset_secret(settings, engine)
         finally:
             await engine.dispose()
@@ -286,7 +298,7 @@ async def usage_rows(settings: GatewaySettings, by: str | None, since: datetime 
     q = q.order_by(date, *dim_cols)
     engine = create_engine(settings.database_url)
     try:
-        await create_tables(engine)
+        await ensure_schema(engine)
         async with engine.connect() as conn:
             rows = (await conn.execute(q)).all()
     finally:
@@ -302,11 +314,52 @@ async def usage_rows(settings: GatewaySettings, by: str | None, since: datetime 
 def usage(config_path: str | None, by: str | None, since: str | None) -> None:
     """The token ledger as a table: tokens and status counts per date and task/model/key."""
     settings = _settings(config_path)
-    names, rows = asyncio.run(usage_rows(settings, by, _since(since)))
+    try:
+        names, rows = asyncio.run(usage_rows(settings, by, _since(since)))
+    except ConfigError as e:  # SchemaError: an out-of-date database
+        raise click.ClickException(str(e)) from None
     table = Table(*names)
     for r in rows:
         table.add_row(*("-" if v is None else str(v) for v in r))
     _console().print(table)
+
+
+@gateway.group()
+def db() -> None:
+    """The gateway database's schema (Alembic migrations in gateway/migrations)."""
+
+
+@db.command("upgrade")
+@config_option
+def db_upgrade(config_path: str | None) -> None:
+    """Create or migrate the gateway's tables to the newest schema.
+
+    Run it once per database before starting gateways of a release that changes the schema (they refuse
+    an out-of-date database, naming this command); it adopts a database made before migrations. Safe to
+    re-run, and from several hosts at once. A new, empty database needs no command: the first start
+    creates its tables."""
+    settings = _settings(config_path)
+    where = display_url(settings.database_url)
+
+    async def run():
+        engine = create_engine(settings.database_url)
+        try:
+            return await upgrade_schema(engine)
+        finally:
+            await engine.dispose()
+
+    try:
+        before, after = asyncio.run(run())
+    except SchemaError as e:
+        raise click.ClickException(str(e)) from None
+    except (OSError, SQLAlchemyError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
+        raise click.ClickException(f"cannot upgrade the gateway database {where}: {first}") from None
+    if before.up_to_date:
+        click.echo(f"{where}: schema already at the newest revision, {after.current}")
+        return
+    was = "empty" if before.empty else (before.current or "tables from before migrations")
+    click.echo(f"{where}: schema upgraded from {was} to {after.current}")
 
 
 @gateway.command("client-config")

@@ -118,6 +118,19 @@ class GatewaySettings(BaseSettings):
     key_rotation_grace_s: float = Field(3600.0, ge=0)
     access_log: bool = False
     uvloop: bool = True  # use uvloop for `serve` when it is installed
+    # Shared state (gateway.shared): with a Redis URL (redis://, rediss://, unix://), every gateway process
+    # using that Redis and key prefix shares limits, key revocations and the summaries cache; None: each
+    # process has its own, as before.
+    redis_url: str | None = None
+    redis_key_prefix: str = Field("kfgw", min_length=1)
+    # a concurrency slot (and budget reservation) of a process that died frees after this; renewed every
+    # third of it while the request runs
+    redis_lease_s: float = Field(5.0, ge=0.3, le=300)
+    redis_timeout_s: float = Field(0.5, gt=0, le=30)  # the longest wait for Redis before counting it down
+    redis_health_interval_s: float = Field(1.0, gt=0, le=60)  # reconnect attempts while it is down
+    # while Redis is down each process enforces 1/N of each limit (the number of gateway processes)
+    redis_fallback_processes: int = Field(1, ge=1)
+    redis_summaries_ttl_s: float = Field(86400.0, ge=1)  # how long a summaries answer stays in Redis
 
     @classmethod
     def settings_customise_sources(

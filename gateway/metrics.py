@@ -2,10 +2,21 @@
 
 No key, user, session or request id is ever a label. ``task`` is bounded by the project's configured
 task list (anything else is labelled ``other``) and ``model`` by the configured routes.
+
+Several processes (``serve --workers N``, gateway.workers): with ``PROMETHEUS_MULTIPROC_DIR`` set, every
+process writes its metrics to files there (prometheus_client's multiprocess mode) and ``registry`` is the
+exposition of all of them: counters and histograms summed, ``gateway_in_flight``, ``gateway_queue_depth``
+and ``gateway_ledger_pending_rows`` summed over live processes, ``gateway_daily_budget_remaining_tokens``
+and ``gateway_shared_state_up`` their minimum, ``gateway_ledger_oldest_pending_seconds`` and
+``gateway_daily_budget_tokens`` their maximum. The values read live in one process (limits, ledger,
+shared state) are copied into the files every ``MIRROR_INTERVAL_S`` and before each scrape (``sync``).
+Names and labels are the same either way (no per-process label), so queries need not change.
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
 from typing import TYPE_CHECKING, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -15,9 +26,11 @@ from gateway.limits import Limits
 
 if TYPE_CHECKING:
     from gateway.ledger import LedgerWriter
+    from gateway.shared import SharedState
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
+MIRROR_INTERVAL_S = 1.0  # multiprocess mode: how stale another process's gauges may be at a scrape
 
 
 class RequestChildren(NamedTuple):
@@ -37,6 +50,16 @@ class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
+        # multiprocess mode (gateway.workers): the metrics below write to files; `registry` serves them all
+        self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+        self._mirror: _Mirror | None = None
+        if self.multiprocess:
+            from prometheus_client.multiprocess import MultiProcessCollector
+
+            self._mirror = _Mirror()
+            r = CollectorRegistry()  # this process's metrics, never served on their own
+            self.registry.register(_SyncFirst(self))
+            MultiProcessCollector(self.registry)
         pmt = ["project", "model", "task"]
         self.requests = Counter(
             "gateway_requests", "Client requests by outcome", pmt + ["status"], registry=r
@@ -89,18 +112,23 @@ class GatewayMetrics:
         self.rejections = Counter(
             "gateway_rejections", "Requests rejected by a project limit", ["project", "limit"], registry=r
         )
+        # multiprocess_mode: how the processes' values combine (ignored with one process)
         self.in_flight = Gauge(
-            "gateway_in_flight", "Requests holding a concurrency slot", ["project"], registry=r
-        )
+            "gateway_in_flight", "Requests holding a concurrency slot", ["project"], registry=r,
+            multiprocess_mode="livesum",
+        )  # fmt: skip
         self.queue_depth = Gauge(
-            "gateway_queue_depth", "Requests waiting for a slot", ["project"], registry=r
-        )
+            "gateway_queue_depth", "Requests waiting for a slot", ["project"], registry=r,
+            multiprocess_mode="livesum",
+        )  # fmt: skip
         self.budget_remaining = Gauge(
-            "gateway_daily_budget_remaining_tokens", "Tokens left in today's budget", ["project"], registry=r
-        )
+            "gateway_daily_budget_remaining_tokens", "Tokens left in today's budget", ["project"], registry=r,
+            multiprocess_mode="livemin",
+        )  # fmt: skip
         self.budget = Gauge(
-            "gateway_daily_budget_tokens", "Today's token budget as configured", ["project"], registry=r
-        )
+            "gateway_daily_budget_tokens", "Today's token budget as configured", ["project"], registry=r,
+            multiprocess_mode="livemax",
+        )  # fmt: skip
 
         # labels() costs ~2 us a call (a lock and a dict behind it): the request path reuses the children.
         # Bounded like the labels themselves (configured projects, models and tasks, plus unknown/other).
@@ -124,6 +152,13 @@ class GatewayMetrics:
 
     def bind_limits(self, limits: Limits) -> None:
         """Gauges read live from the limiters at scrape time (nothing on the request path)."""
+        if self._mirror is not None:
+            self._mirror.limits = limits
+            self._mirror.budget_gauges = (
+                self.in_flight, self.queue_depth, self.budget_remaining, self.budget
+            )  # fmt: skip
+            self.sync()
+            return
         for name, pl in limits.projects.items():
             self.in_flight.labels(name).set_function(lambda pl=pl: pl.in_flight)
             self.queue_depth.labels(name).set_function(lambda pl=pl: pl.waiting)
@@ -133,7 +168,126 @@ class GatewayMetrics:
 
     def bind_ledger(self, writer: LedgerWriter) -> None:
         """The ledger writer's backlog and counters, read at scrape time."""
+        if self._mirror is not None:
+            self._mirror.bind(_LedgerCollector(writer))
+            return
         self.registry.register(_LedgerCollector(writer))
+
+    def bind_shared(self, shared: SharedState) -> None:
+        """The shared state's health (gateway.shared; only with ``redis_url``), read at scrape time."""
+        if self._mirror is not None:
+            self._mirror.bind(_SharedCollector(shared))
+            return
+        self.registry.register(_SharedCollector(shared))
+
+    # --- multiprocess mode ---------------------------------------------------------------------------
+    def sync(self) -> None:
+        """Multiprocess mode: copy this process's live values (limits, ledger, shared state) into the
+        metrics folder. Nothing otherwise."""
+        if self._mirror is not None:
+            self._mirror.sync()
+
+    async def mirror_forever(self, interval_s: float = MIRROR_INTERVAL_S) -> None:
+        """``sync`` every ``interval_s`` (run as a task while the app serves, multiprocess mode only)."""
+        while True:
+            self.sync()
+            await asyncio.sleep(interval_s)
+
+
+class _SyncFirst:
+    """Registered before the MultiProcessCollector: the scraped process's own values are fresh."""
+
+    def __init__(self, metrics: GatewayMetrics) -> None:
+        self._m = metrics
+
+    def collect(self):
+        self._m.sync()
+        return []
+
+
+# how a collector family's per-process values combine in multiprocess mode (counters always add up)
+_GAUGE_MODES = {
+    "gateway_ledger_pending_rows": "livesum",
+    "gateway_ledger_oldest_pending_seconds": "livemax",
+    "gateway_shared_state_up": "livemin",
+}
+
+
+class _Mirror:
+    """Multiprocess mode: the scrape-time collectors' families and the limits' gauges, written into the
+    multiprocess files as ordinary gauges and counters (counters by their increase since the last sync)."""
+
+    def __init__(self) -> None:
+        self.limits: Limits | None = None
+        self.budget_gauges: tuple[Gauge, Gauge, Gauge, Gauge] | None = None
+        self._collectors: list = []
+        self._gauges: dict[str, Gauge] = {}
+        self._counters: dict[str, tuple[Counter, list[float]]] = {}
+        self._registry = CollectorRegistry()  # unserved: only holds the names
+
+    def bind(self, collector) -> None:
+        for fam in collector.describe():
+            if fam.type == "counter":
+                c = Counter(fam.name, fam.documentation, registry=self._registry)
+                self._counters[fam.name] = (c, [0.0])
+            else:
+                mode = _GAUGE_MODES.get(fam.name, "livesum")
+                self._gauges[fam.name] = Gauge(
+                    fam.name, fam.documentation, registry=self._registry, multiprocess_mode=mode
+                )
+        self._collectors.append(collector)
+
+    def sync(self) -> None:
+        if self.limits is not None and self.budget_gauges is not None:
+            in_flight, queue_depth, remaining, budget = self.budget_gauges
+            for name, pl in self.limits.projects.items():
+                in_flight.labels(name).set(pl.in_flight)
+                queue_depth.labels(name).set(pl.waiting)
+                if pl.cfg.daily_token_budget is not None:
+                    remaining.labels(name).set(pl.budget_remaining() or 0)
+                    budget.labels(name).set(pl.cfg.daily_token_budget)
+        for collector in self._collectors:
+            for fam in collector.collect():
+                value = fam.samples[0].value
+                if fam.type == "counter":
+                    counter, last = self._counters[fam.name]
+                    if value > last[0]:
+                        counter.inc(value - last[0])
+                        last[0] = value
+                else:
+                    self._gauges[fam.name].set(value)
+
+
+class _SharedCollector:
+    def __init__(self, shared: SharedState) -> None:
+        self._s = shared
+
+    def describe(self):
+        return self._families(0, 0, 0)
+
+    def collect(self):
+        s = self._s
+        return self._families(1 if s.up else 0, s.outages, s.fallback_admissions)
+
+    @staticmethod
+    def _families(up, outages, fallback):
+        return [
+            GaugeMetricFamily(
+                "gateway_shared_state_up",
+                "1 while the shared state (Redis) is reachable; 0: each process enforces its own share",
+                value=up,
+            ),
+            CounterMetricFamily(
+                "gateway_shared_state_outages",
+                "Times the shared state (Redis) became unreachable",
+                value=outages,
+            ),
+            CounterMetricFamily(
+                "gateway_shared_fallback_admissions",
+                "Requests admitted by this process's own limits while the shared state was unreachable",
+                value=fallback,
+            ),
+        ]
 
 
 class _LedgerCollector:

@@ -1,8 +1,11 @@
-"""Fixtures: a real fake upstream on 127.0.0.1, and gateways built from settings on port 0."""
+"""Fixtures: a real fake upstream on 127.0.0.1, and gateways built from settings on port 0.
+
+A gateway's database is a fresh SQLite file, or, in a test module that overrides ``db_backend`` with
+``pg.DB_BACKENDS`` as params (e.g. test_sdk_endpoints.py), also a fresh database on the session's
+PostgreSQL server (tests/gateway/pg.py; those cases skip with the reason where none can be started)."""
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -11,9 +14,11 @@ import anthropic
 import openai
 import pytest
 from aiohttp import web
+from sqlalchemy import select
 
 from gateway.app import GATEWAY, Gateway, create_app
 from gateway.config import GatewaySettings
+from gateway.db import create_engine, ledger, upgrade_schema
 from gateway.testing.fake_upstream import FakeUpstream
 
 SECRET = "test-secret-0123456789"
@@ -90,15 +95,18 @@ class RunningGateway:
     def v1(self) -> str:
         return f"{self.url}/v1"
 
-    async def rows(self) -> list[sqlite3.Row]:
-        """Flush the writer, then read the ledger back from the database file."""
-        await self.gw.ledger.flush()
-        con = sqlite3.connect(self.db_path)
-        con.row_factory = sqlite3.Row
+    async def rows(self, flush: bool = True) -> list[dict]:
+        """Flush the writer (unless not ``flush``), then read the ledger back, oldest first, through an
+        engine of its own (as another process would; it works after ``stop`` too)."""
+        if flush:
+            await self.gw.ledger.flush()
+        engine = create_engine(self.gw.settings.database_url)
         try:
-            return con.execute("SELECT * FROM gateway_ledger ORDER BY ts").fetchall()
+            async with engine.connect() as conn:
+                result = await conn.execute(select(ledger).order_by(ledger.c.ts))
+                return [dict(r._mapping) for r in result]
         finally:
-            con.close()
+            await engine.dispose()
 
     async def stop(self) -> None:
         await self.runner.cleanup()
@@ -112,12 +120,51 @@ async def fake():
     await f.close()
 
 
+@pytest.fixture(scope="session")
+def pg_server():
+    """One PostgreSQL server for the session (tests/gateway/pg.py), or a skip saying why there is none."""
+    from pg import Unavailable, start_server
+
+    try:
+        server = start_server()
+    except Unavailable as e:
+        pytest.skip(str(e))
+    yield server
+    server.stop()
+
+
 @pytest.fixture
-async def start_gateway(fake, tmp_path):
+def db_backend() -> str:
+    """Where ``start_gateway`` keeps keys and the ledger; a module overrides it to run on both."""
+    return "sqlite"
+
+
+@pytest.fixture
+async def db_url(db_backend, tmp_path, request) -> str:
+    """A fresh database at the newest schema on ``db_backend`` (SQLite: ``tmp_path / "l.db"``)."""
+    if db_backend == "postgresql":
+        return await request.getfixturevalue("pg_server").create_database()
+    url = f"sqlite+aiosqlite:///{tmp_path / 'l.db'}"
+    engine = create_engine(url)
+    try:
+        await upgrade_schema(engine)
+    finally:
+        await engine.dispose()
+    return url
+
+
+@pytest.fixture
+async def start_gateway(fake, tmp_path, db_backend, request):
     started: list[RunningGateway] = []
+    pg = request.getfixturevalue("pg_server") if db_backend == "postgresql" else None
 
     async def start(**overrides) -> RunningGateway:
-        settings = make_settings(fake, tmp_path / f"gw{len(started)}.db", **overrides)
+        n = len(started)
+        if pg is not None and "database_url" not in overrides:
+            overrides["database_url"] = await pg.create_database()  # a fresh one, at the newest schema
+        if not overrides.get("database_url", "sqlite").startswith("sqlite"):
+            overrides.setdefault("ledger_spool_dir", str(tmp_path / f"gw{n}-spool"))  # as beside a file
+        settings = make_settings(fake, tmp_path / f"gw{n}.db", **overrides)
         clock = FakeClock()
         app = create_app(settings, clock=clock)
         runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
@@ -205,3 +252,17 @@ def _async(fn):
 def settings_factory():
     """``make_settings`` for fixtures that build a gateway themselves (e.g. in a thread of their own)."""
     return make_settings
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    """One redis-server for the session (tests/gateway/redis_server.py), or a skip saying why there is none.
+    Tests keep apart by ``redis_key_prefix``; a test that stops Redis starts its own (``start_server``)."""
+    from redis_server import Unavailable, start_server
+
+    try:
+        server = start_server(tmp_path_factory.mktemp("redis"))
+    except Unavailable as e:
+        pytest.skip(str(e))
+    yield server
+    server.stop()

@@ -17,6 +17,7 @@ import openai
 import pytest
 import yaml
 from click.testing import CliRunner
+from pg import DB_BACKENDS, SQLITE_ONLY
 from sqlalchemy import select
 
 from gateway.app import Gateway
@@ -28,6 +29,12 @@ from gateway.secret import SECRET_FILE_NAME, configured_secret, fingerprint, res
 
 MSGS = [{"role": "user", "content": "hi"}]
 REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(params=DB_BACKENDS)
+def db_backend(request) -> str:
+    """This module's gateways run on SQLite and on PostgreSQL, except SQLITE_ONLY tests (a secret file)."""
+    return request.param
 
 
 @pytest.fixture(autouse=True)
@@ -93,6 +100,7 @@ async def start_refused(settings: GatewaySettings) -> str:
 # --- no built-in secret: one generated, shared by the gateway and the CLI ---------------------------------
 
 
+@SQLITE_ONLY  # the secret file exists only beside a SQLite database
 async def test_first_start_generates_a_private_secret_file_that_the_cli_shares(
     start_gateway, tmp_path, caplog
 ):
@@ -138,6 +146,7 @@ async def test_a_secret_file_open_to_others_or_a_shared_database_without_a_secre
 # --- another secret than the keys were made with ----------------------------------------------------------
 
 
+@SQLITE_ONLY  # checks the secret file too
 async def test_another_secret_is_refused_by_the_gateway_the_cli_and_serve(start_gateway, tmp_path):
     gw = await start_gateway()  # conftest's SECRET
     engine = create_engine(gw.gw.settings.database_url)
@@ -222,6 +231,7 @@ async def first_refusal(gw, key: str, since: float, limit_s: float) -> float:
     raise AssertionError(f"key still accepted {limit_s} s later")
 
 
+@SQLITE_ONLY  # 6 s of CLI processes; test_postgres.py revokes through PostgreSQL from another engine
 async def test_revocation_bites_at_once_here_and_within_a_second_from_another_process(
     start_gateway, tmp_path
 ):
