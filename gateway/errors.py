@@ -20,6 +20,7 @@ pipeline), so no module catches an exception type from two layers below it::
         ├── UpstreamCredentialRejected 502 the provider refused the gateway's own provider key
         ├── UpstreamBadAnswer       502   an answer the gateway cannot use (summaries)
         └── UpstreamTimeout         504   no byte within the read timeout
+    └── StoreUnavailable            503   the key store (database) cannot be reached
 
 An upstream's own error answer (its 4xx/429/5xx body) is not an exception: it is passed on with its status.
 
@@ -156,6 +157,12 @@ class UpstreamBadAnswer(UpstreamError):
 
 class UpstreamTimeout(UpstreamError):
     status_code, default_class = 504, "read_timeout"
+
+
+class StoreUnavailable(_Fixed):
+    """The gateway's own database could not answer a key lookup: raised by gateway.keys at its boundary."""
+
+    status_code, default_class = 503, "store_unavailable"
 
 
 def error_type(style: ApiStyle, status: int) -> str:

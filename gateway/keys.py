@@ -16,9 +16,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select, update
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.db import api_keys
+from gateway.errors import StoreUnavailable
 
 KEY_PREFIX = "kf_"
 _ID_LEN = 12
@@ -297,6 +299,12 @@ class KeyStore:
         return await asyncio.shield(fut)  # a waiter cancelled does not cancel the others' query
 
     async def _query(self, key_id: str) -> tuple[KeyInfo, str] | None:
-        async with self._engine.connect() as conn:
-            row = (await conn.execute(select(api_keys).where(api_keys.c.id == key_id))).first()
+        try:
+            async with self._engine.connect() as conn:
+                row = (await conn.execute(select(api_keys).where(api_keys.c.id == key_id))).first()
+        except (DBAPIError, OSError, TimeoutError) as e:  # the database, not the key: a 503, not a 500
+            raise StoreUnavailable(
+                f"the gateway's key store is unavailable ({e.__class__.__name__}); retry shortly",
+                retry_after="1",
+            ) from None
         return (_row_to_info(row), row.key_hash) if row is not None else None

@@ -37,7 +37,6 @@ from gateway.errors import (
     GatewayError,
     PayloadTooLarge,
     RateLimited,
-    UpstreamError,
     error_response,
 )
 from gateway.keys import KeyInfo, credential_from_headers
@@ -197,7 +196,7 @@ class Pipeline:
         rec.error_class = e.error_class
         if isinstance(e, ClientError):
             log.info("%s %s -> %d %s: %s", request.method, request.path, e.status, e.error_class, e.message)
-        elif isinstance(e, UpstreamError):
+        else:  # the upstream or the gateway's own store failed: one line, the request's fault is not at issue
             log.warning(
                 "%s %s -> %d %s: %s", request.method, request.path, e.status, e.error_class, e.message
             )

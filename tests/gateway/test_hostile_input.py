@@ -237,3 +237,23 @@ async def test_anthropic_stream_cut_before_message_delta_has_its_output_estimate
     # message_start said output_tokens 1 (a placeholder); what was relayed is estimated instead
     assert row["output_tokens"] >= 1 and row["tokens_estimated"] == 1
     assert row["input_tokens"] == fake.usage_log[-1][2]
+
+
+async def test_an_unreachable_key_store_is_a_503_not_a_500(gateway, oai, caplog, tmp_path):
+    """Seen: while the database was down, a key not looked up in the last second got a 500."""
+    from gateway.db import create_engine
+
+    gw = gateway.gw
+    real = gw.keys._engine
+    gw.keys._engine = create_engine(f"sqlite+aiosqlite:///{tmp_path}/missing-dir/nothing/keys.db")
+    try:
+        with pytest.raises(openai.APIStatusError) as ei:
+            await oai(gateway).chat.completions.create(model="gpt-fake", messages=MSGS)
+        assert ei.value.status_code == 503
+        assert "key store is unavailable" in ei.value.message
+        assert ei.value.response.headers["Retry-After"] == "1"
+        assert "Traceback" not in caplog.text
+    finally:
+        await gw.keys._engine.dispose()
+        gw.keys._engine = real
+    await _still_serving(gateway, oai)
