@@ -1,4 +1,5 @@
-"""Two real gateway processes (``python -m gateway.cli serve``) sharing one Redis and one database: the
+"""Two real gateway processes (``python -m gateway.cli serve``) sharing one Redis and one database (SQLite,
+and PostgreSQL where a server can be started): the
 project's concurrency cap holds across them at the upstream, and slots held by a process that is then
 SIGKILLed come free within the lease time (``redis_lease_s``), without any release from it."""
 
@@ -17,6 +18,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 import yaml
+from pg import DB_BACKENDS
 
 from gateway.testing.fake_upstream import FakeUpstream, Fault
 
@@ -73,9 +75,14 @@ class _Gateway:
                 self.proc.wait()
 
 
+@pytest.fixture(params=DB_BACKENDS)
+def db_backend(request) -> str:
+    return request.param
+
+
 @pytest.mark.slow
 async def test_two_processes_share_the_concurrency_cap_and_a_killed_one_frees_its_slots(
-    redis_server, tmp_path
+    redis_server, tmp_path, db_url
 ):
     fake = FakeUpstream()
     await fake.start()
@@ -83,7 +90,7 @@ async def test_two_processes_share_the_concurrency_cap_and_a_killed_one_frees_it
     try:
         cfg = {
             "host": "127.0.0.1",
-            "database_url": f"sqlite+aiosqlite:///{tmp_path / 'shared.db'}",
+            "database_url": db_url,  # one SQLite file, or one PostgreSQL database, for both processes
             "providers": {"oa": {"kind": "openai", "base_url": fake.base_url, "read_timeout_s": 30}},
             "models": {"gpt-fake": {"provider": "oa", "upstream_model": "gpt-upstream"}},
             "projects": {"alpha": {"models": ["gpt-fake"], "max_concurrency": 2, "queue_timeout_s": 0.3}},
