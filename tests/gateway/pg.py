@@ -94,7 +94,10 @@ class PgServer:
             opts = (
                 f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off "
                 "-c synchronous_commit=off -c full_page_writes=off -c max_connections=300 "
-                "-c shared_buffers=32MB -c timezone=Pacific/Kiritimati"  # not UTC: the engine must set it
+                "-c shared_buffers=32MB -c timezone=Pacific/Kiritimati "  # not UTC: the engine must set it
+                # no background work: the server lives until the session ends, and autovacuum going over
+                # dozens of test databases would take CPU from the farm's timing tests that run later
+                "-c autovacuum=off"
             )
             try:
                 self._check(
