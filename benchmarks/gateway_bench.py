@@ -45,6 +45,18 @@ BODY = {
 }
 
 
+def _config(tmp: Path, fake_port: int, gw_port: int, limits: dict) -> dict:
+    """The gateway's config: one project ``bench`` with ``limits`` on one model of the fake upstream."""
+    return {
+        "host": "127.0.0.1",
+        "port": gw_port,
+        "database_url": f"sqlite+aiosqlite:///{tmp / 'bench.db'}",
+        "providers": {"fake": {"kind": "openai", "base_url": f"http://127.0.0.1:{fake_port}/v1"}},
+        "models": {MODEL: {"provider": "fake", "upstream_model": MODEL}},
+        "projects": {"bench": {"models": [MODEL], "default_task": "bench", **limits}},
+    }
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -178,14 +190,7 @@ async def run(args: argparse.Namespace) -> dict:
         env["FARM_GATEWAY_UVLOOP"] = "0"
     fake_port, gw_port = _free_port(), _free_port()
     tmp = Path(tempfile.mkdtemp(prefix="gwbench-"))
-    cfg = {
-        "host": "127.0.0.1",
-        "port": gw_port,
-        "database_url": f"sqlite+aiosqlite:///{tmp / 'bench.db'}",
-        "providers": {"fake": {"kind": "openai", "base_url": f"http://127.0.0.1:{fake_port}/v1"}},
-        "models": {MODEL: {"provider": "fake", "upstream_model": MODEL}},
-        "projects": {"bench": {"models": [MODEL], "max_concurrency": 256, "default_task": "bench"}},
-    }
+    cfg = _config(tmp, fake_port, gw_port, {"max_concurrency": 256})
     cfg_path = tmp / "gateway.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
     procs = [_start([sys.executable, "-m", "gateway.testing.fake_upstream", str(fake_port)], env)]
@@ -298,14 +303,7 @@ async def run_limits(args: argparse.Namespace) -> dict:
         key = None
         for name, url, workers in modes:
             gw_port = _free_port()
-            cfg = {
-                "host": "127.0.0.1",
-                "port": gw_port,
-                "database_url": f"sqlite+aiosqlite:///{tmp / 'bench.db'}",
-                "providers": {"fake": {"kind": "openai", "base_url": f"http://127.0.0.1:{fake_port}/v1"}},
-                "models": {MODEL: {"provider": "fake", "upstream_model": MODEL}},
-                "projects": {"bench": {"models": [MODEL], "default_task": "bench", **LIMITED}},
-            }
+            cfg = _config(tmp, fake_port, gw_port, LIMITED)
             if url:
                 cfg |= {"redis_url": url, "redis_key_prefix": f"bench{uuid.uuid4().hex[:8]}"}
             cfg_path = tmp / "gateway.yaml"

@@ -13,29 +13,8 @@ PROM_DATA=${PROM_DATA:-.farm/prometheus}
 PIDFILE=$PROM_DATA/prometheus.pid
 PORTFILE=$PROM_DATA/prometheus.port
 
-deps() {
-  if command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1; then
-    return 0
-  fi
-  local sudo=""
-  if [ "$(id -u)" != 0 ]; then
-    if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
-      sudo="sudo -n"
-    else
-      echo "monitor: Prometheus is not installed and this is not root: run" \
-        "'sudo apt-get install --no-install-recommends prometheus' (its tests skip until then)" >&2
-      [ "${DEPS_OPTIONAL:-0}" = 1 ] && return 0
-      return 1
-    fi
-  fi
-  if ! command -v apt-get >/dev/null 2>&1; then
-    echo "monitor: no apt-get here: install Prometheus (promtool and prometheus on PATH) yourself" >&2
-    [ "${DEPS_OPTIONAL:-0}" = 1 ] && return 0
-    return 1
-  fi
-  echo "monitor: installing Debian's prometheus package"
-  $sudo apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends prometheus
+deps() {  # the same installer as make test's, for prometheus alone
+  scripts/debian-deps.sh prometheus
 }
 
 port_busy() {  # bash's /dev/tcp: no curl or python needed
