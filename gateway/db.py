@@ -89,6 +89,12 @@ ledger = Table(
     Column("queue_wait_ms", Float, nullable=False, default=0.0),
     # summaries endpoint: anomalies sent in this model call (None for the proxied endpoints)
     Column("batch_size", Integer, nullable=True),
+    # routing and cost (revision 0002): the deployment that answered, the public model asked for when a
+    # fallback answered, the wire-format translation ("messages->chat"), the cost from the price table
+    Column("deployment", String(128), nullable=True),
+    Column("fallback_from", String(128), nullable=True),
+    Column("translation", String(32), nullable=True),
+    Column("cost_usd", Float, nullable=True),
 )
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"

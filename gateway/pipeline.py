@@ -62,7 +62,7 @@ class Record:
         "upstream_model", "provider", "task", "task_label", "session_id", "stream", "status",
         "http_status", "error_class", "retries", "input_tokens", "output_tokens", "estimated",
         "upstream_t0", "upstream_end", "ttft", "queue_wait", "upstream_request_id", "batch_size",
-        "accounted",
+        "accounted", "deployment", "fallback_from", "translation", "cost_usd",
     )  # fmt: skip
 
     def __init__(self, endpoint: str) -> None:
@@ -86,6 +86,10 @@ class Record:
         self.queue_wait = 0.0
         self.batch_size: int | None = None
         self.accounted = False
+        self.deployment: str | None = None
+        self.fallback_from: str | None = None
+        self.translation: str | None = None
+        self.cost_usd: float | None = None
 
     def tag(self, project: ProjectConfig, task: str | None) -> None:
         """The task (header or the project's default) and its bounded metrics label."""
@@ -304,6 +308,10 @@ class Pipeline:
                 "ttft_ms": rec.ttft * 1000 if rec.ttft is not None else None,
                 "queue_wait_ms": rec.queue_wait * 1000,
                 "batch_size": rec.batch_size,
+                "deployment": rec.deployment,
+                "fallback_from": rec.fallback_from,
+                "translation": rec.translation,
+                "cost_usd": rec.cost_usd,
             }
         )
         project = rec.project or "unknown"
