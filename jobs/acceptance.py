@@ -225,6 +225,8 @@ def _confirm(
             first = r.result
             r.result = done.outcomes[r.trial.id]
             r.result.numbers["job_verdict"] = {"outcome": first.outcome, "reason": first.reason}
+            if "baseline_job" in first.numbers:  # still judged against that baseline
+                r.result.numbers.setdefault("baseline_job", first.numbers["baseline_job"])
 
 
 # ---- output ------------------------------------------------------------------------------------------
