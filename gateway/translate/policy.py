@@ -1,0 +1,74 @@
+"""What translation leaves out on purpose: THE one table of dropped fields, with the reason for each.
+
+Rule: a field that changes the answer and has no equivalent in the target format is a 400 naming it
+(``error_class="untranslatable"``); only fields that hint (caching, storage, accounting, effort) and leave
+the answer's meaning alone are dropped, and each of them is listed here. The request readers consult
+``TOP_LEVEL`` for whole top-level fields; the rows marked (content) document drops inside messages and
+answers, done in the format modules. A field that is in neither a reader's handled set nor this table is
+refused, so a new API field is never lost silently.
+
+Decisions about the fields that only hint:
+- Responses ``reasoning`` {effort, summary} and chat ``reasoning_effort``: carried between the two OpenAI
+  formats (``reasoning.effort`` <-> ``reasoning_effort``); dropped towards Anthropic, where thinking needs
+  an explicit token budget that an effort word does not give (no budget is invented).
+- Anthropic ``thinking``: dropped towards OpenAI. The budget is not mapped to an effort either: chat models
+  without reasoning refuse ``reasoning_effort``, and the answer's content does not depend on it.
+- Prior reasoning in the conversation (Anthropic ``thinking`` / ``redacted_thinking`` blocks, Responses
+  ``reasoning`` items) is signed or encrypted for its own provider and cannot be replayed elsewhere: dropped.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Dropped(NamedTuple):
+    src: str  # source format, or "*" for all
+    field: str
+    reason: str
+
+
+DROPPED: tuple[Dropped, ...] = (
+    # -- requests, top-level fields
+    Dropped("*", "metadata", "bookkeeping on the provider's side; Anthropic metadata.user_id maps to user"),
+    Dropped("*", "service_tier", "a latency/price tier of the source provider"),
+    Dropped("chat", "store", "whether OpenAI keeps the completion; nothing is stored across formats"),
+    Dropped("chat", "stream_options", "the gateway sets what the upstream needs (include_usage)"),
+    Dropped("chat", "prediction", "predicted output only speeds generation up"),
+    Dropped("chat", "prompt_cache_key", "a cache routing hint"),
+    Dropped("chat", "safety_identifier", "abuse tracking id, not part of the answer"),
+    Dropped("responses", "store", "whether OpenAI keeps the response; Codex sends false"),
+    Dropped("responses", "include", "extra output (reasoning.encrypted_content) that other formats lack"),
+    Dropped("responses", "prompt_cache_key", "a cache routing hint"),
+    Dropped("responses", "safety_identifier", "abuse tracking id, not part of the answer"),
+    Dropped("responses", "stream_options", "obfuscation padding of stream events"),
+    Dropped("messages", "thinking", "extended thinking budget; see the module docstring"),
+    Dropped("messages", "context_management", "server-side trimming of old tool results"),
+    # -- requests, shared fields dropped only towards a format without them
+    Dropped("chat", "reasoning_effort", "to anthropic messages: an effort hint without a token budget"),
+    Dropped("chat", "verbosity", "to anthropic messages: a length/style hint"),
+    Dropped("responses", "reasoning", "to anthropic messages: effort/summary hints (effort kept for chat)"),
+    Dropped("responses", "text.verbosity", "to anthropic messages: a length/style hint"),
+    Dropped(
+        "chat",
+        "parallel_tool_calls",
+        "true is the default everywhere; false maps to Anthropic's disable_parallel_tool_use",
+    ),  # fmt: skip
+    # -- (content) inside messages, tools and answers
+    Dropped("messages", "cache_control", "(content) prompt-cache breakpoints; OpenAI caches automatically"),
+    Dropped("messages", "thinking blocks", "(content) signed prior reasoning, valid only for Anthropic"),
+    Dropped("messages", "tool_result.is_error", "(content) to OpenAI: the result text carries the error"),
+    Dropped("responses", "reasoning items", "(content) encrypted prior reasoning, valid only for OpenAI"),
+    Dropped("*", "image detail", "(content) a resolution hint; Anthropic has none"),
+    Dropped("*", "tools[].strict", "(content) to anthropic messages: schema adherence hint"),
+    Dropped("*", "message name", "(content) chat participant names; others have none"),
+    Dropped(
+        "*", "reasoning output", "(content) answers: thinking blocks / reasoning items are not the answer"
+    ),
+    Dropped("*", "annotations, logprobs", "(content) answers: citations and logprobs the client did not ask"),
+)
+
+TOP_LEVEL: dict[str, frozenset[str]] = {
+    fmt: frozenset(d.field for d in DROPPED if d.src in (fmt, "*") and not d.reason.startswith(("(", "to ")))
+    for fmt in ("chat", "responses", "messages")
+}

@@ -1,0 +1,178 @@
+"""Streamed answers: upstream SSE bytes in one format -> client SSE bytes in another, as they arrive.
+
+Bytes are cut into whole SSE events (a chunk may end anywhere, inside a UTF-8 character or a ``data:``
+line); each event's JSON is read once by the source format's ``Decoder`` into hub events, plain tuples::
+
+    ("start", source_id, created, usage | None)    the answer began (usage: Anthropic's input count)
+    ("text", key, text)                            text delta of block ``key``
+    ("tool", key, call_id, name)                   a tool call block begins
+    ("args", key, fragment)                        a fragment of its JSON arguments
+    ("end", key)                                   block ``key`` is complete
+    ("finish", stop, stop_sequence, usage)         the answer is complete
+    ("error", status, message)                     the upstream reported an error mid-stream
+
+and the client format's ``Encoder`` writes each as soon as it arrives. Nothing is held back except the
+tail of an unfinished event.
+"""
+
+from __future__ import annotations
+
+from gateway.translate import chat, messages, responses
+from gateway.translate.ir import Format, Usage
+
+_DECODERS = {"chat": chat.Decoder, "responses": responses.Decoder, "messages": messages.Decoder}
+
+
+def _encoder(dst: Format, model: str, created: int | None, include_usage: bool):
+    if dst == "chat":
+        return chat.Encoder(model, created, include_usage)
+    if dst == "responses":
+        return responses.Encoder(model, created)
+    return messages.Encoder(model)
+
+
+def _split_event(block: bytes) -> tuple[str | None, str]:
+    """(event name, data) of one SSE event; data lines are joined with newlines, comments skipped."""
+    event = None
+    data: list[bytes] = []
+    for line in block.split(b"\n"):
+        if line.startswith(b"data:"):
+            data.append(line[6:] if line[5:6] == b" " else line[5:])
+        elif line.startswith(b"event:"):
+            event = line[6:].strip().decode("utf-8", "replace")
+    return event, b"\n".join(data).decode("utf-8", "replace")
+
+
+class StreamTranslator:
+    """Feed it the upstream's SSE bytes (``src`` format), get the client's (``dst`` format) back.
+
+    ``feed`` returns whatever can be written now (often b"" while an event is incomplete); ``finish``
+    is called once when the upstream's bytes end and returns the rest. A stream cut short ends with the
+    client format's error event. ``input_tokens`` (cached ones included), ``output_tokens`` and
+    ``cached_input_tokens`` give the usage the upstream reported so far. With ``src == dst`` the bytes
+    pass through unchanged and only the usage is read.
+    """
+
+    __slots__ = ("src", "dst", "_decoder", "_encoder", "_buf", "_started", "_closed", "_identity")
+
+    def __init__(
+        self,
+        src: Format,
+        dst: Format,
+        *,
+        public_model: str,
+        include_usage: bool = True,
+        created: int | None = None,
+    ) -> None:
+        """``include_usage``: chat clients only get the final usage chunk when they asked for it;
+        ``created``: the timestamp to stamp (default: the upstream's, else now)."""
+        self.src, self.dst = src, dst
+        self._decoder = _DECODERS[src]()
+        self._encoder = _encoder(dst, public_model, created, include_usage)
+        self._buf = b""
+        self._started = False
+        self._closed = False
+        self._identity = src == dst
+
+    # -- usage, for the caller's accounting
+    @property
+    def usage(self) -> Usage:
+        return self._decoder.usage
+
+    @property
+    def input_tokens(self) -> int:
+        return self._decoder.usage.input
+
+    @property
+    def output_tokens(self) -> int:
+        return self._decoder.usage.output
+
+    @property
+    def cached_input_tokens(self) -> int:
+        return self._decoder.usage.cached
+
+    @property
+    def seen_usage(self) -> bool:
+        return self._decoder.seen_usage
+
+    # -- bytes
+    def feed(self, chunk: bytes) -> bytes:
+        buf = self._buf + chunk if self._buf else chunk
+        if b"\r" in buf:
+            buf = buf.replace(b"\r\n", b"\n")
+        end = buf.rfind(b"\n\n")
+        if end < 0:
+            self._buf = buf
+            return b""
+        complete, self._buf = buf[:end], buf[end + 2 :]
+        return self._translate(complete.split(b"\n\n"), complete + b"\n\n")
+
+    def finish(self) -> bytes:
+        """The upstream's bytes ended: translate a last unterminated event, and end the client's stream
+        (with an error event when the upstream never finished its answer)."""
+        rest, self._buf = self._buf, b""
+        out = self._translate([rest], rest, cut=True) if rest.strip() else b""
+        if self._closed:
+            return out
+        hub: list = []
+        self._decoder.end(hub)
+        return out + self._emit(hub)
+
+    def error_event(self, status: int, message: str) -> bytes:
+        """The client-format events that end a stream with an error (the status line has gone out)."""
+        self._closed = True
+        return self._encoder.error(status, message)
+
+    # -- internals
+    def _translate(self, blocks: list[bytes], raw: bytes, cut: bool = False) -> bytes:
+        hub: list = []
+        decoder = self._decoder
+        for block in blocks:
+            if not block.strip():
+                continue
+            event, data = _split_event(block)
+            if not data:
+                continue
+            try:
+                decoder.feed(event, data, hub)
+            except (ValueError, TypeError, AttributeError, KeyError):
+                if cut:  # the last event, unterminated and unreadable: the stream was cut inside it
+                    hub.append(("error", 502, "the upstream stream ended before the answer was complete"))
+                else:
+                    hub.append(("error", 502, f"the upstream sent a malformed stream event: {data[:200]!r}"))
+                decoder.finished = True
+                break
+        if self._identity:
+            return raw
+        return self._emit(hub)
+
+    def _emit(self, hub: list) -> bytes:
+        if self._closed or not hub:
+            return b""
+        enc = self._encoder
+        out: list[bytes] = []
+        for ev in hub:
+            tag = ev[0]
+            if tag == "error":
+                out.append(enc.error(ev[1], ev[2]))
+                self._closed = True
+                break
+            if not self._started:
+                self._started = True
+                if tag == "start":
+                    out.append(enc.start(ev[1], ev[2], ev[3]))
+                    continue
+                out.append(enc.start(None, None, None))
+            if tag == "text":
+                out.append(enc.text(ev[1], ev[2]))
+            elif tag == "args":
+                out.append(enc.args(ev[1], ev[2]))
+            elif tag == "tool":
+                out.append(enc.tool(ev[1], ev[2], ev[3]))
+            elif tag == "end":
+                out.append(enc.end(ev[1]))
+            elif tag == "finish":
+                out.append(enc.finish(ev[1], ev[2], ev[3]))
+                self._closed = True
+                break
+        return b"".join(out)

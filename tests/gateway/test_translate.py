@@ -1,0 +1,446 @@
+"""Whole requests, answers and errors across the three wire formats (gateway.translate).
+
+Golden files (tests/gateway/golden/translate/*.json) hold {kind, src, dst, kwargs, input, expected}:
+realistic Claude Code and Codex CLI requests, chat requests, and the answers back, compared exactly.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+from anthropic.types import Message
+from openai.types.chat import ChatCompletion
+from openai.types.responses import Response
+
+from gateway.errors import BadRequest
+from gateway.translate import (
+    DROPPED,
+    chat,
+    messages,
+    responses,
+    translate_error,
+    translate_request,
+    translate_response,
+)
+from gateway.translate.ir import Text, ToolCall, ToolResult
+from gateway.translate.policy import TOP_LEVEL
+
+GOLDEN = Path(__file__).parent / "golden" / "translate"
+CASES = sorted(GOLDEN.glob("*.json"))
+PARSERS = {
+    "chat": chat.parse_request,
+    "responses": responses.parse_request,
+    "messages": messages.parse_request,
+}
+SDK_MODELS = {"chat": ChatCompletion, "responses": Response, "messages": Message}
+
+
+@pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])
+def test_golden(path):
+    case = json.loads(path.read_text())
+    fn = translate_request if case["kind"] == "request" else translate_response
+    before = copy.deepcopy(case["input"])
+    assert fn(case["input"], case["src"], case["dst"], **case["kwargs"]) == case["expected"]
+    assert case["input"] == before  # the caller's body is not modified
+    if case["kind"] == "response":  # and the official SDK reads the answer
+        SDK_MODELS[case["dst"]].model_validate(case["expected"])
+
+
+def test_golden_set_covers_the_clients():
+    names = {p.stem for p in CASES}
+    assert {"request_claude_code_to_chat", "request_codex_to_messages", "request_chat_to_messages"} <= names
+    assert {"response_chat_to_messages", "response_messages_to_responses"} <= names
+
+
+def _meaning(body: dict, fmt: str):
+    """What a request means, independent of spelling: one system text, consecutive turns of one role
+    merged, assistant text joined, tool arguments parsed, tool error flags ignored (dropped towards
+    OpenAI on purpose)."""
+    req = PARSERS[fmt](body, "chat" if fmt != "chat" else "messages")
+    system = "\n\n".join(p.text for m in req.messages if m.role == "system" for p in m.parts)
+    turns: list[list] = []
+    for m in req.messages:
+        if m.role == "system":
+            continue
+        role = "user" if m.role == "tool" else m.role
+        if not turns or turns[-1][0] != role:
+            turns.append([role, []])
+        for p in m.parts:
+            if isinstance(p, ToolCall):
+                turns[-1][1].append(("call", p.id, p.name, json.loads(p.arguments)))
+            elif isinstance(p, ToolResult):
+                turns[-1][1].append(("result", p.call_id, [getattr(c, "text", c) for c in p.content]))
+            elif (
+                isinstance(p, Text) and role == "assistant" and turns[-1][1] and turns[-1][1][-1][0] == "text"
+            ):
+                turns[-1][1][-1] = ("text", turns[-1][1][-1][1] + p.text)
+            else:
+                turns[-1][1].append(("text", p.text) if isinstance(p, Text) else ("image", p.url))
+    return system, turns, req.tools, req.tool_choice, req.tool_name, req.max_tokens, req.stream
+
+
+@pytest.mark.parametrize(
+    "name,via",
+    [
+        ("request_chat_to_messages", "messages"),
+        ("request_claude_code_to_chat", "chat"),
+        ("request_claude_code_to_chat", "responses"),
+        ("request_codex_to_messages", "chat"),
+    ],
+)
+def test_request_round_trip_keeps_the_meaning(name, via):
+    case = json.loads((GOLDEN / f"{name}.json").read_text())
+    src, body = case["src"], case["input"]
+    if src == "responses":  # reasoning items are dropped on purpose (policy.DROPPED)
+        body = {**body, "input": [i for i in body["input"] if i.get("type") != "reasoning"]}
+    if src == "chat":  # one-way spellings: parallel_tool_calls survives, stop cannot cross responses
+        body = {k: v for k, v in body.items() if k not in ("stop",)} if via == "responses" else body
+    there = translate_request(body, src, via, upstream_model="x", default_max_tokens=32000)
+    back = translate_request(there, via, src, upstream_model="x", default_max_tokens=32000)
+    assert _meaning(back, src) == _meaning(body, src)
+
+
+@pytest.mark.parametrize(
+    "src,via",
+    [(s, v) for s in ("chat", "responses", "messages") for v in ("chat", "responses", "messages") if s != v],
+)
+def test_response_round_trip_keeps_text_tool_calls_and_usage(src, via):
+    answer = translate_response(
+        json.loads((GOLDEN / "response_chat_to_messages.json").read_text())["input"],
+        "chat",
+        src,
+        public_model="m",
+    )
+    there = translate_response(answer, src, via, public_model="m")
+    back = translate_response(there, via, src, public_model="m")
+    parse = {
+        "chat": chat.parse_response,
+        "responses": responses.parse_response,
+        "messages": messages.parse_response,
+    }
+    a, b = parse[src](answer), parse[src](back)
+    assert b.parts == a.parts
+    assert b.stop == a.stop
+    assert (b.usage.input, b.usage.output, b.usage.cached) == (a.usage.input, a.usage.output, a.usage.cached)
+
+
+def test_cached_tokens_convert_both_ways():
+    claude = {
+        "id": "msg_1",
+        "content": [{"type": "text", "text": "hi"}],
+        "stop_reason": "end_turn",
+        "usage": {
+            "input_tokens": 10,
+            "cache_read_input_tokens": 90,
+            "cache_creation_input_tokens": 5,
+            "output_tokens": 3,
+        },
+    }
+    as_chat = translate_response(claude, "messages", "chat", public_model="m", created=1)
+    assert as_chat["usage"]["prompt_tokens"] == 105
+    assert as_chat["usage"]["prompt_tokens_details"]["cached_tokens"] == 90
+    back = translate_response(as_chat, "chat", "messages", public_model="m")
+    assert back["usage"] == claude["usage"] | {"output_tokens": 3}
+
+
+@pytest.mark.parametrize(
+    "finish,reason",
+    [
+        ("stop", "end_turn"),
+        ("length", "max_tokens"),
+        ("tool_calls", "tool_use"),
+        ("content_filter", "refusal"),
+    ],
+)
+def test_stop_reasons(finish, reason):
+    body = {
+        "id": "chatcmpl-1",
+        "created": 1,
+        "choices": [{"message": {"content": "x"}, "finish_reason": finish}],
+    }
+    assert translate_response(body, "chat", "messages", public_model="m")["stop_reason"] == reason
+    resp = translate_response(body, "chat", "responses", public_model="m")
+    if finish == "length":
+        assert (resp["status"], resp["incomplete_details"]) == ("incomplete", {"reason": "max_output_tokens"})
+    elif finish == "content_filter":
+        assert resp["incomplete_details"] == {"reason": "content_filter"}
+    else:
+        assert resp["status"] == "completed"
+    claude = {"id": "msg_1", "content": [{"type": "text", "text": "x"}], "stop_reason": reason}
+    assert (
+        translate_response(claude, "messages", "chat", public_model="m")["choices"][0]["finish_reason"]
+        == finish
+    )
+
+
+def test_ids_get_the_target_prefix():
+    body = {"choices": [{"message": {"content": "x"}, "finish_reason": "stop"}]}  # no id at all
+    assert translate_response(body, "chat", "messages", public_model="m")["id"].startswith("msg_")
+    assert translate_response(body, "chat", "responses", public_model="m")["id"].startswith("resp_")
+    claude = {"id": "msg_abc", "content": [], "stop_reason": "end_turn"}
+    assert translate_response(claude, "messages", "chat", public_model="m", created=1)["id"] == "chatcmpl-abc"
+
+
+def test_default_max_tokens_for_anthropic():
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    assert (
+        translate_request(body, "chat", "messages", upstream_model="c", default_max_tokens=777)["max_tokens"]
+        == 777
+    )
+    body["max_tokens"] = 5
+    assert (
+        translate_request(body, "chat", "messages", upstream_model="c", default_max_tokens=777)["max_tokens"]
+        == 5
+    )
+
+
+def test_same_format_only_renames_the_model_and_asks_for_usage():
+    body = {"model": "pub", "stream": True, "messages": [{"role": "user", "content": "hi"}], "seed": 3}
+    out = translate_request(body, "chat", "chat", upstream_model="up")
+    assert out == {**body, "model": "up", "stream_options": {"include_usage": True}}
+
+
+def test_claude_code_thinking_and_cache_control_are_dropped_not_refused():
+    case = json.loads((GOLDEN / "request_claude_code_to_chat.json").read_text())
+    out = json.dumps(translate_request(case["input"], "messages", "chat", upstream_model="x"))
+    assert "cache_control" not in out and "thinking" not in out and "budget_tokens" not in out
+
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+RESP = {"model": "m", "input": "hi"}
+MSGS = {"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}
+UNTRANSLATABLE = [
+    ("chat", "messages", {**CHAT, "n": 2}, "n: 2 choices"),
+    ("chat", "responses", {**CHAT, "n": 3}, "n: 3 choices"),
+    ("chat", "messages", {**CHAT, "logprobs": True}, "logprobs"),
+    ("chat", "messages", {**CHAT, "top_logprobs": 3}, "top_logprobs"),
+    ("chat", "messages", {**CHAT, "seed": 42}, "seed"),
+    ("chat", "messages", {**CHAT, "frequency_penalty": 0.5}, "frequency_penalty"),
+    ("chat", "messages", {**CHAT, "logit_bias": {"50256": -100}}, "logit_bias"),
+    ("chat", "messages", {**CHAT, "modalities": ["text", "audio"], "audio": {"voice": "alloy"}}, "audio"),
+    ("chat", "messages", {**CHAT, "web_search_options": {}}, "web_search_options"),
+    ("chat", "messages", {**CHAT, "response_format": {"type": "json_object"}}, "response_format"),
+    (
+        "chat",
+        "messages",
+        {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+        "response_format",
+    ),
+    ("chat", "responses", {**CHAT, "stop": ["END"]}, "stop"),
+    ("messages", "responses", {**MSGS, "stop_sequences": ["END"]}, "stop_sequences"),
+    (
+        "chat",
+        "messages",
+        {
+            **CHAT,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "input_audio", "input_audio": {"data": "x", "format": "wav"}}],
+                }
+            ],
+        },
+        "messages[0].content[0].type",
+    ),
+    ("chat", "messages", {**CHAT, "tools": [{"type": "custom", "custom": {"name": "x"}}]}, "tools[0].type"),
+    ("responses", "messages", {**RESP, "previous_response_id": "resp_1"}, "previous_response_id"),
+    ("responses", "chat", {**RESP, "conversation": "conv_1"}, "conversation"),
+    ("responses", "messages", {**RESP, "background": True}, "background"),
+    ("responses", "messages", {**RESP, "tools": [{"type": "web_search"}]}, "tools[0].type"),
+    (
+        "responses",
+        "chat",
+        {**RESP, "tools": [{"type": "file_search", "vector_store_ids": ["v"]}]},
+        "tools[0].type",
+    ),
+    ("responses", "messages", {**RESP, "tools": [{"type": "computer_use_preview"}]}, "tools[0].type"),
+    ("responses", "messages", {**RESP, "text": {"format": {"type": "json_object"}}}, "response_format"),
+    ("responses", "messages", {**RESP, "include": ["message.output_text.logprobs"]}, "include"),
+    ("responses", "messages", {**RESP, "top_logprobs": 2}, "top_logprobs"),
+    ("responses", "messages", {**RESP, "truncation": "auto"}, "truncation"),
+    ("responses", "messages", {**RESP, "input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
+    (
+        "responses",
+        "chat",
+        {
+            **RESP,
+            "input": [
+                {"type": "message", "role": "user", "content": [{"type": "input_file", "file_id": "f"}]}
+            ],
+        },
+        "input[0].content[0].type",
+    ),
+    ("messages", "chat", {**MSGS, "top_k": 5}, "top_k"),
+    (
+        "messages",
+        "chat",
+        {**MSGS, "tools": [{"type": "web_search_20250305", "name": "web_search"}]},
+        "tools[0].type",
+    ),
+    ("messages", "chat", {**MSGS, "mcp_servers": [{"url": "x"}]}, "mcp_servers"),
+    (
+        "messages",
+        "chat",
+        {
+            **MSGS,
+            "messages": [{"role": "user", "content": [{"type": "document", "source": {"type": "base64"}}]}],
+        },
+        "messages[0].content[0].type",
+    ),
+    (
+        "messages",
+        "chat",
+        {
+            **MSGS,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": "t",
+                            "content": [
+                                {
+                                    "type": "image",
+                                    "source": {"type": "base64", "media_type": "image/png", "data": "x"},
+                                }
+                            ],
+                        }
+                    ],
+                }
+            ],
+        },
+        "tool result t",
+    ),
+    ("chat", "messages", {**CHAT, "brand_new_field": 1}, "brand_new_field"),
+]
+
+
+@pytest.mark.parametrize("src,dst,body,field", UNTRANSLATABLE, ids=[f"{c[0]}-{c[3]}" for c in UNTRANSLATABLE])
+def test_untranslatable_feature_is_a_400_naming_the_field(src, dst, body, field):
+    with pytest.raises(BadRequest) as e:
+        translate_request(body, src, dst, upstream_model="x")
+    assert e.value.status == 400 and e.value.error_class == "untranslatable"
+    assert e.value.message.startswith(field) or field in e.value.message
+    assert "cannot be translated to" in e.value.message
+
+
+def test_n_message_reads_well():
+    with pytest.raises(BadRequest) as e:
+        translate_request({**CHAT, "n": 2}, "chat", "messages", upstream_model="x")
+    assert e.value.message == "n: 2 choices cannot be translated to anthropic messages"
+
+
+def test_malformed_request_is_a_400_naming_the_field():
+    with pytest.raises(BadRequest) as e:
+        translate_request({"model": "m", "messages": "hi"}, "chat", "messages", upstream_model="x")
+    assert "messages" in e.value.message and e.value.error_class == "bad_request"
+    bad_args = {
+        **CHAT,
+        "messages": [
+            {
+                "role": "assistant",
+                "tool_calls": [
+                    {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{not json"}}
+                ],
+            }
+        ],
+    }
+    with pytest.raises(BadRequest, match="not valid JSON"):
+        translate_request(bad_args, "chat", "messages", upstream_model="x")
+
+
+def test_every_dropped_top_level_field_is_in_the_one_table():
+    """Codex and Claude Code hints go through; each one is documented with a reason."""
+    assert all(d.reason for d in DROPPED)
+    for fmt, fields in TOP_LEVEL.items():
+        for f in fields:
+            assert any(d.field == f and d.src in (fmt, "*") for d in DROPPED)
+    codex = {
+        **RESP,
+        "store": False,
+        "include": ["reasoning.encrypted_content"],
+        "prompt_cache_key": "k",
+        "reasoning": {"effort": "high", "summary": "auto"},
+        "parallel_tool_calls": True,
+        "metadata": {"a": "b"},
+    }
+    out = translate_request(codex, "responses", "messages", upstream_model="c")
+    assert set(out) == {"model", "messages", "max_tokens"}
+    to_chat = translate_request(codex, "responses", "chat", upstream_model="g")
+    assert to_chat["reasoning_effort"] == "high"
+
+
+def test_tool_choice_mapping():
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    for choice, expected in [
+        ("auto", {"type": "auto"}),
+        ("none", {"type": "none"}),
+        ("required", {"type": "any"}),
+        ({"type": "function", "function": {"name": "f"}}, {"type": "tool", "name": "f"}),
+    ]:
+        out = translate_request(
+            {**CHAT, "tools": tools, "tool_choice": choice}, "chat", "messages", upstream_model="c"
+        )
+        assert out["tool_choice"] == expected
+        back = translate_request(out, "messages", "chat", upstream_model="g")
+        assert back["tool_choice"] == choice
+        resp = translate_request(out, "messages", "responses", upstream_model="g")
+        assert resp["tool_choice"] == (
+            choice if isinstance(choice, str) else {"type": "function", "name": "f"}
+        )
+        assert resp["tools"][0]["strict"] is False
+
+
+@pytest.mark.parametrize(
+    "src,body,status,dst,expected",
+    [
+        (
+            "messages",
+            {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}},
+            529,
+            "chat",
+            {"error": {"message": "Overloaded", "type": "server_error", "param": None, "code": None}},
+        ),
+        (
+            "chat",
+            {"error": {"message": "Rate limit reached", "type": "requests", "code": "rate_limit_exceeded"}},
+            429,
+            "messages",
+            {"type": "error", "error": {"type": "rate_limit_error", "message": "Rate limit reached"}},
+        ),
+        (
+            "responses",
+            {"error": {"message": "bad input", "type": "invalid_request_error", "code": None}},
+            400,
+            "messages",
+            {"type": "error", "error": {"type": "invalid_request_error", "message": "bad input"}},
+        ),
+        (
+            "chat",
+            b"<html>502 Bad Gateway</html>",
+            502,
+            "messages",
+            {"type": "error", "error": {"type": "api_error", "message": "<html>502 Bad Gateway</html>"}},
+        ),
+        (
+            "messages",
+            None,
+            503,
+            "responses",
+            {
+                "error": {
+                    "message": "upstream returned HTTP 503",
+                    "type": "server_error",
+                    "param": None,
+                    "code": None,
+                }
+            },
+        ),
+    ],
+)
+def test_translate_error(src, body, status, dst, expected):
+    assert translate_error(body, src, dst, status=status) == expected
