@@ -288,6 +288,7 @@ async def usage_rows(settings: GatewaySettings, by: str | None, since: datetime 
         func.sum(ledger.c.input_tokens),
         func.sum(ledger.c.output_tokens),
         func.sum(ledger.c.input_tokens + ledger.c.output_tokens),
+        func.sum(ledger.c.cost_usd),
         count("ok"),
         count("error"),
         count("rejected"),
@@ -303,8 +304,27 @@ async def usage_rows(settings: GatewaySettings, by: str | None, since: datetime 
             rows = (await conn.execute(q)).all()
     finally:
         await engine.dispose()
-    names = ["date", *dims, "requests", "input", "output", "total", "ok", "error", "rejected", "cancelled"]
+    names = ["date", *dims, "requests", "input", "output", "total", "cost_usd"]
+    names += ["ok", "error", "rejected", "cancelled"]
     return names, [list(r) for r in rows]
+
+
+def usage_totals(names: list[str], rows: list[list]) -> list:
+    """The sum of every numeric column of ``usage_rows`` (cost: None when no row has one)."""
+    first = names.index("requests")
+    out: list = ["total"] + [""] * (first - 1)
+    for i in range(first, len(names)):
+        values = [r[i] for r in rows if r[i] is not None]
+        out.append(sum(values) if values else None)
+    return out
+
+
+def _cell(name: str, value: object) -> str:
+    if value is None:
+        return "-"
+    if name == "cost_usd":
+        return f"{value:.4f}"
+    return str(value)
 
 
 @gateway.command()
@@ -312,7 +332,8 @@ async def usage_rows(settings: GatewaySettings, by: str | None, since: datetime 
 @click.option("--by", type=click.Choice(sorted(BY_COLUMNS)), default=None, help="Group by one dimension.")
 @click.option("--since", default=None, help="A date (2025-06-01) or a window (24h, 7d).")
 def usage(config_path: str | None, by: str | None, since: str | None) -> None:
-    """The token ledger as a table: tokens and status counts per date and task/model/key."""
+    """The token ledger as a table: tokens, cost (US dollars, from the price table) and status counts per
+    date and task/model/key, with a total row. A cost of "-": no row of the group had a price."""
     settings = _settings(config_path)
     try:
         names, rows = asyncio.run(usage_rows(settings, by, _since(since)))
@@ -320,7 +341,10 @@ def usage(config_path: str | None, by: str | None, since: str | None) -> None:
         raise click.ClickException(str(e)) from None
     table = Table(*names)
     for r in rows:
-        table.add_row(*("-" if v is None else str(v) for v in r))
+        table.add_row(*(_cell(n, v) for n, v in zip(names, r, strict=True)))
+    if rows:
+        table.add_section()
+        table.add_row(*(_cell(n, v) for n, v in zip(names, usage_totals(names, rows), strict=True)))
     _console().print(table)
 
 

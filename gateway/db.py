@@ -95,6 +95,10 @@ ledger = Table(
     Column("fallback_from", String(128), nullable=True),
     Column("translation", String(32), nullable=True),
     Column("cost_usd", Float, nullable=True),
+    # parts of input_tokens (revision 0002): cache reads (OpenAI's cached tokens, Anthropic's
+    # cache_read_input_tokens) and Anthropic's cache writes (cache_creation_input_tokens)
+    Column("cached_input_tokens", Integer, nullable=True),
+    Column("cache_write_tokens", Integer, nullable=True),
 )
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"

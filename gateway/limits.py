@@ -1,4 +1,5 @@
-"""Per-project limits: concurrency with a bounded queue wait, rpm and tpm (aiolimiter), daily token budget.
+"""Per-project limits: concurrency with a bounded queue wait, rpm and tpm (aiolimiter), daily token and
+cost budgets.
 
 Two implementations of one small interface, chosen when the gateway starts:
 
@@ -6,9 +7,12 @@ Two implementations of one small interface, chosen when the gateway starts:
 - ``gateway.shared.SharedLimits``: the same limits across every gateway process that shares a Redis
   (``redis_url``), each process falling back to ``share_of`` its limits while Redis is unreachable.
 
-Either way a project's limiter has ``admit(max_tokens, input_estimate) -> admission`` (raising
-``LimitExceeded``), and the admission has ``queue_wait_s``, ``release()`` (the concurrency slot, once the
-upstream is done) and ``settle(actual_tokens)`` (the tpm and budget reservations become the real usage).
+Either way a project's limiter has ``admit(max_tokens, input_estimate, cost_reserve) -> admission``
+(raising ``LimitExceeded``), and the admission has ``queue_wait_s``, ``release()`` (the concurrency slot,
+once the upstream is done) and ``settle(actual_tokens, cost_usd)`` (the tpm and budget reservations become
+the real usage). The daily cost budget (``daily_cost_budget_usd``) works as the token budget does, in US
+dollars: ``cost_reserve`` (the pipeline prices the request's output cap and input estimate) is held while
+the request runs, so the budget is overshot by at most one request's reservation.
 """
 
 from __future__ import annotations
@@ -60,7 +64,7 @@ class AdmissionLike(Protocol):
 
     def release(self) -> None: ...
 
-    def settle(self, actual_tokens: int) -> None: ...
+    def settle(self, actual_tokens: int, cost_usd: float = 0.0) -> None: ...
 
 
 def share_of(cfg: ProjectConfig, processes: int) -> ProjectConfig:
@@ -78,6 +82,9 @@ def share_of(cfg: ProjectConfig, processes: int) -> ProjectConfig:
             "rpm": part(cfg.rpm),
             "tpm": part(cfg.tpm),
             "daily_token_budget": part(cfg.daily_token_budget),
+            "daily_cost_budget_usd": None
+            if cfg.daily_cost_budget_usd is None
+            else cfg.daily_cost_budget_usd / processes,
         }
     )
 
@@ -93,6 +100,7 @@ class Admission:
     reserved_tokens: int  # held in the tpm bucket until settled
     queue_wait_s: float
     budget_reserved: int = 0  # held against the daily budget until settled
+    cost_reserved: float = 0.0  # US dollars held against the daily cost budget until settled
     released: bool = False
 
     def release(self) -> None:
@@ -100,14 +108,22 @@ class Admission:
             self.released = True
             self.project._release()
 
-    def settle(self, actual_tokens: int) -> None:
-        self.project._settle(self.reserved_tokens, self.budget_reserved, actual_tokens)
+    def settle(self, actual_tokens: int, cost_usd: float = 0.0) -> None:
+        self.project._settle(
+            self.reserved_tokens, self.budget_reserved, actual_tokens, self.cost_reserved, cost_usd
+        )
         self.reserved_tokens = self.budget_reserved = 0
+        self.cost_reserved = 0.0
 
 
 class ProjectLimits:
     def __init__(
-        self, name: str, cfg: ProjectConfig, used_today: int = 0, clock: Callable[[], float] = time.time
+        self,
+        name: str,
+        cfg: ProjectConfig,
+        used_today: int = 0,
+        clock: Callable[[], float] = time.time,
+        cost_today: float = 0.0,
     ) -> None:
         self.name = name
         self.cfg = cfg
@@ -123,6 +139,9 @@ class ProjectLimits:
         # output cap): a request is admitted only while used + reserved is under the budget, so the most
         # the budget can be overshot is one request's reservation, however many run at once.
         self.budget_reserved = 0
+        # the same for the daily cost budget, in US dollars
+        self.cost_today = cost_today
+        self.cost_reserved = 0.0
 
     def budget_remaining(self) -> int | None:
         if self.cfg.daily_token_budget is None:
@@ -135,12 +154,20 @@ class ProjectLimits:
         if now >= self._day_ends:
             self._day_ends = _next_utc_midnight(now)
             self.used_today = 0
+            self.cost_today = 0.0
 
-    async def admit(self, max_tokens: int | None, input_estimate: int = 0) -> Admission:
+    async def admit(
+        self, max_tokens: int | None, input_estimate: int = 0, cost_reserve: float = 0.0
+    ) -> Admission:
         """Admit one request that may produce ``max_tokens`` (None: the project's default) after an input
-        of about ``input_estimate`` tokens, or raise LimitExceeded naming the limit."""
+        of about ``input_estimate`` tokens, costing at most about ``cost_reserve`` US dollars, or raise
+        LimitExceeded naming the limit."""
         cfg = self.cfg
         budget_reserve = 0
+        if cfg.daily_cost_budget_usd is not None:
+            self._check_cost_budget(cfg.daily_cost_budget_usd)
+        else:
+            cost_reserve = 0.0
         if cfg.daily_token_budget is not None:
             self._roll_day()
             if self.used_today + self.budget_reserved >= cfg.daily_token_budget:
@@ -175,6 +202,7 @@ class ProjectLimits:
                 )
         # Both have capacity, so neither acquire waits (no await point between the checks and here).
         self.budget_reserved += budget_reserve
+        self.cost_reserved += cost_reserve
         if self._rpm is not None:
             await self._rpm.acquire(1)
         if self._tpm is not None:
@@ -186,7 +214,7 @@ class ProjectLimits:
                 async with asyncio.timeout(cfg.queue_timeout_s):
                     await self._sem.acquire()
             except TimeoutError:
-                self._refund(reserve, budget_reserve)
+                self._refund(reserve, budget_reserve, cost_reserve)
                 raise LimitExceeded(
                     "concurrency",
                     1.0,
@@ -194,18 +222,38 @@ class ProjectLimits:
                     f"wait of {cfg.queue_timeout_s:g} s ran out",
                 ) from None
             except BaseException:  # cancelled while queued: it never reached the upstream
-                self._refund(reserve, budget_reserve)
+                self._refund(reserve, budget_reserve, cost_reserve)
                 raise
             finally:
                 self.waiting -= 1
         else:
             await self._sem.acquire()
         self.in_flight += 1
-        return Admission(self, reserve, time.perf_counter() - t0, budget_reserve)
+        return Admission(self, reserve, time.perf_counter() - t0, budget_reserve, cost_reserve)
 
-    def _refund(self, reserve: int, budget_reserve: int) -> None:
+    def _check_cost_budget(self, budget: float) -> None:
+        """Refuse while the day's cost plus the reservations in flight reach the cost budget."""
+        self._roll_day()
+        if self.cost_today + self.cost_reserved < budget:
+            return
+        if self.cost_today >= budget:
+            raise LimitExceeded(
+                "daily_cost_budget",
+                self._day_ends - self._clock(),
+                f"project {self.name!r} has used its daily cost budget "
+                f"(${self.cost_today:.4f} of ${budget:g})",
+            )
+        raise LimitExceeded(
+            "daily_cost_budget",
+            1.0,
+            f"project {self.name!r}: the requests in flight reserve the rest of its daily cost budget "
+            f"(${self.cost_today:.4f} spent + ${self.cost_reserved:.4f} reserved of ${budget:g})",
+        )
+
+    def _refund(self, reserve: int, budget_reserve: int, cost_reserve: float = 0.0) -> None:
         """Give back the rpm slot and the reservations of a request that was not admitted after all."""
         self.budget_reserved = max(0, self.budget_reserved - budget_reserve)
+        self.cost_reserved = max(0.0, self.cost_reserved - cost_reserve)
         if self._rpm is not None:
             _adjust_level(self._rpm, -1)
         if self._tpm is not None:
@@ -215,20 +263,33 @@ class ProjectLimits:
         self.in_flight -= 1
         self._sem.release()
 
-    def _settle(self, reserved: int, budget_reserved: int, actual: int) -> None:
+    def _settle(
+        self, reserved: int, budget_reserved: int, actual: int, cost_reserved: float = 0.0, cost: float = 0.0
+    ) -> None:
         if self._tpm is not None and actual != reserved:
             _adjust_level(self._tpm, actual - reserved)
         self.budget_reserved = max(0, self.budget_reserved - budget_reserved)
+        self.cost_reserved = max(0.0, self.cost_reserved - cost_reserved)
         self._roll_day()
         self.used_today += actual
+        self.cost_today += max(0.0, cost)
 
 
 class Limits:
     """All projects' limiters, built from the settings."""
 
-    def __init__(self, projects: dict[str, ProjectConfig], used_today: dict[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        projects: dict[str, ProjectConfig],
+        used_today: dict[str, int] | None = None,
+        cost_today: dict[str, float] | None = None,
+    ) -> None:
         used_today = used_today or {}
-        self.projects = {n: ProjectLimits(n, c, used_today.get(n, 0)) for n, c in projects.items()}
+        cost_today = cost_today or {}
+        self.projects = {
+            n: ProjectLimits(n, c, used_today.get(n, 0), cost_today=cost_today.get(n, 0.0))
+            for n, c in projects.items()
+        }
 
     def __getitem__(self, name: str) -> ProjectLimits:
         return self.projects[name]

@@ -19,6 +19,9 @@ With ``redis_url`` set, every gateway process that uses the same Redis (and ``re
   is overshot by at most one request's reservation. The first process to find a day without its marker
   key (``SET NX``: Redis started empty, or a new day) rebuilds the counters from the ledger
   (``gateway.ledger.tokens_used_today``), so processes sharing Redis should share the ledger database.
+  The daily cost budget is the same in the same scripts: a counter per project and day, in nano-dollars
+  (integers, as INCRBY needs), and its own reservations on the same leases, rebuilt with the token counters
+  (``gateway.ledger.cost_used_today``).
 - **Key revocation and rotation**: ``KeyStore.revoke``/``rotate`` publish; every process subscribes and
   drops its key cache at once (milliseconds; ``key_cache_ttl_s``, at most 1 s, still bounds it when a
   message is lost, and bounds the CLI's revocations, which do not publish).
@@ -73,6 +76,11 @@ _POLL_START_S = 0.025
 _POLL_MAX_S = 0.25
 _SUMMARY_POLL_S = 0.5
 _LAST_TTL_S = 120  # the outcome of one coalesced summaries call, for the processes that waited for it
+NANO_USD = 1_000_000_000  # cost counters in Redis are integers: nano-dollars
+
+
+def _nanos(usd: float) -> int:
+    return max(0, round(usd * NANO_USD))
 
 
 class SharedUnavailable(Exception):
@@ -85,38 +93,70 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
+# held: the leases holding a budget reservation (token and/or cost); amounts/total: the token
+# reservations per lease and their sum; camounts/ctotal: the same for the cost budget (nano-dollars)
 _EXPIRE_RESERVATIONS = """
-local function expire_reservations(held, amounts, total, now)
+local function drop_expired(dead, amounts, total)
   local r = tonumber(redis.call('GET', total) or 0)
-  local dead = redis.call('ZRANGEBYSCORE', held, '-inf', now, 'LIMIT', 0, 500)
   if #dead > 0 then
     local sum = 0
     local vals = redis.call('HMGET', amounts, unpack(dead))
     for i = 1, #vals do if vals[i] then sum = sum + tonumber(vals[i]) end end
-    redis.call('HDEL', amounts, unpack(dead))
-    redis.call('ZREM', held, unpack(dead))
-    r = math.max(0, r - sum)
-    redis.call('SET', total, r)
+    if sum > 0 then
+      redis.call('HDEL', amounts, unpack(dead))
+      r = math.max(0, r - sum)
+      redis.call('SET', total, r)
+    end
   end
   return r
+end
+local function expire_reservations(held, amounts, total, camounts, ctotal, now)
+  local dead = redis.call('ZRANGEBYSCORE', held, '-inf', now, 'LIMIT', 0, 500)
+  local r = drop_expired(dead, amounts, total)
+  local cr = drop_expired(dead, camounts, ctotal)
+  if #dead > 0 then redis.call('ZREM', held, unpack(dead)) end
+  return r, cr
+end
+-- a lease's reservation in amounts (and its part of total) goes back
+local function unreserve(lid, amounts, total)
+  local amt = redis.call('HGET', amounts, lid)
+  if amt then
+    redis.call('HDEL', amounts, lid)
+    if redis.call('DECRBY', total, amt) < 0 then redis.call('SET', total, 0) end
+  end
 end
 """
 
 # KEYS: 1 slots 2 queue 3 held 4 resamt 5 reserved 6 rpm 7 tpm 8 used(day) 9 seeded(day)
+#       10 cost(day) 11 cresamt 12 creserved
 # ARGV: 1 lid 2 lease_ms 3 max_concurrency 4 rpm 5 tpm 6 tpm_reserve 7 budget 8 budget_reserve 9 day
+#       10 cost_budget 11 cost_reserve (nano-dollars)
 # -> {0, used, reserved} a slot | {1, used, reserved, ms to the oldest lease's expiry} queued |
-#    {2, why, retry_ms, used, reserved} refused (1 budget spent, 2 budget reserved, 3 rpm, 4 tpm) |
+#    {2, why, retry_ms, used, reserved} refused (1 budget spent, 2 budget reserved, 3 rpm, 4 tpm,
+#    5 cost budget spent, 6 cost budget reserved: then used and reserved are the cost's) |
 #    {3} the day's budget counters are not seeded yet
 ADMIT = (
     _NOW
     + _EXPIRE_RESERVATIONS
     + """
 local lid, lease = ARGV[1], tonumber(ARGV[2])
-local budget = tonumber(ARGV[7])
+local budget, cbudget = tonumber(ARGV[7]), tonumber(ARGV[10])
 local used, reserved = 0, 0
-if budget > 0 then
+if budget > 0 or cbudget > 0 then
   if redis.call('EXISTS', KEYS[9]) == 0 then return {3} end
-  reserved = expire_reservations(KEYS[3], KEYS[4], KEYS[5], now)
+  local creserved
+  reserved, creserved = expire_reservations(KEYS[3], KEYS[4], KEYS[5], KEYS[11], KEYS[12], now)
+  if cbudget > 0 then
+    local cused = tonumber(redis.call('GET', KEYS[10]) or 0)
+    if cused + creserved >= cbudget then
+      if cused >= cbudget then
+        return {2, 5, math.max(1000, (tonumber(ARGV[9]) + 1) * 86400000 - now), cused, creserved}
+      end
+      return {2, 6, 1000, cused, creserved}
+    end
+  end
+end
+if budget > 0 then
   used = tonumber(redis.call('GET', KEYS[8]) or 0)
   if used + reserved >= budget then
     if used >= budget then
@@ -142,8 +182,12 @@ if budget > 0 then
   local br = tonumber(ARGV[8])
   reserved = redis.call('INCRBY', KEYS[5], br)
   redis.call('HSET', KEYS[4], lid, br)
-  redis.call('ZADD', KEYS[3], now + lease, lid)
 end
+if cbudget > 0 then
+  redis.call('INCRBY', KEYS[12], ARGV[11])
+  redis.call('HSET', KEYS[11], lid, ARGV[11])
+end
+if budget > 0 or cbudget > 0 then redis.call('ZADD', KEYS[3], now + lease, lid) end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[3]) then
   redis.call('ZADD', KEYS[1], now + lease, lid)
@@ -174,16 +218,19 @@ return {1, math.floor(tonumber(first[2]) - now)}
 )
 
 # Release and/or settle. KEYS: 1 slots 2 queue 3 held 4 resamt 5 reserved 6 tpm 7 used(day)
+# 8 cresamt 9 creserved 10 cost(day)
 # ARGV: 1 lid 2 release 3 settle 4 tpm 5 tpm_reserve 6 actual 7 channel 8 project 9 count_used 10 used_ttl_s
-# -> the day's used tokens after settling (-1: not counted)
+# 11 actual cost (nano-dollars) 12 count_cost
+# -> {the day's used tokens, the day's cost} after settling (-1: not counted)
 SETTLE = (
     _NOW
+    + _EXPIRE_RESERVATIONS
     + """
 local lid = ARGV[1]
 if ARGV[2] == '1' and redis.call('ZREM', KEYS[1], lid) == 1 then
   if redis.call('ZCOUNT', KEYS[2], now, '+inf') > 0 then redis.call('PUBLISH', ARGV[7], ARGV[8]) end
 end
-local used = -1
+local used, cused = -1, -1
 if ARGV[3] == '1' then
   local tpm, actual = tonumber(ARGV[4]), tonumber(ARGV[6])
   local delta = actual - tonumber(ARGV[5])
@@ -195,12 +242,9 @@ if ARGV[3] == '1' then
       redis.call('DEL', KEYS[6])
     end
   end
-  local amt = redis.call('HGET', KEYS[4], lid)
-  if amt then
-    redis.call('HDEL', KEYS[4], lid)
-    redis.call('ZREM', KEYS[3], lid)
-    if redis.call('DECRBY', KEYS[5], amt) < 0 then redis.call('SET', KEYS[5], 0) end
-  end
+  unreserve(lid, KEYS[4], KEYS[5])
+  unreserve(lid, KEYS[8], KEYS[9])
+  redis.call('ZREM', KEYS[3], lid)
   if ARGV[9] == '1' then
     if actual > 0 then
       used = redis.call('INCRBY', KEYS[7], actual)
@@ -209,16 +253,25 @@ if ARGV[3] == '1' then
       used = tonumber(redis.call('GET', KEYS[7]) or 0)
     end
   end
+  if ARGV[12] == '1' then
+    if tonumber(ARGV[11]) > 0 then
+      cused = redis.call('INCRBY', KEYS[10], ARGV[11])
+      redis.call('EXPIRE', KEYS[10], ARGV[10])
+    else
+      cused = tonumber(redis.call('GET', KEYS[10]) or 0)
+    end
+  end
 end
-return used
+return {used, cused}
 """
 )
 
 # A request that was not admitted after all (queue timeout, cancelled): its queue place, rpm slot, tpm
-# and budget reservations go back. KEYS: 1 queue 2 held 3 resamt 4 reserved 5 rpm 6 tpm
-# ARGV: 1 lid 2 rpm 3 tpm 4 tpm_reserve
+# and budget reservations go back. KEYS: 1 queue 2 held 3 resamt 4 reserved 5 rpm 6 tpm 7 cresamt
+# 8 creserved; ARGV: 1 lid 2 rpm 3 tpm 4 tpm_reserve
 REFUND = (
     _NOW
+    + _EXPIRE_RESERVATIONS
     + """
 local lid = ARGV[1]
 redis.call('ZREM', KEYS[1], lid)
@@ -233,12 +286,9 @@ end
 local rpm, tpm, reserve = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 if rpm > 0 then give_back(KEYS[5], 60000 / rpm) end
 if tpm > 0 and reserve > 0 then give_back(KEYS[6], reserve * 60000 / tpm) end
-local amt = redis.call('HGET', KEYS[3], lid)
-if amt then
-  redis.call('HDEL', KEYS[3], lid)
-  redis.call('ZREM', KEYS[2], lid)
-  if redis.call('DECRBY', KEYS[4], amt) < 0 then redis.call('SET', KEYS[4], 0) end
-end
+unreserve(lid, KEYS[3], KEYS[4])
+unreserve(lid, KEYS[7], KEYS[8])
+redis.call('ZREM', KEYS[2], lid)
 return 0
 """
 )
@@ -519,6 +569,7 @@ class SharedState:
         settings: GatewaySettings,
         *,
         seed_source: Callable[[], Awaitable[dict[str, int]]],
+        cost_seed_source: Callable[[], Awaitable[dict[str, float]]] | None = None,
         keys: KeyStore | None = None,
     ) -> None:
         assert settings.redis_url
@@ -538,6 +589,7 @@ class SharedState:
         self.fallback_processes = settings.redis_fallback_processes
         self.projects = settings.projects
         self._seed_source = seed_source
+        self._cost_seed_source = cost_seed_source  # None: cost counters start from 0
         self.keys = keys
         self.token = os.urandom(6).hex()  # this process: lease ids, summary lock tokens
         self._seq = itertools.count()
@@ -555,6 +607,7 @@ class SharedState:
         self._locks: dict[str, str] = {}  # summary lock key -> my token (renewed like leases)
         self._seeding: dict[int, asyncio.Future[bool]] = {}
         self._pending_used: dict[tuple[str, int], int] = {}  # tokens used while Redis was down
+        self._pending_cost: dict[tuple[str, int], int] = {}  # nano-dollars spent while Redis was down
         self.limits: SharedLimits | None = None
         self.ch_release = f"{self.prefix}:ch:release"
         self.ch_keys = f"{self.prefix}:ch:keys"
@@ -847,6 +900,9 @@ class SharedState:
     def used_key(self, project: str, day: int) -> str:
         return f"{self.prefix}:p:{project}:used:{day}"
 
+    def cost_key(self, project: str, day: int) -> str:
+        return f"{self.prefix}:p:{project}:cost:{day}"
+
     def seeded_key(self, day: int) -> str:
         return f"{self.prefix}:seeded:{day}"
 
@@ -864,20 +920,32 @@ class SharedState:
 
     async def _seed_day(self, day: int) -> bool:
         budgets = [n for n, c in self.projects.items() if c.daily_token_budget is not None]
-        if not budgets or self.redis is None:
+        cbudgets = [n for n, c in self.projects.items() if c.daily_cost_budget_usd is not None]
+        if not (budgets or cbudgets) or self.redis is None:
             return False
         if await self.redis.exists(self.seeded_key(day)):
             return False
-        used = await self._seed_source()
+        used = await self._seed_source() if budgets else {}
+        cost = await self._cost_seed_source() if cbudgets and self._cost_seed_source is not None else {}
         done = await self._seed(
-            keys=[self.seeded_key(day), *(self.used_key(p, day) for p in budgets)],
-            args=[2 * 86400, *(int(used.get(p, 0)) for p in budgets)],
+            keys=[
+                self.seeded_key(day),
+                *(self.used_key(p, day) for p in budgets),
+                *(self.cost_key(p, day) for p in cbudgets),
+            ],
+            args=[
+                2 * 86400,
+                *(int(used.get(p, 0)) for p in budgets),
+                *(_nanos(cost.get(p, 0.0)) for p in cbudgets),
+            ],
         )
         if done:
-            log.info("shared state: daily token budgets of day %d rebuilt from the ledger", day)
+            log.info("shared state: daily budgets of day %d rebuilt from the ledger", day)
             if self.limits is not None:
                 for p in budgets:
                     self.limits.projects[p].saw_used(day, int(used.get(p, 0)))
+                for p in cbudgets:
+                    self.limits.projects[p].saw_cost(day, _nanos(cost.get(p, 0.0)))
         return bool(done)
 
     def add_pending(self, project: str, tokens: int) -> None:
@@ -886,21 +954,31 @@ class SharedState:
             k = (project, _today())
             self._pending_used[k] = self._pending_used.get(k, 0) + tokens
 
+    def add_pending_cost(self, project: str, usd: float) -> None:
+        """US dollars spent while Redis was down: added to the shared cost counter when it is back."""
+        if usd > 0 and self.projects[project].daily_cost_budget_usd is not None:
+            k = (project, _today())
+            self._pending_cost[k] = self._pending_cost.get(k, 0) + _nanos(usd)
+
     async def _push_pending(self, seeded: bool) -> None:
         pending, self._pending_used = self._pending_used, {}
+        pending_cost, self._pending_cost = self._pending_cost, {}
         today = _today()
-        if seeded or not pending or self.redis is None:
+        if seeded or not (pending or pending_cost) or self.redis is None:
             return  # seeded: the ledger counted them
         try:
             async with self.redis.pipeline(transaction=False) as pipe:
-                for (project, day), tokens in pending.items():
-                    if day == today:
-                        pipe.incrby(self.used_key(project, day), tokens)
-                        pipe.expire(self.used_key(project, day), 2 * 86400)
+                for counts, key in ((pending, self.used_key), (pending_cost, self.cost_key)):
+                    for (project, day), n in counts.items():
+                        if day == today:
+                            pipe.incrby(key(project, day), n)
+                            pipe.expire(key(project, day), 2 * 86400)
                 await pipe.execute()
         except BaseException:
             for k, v in pending.items():
                 self._pending_used[k] = self._pending_used.get(k, 0) + v
+            for k, v in pending_cost.items():
+                self._pending_cost[k] = self._pending_cost.get(k, 0) + v
             raise
 
     # --- key invalidation -------------------------------------------------------------------------
@@ -1000,13 +1078,18 @@ class _FallbackLimits(ProjectLimits):
     """This process's share of a project's limits, used while Redis is down; its usage is added to the
     shared counter once Redis is back."""
 
-    def __init__(self, name: str, cfg: ProjectConfig, used_today: int, shared: SharedState) -> None:
-        super().__init__(name, cfg, used_today)
+    def __init__(
+        self, name: str, cfg: ProjectConfig, used_today: int, shared: SharedState, cost_today: float = 0.0
+    ) -> None:
+        super().__init__(name, cfg, used_today, cost_today=cost_today)
         self._shared = shared
 
-    def _settle(self, reserved: int, budget_reserved: int, actual: int) -> None:
-        super()._settle(reserved, budget_reserved, actual)
+    def _settle(
+        self, reserved: int, budget_reserved: int, actual: int, cost_reserved: float = 0.0, cost: float = 0.0
+    ) -> None:
+        super()._settle(reserved, budget_reserved, actual, cost_reserved, cost)
         self._shared.add_pending(self.name, actual)
+        self._shared.add_pending_cost(self.name, cost)
 
 
 class SharedAdmission:
@@ -1015,7 +1098,7 @@ class SharedAdmission:
 
     __slots__ = (
         "project", "lid", "day", "reserved_tokens", "budget_reserved", "queue_wait_s", "released",
-        "_release_due", "_settle_due", "_actual", "_scheduled",
+        "_release_due", "_settle_due", "_actual", "_scheduled", "_cost",
     )  # fmt: skip
 
     def __init__(self, project: SharedProjectLimits, lid: str, day: int, reserve: int, budget: int) -> None:
@@ -1024,6 +1107,7 @@ class SharedAdmission:
         self.day = day
         self.reserved_tokens = reserve
         self.budget_reserved = budget
+        self._cost = 0.0  # US dollars to settle
         self.queue_wait_s = 0.0
         self.released = False
         self._release_due = False
@@ -1038,9 +1122,10 @@ class SharedAdmission:
             self.project._unslot(self)
             self._schedule()
 
-    def settle(self, actual_tokens: int) -> None:
+    def settle(self, actual_tokens: int, cost_usd: float = 0.0) -> None:
         self._settle_due = True
         self._actual += max(0, actual_tokens)
+        self._cost += max(0.0, cost_usd)
         self._schedule()
 
     def _schedule(self) -> None:
@@ -1064,6 +1149,8 @@ class SharedProjectLimits:
         self._queue: set[str] = set()
         self._held: set[str] = set()
         self._used: tuple[int, int] | None = None  # (day, tokens): the shared counter as last seen
+        self._cost: tuple[int, int] | None = None  # (day, nano-dollars): the shared cost counter as last seen
+        self._budgeted = cfg.daily_token_budget is not None or cfg.daily_cost_budget_usd is not None
         p = f"{shared.prefix}:p:{name}"
         self.k_slots, self.k_queue, self.k_held = f"{p}:slots", f"{p}:queue", f"{p}:held"
         self.k_resamt, self.k_reserved, self.k_rpm, self.k_tpm = (
@@ -1072,14 +1159,16 @@ class SharedProjectLimits:
             f"{p}:rpm",
             f"{p}:tpm",
         )
+        self.k_cresamt, self.k_creserved = f"{p}:cresamt", f"{p}:creserved"  # cost reservations
         self._prefix_day = -1
         self._admit_prefix = self._settle_prefix = b""
         self._slot_prefix = _eval_prefix(_LANE_SCRIPTS["slot"], [self.k_slots, self.k_queue], 3)
         self._refund_prefix = _eval_prefix(
             _LANE_SCRIPTS["refund"],
-            [self.k_queue, self.k_held, self.k_resamt, self.k_reserved, self.k_rpm, self.k_tpm],
+            [self.k_queue, self.k_held, self.k_resamt, self.k_reserved, self.k_rpm, self.k_tpm,
+             self.k_cresamt, self.k_creserved],
             4,
-        )
+        )  # fmt: skip
         self._limit_args = (
             b"%d" % cfg.max_concurrency, b"%d" % (cfg.rpm or 0), b"%d" % (cfg.tpm or 0),
         )  # fmt: skip
@@ -1105,6 +1194,9 @@ class SharedProjectLimits:
     def saw_used(self, day: int, used: int) -> None:
         self._used = (day, used)
 
+    def saw_cost(self, day: int, nanos: int) -> None:
+        self._cost = (day, nanos)
+
     def live(self) -> list[tuple[str, list[str]]]:
         return [
             (self.k_slots, list(self._slots)),
@@ -1117,30 +1209,41 @@ class SharedProjectLimits:
         if self.cfg.daily_token_budget is not None and self._used is not None and self._used[0] == _today():
             self.local._roll_day()
             self.local.used_today = self._used[1] // self.shared.fallback_processes
+        if (
+            self.cfg.daily_cost_budget_usd is not None
+            and self._cost is not None
+            and self._cost[0] == _today()
+        ):
+            self.local._roll_day()
+            self.local.cost_today = self._cost[1] / NANO_USD / self.shared.fallback_processes
 
     # --- admit --------------------------------------------------------------------------------------
     def _prefixes(self, day: int) -> None:
         sh = self.shared
-        used, seeded = sh.used_key(self.name, day), sh.seeded_key(day)
+        used, seeded, cost = sh.used_key(self.name, day), sh.seeded_key(day), sh.cost_key(self.name, day)
         self._admit_prefix = _eval_prefix(
             _LANE_SCRIPTS["admit"],
             [self.k_slots, self.k_queue, self.k_held, self.k_resamt, self.k_reserved, self.k_rpm, self.k_tpm,
-             used, seeded],
-            9,
+             used, seeded, cost, self.k_cresamt, self.k_creserved],
+            11,
         )  # fmt: skip
         self._settle_prefix = _eval_prefix(
             _LANE_SCRIPTS["settle"],
-            [self.k_slots, self.k_queue, self.k_held, self.k_resamt, self.k_reserved, self.k_tpm, used],
-            10,
-        )
+            [self.k_slots, self.k_queue, self.k_held, self.k_resamt, self.k_reserved, self.k_tpm, used,
+             self.k_cresamt, self.k_creserved, cost],
+            12,
+        )  # fmt: skip
         self._prefix_day = day
 
-    async def admit(self, max_tokens: int | None, input_estimate: int = 0) -> SharedAdmission | Any:
+    async def admit(
+        self, max_tokens: int | None, input_estimate: int = 0, cost_reserve: float = 0.0
+    ) -> SharedAdmission | Any:
         sh = self.shared
         if sh._state is not True:
             sh.fallback_admissions += 1
-            return await self.local.admit(max_tokens, input_estimate)
+            return await self.local.admit(max_tokens, input_estimate, cost_reserve)
         cfg = self.cfg
+        cost_budget = _nanos(cfg.daily_cost_budget_usd) if cfg.daily_cost_budget_usd is not None else 0
         cap = max_tokens or cfg.default_max_tokens
         budget_reserve = max(0, input_estimate) + cap if cfg.daily_token_budget is not None else 0
         reserve = min(cap, cfg.tpm) if cfg.tpm else 0
@@ -1149,8 +1252,9 @@ class SharedProjectLimits:
             self._prefixes(day)
         lid = sh.lease_id()
         payload = self._admit_prefix + _args(
-            lid, self._lease, *self._limit_args, reserve, cfg.daily_token_budget or 0, budget_reserve, day
-        )
+            lid, self._lease, *self._limit_args, reserve, cfg.daily_token_budget or 0, budget_reserve, day,
+            cost_budget, _nanos(cost_reserve) if cost_budget else 0,
+        )  # fmt: skip
         try:
             res = await sh.run("admit", payload)
             if res[0] == 3:
@@ -1165,20 +1269,22 @@ class SharedProjectLimits:
                     raise SharedUnavailable("the day's budget counters are not seeded")
         except SharedUnavailable:
             sh.fallback_admissions += 1
-            return await self.local.admit(max_tokens, input_estimate)
+            return await self.local.admit(max_tokens, input_estimate, cost_reserve)
         status = res[0]
-        if cfg.daily_token_budget is not None:
+        if status == 2 and res[1] in (5, 6):  # the cost budget: used and reserved are nano-dollars
+            self._cost = (day, res[3])
+        elif cfg.daily_token_budget is not None:
             self._used = (day, res[3] if status == 2 else res[1])
         if status == 2:
             self._refuse(res, reserve)
         adm = SharedAdmission(self, lid, day, reserve, budget_reserve)
-        if budget_reserve:
+        if self._budgeted:
             self._held.add(lid)
         if status == 0:
             self._slots.add(lid)
             self._in_flight += 1
             return adm
-        return await self._queued(adm, res[3] / 1000, max_tokens, input_estimate)
+        return await self._queued(adm, res[3] / 1000, max_tokens, input_estimate, cost_reserve)
 
     def _refuse(self, res: list, reserve: int) -> None:
         why, retry_s, used, reserved = res[1], res[2] / 1000, res[3], res[4]
@@ -1196,6 +1302,17 @@ class SharedProjectLimits:
                 f"project {name!r}: the requests in flight reserve the rest of its daily token budget "
                 f"({used} used + {reserved} reserved of {cfg.daily_token_budget})",
             )
+        if why in (5, 6):
+            budget = cfg.daily_cost_budget_usd
+            spent, held = used / NANO_USD, reserved / NANO_USD
+            raise LimitExceeded(
+                "daily_cost_budget",
+                retry_s,
+                f"project {name!r} has used its daily cost budget (${spent:.4f} of ${budget:g})"
+                if why == 5
+                else f"project {name!r}: the requests in flight reserve the rest of its daily cost budget "
+                f"(${spent:.4f} spent + ${held:.4f} reserved of ${budget:g})",
+            )
         if why == 3:
             raise LimitExceeded(
                 "rpm", retry_s, f"project {name!r} is over its rate limit of {cfg.rpm} requests per minute"
@@ -1208,7 +1325,12 @@ class SharedProjectLimits:
         )
 
     async def _queued(
-        self, adm: SharedAdmission, hint_s: float, max_tokens: int | None, input_estimate: int
+        self,
+        adm: SharedAdmission,
+        hint_s: float,
+        max_tokens: int | None,
+        input_estimate: int,
+        cost_reserve: float = 0.0,
     ) -> SharedAdmission | Any:
         """Every slot is taken: wait for one up to queue_timeout_s (woken by releases, polling)."""
         sh, cfg, loop = self.shared, self.cfg, self.loop
@@ -1242,7 +1364,7 @@ class SharedProjectLimits:
             self._queue.discard(adm.lid)
             self._held.discard(adm.lid)
             sh.fallback_admissions += 1
-            return await self.local.admit(max_tokens, input_estimate)
+            return await self.local.admit(max_tokens, input_estimate, cost_reserve)
         except BaseException:  # cancelled while queued: it never reached the upstream
             self._refund(adm)
             raise
@@ -1274,11 +1396,11 @@ class SharedProjectLimits:
     def _flush(self, adm: SharedAdmission) -> None:
         adm._scheduled = False
         release, settle = adm._release_due, adm._settle_due
-        actual = adm._actual
+        actual, cost = adm._actual, adm._cost
         reserve = adm.reserved_tokens
         adm._release_due = adm._settle_due = False
         if settle:
-            adm._actual = 0
+            adm._actual, adm._cost = 0, 0.0
             adm.reserved_tokens = adm.budget_reserved = 0
             self._held.discard(adm.lid)
         day = _today()
@@ -1296,42 +1418,58 @@ class SharedProjectLimits:
             self.name,
             b"1" if count else b"0",
             2 * 86400,
+            _nanos(cost),
+            b"1" if self.cfg.daily_cost_budget_usd is not None else b"0",
         )
+        if not settle:
+            actual, cost = 0, 0.0
         try:
             fut = self.shared.lane().send(payload)
         except (SharedUnavailable, ConnectionError):
-            if settle:
-                self.shared.add_pending(self.name, actual)
+            self._unsent(actual, cost)
             return
         if release and self._waiting:
             self.shared.wake(self.name)  # a local waiter's retry goes out after this release
-        fut.add_done_callback(lambda f: self._settled(f, day, actual if settle else 0, payload))
+        fut.add_done_callback(lambda f: self._settled(f, day, actual, cost, payload))
 
-    def _settled(self, fut: asyncio.Future, day: int, actual: int, payload: bytes) -> None:
+    def _unsent(self, actual: int, cost: float) -> None:
+        """A settlement Redis did not take: counted when it is back."""
+        self.shared.add_pending(self.name, actual)
+        self.shared.add_pending_cost(self.name, cost)
+
+    def _saw_settled(self, day: int, reply: Any) -> None:
+        """The settle script's reply: [the day's used tokens, the day's cost in nano-dollars] (-1: not
+        counted)."""
+        if isinstance(reply, list) and len(reply) == 2:
+            used, cost = reply
+            if isinstance(used, int) and used >= 0:
+                self._used = (day, used)
+            if isinstance(cost, int) and cost >= 0:
+                self._cost = (day, cost)
+
+    def _settled(self, fut: asyncio.Future, day: int, actual: int, cost: float, payload: bytes) -> None:
         try:
-            used = fut.result()
+            reply = fut.result()
         except ReplyError as e:
             if e.noscript:  # Redis restarted: load the scripts and send it again
-                self.shared._tasks.add(asyncio.ensure_future(self._resend(payload, day, actual)))
+                self.shared._tasks.add(asyncio.ensure_future(self._resend(payload, day, actual, cost)))
                 return
-            self.shared.add_pending(self.name, actual)
+            self._unsent(actual, cost)
             self.shared._mark_down(e)
             return
         except Exception as e:
-            self.shared.add_pending(self.name, actual)
+            self._unsent(actual, cost)
             self.shared._mark_down(e)
             return
-        if isinstance(used, int) and used >= 0:
-            self._used = (day, used)
+        self._saw_settled(day, reply)
 
-    async def _resend(self, payload: bytes, day: int, actual: int) -> None:
+    async def _resend(self, payload: bytes, day: int, actual: int, cost: float) -> None:
         try:
-            used = await self.shared.run("settle", payload)
+            reply = await self.shared.run("settle", payload)
         except SharedUnavailable:
-            self.shared.add_pending(self.name, actual)
+            self._unsent(actual, cost)
         else:
-            if isinstance(used, int) and used >= 0:
-                self._used = (day, used)
+            self._saw_settled(day, reply)
         finally:
             self.shared._tasks.discard(asyncio.current_task())  # type: ignore[arg-type]
 
@@ -1350,8 +1488,10 @@ class SharedLimits:
         shared: SharedState,
         projects: dict[str, ProjectConfig],
         used_today: dict[str, int] | None = None,
+        cost_today: dict[str, float] | None = None,
     ) -> None:
         used_today = used_today or {}
+        cost_today = cost_today or {}
         n = shared.fallback_processes
         self.shared = shared
         self.projects = {
@@ -1359,7 +1499,13 @@ class SharedLimits:
                 name,
                 cfg,
                 shared,
-                _FallbackLimits(name, share_of(cfg, n), used_today.get(name, 0) // n, shared),
+                _FallbackLimits(
+                    name,
+                    share_of(cfg, n),
+                    used_today.get(name, 0) // n,
+                    shared,
+                    cost_today.get(name, 0.0) / n,
+                ),
             )
             for name, cfg in projects.items()
         }

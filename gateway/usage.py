@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Literal
+from typing import Literal, NamedTuple
 
 Api = Literal["chat", "responses", "messages"]
 
@@ -59,16 +59,39 @@ def _anthropic_input(u: dict) -> int:
     return _tok(u, "input_tokens") + cached
 
 
+def _openai_cached(u: dict, details: str, input_tokens: int) -> int:
+    """OpenAI's cached prompt tokens (``usage.<details>.cached_tokens``), a part of the input tokens."""
+    d = u.get(details)
+    return min(_tok(d, "cached_tokens"), input_tokens) if isinstance(d, dict) else 0
+
+
+class Usage(NamedTuple):
+    """Token counts of one answer. ``input_tokens`` is every input token: the cache reads and cache
+    writes are parts of it (OpenAI counts cached tokens in its prompt/input tokens; Anthropic reports
+    ``cache_read_input_tokens`` and ``cache_creation_input_tokens`` apart, and they are added in)."""
+
+    input_tokens: int
+    output_tokens: int
+    cached_input_tokens: int = 0
+    cache_write_tokens: int = 0
+
+
 def usage_from_body(api: Api, body: object) -> tuple[int, int] | None:
     """(input, output) tokens from a non-streamed response body, or None when it reports none or reports
     something that is not a token count (the caller then estimates)."""
+    u = usage_details(api, body)
+    return None if u is None else (u.input_tokens, u.output_tokens)
+
+
+def usage_details(api: Api, body: object) -> Usage | None:
+    """The ``Usage`` of a non-streamed response body, cached tokens included; None as ``usage_from_body``."""
     try:
         return _usage_from_body(api, body)
     except BadUsage:
         return None
 
 
-def _usage_from_body(api: Api, body: object) -> tuple[int, int] | None:
+def _usage_from_body(api: Api, body: object) -> Usage | None:
     if not isinstance(body, dict):
         return None
     u = body.get("usage")
@@ -77,14 +100,21 @@ def _usage_from_body(api: Api, body: object) -> tuple[int, int] | None:
     if api == "chat":
         if "prompt_tokens" not in u and "completion_tokens" not in u:
             return None
-        return _tok(u, "prompt_tokens"), _tok(u, "completion_tokens")
+        inp = _tok(u, "prompt_tokens")
+        return Usage(inp, _tok(u, "completion_tokens"), _openai_cached(u, "prompt_tokens_details", inp))
     if api == "responses":
         if "input_tokens" not in u and "output_tokens" not in u:
             return None
-        return _tok(u, "input_tokens"), _tok(u, "output_tokens")
+        inp = _tok(u, "input_tokens")
+        return Usage(inp, _tok(u, "output_tokens"), _openai_cached(u, "input_tokens_details", inp))
     if "input_tokens" not in u and "output_tokens" not in u:
         return None
-    return _anthropic_input(u), _tok(u, "output_tokens")
+    return Usage(
+        _anthropic_input(u),
+        _tok(u, "output_tokens"),
+        _tok(u, "cache_read_input_tokens"),
+        _tok(u, "cache_creation_input_tokens"),
+    )
 
 
 def _event_data(block: bytes) -> bytes:
@@ -100,7 +130,7 @@ class StreamUsage:
 
     __slots__ = (
         "api", "strip_usage_chunk", "_buf", "input_tokens", "output_tokens", "seen_usage", "bad_usage",
-        "output_final", "_text",
+        "output_final", "_text", "cached_input_tokens", "cache_write_tokens",
     )  # fmt: skip
 
     def __init__(self, api: Api, strip_usage_chunk: bool = False) -> None:
@@ -109,6 +139,8 @@ class StreamUsage:
         self._buf = b""
         self.input_tokens = 0
         self.output_tokens = 0
+        self.cached_input_tokens = 0  # parts of input_tokens, as in Usage
+        self.cache_write_tokens = 0
         self.seen_usage = False
         self.bad_usage = False  # an event's usage was not a token count: the caller estimates instead
         # Whether output_tokens is the final count. Anthropic's message_start carries a placeholder (often 1);
@@ -187,6 +219,7 @@ class StreamUsage:
                 try:
                     self.input_tokens = _tok(u, "prompt_tokens")
                     self.output_tokens = _tok(u, "completion_tokens")
+                    self.cached_input_tokens = _openai_cached(u, "prompt_tokens_details", self.input_tokens)
                 except BadUsage:
                     self.bad_usage = True
                     return keep
@@ -203,6 +236,7 @@ class StreamUsage:
                 self.seen_usage = self.output_final = True
                 self.input_tokens = _tok(u, "input_tokens")
                 self.output_tokens = _tok(u, "output_tokens")
+                self.cached_input_tokens = _openai_cached(u, "input_tokens_details", self.input_tokens)
             return True
         # Anthropic messages: the event's own type decides (a text delta may quote "message_delta")
         if b"message_start" not in block and b"message_delta" not in block:
@@ -216,6 +250,7 @@ class StreamUsage:
                 self.seen_usage = True
                 self.input_tokens = _anthropic_input(u)
                 self.output_tokens = _tok(u, "output_tokens")
+                self._anthropic_cache(u)
         elif kind == "message_delta":
             u = obj.get("usage")
             if isinstance(u, dict):
@@ -225,7 +260,16 @@ class StreamUsage:
                     self.output_final = True
                 if u.get("input_tokens"):
                     self.input_tokens = _anthropic_input(u)
+                    self._anthropic_cache(u)
         return True
+
+    def _anthropic_cache(self, u: dict) -> None:
+        self.cached_input_tokens = _tok(u, "cache_read_input_tokens")
+        self.cache_write_tokens = _tok(u, "cache_creation_input_tokens")
+
+    def usage(self) -> Usage:
+        """What the stream reported so far (meaningful when ``seen_usage``)."""
+        return Usage(self.input_tokens, self.output_tokens, self.cached_input_tokens, self.cache_write_tokens)
 
     @staticmethod
     def _json(block: bytes) -> dict | None:

@@ -1,5 +1,6 @@
 """Ledger columns for routing and cost (issue #16): which deployment answered, which public model was asked
-for when a fallback answered, the wire-format translation used, and the request's cost in US dollars.
+for when a fallback answered, the wire-format translation used, the request's cost in US dollars, and the
+cached parts of its input tokens (cache reads and cache writes).
 
 All nullable: rows written before this revision have none of them.
 
@@ -22,6 +23,8 @@ COLUMNS = (
     ("fallback_from", sa.String(128)),  # the public model the client asked for, when a fallback answered
     ("translation", sa.String(32)),  # e.g. "messages->chat": the client's format and the upstream's
     ("cost_usd", sa.Float()),
+    ("cached_input_tokens", sa.Integer()),  # part of input_tokens: cache reads
+    ("cache_write_tokens", sa.Integer()),  # part of input_tokens: Anthropic's cache writes
 )
 
 

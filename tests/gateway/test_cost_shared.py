@@ -1,0 +1,63 @@
+"""The daily cost budget through the shared state (gateway.shared, a real redis-server): two gateway apps
+on one database and one Redis spend one budget, overshooting it by at most one request's reservation, and
+a Redis that comes back empty rebuilds the day's cost from the ledger."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import pytest
+import redis
+import test_shared_state
+from test_shared_state import chat
+
+start_shared = test_shared_state.start_shared  # its fixture: gateways on one database and one Redis
+
+PRICES = {"gpt-upstream": {"input_per_mtok": 1000.0, "output_per_mtok": 1000.0}}  # ~a cent a request
+BUDGET_USD = 0.08
+MAX_TOKENS = 8
+
+
+def spent_usd(fake) -> float:
+    return sum(1000 * (i + o) / 1e6 for _, _, i, o in fake.usage_log)
+
+
+async def test_two_gateways_share_one_cost_budget_rebuilt_from_the_ledger(start_shared, fake):
+    a, b = await start_shared(prices=PRICES, projects={"alpha": {"daily_cost_budget_usd": BUDGET_USD}})
+    refused = None
+    async with aiohttp.ClientSession() as s:
+        for _ in range(40):
+            wave = await asyncio.gather(*(chat(s, (a, b)[i % 2], max_tokens=MAX_TOKENS) for i in range(4)))
+            refused = next((r for r in wave if r[0] == 429 and "has used" in r[2]["error"]["message"]), None)
+            if refused is not None:
+                break
+        assert refused is not None, "the shared cost budget never refused"
+        assert refused[1]["x-farm-limit"] == "daily_cost_budget"
+        assert "daily cost budget" in refused[2]["error"]["message"]
+        one_reservation = (20 + MAX_TOKENS) * 1000 / 1e6  # more than any one request here reserves
+        spent = spent_usd(fake)
+        assert BUDGET_USD <= spent < BUDGET_USD + one_reservation, spent  # two apps alone would allow 2x
+        for g in (a, b):
+            assert (await chat(s, g))[0] == 429
+        # the other project has no cost budget
+        assert (await chat(s, a, project="beta"))[0] == 200
+
+        # Redis comes back empty: the day's cost is rebuilt from the ledger, not started from zero
+        for g in (a, b):
+            await g.gw.ledger.flush()
+        r = redis.Redis.from_url(a.gw.settings.redis_url)
+        try:
+            for k in r.scan_iter(f"{start_shared.prefix}:*"):
+                r.delete(k)
+        finally:
+            r.close()
+        st, _, body = await chat(s, b)
+        assert st == 429 and "has used its daily cost budget" in body["error"]["message"], body
+        r = redis.Redis.from_url(a.gw.settings.redis_url)
+        try:
+            rebuilt = int(r.get(b.gw.shared.cost_key("alpha", int(time.time() // 86400)))) / 1e9
+        finally:
+            r.close()
+    assert rebuilt == pytest.approx(spent, abs=1e-6)  # gpt-beta has no price: its request counts nothing
