@@ -7,6 +7,11 @@ Requests per second depend on whatever else the machine runs; CPU per request mu
 1 / (gateway CPU per request) is the most one gateway process can serve with a core to itself.
 Bounded in count and time (well under a minute).
 
+Routed case: the same non-stream run against ``bench-routed``, a public model of two deployments
+(gateway.routing) of which one cools down for the whole run (its provider refuses connections; the first
+warm-up request cools it), so each request pays the picker skipping a cooling deployment and the routing
+headers. Its gateway CPU per request is printed beside the plain proxy's (target: at most 25% more).
+
 ``--redis`` (``python -m benchmarks gateway --redis``) runs instead the limits comparison: non-stream
 requests per second and CPU per request (all gateway processes together, and the redis-server apart) with
 a project that has every limit set (concurrency, rpm, tpm, daily budget; far above what the run uses), for
@@ -39,6 +44,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "bench-model"
+ROUTED = "bench-routed"  # two deployments, one cooling down (the routed case)
 BODY = {
     "model": MODEL,
     "messages": [{"role": "user", "content": "Summarise the FP8 GEMM anomaly in one line."}],
@@ -51,9 +57,22 @@ def _config(tmp: Path, fake_port: int, gw_port: int, limits: dict) -> dict:
         "host": "127.0.0.1",
         "port": gw_port,
         "database_url": f"sqlite+aiosqlite:///{tmp / 'bench.db'}",
-        "providers": {"fake": {"kind": "openai", "base_url": f"http://127.0.0.1:{fake_port}/v1"}},
-        "models": {MODEL: {"provider": "fake", "upstream_model": MODEL}},
-        "projects": {"bench": {"models": [MODEL], "default_task": "bench", **limits}},
+        "providers": {
+            "fake": {"kind": "openai", "base_url": f"http://127.0.0.1:{fake_port}/v1"},
+            # nothing listens there: the routed case's cooling deployment
+            "dead": {"kind": "openai", "base_url": f"http://127.0.0.1:{_free_port()}/v1"},
+        },
+        "models": {
+            MODEL: {"provider": "fake", "upstream_model": MODEL},
+            ROUTED: {
+                "deployments": [
+                    {"name": "cold", "provider": "dead", "upstream_model": MODEL},
+                    {"name": "warm", "provider": "fake", "upstream_model": MODEL},
+                ]
+            },
+        },
+        "routing": {"allowed_fails": 0, "cooldown_s": 3600, "max_cooldown_s": 3600},
+        "projects": {"bench": {"models": [MODEL, ROUTED], "default_task": "bench", **limits}},
     }
 
 
@@ -118,11 +137,17 @@ def _cpu_s(pid: int) -> float | None:
 
 
 async def throughput(
-    url: str, headers: dict, stream: bool, conc: int, seconds: float, pids: dict[str, int]
+    url: str,
+    headers: dict,
+    stream: bool,
+    conc: int,
+    seconds: float,
+    pids: dict[str, int],
+    model: str = MODEL,
 ) -> dict:
     """Requests per second at `conc` in flight, and the CPU microseconds per request of each process in
     `pids` over the measured window."""
-    body = json.dumps({**BODY, "stream": stream}).encode()
+    body = json.dumps({**BODY, "model": model, "stream": stream}).encode()
     done = 0
     connector = aiohttp.TCPConnector(limit=conc)
     async with aiohttp.ClientSession(connector=connector) as s:
@@ -220,6 +245,9 @@ async def run(args: argparse.Namespace) -> dict:
             res[f"{tag}_via"] = await throughput(
                 via, h_via, stream, conc, secs, {"fake": fake_pid, "gateway": gw_pid}
             )
+        res["routed_via"] = await throughput(
+            via, h_via, False, args.concurrency, args.seconds, {"fake": fake_pid, "gateway": gw_pid}, ROUTED
+        )
         return res
     finally:
         for p in reversed(procs):
@@ -382,6 +410,15 @@ def report(res: dict, args: argparse.Namespace) -> str:
     for name, a, b, added, target in rows:
         add = f"{added:9.3f}" if added is not None else f"{'':9}"
         lines.append(f"{name:28} {a:10.2f} {b:10.2f} {add}  {target}")
+    plain, routed = res["nonstream_via"], res.get("routed_via")
+    if routed is not None:
+        lines.append(f"routed (2 deployments, 1 cooling): {routed['rps']:.0f} req/s @{args.concurrency}")
+        if routed.get("gateway_cpu_us") and plain.get("gateway_cpu_us"):
+            more = routed["gateway_cpu_us"] / plain["gateway_cpu_us"] - 1
+            lines.append(
+                f"  gateway CPU us/req: plain {plain['gateway_cpu_us']:.0f}, routed "
+                f"{routed['gateway_cpu_us']:.0f} ({more:+.0%}; target <= +25%)"
+            )
     loop = "uvloop" if _has_uvloop() and not args.no_uvloop else "asyncio"
     lines.append(
         f"({os.cpu_count()} CPUs; fake, gateway and client in separate processes; event loop: {loop})"

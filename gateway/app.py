@@ -27,11 +27,12 @@ from gateway.config import GatewaySettings
 from gateway.db import create_engine, ensure_schema
 from gateway.errors import ApiStyle, GatewayError, MethodNotAllowed, NotFound, error_response
 from gateway.keys import KeyStore, utcnow
-from gateway.ledger import LedgerWriter, tokens_used_today
+from gateway.ledger import LedgerWriter, cost_used_today, tokens_used_today
 from gateway.limits import Limits
 from gateway.metrics import GatewayMetrics
 from gateway.pipeline import Pipeline
 from gateway.proxy import ENDPOINTS, Proxy
+from gateway.routing import Router
 from gateway.secret import resolve_secret
 from gateway.spool import default_spool_dir
 from gateway.summaries import SUMMARIES_PATH, SummaryBatcher
@@ -72,6 +73,8 @@ class Gateway:
         # summaries cache shared by every process using that Redis; None: all of it in this process
         self.shared: SharedState | None = None
         self.clients: dict[str, UpstreamClient] = {}
+        # the deployments of every public model (gateway.routing), built in start once the clients are
+        self.router: Router | None = None
         self.pipeline = Pipeline(self)
         self.ready = False
 
@@ -81,17 +84,21 @@ class Gateway:
         self.keys.set_secret(await resolve_secret(self.settings, self.engine))  # ConfigError: wrong secret
         await self.ledger.start()  # first: replays a dead process's spool, so the budgets below count it
         used_today = await tokens_used_today(self.engine)
+        cost_today = await cost_used_today(self.engine)
         if self.settings.redis_url:
             from gateway.shared import SharedLimits, SharedState  # imports redis only when configured
 
             self.shared = SharedState(
-                self.settings, seed_source=lambda: tokens_used_today(self.engine), keys=self.keys
+                self.settings,
+                seed_source=lambda: tokens_used_today(self.engine),
+                cost_seed_source=lambda: cost_used_today(self.engine),
+                keys=self.keys,
             )
             await self.shared.start()  # Redis down: starts degraded, on this process's share of the limits
             self.metrics.bind_shared(self.shared)
-            self.limits = SharedLimits(self.shared, self.settings.projects, used_today)
+            self.limits = SharedLimits(self.shared, self.settings.projects, used_today, cost_today)
         else:
-            self.limits = Limits(self.settings.projects, used_today)
+            self.limits = Limits(self.settings.projects, used_today, cost_today)
         self.metrics.bind_limits(self.limits)
         for name, cfg in self.settings.providers.items():
             if cfg.kind == "local":  # the offline drafter: nothing to connect to
@@ -102,6 +109,7 @@ class Gateway:
             client = UpstreamClient(name, cfg, self.settings.retry, api_key)
             await client.start()
             self.clients[name] = client
+        self.router = Router(self.settings, self.clients, self.metrics)  # ValueError: a deployment's bad key
         for warning in pool_warnings(self.settings):  # projects that can starve each other of connections
             log.warning("%s", warning)
         self.ready = True

@@ -15,6 +15,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from gateway.pricing import ModelPrice
+
 log = logging.getLogger("gateway.config")
 
 DEFAULT_DB_URL = "sqlite+aiosqlite:///.farm/gateway.db"
@@ -65,9 +67,74 @@ class SummariesConfig(_Strict):
     max_anomalies_per_request: int = Field(200, ge=1)
 
 
-class ModelRoute(_Strict):
+class DeploymentConfig(_Strict):
+    """One upstream serving a public model (gateway.routing): a provider, the model id there, and optionally
+    its own upstream key (``api_key_env``; else the provider's), a weight and that key's rpm/tpm limits."""
+
+    name: str = Field(min_length=1, max_length=64)
     provider: str
-    upstream_model: str
+    upstream_model: str = Field(min_length=1)
+    api_key_env: str | None = None
+    weight: float = Field(1.0, gt=0)
+    rpm: int | None = Field(None, ge=1)
+    tpm: int | None = Field(None, ge=1)
+
+
+class ModelRoute(_Strict):
+    """A public model: either the single form ``{provider, upstream_model}`` (one deployment named after the
+    provider) or ``deployments: [...]``. ``provider`` and ``upstream_model`` always hold the first
+    deployment's values. ``fallbacks``: other public models tried in order when every deployment failed or
+    cools down; ``context_window_fallbacks``: a longer-context model a context-window error is re-sent to
+    once (both as the project's ``fallback_on`` allows)."""
+
+    provider: str | None = None
+    upstream_model: str | None = None
+    deployments: list[DeploymentConfig] = Field(default_factory=list)
+    fallbacks: list[str] = Field(default_factory=list)
+    context_window_fallbacks: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _one_form(self) -> ModelRoute:
+        if self.deployments:
+            first = self.deployments[0]
+            # both given (a dumped config has both): they must agree
+            if self.provider not in (None, first.provider) or self.upstream_model not in (
+                None,
+                first.upstream_model,
+            ):
+                raise ValueError(
+                    "give either provider/upstream_model or deployments, not both (with both, they must be "
+                    "the first deployment's)"
+                )
+            seen: set[str] = set()
+            for i, d in enumerate(self.deployments):
+                if d.name in seen:
+                    raise ValueError(f"deployments.{i}.name: duplicate deployment name {d.name!r}")
+                seen.add(d.name)
+            object.__setattr__(self, "provider", first.provider)
+            object.__setattr__(self, "upstream_model", first.upstream_model)
+            return self
+        if self.provider is None or self.upstream_model is None:
+            missing = "provider" if self.provider is None else "upstream_model"
+            raise ValueError(f"{missing}: required (or give deployments)")
+        only = DeploymentConfig(
+            name=self.provider, provider=self.provider, upstream_model=self.upstream_model
+        )
+        object.__setattr__(self, "deployments", [only])
+        return self
+
+
+FallbackOn = Literal["rate_limit", "server_error", "timeout", "context_window"]
+
+
+class RoutingConfig(_Strict):
+    """Deployment health (gateway.routing): a deployment that fails more than ``allowed_fails`` times in a
+    row (5xx, timeout, cannot connect), or answers 429 at all, cools down for ``cooldown_s`` (a 429's
+    Retry-After when it gives one), doubling for each cooldown in a row up to ``max_cooldown_s``."""
+
+    allowed_fails: int = Field(1, ge=0)
+    cooldown_s: float = Field(30.0, gt=0)
+    max_cooldown_s: float = Field(300.0, gt=0)
 
 
 class ProjectConfig(_Strict):
@@ -77,11 +144,16 @@ class ProjectConfig(_Strict):
     rpm: int | None = Field(None, ge=1)
     tpm: int | None = Field(None, ge=1)
     daily_token_budget: int | None = Field(None, ge=1)
+    # US dollars per UTC day, priced by gateway.pricing (a request of a model without a price counts 0)
+    daily_cost_budget_usd: float | None = Field(None, gt=0)
     default_task: str = "default"
     # Task names that get their own metrics label; any other X-Farm-Task value is labelled "other"
     # (the ledger keeps the real name). Keeps the label set bounded.
     tasks: list[str] = Field(default_factory=list)
     default_max_tokens: int = Field(4096, ge=1)
+    # which upstream failures move a request to the model's fallbacks (context_window: its
+    # context_window_fallbacks); fallbacks are operator config, usable by any project allowed the primary
+    fallback_on: list[FallbackOn] = Field(default_factory=lambda: ["rate_limit", "server_error", "timeout"])
 
 
 class RetryConfig(_Strict):
@@ -107,6 +179,10 @@ class GatewaySettings(BaseSettings):
     projects: dict[str, ProjectConfig] = Field(default_factory=dict)
     retry: RetryConfig = Field(default_factory=RetryConfig)
     summaries: SummariesConfig = Field(default_factory=SummariesConfig)
+    routing: RoutingConfig = Field(default_factory=RoutingConfig)
+    # model id (upstream id or public name) -> US dollars per million tokens; overrides and extends
+    # gateway.pricing.DEFAULT_PRICES
+    prices: dict[str, ModelPrice] = Field(default_factory=dict)
     ledger_flush_interval_s: float = Field(0.25, gt=0)
     ledger_batch_size: int = Field(500, ge=1)
     # the ledger's write-ahead spool (gateway.spool); None: `<db stem>-spool` next to an SQLite file,
@@ -147,11 +223,7 @@ class GatewaySettings(BaseSettings):
     @model_validator(mode="after")
     def _check_references(self) -> GatewaySettings:
         for name, route in self.models.items():
-            if route.provider not in self.providers:
-                raise ValueError(
-                    f"models.{name}.provider: unknown provider {route.provider!r} "
-                    f"(known: {sorted(self.providers)})"
-                )
+            self._check_route(name, route)
         for pname, project in self.projects.items():
             for i, model in enumerate(project.models):
                 if model not in self.models:
@@ -159,6 +231,41 @@ class GatewaySettings(BaseSettings):
                         f"projects.{pname}.models.{i}: unknown model {model!r} (known: {sorted(self.models)})"
                     )
         return self
+
+    def _check_route(self, name: str, route: ModelRoute) -> None:
+        """A route's providers exist, and every deployment and fallback speaks one wire format (the
+        provider kind); another kind would need translation, which routing does not do yet."""
+        single = len(route.deployments) == 1 and route.deployments[0].name == route.provider
+        kind = None
+        for i, d in enumerate(route.deployments):
+            where = f"models.{name}.provider" if single else f"models.{name}.deployments.{i}.provider"
+            provider = self.providers.get(d.provider)
+            if provider is None:
+                raise ValueError(
+                    f"{where}: unknown provider {d.provider!r} (known: {sorted(self.providers)})"
+                )
+            if kind is None:
+                kind = provider.kind
+            elif provider.kind != kind:
+                raise ValueError(
+                    f"{where}: provider {d.provider!r} speaks {provider.kind}, the model's first deployment "
+                    f"{kind}: needs translation, which routing does not do yet"
+                )
+        for field in ("fallbacks", "context_window_fallbacks"):
+            for i, other in enumerate(getattr(route, field)):
+                where = f"models.{name}.{field}.{i}"
+                target = self.models.get(other)
+                if target is None:
+                    raise ValueError(f"{where}: unknown model {other!r} (known: {sorted(self.models)})")
+                if other == name:
+                    raise ValueError(f"{where}: a model cannot be its own fallback")
+                other_provider = self.providers.get(target.deployments[0].provider)
+                other_kind = other_provider.kind if other_provider is not None else None
+                if other_kind is not None and other_kind != kind:
+                    raise ValueError(
+                        f"{where}: {other!r} speaks {other_kind}, {name!r} speaks {kind}: needs translation, "
+                        "which routing does not do yet"
+                    )
 
     def secret_bytes(self) -> bytes | None:
         """FARM_GATEWAY_SECRET (or ``secret:``) when set; else None, and gateway.secret.resolve_secret uses

@@ -44,6 +44,7 @@ class RequestChildren(NamedTuple):
     overhead: Histogram
     ttft: Histogram
     queue_wait: Histogram
+    cost: Counter
 
 
 class GatewayMetrics:
@@ -67,6 +68,12 @@ class GatewayMetrics:
         self.input_tokens = Counter("gateway_input_tokens", "Input tokens reported upstream", pmt, registry=r)
         self.output_tokens = Counter(
             "gateway_output_tokens", "Output tokens reported upstream", pmt, registry=r
+        )
+        self.cost = Counter(
+            "gateway_cost_usd",
+            "US dollars spent upstream, priced by gateway.pricing (models without a price add nothing)",
+            pmt,
+            registry=r,
         )
         self.latency = Histogram(
             "gateway_request_latency_seconds",
@@ -112,6 +119,27 @@ class GatewayMetrics:
         self.rejections = Counter(
             "gateway_rejections", "Requests rejected by a project limit", ["project", "limit"], registry=r
         )
+        # routing (gateway.routing): per deployment of a public model; both labels come from the config
+        md = ["model", "deployment"]
+        self.deployment_requests = Counter(
+            "gateway_deployment_requests", "Upstream attempts sent to a deployment", md, registry=r
+        )
+        self.deployment_errors = Counter(
+            "gateway_deployment_errors",
+            "Failed attempts by class (rate_limit, server_error, timeout, connect, other)",
+            md + ["class"],
+            registry=r,
+        )
+        self.deployment_cooldowns = Counter(
+            "gateway_deployment_cooldowns", "Cooldowns started for a deployment", md, registry=r
+        )
+        self.deployment_in_flight = Gauge(
+            "gateway_deployment_in_flight", "Attempts in flight on a deployment", md, registry=r,
+            multiprocess_mode="livesum",
+        )  # fmt: skip
+        self.fallbacks = Counter(
+            "gateway_fallbacks", "Requests moved to a fallback model", ["from_model", "to_model"], registry=r
+        )
         # multiprocess_mode: how the processes' values combine (ignored with one process)
         self.in_flight = Gauge(
             "gateway_in_flight", "Requests holding a concurrency slot", ["project"], registry=r,
@@ -147,6 +175,7 @@ class GatewayMetrics:
                 self.overhead.labels(project, model),
                 self.ttft.labels(project, model),
                 self.queue_wait.labels(project),
+                self.cost.labels(project, model, task),
             )
         return c
 

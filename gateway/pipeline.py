@@ -40,7 +40,8 @@ from gateway.errors import (
     error_response,
 )
 from gateway.keys import KeyInfo, credential_from_headers
-from gateway.limits import Admission, LimitExceeded
+from gateway.limits import AdmissionLike, LimitExceeded
+from gateway.pricing import ModelPrice, PriceTable
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
@@ -62,7 +63,8 @@ class Record:
         "upstream_model", "provider", "task", "task_label", "session_id", "stream", "status",
         "http_status", "error_class", "retries", "input_tokens", "output_tokens", "estimated",
         "upstream_t0", "upstream_end", "ttft", "queue_wait", "upstream_request_id", "batch_size",
-        "accounted", "deployment", "fallback_from", "translation", "cost_usd",
+        "accounted", "deployment", "fallback_from", "translation", "cost_usd", "cached_input_tokens",
+        "cache_write_tokens",
     )  # fmt: skip
 
     def __init__(self, endpoint: str) -> None:
@@ -79,6 +81,8 @@ class Record:
         self.status = "error"
         self.http_status: int | None = None
         self.retries = self.input_tokens = self.output_tokens = 0
+        # parts of input_tokens: cache reads (OpenAI's cached tokens) and Anthropic's cache writes
+        self.cached_input_tokens = self.cache_write_tokens = 0
         self.estimated = False
         self.upstream_t0: float | None = None
         self.upstream_end: float | None = None
@@ -150,6 +154,29 @@ class Pipeline:
 
     def __init__(self, gw: Gateway) -> None:
         self.gw = gw
+        self.prices = PriceTable(gw.settings.prices)
+        routes = [
+            (name, d.upstream_model)
+            for name, route in gw.settings.models.items()
+            for d in getattr(route, "deployments", None) or [route]
+        ]
+        for name in dict.fromkeys(self.prices.unpriced(routes)):  # once per public model
+            log.warning(
+                "model %s has no price (add it to `prices:` in the config): its ledger rows get no cost "
+                "and it counts nothing against daily cost budgets",
+                name,
+            )
+
+    def cost_of(self, rec: Record) -> float | None:
+        """The record's cost in US dollars from its token counts (None: its model has no price)."""
+        return self.prices.cost(
+            rec.upstream_model,
+            rec.public_model,
+            rec.input_tokens,
+            rec.output_tokens,
+            rec.cached_input_tokens,
+            rec.cache_write_tokens,
+        )
 
     # --- wrapping an endpoint --------------------------------------------------------------------
     async def serve(
@@ -229,11 +256,22 @@ class Pipeline:
         return info, project
 
     # --- admit -----------------------------------------------------------------------------------
-    async def admit(self, rec: Record, token_cap: int | None, input_estimate: int = 0) -> Admission:
-        """The project's limits; a refusal is a 429 that names the limit and carries Retry-After."""
+    async def admit(self, rec: Record, token_cap: int | None, input_estimate: int = 0) -> AdmissionLike:
+        """The project's limits; a refusal is a 429 that names the limit and carries Retry-After.
+
+        With a daily cost budget the request reserves its most likely worst case, ``token_cap`` (or the
+        project's default) at the output price plus ``input_estimate`` at the input price, and its
+        admission settles the record's real cost."""
         assert rec.project is not None
+        limits = self.gw.limits[rec.project]
+        cost_reserve = 0.0
+        if limits.cfg.daily_cost_budget_usd is not None:
+            cap = token_cap or limits.cfg.default_max_tokens
+            cost_reserve = max(
+                (p.cost(max(0, input_estimate), cap) for p in self._candidate_prices(rec)), default=0.0
+            )
         try:
-            admission = await self.gw.limits[rec.project].admit(token_cap, input_estimate)
+            admission = await limits.admit(token_cap, input_estimate, cost_reserve)
         except LimitExceeded as e:
             self.gw.metrics.rejections.labels(rec.project, e.limit).inc()
             raise RateLimited(
@@ -244,7 +282,20 @@ class Pipeline:
                 limit=e.limit,
             ) from None
         rec.queue_wait = admission.queue_wait_s
+        if limits.cfg.daily_cost_budget_usd is not None:
+            return _CostSettling(admission, rec, self)
         return admission
+
+    def _candidate_prices(self, rec: Record) -> list[ModelPrice]:
+        """The prices the request may be billed at: its upstream model's when chosen already, else those
+        of every deployment of its public model (the reservation takes the dearest)."""
+        if rec.upstream_model is not None:
+            upstreams = [rec.upstream_model]
+        else:
+            route = self.gw.settings.models.get(rec.public_model or "")
+            upstreams = [d.upstream_model for d in getattr(route, "deployments", None) or []] or [None]
+        prices = (self.prices.price(u, rec.public_model) for u in upstreams)
+        return [p for p in prices if p is not None]
 
     # --- send ------------------------------------------------------------------------------------
     async def send(
@@ -282,6 +333,8 @@ class Pipeline:
         upstream_s = None
         if rec.upstream_t0 is not None:
             upstream_s = max(0.0, (rec.upstream_end or end) - rec.upstream_t0)
+        if rec.cost_usd is None:
+            rec.cost_usd = self.cost_of(rec)
         self.gw.ledger.submit(
             {
                 "request_id": rec.request_id,
@@ -303,6 +356,8 @@ class Pipeline:
                 "input_tokens": rec.input_tokens,
                 "output_tokens": rec.output_tokens,
                 "tokens_estimated": rec.estimated,
+                "cached_input_tokens": rec.cached_input_tokens,
+                "cache_write_tokens": rec.cache_write_tokens,
                 "latency_ms": latency * 1000,
                 "upstream_ms": upstream_s * 1000 if upstream_s is not None else None,
                 "ttft_ms": rec.ttft * 1000 if rec.ttft is not None else None,
@@ -322,6 +377,8 @@ class Pipeline:
             m.input_tokens.inc(rec.input_tokens)
         if rec.output_tokens:
             m.output_tokens.inc(rec.output_tokens)
+        if rec.cost_usd:
+            m.cost.inc(rec.cost_usd)
         if upstream_s is not None:
             m.upstream_latency.observe(upstream_s)
             m.overhead.observe(max(0.0, latency - upstream_s - rec.queue_wait))
@@ -329,3 +386,23 @@ class Pipeline:
             m.ttft.observe(rec.ttft)
         if rec.queue_wait:
             m.queue_wait.observe(rec.queue_wait)
+
+
+class _CostSettling:
+    """An admission of a project with a daily cost budget: ``settle`` also settles the record's cost
+    (its token counts are final by then), so the endpoints keep calling ``settle(tokens)`` alone."""
+
+    __slots__ = ("inner", "rec", "pipeline")
+
+    def __init__(self, inner: AdmissionLike, rec: Record, pipeline: Pipeline) -> None:
+        self.inner, self.rec, self.pipeline = inner, rec, pipeline
+
+    @property
+    def queue_wait_s(self) -> float:
+        return self.inner.queue_wait_s
+
+    def release(self) -> None:
+        self.inner.release()
+
+    def settle(self, actual_tokens: int) -> None:
+        self.inner.settle(actual_tokens, self.pipeline.cost_of(self.rec) or 0.0)

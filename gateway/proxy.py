@@ -27,8 +27,9 @@ from gateway.errors import (
     upstream_error_is_shaped,
 )
 from gateway.pipeline import Pipeline, Record, dump_json, header, parse_json_object, read_body
+from gateway.routing import Deployment, RoutePlan
 from gateway.upstream import UpstreamResult, client_retry_after
-from gateway.usage import Api, StreamUsage, estimate_output_tokens, estimate_tokens, usage_from_body
+from gateway.usage import Api, StreamUsage, estimate_output_tokens, estimate_tokens, usage_details
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
@@ -121,9 +122,9 @@ class Proxy:
             raise BadRequest(f"invalid request body: {field}: {err['msg']}") from None
         rec.public_model, rec.stream = head.model, head.stream
 
-        settings = self.gw.settings
-        route = settings.models.get(head.model)
-        if route is None:
+        router = self.gw.router
+        models = router.models.get(head.model) if router is not None else None
+        if models is None:
             raise NotFound(
                 f"model {head.model!r} does not exist", error_class="model_unknown", code="model_not_found"
             )
@@ -134,54 +135,94 @@ class Proxy:
                 code="model_not_allowed",
             )
         rec.model_label = head.model
-        client = self.gw.clients.get(route.provider)
-        if client is None:  # a `local` provider: the offline drafter serves the summaries endpoint only
+        if models.kind == "local":  # the offline drafter serves the summaries endpoint only
             raise BadRequest(
                 f"model {head.model!r} is the offline drafter: call it through {SUMMARIES_HINT}",
                 error_class="wrong_endpoint",
             )
-        if (client.cfg.kind == "anthropic") != (ep.style == "anthropic"):
+        if (models.kind == "anthropic") != (ep.style == "anthropic"):
             raise BadRequest(
-                f"model {head.model!r} is served by a {client.cfg.kind} provider and cannot be called "
+                f"model {head.model!r} is served by a {models.kind} provider and cannot be called "
                 f"through this endpoint",
                 error_class="wrong_endpoint",
             )
-        rec.upstream_model, rec.provider = route.upstream_model, route.provider
 
-        changed = False
-        if route.upstream_model != head.model:
-            body["model"] = route.upstream_model
-            changed = True
         strip_usage = False
         if ep is CHAT and head.stream:
             opts = body.get("stream_options")
             if not (isinstance(opts, dict) and opts.get("include_usage")):
                 body["stream_options"] = {**(opts if isinstance(opts, dict) else {}), "include_usage": True}
-                strip_usage = changed = True
-        if changed:
-            raw = dump_json(body)
+                strip_usage = True
+        bodies: dict[str, bytes] = {}
+        if not strip_usage:
+            bodies[head.model] = raw  # sent as it came when the upstream id is the public one
+
+        def prepare(target: Deployment) -> bytes:
+            """The body for one attempt's target: its upstream model id (encoded once per id)."""
+            out = bodies.get(target.upstream_model)
+            if out is None:
+                body["model"] = target.upstream_model
+                out = bodies[target.upstream_model] = dump_json(body)
+            return out
+
+        input_estimate = estimate_tokens(raw)
+        cap = head.token_cap()
+        tokens = input_estimate + (cap or 0) if ep.usage_api is not None else 0  # for deployments' tpm
+        plan = router.plan(head.model, project, tokens=tokens, prepare=prepare)
 
         if ep.usage_api is None:  # count_tokens: no tokens consumed, no limits
-            result = await pipeline.send(rec, client, ep.path, raw, headers)
+            try:
+                result = await pipeline.send(rec, plan, ep.path, raw, headers)  # type: ignore[arg-type]
+            finally:
+                self._note_target(rec, plan)
             if result.status >= 400:
                 return self._upstream_error(result, ep, rec)
-            return await self._respond_whole(request, result, ep, rec, raw)
+            return self._with_route(result, await self._respond_whole(request, result, ep, rec, raw))
 
-        admission = await pipeline.admit(rec, head.token_cap(), estimate_tokens(raw))
+        admission = await pipeline.admit(rec, cap, input_estimate)
         try:
-            result = await pipeline.send(rec, client, ep.path, raw, headers)
+            try:
+                result = await pipeline.send(rec, plan, ep.path, raw, headers)  # type: ignore[arg-type]
+            finally:
+                self._note_target(rec, plan)
             if result.status >= 400:
                 return self._upstream_error(result, ep, rec)
             if head.stream:
                 return await self._respond_stream(request, result, ep, rec, raw, strip_usage)
-            return await self._respond_whole(request, result, ep, rec, raw)
+            return self._with_route(result, await self._respond_whole(request, result, ep, rec, raw))
         except GatewayError as e:
-            if rec.retries and e.headers is None:
-                e.headers = NO_CLIENT_RETRY
+            extra = self._route_headers(plan.target)
+            if rec.retries:
+                extra.update(NO_CLIENT_RETRY)
+            if e.headers is None:
+                e.headers = extra
             raise
         finally:
             admission.release()
             admission.settle(rec.input_tokens + rec.output_tokens)
+            plan.settle(rec.input_tokens + rec.output_tokens)
+
+    @staticmethod
+    def _note_target(rec: Record, plan: RoutePlan) -> None:
+        """The ledger's view of where the request went: the final attempt's deployment."""
+        target = plan.target
+        if target is not None:
+            rec.deployment, rec.provider = target.name, target.provider
+            rec.upstream_model = target.upstream_model
+            if plan.fallback_from is not None:
+                rec.fallback_from = plan.fallback_from
+
+    @staticmethod
+    def _route_headers(target: Deployment | None) -> dict[str, str]:
+        """``x-farm-model`` (the public model that answered: a fallback's when one did) and
+        ``x-farm-deployment`` (its deployment)."""
+        if target is None:
+            return {}
+        return {"x-farm-model": target.model, "x-farm-deployment": target.name}
+
+    def _with_route(self, result: UpstreamResult, resp: web.Response) -> web.Response:
+        resp.headers.update(self._route_headers(result.target))
+        return resp
 
     def _upstream_error(self, result: UpstreamResult, ep: Endpoint, rec: Record) -> web.Response:
         """An upstream's own error answer, passed on with its status (never its 401/403: those refused
@@ -189,7 +230,9 @@ class Proxy:
         rec.upstream_end = time.perf_counter()
         status = result.status
         rec.status, rec.http_status, rec.error_class = "error", status, f"upstream_{status}"
-        extra = dict(NO_CLIENT_RETRY) if rec.retries else {}
+        extra = self._route_headers(result.target)
+        if rec.retries:
+            extra.update(NO_CLIENT_RETRY)
         if status in (401, 403):
             rec.http_status = 502
             self.pipeline.gw.log_credential_refused(rec.provider, status)
@@ -233,9 +276,9 @@ class Proxy:
                 parsed = parse_json_object(data)
             except GatewayError:
                 parsed = None
-            usage = usage_from_body(ep.usage_api, parsed)
+            usage = usage_details(ep.usage_api, parsed)
             if usage is not None:
-                rec.input_tokens, rec.output_tokens = usage
+                rec.input_tokens, rec.output_tokens, rec.cached_input_tokens, rec.cache_write_tokens = usage
             else:
                 rec.input_tokens, rec.output_tokens = estimate_tokens(raw), estimate_output_tokens(data)
                 rec.estimated = True
@@ -277,6 +320,7 @@ class Proxy:
                     "Content-Type": upstream.headers.get("Content-Type", "text/event-stream"),
                     "Cache-Control": "no-cache",
                     "x-request-id": rec.request_id,
+                    **self._route_headers(result.target),
                 },
             )
             try:
@@ -332,7 +376,9 @@ class Proxy:
         if rec.upstream_end is None:
             rec.upstream_end = time.perf_counter()
         if tracker.seen_usage and not tracker.bad_usage:
-            rec.input_tokens, rec.output_tokens = tracker.input_tokens, tracker.output_tokens
+            rec.input_tokens, rec.output_tokens, rec.cached_input_tokens, rec.cache_write_tokens = (
+                tracker.usage()
+            )
             if not tracker.output_final:  # cut before the final count: what was relayed, estimated
                 rec.output_tokens = max(rec.output_tokens, tracker.estimated_output_tokens())
                 rec.estimated = True

@@ -620,6 +620,21 @@ class SummaryBatcher:
         raw = json.dumps(body).encode()
         headers["Content-Type"] = "application/json"
         pipeline = self.gw.pipeline
+        bodies = {route.upstream_model: raw}
+
+        def prepare(target: Any) -> bytes:  # the body for a deployment (gateway.routing): its model id
+            out = bodies.get(target.upstream_model)
+            if out is None:
+                out = bodies[target.upstream_model] = json.dumps(
+                    {**body, "model": target.upstream_model}
+                ).encode()
+            return out
+
+        assert self.gw.router is not None
+        plan = self.gw.router.plan(
+            batch.model, self.gw.settings.projects[batch.project], tokens=len(raw) // 4 + max_tokens,
+            prepare=prepare,
+        )  # fmt: skip
         try:
             admission = await pipeline.admit(rec, max_tokens, estimate_tokens(raw))
         except RateLimited as e:
@@ -627,7 +642,7 @@ class SummaryBatcher:
             pipeline.account(rec)
             raise
         try:
-            data = await self._send(rec, path, raw, headers)
+            data = await self._send(rec, plan, path, raw, headers)
             try:
                 parsed = json.loads(data)
             except ValueError:
@@ -645,14 +660,22 @@ class SummaryBatcher:
         finally:
             admission.release()
             admission.settle(rec.input_tokens + rec.output_tokens)
+            plan.settle(rec.input_tokens + rec.output_tokens)
             self.gw.pipeline.account(rec)
 
-    async def _send(self, rec: Record, path: str, raw: bytes, headers: dict[str, str]) -> bytes:
-        """The answer body of one model call; an upstream error answer becomes an UpstreamError (a 429 or
-        504 keeps its status, so the farm can tell "slow down" from "broken")."""
-        client = self.gw.clients[rec.provider]
+    async def _send(self, rec: Record, plan: Any, path: str, raw: bytes, headers: dict[str, str]) -> bytes:
+        """The answer body of one model call, sent through the model's routing plan (gateway.routing: a
+        deployment, its fallbacks); an upstream error answer becomes an UpstreamError (a 429 or 504 keeps
+        its status, so the farm can tell "slow down" from "broken")."""
         try:
-            result = await self.gw.pipeline.send(rec, client, path, raw, headers)
+            try:
+                result = await self.gw.pipeline.send(rec, plan, path, raw, headers)
+            finally:
+                target = plan.target
+                if target is not None:
+                    rec.deployment, rec.provider = target.name, target.provider
+                    rec.upstream_model = target.upstream_model
+                    rec.fallback_from = plan.fallback_from
             if result.status >= 400:
                 rec.status, rec.http_status, rec.error_class = (
                     "error",

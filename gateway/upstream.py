@@ -20,6 +20,12 @@ returned as ``slot_wait_s``: queueing, not upstream time.
 ``max_retry_after_s``; a longer one is handed to the client instead of being waited out. The total wait
 across retries is capped too. Never retried: any other 4xx (a 400 above all), a read timeout, a response
 over the caps, or anything once a response's head has been returned to the caller.
+
+**Plans.** The loop itself (``send_planned``) asks a plan where each attempt goes: ``UpstreamClient.send``
+uses a plan of one target (itself); gateway.routing's ``RoutePlan`` spreads a public model's attempts over
+its deployments and fallback models. A plan may move a retry to another target at once instead of backing
+off; the rules above still bound the attempts (``max_retries``), and a 400 is never retried, except that a
+plan may re-send a context-window error once to a longer-context model.
 """
 
 from __future__ import annotations
@@ -33,12 +39,12 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from multidict import CIMultiDictProxy
 
 from gateway.config import ProviderConfig, RetryConfig
-from gateway.errors import BadRequest, GatewayError, UpstreamError
+from gateway.errors import BadRequest, GatewayError, UpstreamError, UpstreamTimeout
 from gateway.transport import AiohttpTransport, Transport, TransportResponse, check_headers, retry_reason
 
 if TYPE_CHECKING:
@@ -57,6 +63,36 @@ RESERVED_HEADERS = frozenset(
 
 def is_retryable_status(status: int) -> bool:
     return status in RETRYABLE_STATUS or status >= 500
+
+
+def status_failure_kind(status: int) -> str:
+    """The failure class of a retryable status (metrics label, gateway.routing's cooldowns and fallbacks)."""
+    if status == 429:
+        return "rate_limit"
+    if status == 408:
+        return "timeout"
+    return "server_error" if status >= 500 else "other"
+
+
+def error_failure_kind(err: UpstreamError) -> str:
+    """The failure class of an attempt that raised: timeout (read or connect), connect, or other."""
+    reason = retry_reason(err)
+    if isinstance(err, UpstreamTimeout) or reason == "connect_timeout":
+        return "timeout"
+    if reason is not None:  # refused, DNS, dropped before the head
+        return "connect"
+    return "other"
+
+
+def auth_headers(kind: str, api_key: str, who: str, env: str | None) -> dict[str, str]:
+    """The header carrying an upstream key for a provider ``kind``; ValueError naming ``who`` and the
+    variable ``env`` when the key cannot be sent (a line break, a non-ASCII character)."""
+    auth = {"x-api-key": api_key} if kind == "anthropic" else {"Authorization": f"Bearer {api_key}"}
+    try:
+        check_headers(auth)
+    except BadRequest:
+        raise ValueError(f"{who}: the API key in ${env} has a line break or a non-ASCII character") from None
+    return auth
 
 
 def parse_retry_after(headers: Mapping[str, str]) -> float | None:
@@ -178,12 +214,19 @@ class UpstreamResponse:
     the request cancelled). Either frees the slot; so does a failed read. Reads raise only gateway.errors
     kinds."""
 
-    __slots__ = ("_r", "_slots", "_project", "status", "headers")
+    __slots__ = ("_r", "_slots", "_project", "_on_done", "status", "headers")
 
-    def __init__(self, r: TransportResponse, slots: FairSlots | None, project: str) -> None:
+    def __init__(
+        self,
+        r: TransportResponse,
+        slots: FairSlots | None,
+        project: str,
+        on_done: Callable[[], None] | None = None,
+    ) -> None:
         self._r = r
         self._slots = slots
         self._project = project
+        self._on_done = on_done  # called once when the slot is freed (the plan's in-flight count)
         self.status = r.status
         self.headers = r.headers
 
@@ -218,6 +261,8 @@ class UpstreamResponse:
         slots, self._slots = self._slots, None
         if slots is not None:
             slots.release(self._project)
+            if self._on_done is not None:
+                self._on_done()
 
     def __del__(self) -> None:
         if self._slots is not None:  # never released: a bug above; don't let the provider lose the slot
@@ -242,6 +287,7 @@ class UpstreamResult:
     retry_wait_s: float = 0.0
     retry_reasons: list[str] = field(default_factory=list)
     slot_wait_s: float = 0.0  # waiting for a provider slot (queueing, not upstream time), all attempts
+    target: Any = None  # the plan's target of the final attempt (gateway.routing: a Deployment)
 
 
 # --- the client ----------------------------------------------------------------------------------
@@ -264,17 +310,7 @@ class UpstreamClient:
         self.base_url = cfg.base_url.rstrip("/")
         auth: dict[str, str] = {}
         if api_key:
-            if cfg.kind == "anthropic":
-                auth["x-api-key"] = api_key
-            else:
-                auth["Authorization"] = f"Bearer {api_key}"
-            try:
-                check_headers(auth)
-            except BadRequest:
-                raise ValueError(
-                    f"provider {name!r}: the API key in ${cfg.api_key_env} has a line break or a non-ASCII "
-                    "character"
-                ) from None
+            auth = auth_headers(cfg.kind, api_key, f"provider {name!r}", cfg.api_key_env)
         self._auth_headers = auth
         self.slots = FairSlots(cfg.max_connections)
         self._transport: Transport | None = transport
@@ -321,76 +357,9 @@ class UpstreamClient:
         API version, beta flags); the provider key is added here. ``project`` names the fair share the
         request's provider slot comes from. ``on_retry(reason)`` is called before each retry's wait.
         An UpstreamError raised here carries ``slot_wait_s`` too (getattr: absent on a BadRequest)."""
-        transport = self._transport
-        if transport is None or not self._started:
-            raise RuntimeError(f"upstream client {self.name!r} is not started")
-        for name in headers:
-            if name.lower() in RESERVED_HEADERS:
-                raise BadRequest(
-                    f"header {name!r} is set by the gateway and cannot be forwarded", error_class="bad_header"
-                )
-        check_headers(headers)
-        key = project or ""
-        slots = self.slots
-        r = self.retry
-        attempt = 0
-        waited = 0.0
-        slot_wait = 0.0
-        reasons: list[str] = []
-        while True:
-            slot_wait += await slots.acquire(key)
-            held = True
-            err: UpstreamError | None = None
-            try:
-                resp = await transport.post(path, body, headers)
-                status = resp.status
-                if status < 400:
-                    held = False
-                    return UpstreamResult(
-                        status, resp.headers, UpstreamResponse(resp, slots, key), None, attempt, waited,
-                        reasons, slot_wait,
-                    )  # fmt: skip
-                body_bytes = await self._read_error(resp)
-            except UpstreamError as e:
-                err = e
-            finally:
-                if held:
-                    slots.release(key)
-            if err is not None:
-                reason = retry_reason(err)
-                if reason is None:
-                    err.slot_wait_s = slot_wait  # type: ignore[attr-defined]
-                    raise err
-                delay = self._backoff(attempt)
-                if attempt >= r.max_retries or waited + delay > r.max_total_wait_s:
-                    final = type(err)(
-                        f"{err.message} (after {attempt} {'retry' if attempt == 1 else 'retries'})",
-                        error_class=err.error_class,
-                    )
-                    final.slot_wait_s = slot_wait  # type: ignore[attr-defined]
-                    raise final from None
-            else:
-                result = UpstreamResult(
-                    status, resp.headers, None, body_bytes, attempt, waited, reasons, slot_wait
-                )
-                if not is_retryable_status(status):
-                    return result
-                retry_after = parse_retry_after(resp.headers)
-                delay = retry_after if retry_after is not None else self._backoff(attempt)
-                if (
-                    attempt >= r.max_retries
-                    or (retry_after is not None and retry_after > r.max_retry_after_s)
-                    or waited + delay > r.max_total_wait_s
-                ):
-                    return result
-                reason = str(status)
-            reasons.append(reason)
-            if on_retry is not None:
-                on_retry(reason)
-            log.debug("retrying %s (%s) in %.2fs", self.name, reason, delay)
-            await asyncio.sleep(delay)
-            waited += delay
-            attempt += 1
+        return await send_planned(
+            _OneTarget(self, body), self.retry, path, headers, on_retry, project=project
+        )
 
     async def _read_error(self, resp: TransportResponse) -> bytes:
         """An error answer's body (b"" when it cannot be read whole); the response is done after it."""
@@ -402,10 +371,184 @@ class UpstreamClient:
             resp.release()
 
 
+class _Target(Protocol):
+    client: UpstreamClient | None
+    # a key header of its own, sent instead of the client's; None: the client's
+    auth: Mapping[str, str] | None
+
+
+class Plan(Protocol):
+    """Where a request's attempts go (``send_planned``); gateway.routing.RoutePlan is the full one."""
+
+    def first(self) -> Any: ...
+    def body(self, target: Any) -> bytes: ...
+    def begin(self, target: Any) -> None: ...
+    def done(self, target: Any) -> None: ...
+    def answered(self, target: Any) -> None: ...
+    def failed(self, target: Any, kind: str, retry_after: float | None) -> None: ...
+    def switch(self, target: Any, kind: str, same_model: bool) -> Any | None: ...
+    def again(self, target: Any) -> Any: ...
+    def context_fallback(self, target: Any, status: int, body: bytes | None) -> Any | None: ...
+
+
+class _OneTarget:
+    """The plan of ``UpstreamClient.send``: every attempt to that client, with its own key."""
+
+    __slots__ = ("client", "auth", "_body")
+
+    def __init__(self, client: UpstreamClient, body: bytes) -> None:
+        self.client, self.auth, self._body = client, None, body
+
+    def first(self) -> _OneTarget:
+        return self
+
+    def body(self, target: Any) -> bytes:
+        return self._body
+
+    def begin(self, target: Any) -> None:
+        pass
+
+    def done(self, target: Any) -> None:
+        pass
+
+    def answered(self, target: Any) -> None:
+        pass
+
+    def failed(self, target: Any, kind: str, retry_after: float | None) -> None:
+        pass
+
+    def switch(self, target: Any, kind: str, same_model: bool) -> None:
+        return None
+
+    def again(self, target: Any) -> _OneTarget:
+        return self
+
+    def context_fallback(self, target: Any, status: int, body: bytes | None) -> None:
+        return None
+
+
+async def send_planned(
+    plan: Plan,
+    r: RetryConfig,
+    path: str,
+    headers: Mapping[str, str],
+    on_retry: Callable[[str], None] | None = None,
+    *,
+    project: str | None = None,
+) -> UpstreamResult:
+    """The retry loop over the targets ``plan`` gives (see the module docstring for the rules). Each attempt
+    holds a slot of its target's client. A retryable failure may move to another target at once (the plan's
+    ``switch``: another deployment, a fallback model) or is retried after the backoff (``again``); either
+    way at most ``max_retries`` retries. ``UpstreamResult.target`` is the final attempt's target."""
+    for name in headers:
+        if name.lower() in RESERVED_HEADERS:
+            raise BadRequest(
+                f"header {name!r} is set by the gateway and cannot be forwarded", error_class="bad_header"
+            )
+    check_headers(headers)
+    key = project or ""
+    attempt = 0
+    waited = 0.0
+    slot_wait = 0.0
+    reasons: list[str] = []
+    target = plan.first()
+    while True:
+        client: UpstreamClient | None = target.client
+        transport = client._transport if client is not None else None
+        if client is None or transport is None or not client._started:
+            name = client.name if client is not None else "local"
+            raise RuntimeError(f"upstream client {name!r} is not started")
+        slots = client.slots
+        slot_wait += await slots.acquire(key)
+        plan.begin(target)
+        held = True
+        err: UpstreamError | None = None
+        nxt = None
+        try:
+            auth = target.auth
+            resp = await transport.post(
+                path, plan.body(target), headers if auth is None else {**headers, **auth}
+            )
+            status = resp.status
+            if status < 400:
+                held = False
+                plan.answered(target)
+                done = (lambda t=target: plan.done(t)) if not isinstance(plan, _OneTarget) else None
+                return UpstreamResult(
+                    status, resp.headers, UpstreamResponse(resp, slots, key, done), None, attempt, waited,
+                    reasons, slot_wait, target,
+                )  # fmt: skip
+            body_bytes = await client._read_error(resp)
+        except UpstreamError as e:
+            err = e
+        finally:
+            if held:
+                slots.release(key)
+                plan.done(target)
+        if err is not None:
+            reason = retry_reason(err)
+            kind = error_failure_kind(err)
+            plan.failed(target, kind, None)
+            if attempt < r.max_retries:  # a read timeout is not retried, but may go to a fallback model
+                nxt = plan.switch(target, kind, reason is not None)
+            if nxt is not None:
+                delay = 0.0
+                reason = reason or kind
+            else:
+                delay = client._backoff(attempt)
+                if reason is None or attempt >= r.max_retries or waited + delay > r.max_total_wait_s:
+                    if reason is None:
+                        err.slot_wait_s = slot_wait  # type: ignore[attr-defined]
+                        err.target = target  # type: ignore[attr-defined]
+                        raise err
+                    final = type(err)(
+                        f"{err.message} (after {attempt} {'retry' if attempt == 1 else 'retries'})",
+                        error_class=err.error_class,
+                    )
+                    final.slot_wait_s = slot_wait  # type: ignore[attr-defined]
+                    final.target = target  # type: ignore[attr-defined]
+                    raise final from None
+        else:
+            result = UpstreamResult(
+                status, resp.headers, None, body_bytes, attempt, waited, reasons, slot_wait, target
+            )
+            if not is_retryable_status(status):
+                plan.answered(target)  # the request's own fault (or the key's): not the deployment's health
+                nxt = plan.context_fallback(target, status, body_bytes)
+                if nxt is None:
+                    return result
+                delay, reason = 0.0, "context_window"
+            else:
+                retry_after = parse_retry_after(resp.headers)
+                kind = status_failure_kind(status)
+                plan.failed(target, kind, retry_after)
+                if attempt >= r.max_retries:
+                    return result
+                nxt = plan.switch(target, kind, True)
+                if nxt is not None:
+                    delay = 0.0
+                else:
+                    delay = retry_after if retry_after is not None else client._backoff(attempt)
+                    if (
+                        retry_after is not None and retry_after > r.max_retry_after_s
+                    ) or waited + delay > r.max_total_wait_s:
+                        return result
+                reason = str(status)
+        reasons.append(reason)
+        if on_retry is not None:
+            on_retry(reason)
+        if delay:
+            log.debug("retrying %s (%s) in %.2fs", client.name, reason, delay)
+            await asyncio.sleep(delay)
+            waited += delay
+        attempt += 1
+        target = nxt if nxt is not None else plan.again(target)
+
+
 def pool_warnings(settings: GatewaySettings) -> list[str]:
     """One line per provider whose ``max_connections`` is below the summed ``max_concurrency`` of the
-    projects that can use its models: their requests then wait for a connection (fairly shared, the wait
-    counted as queue time)."""
+    projects that can use its models (through any deployment of them or of their fallback models): their
+    requests then wait for a connection (fairly shared, the wait counted as queue time)."""
     out = []
     for pname, provider in settings.providers.items():
         if provider.kind == "local":
@@ -413,7 +556,7 @@ def pool_warnings(settings: GatewaySettings) -> list[str]:
         users = {
             proj: cfg.max_concurrency
             for proj, cfg in settings.projects.items()
-            if any(settings.models[m].provider == pname for m in cfg.models if m in settings.models)
+            if pname in _providers_reached(settings, cfg.models)
         }
         total = sum(users.values())
         if total > provider.max_connections:
@@ -424,3 +567,13 @@ def pool_warnings(settings: GatewaySettings) -> list[str]:
                 "requests wait for a connection, shared fairly between projects"
             )
     return out
+
+
+def _providers_reached(settings: GatewaySettings, models: list[str]) -> set[str]:
+    """The providers that requests for ``models`` may reach: their deployments' and their fallbacks'."""
+    names = set(models)
+    for m in models:
+        route = settings.models.get(m)
+        if route is not None:
+            names.update(route.fallbacks, route.context_window_fallbacks)
+    return {d.provider for m in names if m in settings.models for d in settings.models[m].deployments}

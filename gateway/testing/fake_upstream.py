@@ -38,6 +38,7 @@ class Fault:
     drop: bool = False  # close the connection without answering
     omit_usage: bool = False  # report no usage at all (the gateway must estimate)
     headers: dict[str, str] | None = None  # extra headers on an error answer (e.g. retry-after-ms)
+    error_body: dict | None = None  # an error answer's JSON body instead of the default (a context error)
     usage: dict | None = None  # non-streamed answer: merged into the usage reported (e.g. absurd counts)
     # used by the random fault mode; the pause is timed (no ``release`` needed)
     close_after_events: int | None = None  # stream: close the connection after N events (else mid-body)
@@ -94,6 +95,10 @@ class FakeUpstream:
         self.replies: deque[str] = deque()
         self.seen: list[Seen] = []
         self.usage_log: list[tuple[str, bool, int, int]] = []  # (path, stream, input, output)
+        # Prompt caching to report: OpenAI's cached tokens (a part of the input, at most all of it);
+        # Anthropic's cache_read_input_tokens and cache_creation_input_tokens (besides input_tokens).
+        self.cache_read_tokens = 0
+        self.cache_write_tokens = 0
         self.in_flight = 0
         self.max_in_flight = 0
         self.requests_by_path: dict[str, int] = {}
@@ -178,6 +183,8 @@ class FakeUpstream:
             body = {"type": "error", "error": {"type": "api_error", "message": msg}}
         else:
             body = {"error": {"message": msg, "type": "server_error", "param": None, "code": None}}
+        if fault.error_body is not None:
+            body = fault.error_body
         headers = {"Retry-After": fault.retry_after} if fault.retry_after is not None else {}
         headers.update(fault.headers or {})
         return web.json_response(body, status=fault.status, headers=headers)
@@ -338,6 +345,8 @@ class FakeUpstream:
         created = int(time.time())
         stream = bool(body.get("stream"))
         usage = {"prompt_tokens": inp, "completion_tokens": out, "total_tokens": inp + out}
+        if self.cache_read_tokens:
+            usage["prompt_tokens_details"] = {"cached_tokens": min(self.cache_read_tokens, inp)}
         if not stream:
             self._log("chat", False, inp, out)
             msg = {"role": "assistant", "content": self._text(body, words), "refusal": None}
@@ -422,7 +431,7 @@ class FakeUpstream:
             "input_tokens": inp,
             "output_tokens": out,
             "total_tokens": inp + out,
-            "input_tokens_details": {"cached_tokens": 0},
+            "input_tokens_details": {"cached_tokens": min(self.cache_read_tokens, inp)},
             "output_tokens_details": {"reasoning_tokens": 0},
         }
         self._log("responses", bool(body.get("stream")), inp, out)
@@ -478,7 +487,7 @@ class FakeUpstream:
             ],
             "stop_reason": "end_turn",
             "stop_sequence": None,
-            "usage": {"input_tokens": inp, "output_tokens": out},
+            "usage": {"input_tokens": inp, "output_tokens": out, **self._anthropic_cache()},
         }
         self._log("messages", bool(body.get("stream")), inp, out)
         if not body.get("stream"):
@@ -487,7 +496,7 @@ class FakeUpstream:
             **message,
             "content": [],
             "stop_reason": None,
-            "usage": {"input_tokens": inp, "output_tokens": 1},
+            "usage": {"input_tokens": inp, "output_tokens": 1, **self._anthropic_cache()},
         }
         events = [
             _sse({"type": "message_start", "message": start}, "message_start"),
@@ -517,6 +526,14 @@ class FakeUpstream:
             _sse({"type": "message_stop"}, "message_stop"),
         ]
         return await self._send_stream(request, events, fault, rid, "request-id")
+
+    def _anthropic_cache(self) -> dict:
+        if not (self.cache_read_tokens or self.cache_write_tokens):
+            return {}
+        return {
+            "cache_read_input_tokens": self.cache_read_tokens,
+            "cache_creation_input_tokens": self.cache_write_tokens,
+        }
 
     async def _count_tokens(self, request: web.Request) -> web.StreamResponse:
         async def make(request, body, seq, fault):

@@ -11,6 +11,8 @@ from gateway.testing.fake_upstream import Fault
 
 MSGS = [{"role": "user", "content": "hi"}]
 ALLOWED_LABELS = {"project", "model", "task", "status", "reason", "limit", "le"}
+# gateway.routing: configured deployment names, a fixed set of failure classes, configured model names
+ALLOWED_LABELS |= {"deployment", "class", "from_model", "to_model"}
 
 
 @pytest.fixture(params=DB_BACKENDS)
