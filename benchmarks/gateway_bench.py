@@ -12,6 +12,11 @@ Routed case: the same non-stream run against ``bench-routed``, a public model of
 warm-up request cools it), so each request pays the picker skipping a cooling deployment and the routing
 headers. Its gateway CPU per request is printed beside the plain proxy's (target: at most 25% more).
 
+Translated case: chat completions clients on ``bench-translated``, a model served by an anthropic provider
+(the same fake, answering Anthropic Messages), so the gateway translates each request (chat -> messages)
+and each answer back, whole and streamed event by event. Its gateway CPU per request is printed beside
+the plain proxy's, non-stream and stream (target: at most 25% more).
+
 ``--redis`` (``python -m benchmarks gateway --redis``) runs instead the limits comparison: non-stream
 requests per second and CPU per request (all gateway processes together, and the redis-server apart) with
 a project that has every limit set (concurrency, rpm, tpm, daily budget; far above what the run uses), for
@@ -45,6 +50,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "bench-model"
 ROUTED = "bench-routed"  # two deployments, one cooling down (the routed case)
+TRANSLATED = "bench-translated"  # served by an anthropic provider: chat -> messages (the translated case)
 BODY = {
     "model": MODEL,
     "messages": [{"role": "user", "content": "Summarise the FP8 GEMM anomaly in one line."}],
@@ -61,6 +67,7 @@ def _config(tmp: Path, fake_port: int, gw_port: int, limits: dict) -> dict:
             "fake": {"kind": "openai", "base_url": f"http://127.0.0.1:{fake_port}/v1"},
             # nothing listens there: the routed case's cooling deployment
             "dead": {"kind": "openai", "base_url": f"http://127.0.0.1:{_free_port()}/v1"},
+            "fake-anthropic": {"kind": "anthropic", "base_url": f"http://127.0.0.1:{fake_port}/v1"},
         },
         "models": {
             MODEL: {"provider": "fake", "upstream_model": MODEL},
@@ -70,9 +77,10 @@ def _config(tmp: Path, fake_port: int, gw_port: int, limits: dict) -> dict:
                     {"name": "warm", "provider": "fake", "upstream_model": MODEL},
                 ]
             },
+            TRANSLATED: {"provider": "fake-anthropic", "upstream_model": MODEL},
         },
         "routing": {"allowed_fails": 0, "cooldown_s": 3600, "max_cooldown_s": 3600},
-        "projects": {"bench": {"models": [MODEL, ROUTED], "default_task": "bench", **limits}},
+        "projects": {"bench": {"models": [MODEL, ROUTED, TRANSLATED], "default_task": "bench", **limits}},
     }
 
 
@@ -248,6 +256,11 @@ async def run(args: argparse.Namespace) -> dict:
         res["routed_via"] = await throughput(
             via, h_via, False, args.concurrency, args.seconds, {"fake": fake_pid, "gateway": gw_pid}, ROUTED
         )
+        for stream in (False, True):
+            res[f"translated_{'stream' if stream else 'nonstream'}_via"] = await throughput(
+                via, h_via, stream, args.concurrency, args.seconds, {"fake": fake_pid, "gateway": gw_pid},
+                TRANSLATED,
+            )  # fmt: skip
         return res
     finally:
         for p in reversed(procs):
@@ -418,6 +431,17 @@ def report(res: dict, args: argparse.Namespace) -> str:
             lines.append(
                 f"  gateway CPU us/req: plain {plain['gateway_cpu_us']:.0f}, routed "
                 f"{routed['gateway_cpu_us']:.0f} ({more:+.0%}; target <= +25%)"
+            )
+    for tag, label in (("nonstream", "non-stream"), ("stream", "stream")):
+        plain, tr = res[f"{tag}_via"], res.get(f"translated_{tag}_via")
+        if tr is None:
+            continue
+        lines.append(f"translated chat->messages, {label}: {tr['rps']:.0f} req/s @{args.concurrency}")
+        if tr.get("gateway_cpu_us") and plain.get("gateway_cpu_us"):
+            more = tr["gateway_cpu_us"] / plain["gateway_cpu_us"] - 1
+            lines.append(
+                f"  gateway CPU us/req: plain {plain['gateway_cpu_us']:.0f}, translated "
+                f"{tr['gateway_cpu_us']:.0f} ({more:+.0%}; target <= +25%)"
             )
     loop = "uvloop" if _has_uvloop() and not args.no_uvloop else "asyncio"
     lines.append(

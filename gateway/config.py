@@ -233,8 +233,9 @@ class GatewaySettings(BaseSettings):
         return self
 
     def _check_route(self, name: str, route: ModelRoute) -> None:
-        """A route's providers exist, and every deployment and fallback speaks one wire format (the
-        provider kind); another kind would need translation, which routing does not do yet."""
+        """A route's providers exist. Deployments and fallbacks may mix the openai and anthropic kinds (the
+        proxy translates per target, gateway.translate); the offline drafter (kind ``local``) serves only the
+        summaries endpoint and cannot be mixed with either."""
         single = len(route.deployments) == 1 and route.deployments[0].name == route.provider
         kind = None
         for i, d in enumerate(route.deployments):
@@ -246,10 +247,11 @@ class GatewaySettings(BaseSettings):
                 )
             if kind is None:
                 kind = provider.kind
-            elif provider.kind != kind:
+            elif (provider.kind == "local") != (kind == "local"):
                 raise ValueError(
-                    f"{where}: provider {d.provider!r} speaks {provider.kind}, the model's first deployment "
-                    f"{kind}: needs translation, which routing does not do yet"
+                    f"{where}: provider {d.provider!r} is of kind {provider.kind}, the model's first "
+                    f"deployment {kind}: the offline drafter (local) cannot share a model with an API "
+                    "provider"
                 )
         for field in ("fallbacks", "context_window_fallbacks"):
             for i, other in enumerate(getattr(route, field)):
@@ -261,10 +263,10 @@ class GatewaySettings(BaseSettings):
                     raise ValueError(f"{where}: a model cannot be its own fallback")
                 other_provider = self.providers.get(target.deployments[0].provider)
                 other_kind = other_provider.kind if other_provider is not None else None
-                if other_kind is not None and other_kind != kind:
+                if other_kind is not None and (other_kind == "local") != (kind == "local"):
                     raise ValueError(
-                        f"{where}: {other!r} speaks {other_kind}, {name!r} speaks {kind}: needs translation, "
-                        "which routing does not do yet"
+                        f"{where}: {other!r} is of kind {other_kind}, {name!r} of kind {kind}: the offline "
+                        "drafter (local) cannot be a fallback of an API model, nor the other way round"
                     )
 
     def secret_bytes(self) -> bytes | None:

@@ -5,6 +5,12 @@ It reads the settings the chosen tool would use (environment, Codex ``config.tom
 model list and one request with the smallest output (``max_tokens=1``; Responses ``max_output_tokens=16``,
 the least OpenAI accepts). Every result becomes one line: PASS, WARN or FAIL, the cause in plain words and
 the fix. Any FAIL makes the command exit non-zero.
+
+Translation: the gateway serves any model to any tool, translating between wire formats when the model's
+provider speaks another one (it then answers with ``x-farm-translation: messages->chat``). Without a
+configured model the doctor calls the allowed models in order until one answers in the tool's own format
+(the "model call" line), and checks the translation path with one tiny call to a model the tool reaches
+through translation (the "translation" line: which model, which translation), when the project has one.
 """
 
 from __future__ import annotations
@@ -747,21 +753,32 @@ class Doctor:
         return base + "/chat/completions", body
 
     async def model_call(self, probe: Prober, r: Resolved, key: str, allowed: list[str]) -> None:
-        # No model configured: try the allowed ones in order, skipping those of the other API's kind.
+        # No model configured: try the allowed ones in order until one answers in the tool's own format
+        # (one reached through translation is remembered for the translation check).
         candidates = [r.model] if r.model else allowed
         if not candidates:
             self.add(_fail("model", "the key's project has no models.", "ask the admin to configure some."))
             return
         h = {**self.headers(key), "X-Farm-Task": "doctor"}
+        translated: tuple[str, Reply] | None = None
+        tried = 0
         for model in candidates:
             url, body = self.call(r, model)
             reply = await probe.request("model call", "POST", url, h, body)
-            if r.model or reply.status != 400 or "cannot be called" not in reply.error()[1]:
+            tried += 1
+            if r.model or reply.status != 200 or not reply.headers.get("x-farm-translation"):
                 break
+            translated = translated or (model, reply)
+        else:
+            model, reply = translated  # type: ignore[misc]  # every model is of the other format
         where = f" (from {r.model_from})" if r.model_from else ""
         listing = ", ".join(allowed)
         if reply.status == 200:
-            self.add(_pass("model call", f"{model}{where} answered in {reply.elapsed_ms:.0f} ms."))
+            how = reply.headers.get("x-farm-translation")
+            via = f" through the gateway's translation ({how})" if how else ""
+            self.add(_pass("model call", f"{model}{where} answered{via} in {reply.elapsed_ms:.0f} ms."))
+            if not r.model:
+                await self.translation(probe, r, h, candidates[tried:], translated)
             return
         code, msg = reply.error()
         setting = {"claude-code": "ANTHROPIC_MODEL", "codex": "model in config.toml"}.get(
@@ -781,14 +798,6 @@ class Doctor:
                     "model call",
                     f"404: the gateway has no model {model!r}{where} ({msg}); your key may use {listing}.",
                     f"set {setting} to one of those.",
-                )
-            )
-        elif reply.status == 400 and code in ("invalid_request_error", "") and "cannot be called" in msg:
-            self.add(
-                _fail(
-                    "model call",
-                    f"400: {msg}; {self.inp.tool} needs a model of the other kind. Allowed: {listing}.",
-                    f"set {setting} to a model this tool can call.",
                 )
             )
         elif reply.status == 429:
@@ -824,6 +833,44 @@ class Doctor:
                     f"{reply.status}: {msg or code}.",
                     "retry later; if it persists, report the x-request-id "
                     f"{reply.headers.get('x-request-id', '')} to the admin.",
+                )
+            )
+
+    async def translation(
+        self,
+        probe: Prober,
+        r: Resolved,
+        h: dict[str, str],
+        rest: list[str],
+        seen: tuple[str, Reply] | None,
+    ) -> None:
+        """The translation path: a model this tool reaches through translation answered (``seen``), else
+        the first of the untried models ``rest`` that the gateway translates; no line when none does."""
+        for model in rest:
+            if seen is not None:
+                break
+            url, body = self.call(r, model)
+            reply = await probe.request("translation", "POST", url, h, body)
+            if reply.status != 200:
+                code, msg = reply.error()
+                self.add(
+                    _fail(
+                        "translation",
+                        f"{model} answered {reply.status}: {msg or code}.",
+                        f"report the x-request-id {reply.headers.get('x-request-id', '')} to the admin.",
+                    )
+                )
+                return
+            if reply.headers.get("x-farm-translation"):
+                seen = (model, reply)
+        if seen is not None:
+            model, reply = seen
+            how = reply.headers["x-farm-translation"]
+            self.add(
+                _pass(
+                    "translation",
+                    f"{model} is served in another wire format; the gateway translates ({how}) and it "
+                    f"answered in {reply.elapsed_ms:.0f} ms.",
                 )
             )
 

@@ -71,21 +71,21 @@ class ProjectModels:
     openai: list[str]  # models served by an OpenAI-compatible provider
 
     def claude_pair(self) -> tuple[str, str]:
-        """(main, small/fast) for Claude Code."""
-        if not self.anthropic:
-            raise OnboardingError(
-                f"project {self.project!r} has no model served by an Anthropic provider, so Claude Code "
-                f"cannot use it (its models: {', '.join(self.openai)}); use --tool codex or openai-env"
-            )
-        return self.anthropic[0], _pick_small(self.anthropic)
+        """(main, small/fast) for Claude Code: Anthropic models first; a project with none gets its OpenAI
+        ones, which the gateway reaches by translating Messages to chat completions."""
+        models = self.anthropic or self.openai
+        return models[0], _pick_small(models)
 
     def codex_model(self) -> str:
-        if not self.openai:
-            raise OnboardingError(
-                f"project {self.project!r} has no model served by an OpenAI-compatible provider, so Codex "
-                f"cannot use it (its models: {', '.join(self.anthropic)}); use --tool claude-code"
-            )
-        return next((m for m in self.openai if "codex" in m), self.openai[0])
+        """Codex's model: an OpenAI one first (one named like codex preferred); a project with none gets an
+        Anthropic one, which the gateway reaches by translating Responses to Messages."""
+        models = self.openai or self.anthropic
+        return next((m for m in models if "codex" in m), models[0])
+
+    def translated(self, tool: str) -> list[str]:
+        """The project's models that ``tool`` reaches only through the gateway's wire-format translation
+        (Claude Code speaks Messages; Codex, CC Switch's codex app and the openai SDK speak OpenAI)."""
+        return list(self.openai if tool == "claude-code" else self.anthropic)
 
 
 def _pick_small(models: list[str]) -> str:
@@ -212,32 +212,33 @@ def merge_codex_toml(req: ConfigRequest, existing: str) -> str:
 
 
 def cc_switch_profiles(req: ConfigRequest) -> dict:
-    """One CC Switch provider profile per app the project can serve, each with its import deep link."""
+    """A CC Switch provider profile for Claude Code and one for Codex, each with its import deep link (each
+    tool reaches every model, those of the other wire format through the gateway's translation)."""
     profiles = []
     key = req.key or placeholder(req.key_env)
     name = f"KernelFarm {req.models.project}"
-    if req.models.anthropic:
-        main, small = req.models.claude_pair()
-        profiles.append(
-            {
-                "app": "claude",
-                "name": name,
-                "base_url": root_url(req.base_url),
-                "api_key": key,
-                "model": main,
-                "haiku_model": small,
-            }
-        )
-    if req.models.openai:
-        profiles.append(
-            {
-                "app": "codex",
-                "name": name,
-                "base_url": root_url(req.base_url) + "/v1",
-                "api_key": key,
-                "model": req.models.codex_model(),
-            }
-        )
+    # every project: Claude Code reaches OpenAI models through translation
+    main, small = req.models.claude_pair()
+    profiles.append(
+        {
+            "app": "claude",
+            "name": name,
+            "base_url": root_url(req.base_url),
+            "api_key": key,
+            "model": main,
+            "haiku_model": small,
+        }
+    )
+    # and Codex reaches Anthropic models the same way
+    profiles.append(
+        {
+            "app": "codex",
+            "name": name,
+            "base_url": root_url(req.base_url) + "/v1",
+            "api_key": key,
+            "model": req.models.codex_model(),
+        }
+    )
     for p in profiles:
         query = {"resource": "provider", "app": p["app"], "name": p["name"], "endpoint": p["base_url"]}
         if req.key:

@@ -3,6 +3,17 @@
 Each request goes through the pipeline (gateway.pipeline): authenticate, read and check the body, route the
 public model to its provider, admit, send, then relay the answer (whole or as a stream) while counting its
 tokens. Bodies pass through untouched except the model id and, for chat streams, ``stream_options``.
+
+**Any client on any model.** Each attempt's target (a deployment, gateway.routing) speaks its provider's wire
+format. A target of the client's own kind gets the body as above (no translation, no parsing of the answer
+beyond the usage). Any other target gets a translated request (gateway.translate): Anthropic Messages for an
+anthropic provider, chat completions for an openai one (every OpenAI-compatible API has those), on that
+format's path and with its headers (``anthropic-version`` for Anthropic; ``anthropic-beta`` and
+``openai-beta`` are not sent across: a beta flag only unlocks request fields, and every field the body uses
+is translated or refused by name). Its answer, whole, streamed (event by event as it arrives) or an error,
+is translated back to the client's format; its tokens are counted on the upstream's own bytes. A feature
+with no equivalent is a 400 naming it, before any upstream call. ``count_tokens`` on a model served by an
+openai provider is answered here, with the gateway's estimate of the translated request.
 """
 
 from __future__ import annotations
@@ -27,7 +38,9 @@ from gateway.errors import (
     upstream_error_is_shaped,
 )
 from gateway.pipeline import Pipeline, Record, dump_json, header, parse_json_object, read_body
-from gateway.routing import Deployment, RoutePlan
+from gateway.routing import Deployment, ModelDeployments, RoutePlan
+from gateway.summary_schema import SUMMARIES_PATH
+from gateway.translate import Format, StreamTranslator, translate_error, translate_request, translate_response
 from gateway.upstream import UpstreamResult, client_retry_after
 from gateway.usage import Api, StreamUsage, estimate_output_tokens, estimate_tokens, usage_details
 
@@ -36,24 +49,33 @@ if TYPE_CHECKING:
 
 FORWARD_HEADERS = ("anthropic-version", "anthropic-beta", "openai-beta", "accept")
 DEFAULT_ANTHROPIC_VERSION = "2023-06-01"
-SUMMARIES_HINT = "/v1/farm/summaries"
+SUMMARIES_HINT = SUMMARIES_PATH
 # After the gateway has retried, the client must not retry again on top (both SDKs honour this header):
 # one client call then costs at most max_retries + 1 upstream attempts.
 NO_CLIENT_RETRY = {"x-should-retry": "false"}
 
 
+# A target whose provider kind is not the client's gets this format (every OpenAI-compatible API has chat
+# completions), on this path.
+UPSTREAM_FORMAT: dict[str, Format] = {"anthropic": "messages", "openai": "chat"}
+UPSTREAM_PATH = {"messages": "/messages", "chat": "/chat/completions"}
+# Headers that only mean something to one provider kind: not sent to a target of another kind.
+_KIND_HEADERS = ("anthropic-version", "anthropic-beta", "openai-beta")
+
+
 @dataclass(frozen=True, slots=True)
 class Endpoint:
     name: str  # chat | responses | messages | count_tokens
-    style: ApiStyle
+    style: ApiStyle  # the provider kind it speaks natively
     path: str  # appended to the provider's base_url
     usage_api: Api | None  # None: the request consumes no tokens
+    fmt: Format  # the client's wire format
 
 
-CHAT = Endpoint("chat", "openai", "/chat/completions", "chat")
-RESPONSES = Endpoint("responses", "openai", "/responses", "responses")
-MESSAGES = Endpoint("messages", "anthropic", "/messages", "messages")
-COUNT_TOKENS = Endpoint("count_tokens", "anthropic", "/messages/count_tokens", None)
+CHAT = Endpoint("chat", "openai", "/chat/completions", "chat", "chat")
+RESPONSES = Endpoint("responses", "openai", "/responses", "responses", "responses")
+MESSAGES = Endpoint("messages", "anthropic", "/messages", "messages", "messages")
+COUNT_TOKENS = Endpoint("count_tokens", "anthropic", "/messages/count_tokens", None, "messages")
 ENDPOINTS = {
     "/v1/chat/completions": CHAT,
     "/v1/responses": RESPONSES,
@@ -90,6 +112,15 @@ def forward_headers(request: web.Request, ep: Endpoint) -> dict[str, str]:
     if ep.style == "anthropic" and "anthropic-version" not in headers:
         headers["anthropic-version"] = DEFAULT_ANTHROPIC_VERSION
     return headers
+
+
+def translated_headers(headers: dict[str, str], kind: str) -> dict[str, str]:
+    """The client's headers for a target of provider ``kind`` that is not the client's: the other kind's
+    version and beta flags dropped, ``anthropic-version`` set for Anthropic (the client's, if it sent one)."""
+    out = {k: v for k, v in headers.items() if k not in _KIND_HEADERS}
+    if kind == "anthropic":
+        out["anthropic-version"] = headers.get("anthropic-version", DEFAULT_ANTHROPIC_VERSION)
+    return out
 
 
 class Proxy:
@@ -140,30 +171,57 @@ class Proxy:
                 f"model {head.model!r} is the offline drafter: call it through {SUMMARIES_HINT}",
                 error_class="wrong_endpoint",
             )
-        if (models.kind == "anthropic") != (ep.style == "anthropic"):
-            raise BadRequest(
-                f"model {head.model!r} is served by a {models.kind} provider and cannot be called "
-                f"through this endpoint",
-                error_class="wrong_endpoint",
-            )
+        if ep is COUNT_TOKENS and models.kind != ep.style:
+            return self._count_locally(rec, body, models)
 
         strip_usage = False
         if ep is CHAT and head.stream:
             opts = body.get("stream_options")
             if not (isinstance(opts, dict) and opts.get("include_usage")):
-                body["stream_options"] = {**(opts if isinstance(opts, dict) else {}), "include_usage": True}
-                strip_usage = True
+                strip_usage = True  # the client did not ask for the usage chunk: the gateway does
+        if strip_usage:
+            opts = body.get("stream_options")
+            body["stream_options"] = {**(opts if isinstance(opts, dict) else {}), "include_usage": True}
         bodies: dict[str, bytes] = {}
         if not strip_usage:
             bodies[head.model] = raw  # sent as it came when the upstream id is the public one
+        translated: dict[tuple[str, str], tuple[str, bytes, dict[str, str]]] = {}
 
-        def prepare(target: Deployment) -> bytes:
-            """The body for one attempt's target: its upstream model id (encoded once per id)."""
+        def prepare(target: Deployment) -> bytes | tuple[str, bytes, dict[str, str]]:
+            """What one attempt's target gets: the body with its upstream model id (encoded once per id), or
+            for a target of another kind the translated (path, body, headers)."""
+            if target.kind != ep.style:
+                return translate_for(target)
             out = bodies.get(target.upstream_model)
             if out is None:
                 body["model"] = target.upstream_model
                 out = bodies[target.upstream_model] = dump_json(body)
             return out
+
+        def translate_for(target: Deployment) -> tuple[str, bytes, dict[str, str]]:
+            dst = UPSTREAM_FORMAT[target.kind]
+            key = (dst, target.upstream_model)
+            out = translated.get(key)
+            if out is None:
+                try:
+                    tb = translate_request(
+                        body, ep.fmt, dst, upstream_model=target.upstream_model,
+                        default_max_tokens=project.default_max_tokens,
+                    )  # fmt: skip
+                except BadRequest as e:
+                    if target.model != head.model:  # a fallback model's format: say which
+                        e.message = f"fallback model {target.model!r} ({target.kind}): {e.message}"
+                    raise
+                out = translated[key] = (
+                    UPSTREAM_PATH[dst],
+                    dump_json(tb),
+                    translated_headers(headers, target.kind),
+                )
+            return out
+
+        for d in models.deployments:  # the primary's translations now: an untranslatable field is a 400 here
+            if d.kind != ep.style:
+                translate_for(d)
 
         input_estimate = estimate_tokens(raw)
         cap = head.token_cap()
@@ -174,24 +232,24 @@ class Proxy:
             try:
                 result = await pipeline.send(rec, plan, ep.path, raw, headers)  # type: ignore[arg-type]
             finally:
-                self._note_target(rec, plan)
+                self._note_target(rec, plan, ep)
             if result.status >= 400:
                 return self._upstream_error(result, ep, rec)
-            return self._with_route(result, await self._respond_whole(request, result, ep, rec, raw))
+            return self._with_route(result, await self._respond_whole(request, result, ep, rec, raw), ep)
 
         admission = await pipeline.admit(rec, cap, input_estimate)
         try:
             try:
                 result = await pipeline.send(rec, plan, ep.path, raw, headers)  # type: ignore[arg-type]
             finally:
-                self._note_target(rec, plan)
+                self._note_target(rec, plan, ep)
             if result.status >= 400:
                 return self._upstream_error(result, ep, rec)
             if head.stream:
                 return await self._respond_stream(request, result, ep, rec, raw, strip_usage)
-            return self._with_route(result, await self._respond_whole(request, result, ep, rec, raw))
+            return self._with_route(result, await self._respond_whole(request, result, ep, rec, raw), ep)
         except GatewayError as e:
-            extra = self._route_headers(plan.target)
+            extra = self._route_headers(plan.target, ep)
             if rec.retries:
                 extra.update(NO_CLIENT_RETRY)
             if e.headers is None:
@@ -203,25 +261,45 @@ class Proxy:
             plan.settle(rec.input_tokens + rec.output_tokens)
 
     @staticmethod
-    def _note_target(rec: Record, plan: RoutePlan) -> None:
-        """The ledger's view of where the request went: the final attempt's deployment."""
+    def _note_target(rec: Record, plan: RoutePlan, ep: Endpoint) -> None:
+        """The ledger's view of where the request went: the final attempt's deployment, and the
+        translation ("messages->chat") when it speaks another format than the client."""
         target = plan.target
         if target is not None:
             rec.deployment, rec.provider = target.name, target.provider
             rec.upstream_model = target.upstream_model
             if plan.fallback_from is not None:
                 rec.fallback_from = plan.fallback_from
+            rec.translation = None if target.kind == ep.style else f"{ep.fmt}->{UPSTREAM_FORMAT[target.kind]}"
+
+    def _count_locally(self, rec: Record, body: dict, models: ModelDeployments) -> web.Response:
+        """count_tokens for a model served by an openai provider (which has no such endpoint): the gateway's
+        estimate of the request translated to chat completions, with no upstream call."""
+        first = models.deployments[0]
+        chat = translate_request(body, "messages", "chat", upstream_model=first.upstream_model)
+        rec.translation = "messages->chat"
+        rec.provider, rec.upstream_model = first.provider, first.upstream_model
+        rec.status, rec.http_status = "ok", 200
+        self.pipeline.account(rec)
+        return web.json_response(
+            {"input_tokens": estimate_tokens(dump_json(chat))},
+            headers={"x-request-id": rec.request_id, "x-farm-model": models.model},
+        )
 
     @staticmethod
-    def _route_headers(target: Deployment | None) -> dict[str, str]:
-        """``x-farm-model`` (the public model that answered: a fallback's when one did) and
-        ``x-farm-deployment`` (its deployment)."""
+    def _route_headers(target: Deployment | None, ep: Endpoint) -> dict[str, str]:
+        """``x-farm-model`` (the public model that answered: a fallback's when one did),
+        ``x-farm-deployment`` (its deployment) and, when its format is not the client's,
+        ``x-farm-translation`` ("messages->chat")."""
         if target is None:
             return {}
-        return {"x-farm-model": target.model, "x-farm-deployment": target.name}
+        headers = {"x-farm-model": target.model, "x-farm-deployment": target.name}
+        if target.kind != ep.style:
+            headers["x-farm-translation"] = f"{ep.fmt}->{UPSTREAM_FORMAT[target.kind]}"
+        return headers
 
-    def _with_route(self, result: UpstreamResult, resp: web.Response) -> web.Response:
-        resp.headers.update(self._route_headers(result.target))
+    def _with_route(self, result: UpstreamResult, resp: web.Response, ep: Endpoint) -> web.Response:
+        resp.headers.update(self._route_headers(result.target, ep))
         return resp
 
     def _upstream_error(self, result: UpstreamResult, ep: Endpoint, rec: Record) -> web.Response:
@@ -230,7 +308,7 @@ class Proxy:
         rec.upstream_end = time.perf_counter()
         status = result.status
         rec.status, rec.http_status, rec.error_class = "error", status, f"upstream_{status}"
-        extra = self._route_headers(result.target)
+        extra = self._route_headers(result.target, ep)
         if rec.retries:
             extra.update(NO_CLIENT_RETRY)
         if status in (401, 403):
@@ -254,6 +332,13 @@ class Proxy:
             parsed = parse_json_object(body)
         except GatewayError:
             parsed = None
+        target = result.target
+        if target is not None and target.kind != ep.style:  # the error of a translated target
+            src = UPSTREAM_FORMAT[target.kind]
+            out = translate_error(parsed if parsed is not None else body, src, ep.fmt, status=status)
+            return web.Response(
+                status=status, body=dump_json(out), content_type="application/json", headers=headers
+            )
         if upstream_error_is_shaped(ep.style, parsed):
             return web.Response(status=status, body=body, content_type="application/json", headers=headers)
         detail = body[:500].decode("utf-8", "replace").strip()
@@ -271,25 +356,47 @@ class Proxy:
         finally:
             upstream.release()
             rec.upstream_end = time.perf_counter()
+        target = result.target
+        src: Format | None = None  # the upstream's format when it is not the client's
+        if target is not None and target.kind != ep.style:
+            src = UPSTREAM_FORMAT[target.kind]
+        content_type = upstream.headers.get("Content-Type", "application/json")
         if ep.usage_api is not None:
             try:
                 parsed = parse_json_object(data)
             except GatewayError:
                 parsed = None
-            usage = usage_details(ep.usage_api, parsed)
+            usage = usage_details(src or ep.usage_api, parsed)
             if usage is not None:
                 rec.input_tokens, rec.output_tokens, rec.cached_input_tokens, rec.cache_write_tokens = usage
             else:
                 rec.input_tokens, rec.output_tokens = estimate_tokens(raw), estimate_output_tokens(data)
                 rec.estimated = True
+            if src is not None:
+                data = self._translate_answer(rec, parsed, src, ep.fmt)
+                content_type = "application/json"
         rec.status, rec.http_status = "ok", result.status
-        headers = {
-            "Content-Type": upstream.headers.get("Content-Type", "application/json"),
-            "x-request-id": rec.request_id,
-        }
+        headers = {"Content-Type": content_type, "x-request-id": rec.request_id}
         # The row is spooled before the answer leaves: a client that got it always has its row.
         self.pipeline.account(rec)
         return web.Response(status=result.status, body=data, headers=headers)
+
+    def _translate_answer(self, rec: Record, parsed: dict | None, src: Format, dst: Format) -> bytes:
+        """A translated target's whole answer in the client's format; a 502 when it cannot be read (it is
+        accounted first: the upstream did answer, and its tokens are counted)."""
+        try:
+            if parsed is None:
+                raise ValueError("not a JSON object")
+            out = translate_response(parsed, src, dst, public_model=rec.public_model or "")
+        except (GatewayError, ValueError, TypeError, KeyError, AttributeError) as e:
+            detail = e.message if isinstance(e, GatewayError) else str(e)
+            rec.status, rec.http_status, rec.error_class = "error", 502, "untranslatable_answer"
+            self.pipeline.account(rec)
+            raise UpstreamError(
+                f"upstream {rec.provider!r} sent an answer that cannot be translated to {dst}: {detail}",
+                error_class="untranslatable_answer",
+            ) from None
+        return dump_json(out)
 
     async def _respond_stream(
         self,
@@ -301,8 +408,33 @@ class Proxy:
         strip_usage: bool,
     ) -> web.StreamResponse:
         upstream = result.response
-        tracker = StreamUsage(ep.usage_api, strip_usage)
+        target = result.target
         responses_api = ep is RESPONSES
+        if target is None or target.kind == ep.style:  # the client's own format: bytes pass through
+            tracker = StreamUsage(ep.usage_api, strip_usage)
+            feed, finish = tracker.feed, tracker.finish
+            content_type = upstream.headers.get("Content-Type", "text/event-stream")
+
+            def error_event(status: int, message: str) -> bytes:
+                return sse_error_event(ep.style, status, message, responses_api=responses_api)
+
+        else:  # translated event by event; the tokens are counted on the upstream's own bytes
+            src = UPSTREAM_FORMAT[target.kind]
+            tracker = StreamUsage(src)
+            translator = StreamTranslator(
+                src, ep.fmt, public_model=rec.public_model or "", include_usage=not strip_usage
+            )
+            content_type = "text/event-stream"
+            error_event = translator.error_event
+
+            def feed(chunk: bytes) -> bytes:
+                tracker.feed(chunk)
+                return translator.feed(chunk)
+
+            def finish() -> bytes:
+                tracker.finish()
+                return translator.finish()
+
         clean_end = False
         try:
             # Nothing has gone to the client yet: a failure here is still a clean error answer.
@@ -310,17 +442,17 @@ class Proxy:
             while not first:
                 chunk = await upstream.readany()
                 if not chunk:
-                    first = tracker.finish()
+                    first = finish()
                     break
-                first = tracker.feed(chunk)
+                first = feed(chunk)
 
             out = web.StreamResponse(
                 status=200,
                 headers={
-                    "Content-Type": upstream.headers.get("Content-Type", "text/event-stream"),
+                    "Content-Type": content_type,
                     "Cache-Control": "no-cache",
                     "x-request-id": rec.request_id,
-                    **self._route_headers(result.target),
+                    **self._route_headers(result.target, ep),
                 },
             )
             try:
@@ -340,10 +472,10 @@ class Proxy:
                             "stalled mid-stream" if isinstance(e, UpstreamTimeout) else "broke off the stream"
                         )
                         msg = f"upstream {rec.provider!r} {how}: {e.message}"
-                        await out.write(sse_error_event(ep.style, e.status, msg, responses_api=responses_api))
+                        await out.write(error_event(e.status, msg))
                         break
                     if not chunk:
-                        tail = tracker.finish()
+                        tail = finish()
                         rec.status = "ok"
                         clean_end = True
                         self._count_tokens(rec, tracker, raw)
@@ -351,7 +483,7 @@ class Proxy:
                         if tail:
                             await out.write(tail)
                         break
-                    data = tracker.feed(chunk)
+                    data = feed(chunk)
                     if data:
                         await out.write(data)
                         if rec.ttft is None:

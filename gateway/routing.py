@@ -26,9 +26,10 @@ tried by this request (at once, without backing off), then the model's ``fallbac
 failure's class is in the project's ``fallback_on``, else the same model again after the usual backoff. A
 context-window error (a 400 that says so) is re-sent once to the model's first
 ``context_window_fallbacks`` entry when ``fallback_on`` has ``context_window``; any other 400 is final.
-Fallbacks are operator config: any project allowed the primary model may be served by its fallbacks. They
-must speak the primary's wire format (checked in gateway.config); a target is an explicit ``Deployment``
-with its provider ``kind``, so a translation step can be put between a request and a target later.
+Fallbacks are operator config: any project allowed the primary model may be served by its fallbacks.
+Deployments and fallbacks may speak different wire formats: a target is an explicit ``Deployment`` with its
+provider ``kind``, and the request's ``prepare(target)`` gives what to send it (gateway.proxy translates the
+body, path and headers for a target of another kind, and its answer back).
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ if TYPE_CHECKING:
     from gateway.metrics import GatewayMetrics
 
 log = logging.getLogger("gateway.routing")
+
+# what a plan's ``prepare(target)`` gives: the body, or (path, body, headers) for a translated target
+Prepared = bytes | tuple[str, bytes, Mapping[str, str]]
 
 WINDOW_S = 60.0  # the rpm/tpm window
 # failure kinds (metrics label "class") -> the fallback_on class that lets them move to a fallback model
@@ -272,10 +276,11 @@ class Router:
         project: ProjectConfig,
         *,
         tokens: int = 0,
-        prepare: Callable[[Deployment], bytes] | None = None,
+        prepare: Callable[[Deployment], Prepared] | None = None,
     ) -> RoutePlan:
         """The plan of one request for public ``model`` (a configured one). ``tokens``: its estimate for the
-        deployments' tpm; ``prepare(target)``: the body to send to a target (its upstream model id)."""
+        deployments' tpm; ``prepare(target)``: the body to send to a target (its upstream model id), or
+        (path, body, headers) when the target needs a request of its own (another wire format)."""
         return RoutePlan(self, self.models[model], project.fallback_on, tokens, prepare)
 
 
@@ -295,7 +300,7 @@ class RoutePlan:
         primary: ModelDeployments,
         fallback_on: list[str],
         tokens: int,
-        prepare: Callable[[Deployment], bytes] | None,
+        prepare: Callable[[Deployment], Prepared] | None,
     ) -> None:
         self.router = router
         self.primary = primary
@@ -339,9 +344,16 @@ class RoutePlan:
         self.target = target
         return target
 
-    def body(self, target: Deployment) -> bytes:
+    def request(
+        self, target: Deployment, path: str, headers: Mapping[str, str]
+    ) -> tuple[str, bytes, Mapping[str, str]]:
+        """What an attempt to ``target`` sends: ``prepare(target)``'s body on the request's own path and
+        headers, or its own (path, body, headers) for a target of another wire format."""
         assert self.prepare is not None
-        return self.prepare(target)
+        out = self.prepare(target)
+        if isinstance(out, bytes):
+            return path, out, headers
+        return out
 
     def begin(self, target: Deployment) -> None:
         self.target = target

@@ -70,6 +70,7 @@ from gateway.errors import (
     UpstreamError,
 )
 from gateway.pipeline import Record, parse_json_object, read_body
+from gateway.summary_schema import SUMMARIES_PATH as SUMMARIES_PATH  # the path both sides use
 from gateway.summary_schema import AnomalyIn, Draft, DraftList, SummaryRequest
 from gateway.upstream import client_retry_after
 from gateway.usage import estimate_output_tokens, estimate_tokens, usage_from_body
@@ -79,7 +80,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gateway.summaries")
 
-SUMMARIES_PATH = "/v1/farm/summaries"
 
 SYSTEM_PROMPT = """\
 You draft acceptance items for GPU kernel engineers. A benchmark farm found anomalies and sends each one

@@ -1,7 +1,10 @@
-"""The fixed formats of the summaries endpoint: compressed anomalies in, drafts out (pydantic).
+"""The contract of the summaries endpoint: its path, and its fixed formats, compressed anomalies in and
+drafts out (pydantic).
 
-The farm sends only these fields (never raw logs or code); the model answers only drafts. Shared by
-gateway.summaries (the batcher) and gateway.drafter_local (the offline drafter).
+The farm sends only these fields (never raw logs or code); the model answers only drafts. This module is
+the one both sides import: the gateway (gateway.summaries, the batcher; gateway.drafter_local, the offline
+drafter) and the farm, its client (jobs.drafts). So it depends on pydantic alone and never on the
+gateway's server code (tests/jobs/test_drafts.py checks what importing the farm's client loads).
 """
 
 from __future__ import annotations
@@ -11,6 +14,9 @@ import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# The endpoint, from the gateway's root URL (a client whose base URL ends in /v1 strips it first).
+SUMMARIES_PATH = "/v1/farm/summaries"
 
 Task = Literal["checklist", "log_summary"]
 TASKS: tuple[str, ...] = ("checklist", "log_summary")

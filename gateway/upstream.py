@@ -25,7 +25,8 @@ over the caps, or anything once a response's head has been returned to the calle
 uses a plan of one target (itself); gateway.routing's ``RoutePlan`` spreads a public model's attempts over
 its deployments and fallback models. A plan may move a retry to another target at once instead of backing
 off; the rules above still bound the attempts (``max_retries``), and a 400 is never retried, except that a
-plan may re-send a context-window error once to a longer-context model.
+plan may re-send a context-window error once to a longer-context model. A plan gives each attempt's path, body
+and headers (``request``): a target of another wire format gets a translated request (gateway.proxy).
 """
 
 from __future__ import annotations
@@ -381,7 +382,9 @@ class Plan(Protocol):
     """Where a request's attempts go (``send_planned``); gateway.routing.RoutePlan is the full one."""
 
     def first(self) -> Any: ...
-    def body(self, target: Any) -> bytes: ...
+    def request(
+        self, target: Any, path: str, headers: Mapping[str, str]
+    ) -> tuple[str, bytes, Mapping[str, str]]: ...
     def begin(self, target: Any) -> None: ...
     def done(self, target: Any) -> None: ...
     def answered(self, target: Any) -> None: ...
@@ -402,8 +405,10 @@ class _OneTarget:
     def first(self) -> _OneTarget:
         return self
 
-    def body(self, target: Any) -> bytes:
-        return self._body
+    def request(
+        self, target: Any, path: str, headers: Mapping[str, str]
+    ) -> tuple[str, bytes, Mapping[str, str]]:
+        return path, self._body, headers
 
     def begin(self, target: Any) -> None:
         pass
@@ -466,9 +471,8 @@ async def send_planned(
         nxt = None
         try:
             auth = target.auth
-            resp = await transport.post(
-                path, plan.body(target), headers if auth is None else {**headers, **auth}
-            )
+            t_path, t_body, t_headers = plan.request(target, path, headers)
+            resp = await transport.post(t_path, t_body, t_headers if auth is None else {**t_headers, **auth})
             status = resp.status
             if status < 400:
                 held = False

@@ -13,6 +13,9 @@ and a POST repeating a body answered 400 before is counted in ``retried_400``. `
 ``python -m gateway.testing.fake_upstream PORT --fault-rates '{"429": 0.1}' --seed 1 --stall-s 1.2``.
 
 Usage it reports is deterministic and logged in ``fake.usage_log`` so tests can compare ledger rows.
+
+Tool calls: with ``fake.tool_call = {...}`` (the arguments), a chat or Messages request that defines tools is
+answered (whole or streamed) with one call of its first tool, with those arguments, instead of text.
 """
 
 from __future__ import annotations
@@ -93,6 +96,9 @@ class FakeUpstream:
         # A queue of texts (``replies``) is used first, one per request.
         self.reply: Callable[[dict], str] | None = None
         self.replies: deque[str] = deque()
+        # When set: a chat/Messages request with tools is answered by a call of its first tool with these
+        # arguments (its id: call_<n> / toolu_<n>).
+        self.tool_call: dict | None = None
         self.seen: list[Seen] = []
         self.usage_log: list[tuple[str, bool, int, int]] = []  # (path, stream, input, output)
         # Prompt caching to report: OpenAI's cached tokens (a part of the input, at most all of it);
@@ -332,6 +338,14 @@ class FakeUpstream:
     def _log(self, path: str, stream: bool, inp: int, out: int) -> None:
         self.usage_log.append((path, stream, inp, out))
 
+    def _tool_to_call(self, body: dict) -> str | None:
+        """The name of the tool to call (the request's first), or None: answer with text."""
+        tools = body.get("tools")
+        if self.tool_call is None or not isinstance(tools, list) or not tools:
+            return None
+        first = tools[0]
+        return first["function"]["name"] if "function" in first else first["name"]
+
     # --- OpenAI chat -----------------------------------------------------------------------------
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._wrap(request, False, self._chat_body)
@@ -347,15 +361,23 @@ class FakeUpstream:
         usage = {"prompt_tokens": inp, "completion_tokens": out, "total_tokens": inp + out}
         if self.cache_read_tokens:
             usage["prompt_tokens_details"] = {"cached_tokens": min(self.cache_read_tokens, inp)}
+        tool = self._tool_to_call(body)
+        args = json.dumps(self.tool_call)
+        call_id = f"call_{seq}"
+        finish_reason = "tool_calls" if tool else "stop"
         if not stream:
             self._log("chat", False, inp, out)
             msg = {"role": "assistant", "content": self._text(body, words), "refusal": None}
+            if tool:
+                fn = {"name": tool, "arguments": args}
+                msg = {"role": "assistant", "content": None, "refusal": None,
+                       "tool_calls": [{"id": call_id, "type": "function", "function": fn}]}  # fmt: skip
             obj = {
                 "id": cid,
                 "object": "chat.completion",
                 "created": created,
                 "model": model,
-                "choices": [{"index": 0, "message": msg, "logprobs": None, "finish_reason": "stop"}],
+                "choices": [{"index": 0, "message": msg, "logprobs": None, "finish_reason": finish_reason}],
                 "usage": usage,
             }
             return await self._send_json(request, obj, fault, rid, "x-request-id")
@@ -374,8 +396,20 @@ class FakeUpstream:
             return _sse(c)
 
         events = [chunk({"role": "assistant", "content": ""}, None)]
-        events += [chunk({"content": w}, None) for w in words]
-        events.append(chunk({}, "stop"))
+        if tool:
+            head = {
+                "index": 0,
+                "id": call_id,
+                "type": "function",
+                "function": {"name": tool, "arguments": ""},
+            }
+            events.append(chunk({"tool_calls": [head]}, None))
+            half = len(args) // 2
+            for part in (args[:half], args[half:]):
+                events.append(chunk({"tool_calls": [{"index": 0, "function": {"arguments": part}}]}, None))
+        else:
+            events += [chunk({"content": w}, None) for w in words]
+        events.append(chunk({}, finish_reason))
         if include_usage:
             events.append(
                 _sse(
@@ -489,6 +523,10 @@ class FakeUpstream:
             "stop_sequence": None,
             "usage": {"input_tokens": inp, "output_tokens": out, **self._anthropic_cache()},
         }
+        tool = self._tool_to_call(body)
+        if tool:
+            use = {"type": "tool_use", "id": f"toolu_{seq}", "name": tool, "input": self.tool_call}
+            message.update(content=[use], stop_reason="tool_use")
         self._log("messages", bool(body.get("stream")), inp, out)
         if not body.get("stream"):
             return await self._send_json(request, message, fault, rid, "request-id")
@@ -498,27 +536,30 @@ class FakeUpstream:
             "stop_reason": None,
             "usage": {"input_tokens": inp, "output_tokens": 1, **self._anthropic_cache()},
         }
+        block = {"type": "text", "text": ""}
+        if tool:
+            block = {"type": "tool_use", "id": f"toolu_{seq}", "name": tool, "input": {}}
         events = [
             _sse({"type": "message_start", "message": start}, "message_start"),
-            _sse(
-                {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
-                "content_block_start",
-            ),
+            _sse({"type": "content_block_start", "index": 0, "content_block": block}, "content_block_start"),
             _sse({"type": "ping"}, "ping"),
         ]
+        if tool:
+            args = json.dumps(self.tool_call)
+            half = len(args) // 2
+            deltas = [{"type": "input_json_delta", "partial_json": p} for p in (args[:half], args[half:])]
+        else:
+            deltas = [{"type": "text_delta", "text": w} for w in words]
         events += [
-            _sse(
-                {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": w}},
-                "content_block_delta",
-            )
-            for w in words
+            _sse({"type": "content_block_delta", "index": 0, "delta": d}, "content_block_delta")
+            for d in deltas
         ]
         events += [
             _sse({"type": "content_block_stop", "index": 0}, "content_block_stop"),
             _sse(
                 {
                     "type": "message_delta",
-                    "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                    "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
                     "usage": {"output_tokens": out},
                 },
                 "message_delta",

@@ -54,6 +54,12 @@ DROPPED: tuple[Dropped, ...] = (
         "parallel_tool_calls",
         "true is the default everywhere; false maps to Anthropic's disable_parallel_tool_use",
     ),  # fmt: skip
+    # -- (header) request headers, between API kinds (gateway.proxy)
+    Dropped(
+        "messages",
+        "anthropic-beta",
+        "(header) to OpenAI: a beta flag only unlocks request fields, each translated or refused by name",
+    ),  # fmt: skip
     # -- (content) inside messages, tools and answers
     Dropped("messages", "cache_control", "(content) prompt-cache breakpoints; OpenAI caches automatically"),
     Dropped("messages", "thinking blocks", "(content) signed prior reasoning, valid only for Anthropic"),

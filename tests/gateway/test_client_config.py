@@ -10,11 +10,10 @@ from pathlib import Path
 
 import anthropic
 import openai
-import pytest
 from click.testing import CliRunner
 
 from gateway.cli import gateway as cli
-from gateway.onboarding import ConfigRequest, OnboardingError, ProjectModels, project_models, render
+from gateway.onboarding import ConfigRequest, ProjectModels, project_models, render
 
 EXAMPLE = str(Path(__file__).parents[2] / "gateway" / "example-config.yaml")
 
@@ -83,11 +82,26 @@ def test_claude_code_print_never_shows_the_key_and_picks_models() -> None:
     assert code != 0 and "FARM_GATEWAY_KEY" in err
 
 
-def test_claude_code_needs_an_anthropic_model() -> None:
-    code, _, err = run_cli("--tool", "claude-code", "--project", "deepgemm-acceptance")
-    assert code != 0 and "no model served by an Anthropic provider" in err
+def test_claude_code_on_an_openai_only_project_uses_its_openai_models() -> None:
+    """The gateway translates Messages to chat completions, so every project works with Claude Code."""
+    code, out, err = run_cli("--tool", "claude-code", "--project", "deepgemm-acceptance")
+    assert code == 0, err
+    env = json.loads(out)["env"]
+    assert (env["ANTHROPIC_MODEL"], env["ANTHROPIC_SMALL_FAST_MODEL"]) == ("gpt-5", "gpt-5-mini")
     code, _, err = run_cli("--tool", "codex", "--project", "nope")
     assert code != 0 and "unknown project 'nope'" in err
+
+
+async def test_claude_code_settings_on_an_openai_only_project_drive_the_anthropic_sdk(gateway, fake) -> None:
+    env = json.loads(make(gateway, "claude-code", project="beta", key=gateway.keys["beta"]))["env"]
+    assert env["ANTHROPIC_MODEL"] == "gpt-beta"
+    async with anthropic.AsyncAnthropic(
+        base_url=env["ANTHROPIC_BASE_URL"], auth_token=env["ANTHROPIC_AUTH_TOKEN"], max_retries=0
+    ) as client:
+        msg = await client.messages.create(
+            model=env["ANTHROPIC_MODEL"], max_tokens=8, messages=[{"role": "user", "content": "hi"}]
+        )
+    assert msg.content[0].text and [s.path for s in fake.seen] == ["/v1/chat/completions"]
 
 
 def test_write_merges_settings_json_keeps_a_backup_and_needs_force(tmp_path: Path) -> None:
@@ -193,8 +207,9 @@ def test_cc_switch_profile_per_project() -> None:
     code, out, _ = run_cli(
         "--tool", "cc-switch", "--project", "flashmla-agent", "--reveal", env={"FARM_GATEWAY_KEY": secret}
     )
-    (profile,) = json.loads(out)["profiles"]
-    assert profile["api_key"] == secret and "apiKey=" + secret in profile["import_url"]
+    claude, codex = json.loads(out)["profiles"]  # an Anthropic-only project: Codex through translation
+    assert claude["api_key"] == secret and "apiKey=" + secret in claude["import_url"]
+    assert codex["app"] == "codex" and codex["model"] == "claude-sonnet-4-5"
 
 
 async def test_openai_env_exports_drive_the_openai_sdk(gateway, tmp_path: Path) -> None:
@@ -217,6 +232,10 @@ async def test_openai_env_exports_drive_the_openai_sdk(gateway, tmp_path: Path) 
     assert f"export OPENAI_API_KEY={gateway.keys['alpha']}" in revealed
 
 
-def test_codex_needs_an_openai_model() -> None:
-    with pytest.raises(OnboardingError, match="OpenAI-compatible"):
-        ProjectModels("x", ["claude-fake"], []).codex_model()
+def test_codex_on_an_anthropic_only_project_uses_its_anthropic_models() -> None:
+    assert ProjectModels("x", ["claude-fake"], []).codex_model() == "claude-fake"
+    assert ProjectModels("x", ["claude-fake"], []).translated("codex") == ["claude-fake"]
+    assert ProjectModels("x", ["claude-fake"], ["gpt-fake"]).translated("claude-code") == ["gpt-fake"]
+    code, out, err = run_cli("--tool", "codex", "--project", "flashmla-agent")
+    assert code == 0, err
+    assert tomllib.loads(out)["model"] == "claude-sonnet-4-5"

@@ -66,13 +66,40 @@ async def test_every_tool_passes_with_generated_configs(gateway, fake, tmp_path:
     write(gateway, "claude-code", tmp_path / "claude.json", key=key)
     checks = await diagnose(gateway, "claude-code", {}, tmp_path)
     assert all(c.status == "PASS" for c in checks), checks
-    assert [s.path for s in fake.seen] == ["/v1/chat/completions", "/v1/responses", "/v1/messages"]
+    # openai-env (no model configured): its native gpt-fake, then claude-fake through translation (the
+    # "translation" line); codex and claude-code: the model their generated config names
+    assert [s.path for s in fake.seen] == [
+        "/v1/chat/completions",
+        "/v1/messages",
+        "/v1/responses",
+        "/v1/messages",
+    ]
     assert [s.body.get("max_tokens") or s.body.get("max_completion_tokens") for s in fake.seen] == [
+        1,
         1,
         None,
         1,
     ]
     assert "claude-fake" in one(checks, "model call").message
+
+
+async def test_doctor_reports_the_translation_path(gateway, fake, tmp_path: Path) -> None:
+    key = gateway.keys["alpha"]
+    checks = await diagnose(
+        gateway, "codex", {"FARM_GATEWAY_KEY": key, "OPENAI_BASE_URL": gateway.v1}, tmp_path
+    )
+    assert "gpt-fake" in one(checks, "model call", "PASS").message
+    line = one(checks, "translation", "PASS").message
+    assert "claude-fake" in line and "responses->messages" in line
+    env = {"ANTHROPIC_BASE_URL": gateway.url, "ANTHROPIC_AUTH_TOKEN": key}
+    checks = await diagnose(gateway, "claude-code", env, tmp_path)  # gpt-fake first: translated
+    assert "claude-fake answered in" in one(checks, "model call", "PASS").message
+    assert (
+        "gpt-fake" in one(checks, "translation").message
+        and "messages->chat" in one(checks, "translation").message
+    )
+    checks = await diagnose(gateway, env=oa_env(gateway, gateway.keys["beta"]))  # beta: gpt-beta only
+    assert not [c for c in checks if c.name == "translation"]
 
 
 async def test_without_a_configured_model_it_finds_one_of_the_right_kind(
@@ -292,8 +319,10 @@ async def test_model_not_allowed_and_not_found_list_the_allowed_ones(gateway) ->
         and "no model 'gpt-6'" in c.message
         and "gpt-fake, claude-fake" in c.message
     )
-    c = one(await diagnose(gateway, env=env, model="claude-fake"), "model call", "FAIL")
-    assert c.message.startswith("400") and "other kind" in c.message
+    c = one(await diagnose(gateway, env=env, model="claude-fake"), "model call", "PASS")
+    assert (
+        "claude-fake (from --model) answered through the gateway's translation (chat->messages)" in c.message
+    )
 
 
 async def wait_in_flight(fake, n: int) -> None:
@@ -328,9 +357,9 @@ async def test_429_concurrency_names_the_limit_and_suggests_a_concurrency(start_
 async def test_429_rpm(start_gateway) -> None:
     gw = await start_gateway(projects={"alpha": {"rpm": 3}})
     env, lookup = oa_env(gw, gw.keys["alpha"]), store_lookup(gw.gw.settings)
-    for _ in range(3):
-        assert not failed(await diagnose(gw, env=env))
-    c = one(await diagnose(gw, env=env, key_lookup=lookup), "model call", "FAIL")
+    for _ in range(3):  # one model call each (a configured model: no translation probe)
+        assert not failed(await diagnose(gw, env=env, model="gpt-fake"))
+    c = one(await diagnose(gw, env=env, key_lookup=lookup, model="gpt-fake"), "model call", "FAIL")
     assert (
         "429, limit rpm" in c.message
         and "3 requests a minute" in c.fix

@@ -13,6 +13,7 @@ PROVIDERS = {
     "oa": {"kind": "openai", "base_url": "http://127.0.0.1:9/v1"},
     "oa2": {"kind": "openai", "base_url": "http://127.0.0.1:10/v1", "max_connections": 4},
     "an": {"kind": "anthropic", "base_url": "http://127.0.0.1:11/v1"},
+    "drafter": {"kind": "local"},
 }
 
 
@@ -66,8 +67,8 @@ def test_deployments_form_keeps_the_first_as_provider():
             r"models\.gpt-5.*either provider/upstream_model or deployments",
         ),
         (
-            {"gpt-5": {"deployments": deployments("a", "b", b={"provider": "an"})}},
-            r"models\.gpt-5\.deployments\.1\.provider: .*needs translation",
+            {"gpt-5": {"deployments": deployments("a", "b", b={"provider": "drafter"})}},
+            r"models\.gpt-5\.deployments\.1\.provider: .*offline drafter \(local\) cannot share",
         ),
         (
             {"gpt-5": {"deployments": deployments("a", a={"weight": 0})}},
@@ -80,9 +81,9 @@ def test_deployments_form_keeps_the_first_as_provider():
         (
             {
                 "gpt-5": {"provider": "oa", "upstream_model": "m", "context_window_fallbacks": ["claude"]},
-                "claude": {"provider": "an", "upstream_model": "c"},
+                "claude": {"provider": "drafter", "upstream_model": "c"},
             },
-            r"models\.gpt-5\.context_window_fallbacks\.0: 'claude' speaks anthropic.*needs translation",
+            r"models\.gpt-5\.context_window_fallbacks\.0: 'claude' is of kind local.*offline drafter",
         ),
         (
             {"gpt-5": {"provider": "oa", "upstream_model": "m", "fallbacks": ["gpt-5"]}},
@@ -93,6 +94,22 @@ def test_deployments_form_keeps_the_first_as_provider():
 def test_config_errors_name_the_field(models, match):
     with pytest.raises(ConfigError, match=match):
         settings(models)
+
+
+def test_deployments_and_fallbacks_may_mix_openai_and_anthropic():
+    """The proxy translates per target (gateway.translate), so mixed kinds are valid config."""
+    s = settings(
+        {
+            "gpt-5": {
+                "deployments": deployments("a", "b", b={"provider": "an"}),
+                "fallbacks": ["claude"],
+                "context_window_fallbacks": ["claude"],
+            },
+            "claude": {"provider": "an", "upstream_model": "c"},
+        }
+    )
+    assert [d.provider for d in s.models["gpt-5"].deployments] == ["oa", "an"]
+    assert s.models["gpt-5"].fallbacks == ["claude"]
 
 
 def test_fallback_on_and_routing_are_validated():
