@@ -123,6 +123,13 @@ def translated_headers(headers: dict[str, str], kind: str) -> dict[str, str]:
     return out
 
 
+class _Relay(web.StreamResponse):
+    """A streamed answer whose head is held until its first body bytes, and written with them (aiohttp's
+    ``web.Response`` does this; a ``StreamResponse`` otherwise sends its head at ``prepare``)."""
+
+    _send_headers_immediately = False
+
+
 class Proxy:
     def __init__(self, gw: Gateway, pipeline: Pipeline) -> None:
         self.gw = gw
@@ -438,15 +445,16 @@ class Proxy:
         clean_end = False
         try:
             # Nothing has gone to the client yet: a failure here is still a clean error answer.
-            first = b""
-            while not first:
+            data = b""
+            while not data:
                 chunk = await upstream.readany()
                 if not chunk:
-                    first = finish()
                     break
-                first = feed(chunk)
+                data = feed(chunk)
 
-            out = web.StreamResponse(
+            # Few system calls: the head goes out with the first bytes, and the bytes that end the upstream's
+            # body go out with the end of ours (a short answer is one write: head, events and end).
+            out = _Relay(
                 status=200,
                 headers={
                     "Content-Type": content_type,
@@ -458,10 +466,21 @@ class Proxy:
             try:
                 await out.prepare(request)
                 rec.http_status = 200
-                if first:
-                    await out.write(first)
-                    rec.ttft = time.perf_counter() - rec.t0
                 while True:
+                    if upstream.at_eof():
+                        data += finish()
+                        rec.status = "ok"
+                        clean_end = True
+                        if data and rec.ttft is None:
+                            rec.ttft = time.perf_counter() - rec.t0
+                        self._count_tokens(rec, tracker, raw)
+                        self.pipeline.account(rec)  # spooled before the client's last byte
+                        await out.write_eof(data)
+                        break
+                    if data:
+                        await out.write(data)
+                        if rec.ttft is None:
+                            rec.ttft = time.perf_counter() - rec.t0
                     try:
                         chunk = await upstream.readany()
                     except UpstreamError as e:
@@ -474,21 +493,8 @@ class Proxy:
                         msg = f"upstream {rec.provider!r} {how}: {e.message}"
                         await out.write(error_event(e.status, msg))
                         break
-                    if not chunk:
-                        tail = finish()
-                        rec.status = "ok"
-                        clean_end = True
-                        self._count_tokens(rec, tracker, raw)
-                        self.pipeline.account(rec)
-                        if tail:
-                            await out.write(tail)
-                        break
-                    data = feed(chunk)
-                    if data:
-                        await out.write(data)
-                        if rec.ttft is None:
-                            rec.ttft = time.perf_counter() - rec.t0
-                await out.write_eof()
+                    data = feed(chunk) if chunk else b""
+                await out.write_eof()  # after an error event (a no-op when the end was written above)
             except ConnectionResetError:
                 if not rec.accounted:
                     rec.status, rec.error_class = "cancelled", "client_disconnected"

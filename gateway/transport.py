@@ -69,6 +69,10 @@ class TransportResponse(Protocol):
 
     async def readany(self) -> bytes: ...
 
+    def at_eof(self) -> bool:
+        """True when the whole body has been read (the next ``readany`` would return b"")."""
+        ...
+
     def release(self) -> None: ...
 
     def close(self) -> None: ...
@@ -143,6 +147,9 @@ class AiohttpResponse:
                 self._resp.close()
                 raise self._t.too_large(f"more than {self._t.max_response_bytes} bytes")
         return data
+
+    def at_eof(self) -> bool:
+        return self._content.at_eof()
 
     async def read(self) -> bytes:
         """The rest of the body."""

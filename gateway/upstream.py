@@ -243,6 +243,10 @@ class UpstreamResponse:
             self.close()
             raise
 
+    def at_eof(self) -> bool:
+        """The body has been read to its end: the caller can finish without another ``readany``."""
+        return self._r.at_eof()
+
     async def read(self) -> bytes:
         try:
             return await self._r.read()
