@@ -603,32 +603,40 @@ class SummaryBatcher:
         rec = self._record(batch, route.provider, route.upstream_model)
         request_ids.append(rec.request_id)
         self.model_calls += 1
-        body: dict[str, Any] = {
-            "model": route.upstream_model,
-            "max_tokens": max_tokens,
-            "temperature": self.cfg.temperature,
-        }
-        if kind == "anthropic":
-            body.update(system=SYSTEM_PROMPT, messages=messages)
-            path, api, headers = "/messages", "messages", {"anthropic-version": "2023-06-01"}
-        else:
-            body.update(
-                messages=[{"role": "system", "content": SYSTEM_PROMPT}, *messages],
-                response_format={"type": "json_object"},
-            )
-            path, api, headers = "/chat/completions", "chat", {}
-        raw = json.dumps(body).encode()
-        headers["Content-Type"] = "application/json"
-        pipeline = self.gw.pipeline
-        bodies = {route.upstream_model: raw}
 
-        def prepare(target: Any) -> bytes:  # the body for a deployment (gateway.routing): its model id
-            out = bodies.get(target.upstream_model)
-            if out is None:
-                out = bodies[target.upstream_model] = json.dumps(
-                    {**body, "model": target.upstream_model}
-                ).encode()
-            return out
+        def request(kind: str, model: str) -> tuple[str, bytes, dict[str, str]]:
+            """(path, body, headers) of this call for a provider of ``kind``: each wire format natively (a
+            fallback or deployment of the other kind gets its own, not a translation)."""
+            body: dict[str, Any] = {
+                "model": model,
+                "max_tokens": max_tokens,
+                "temperature": self.cfg.temperature,
+            }
+            if kind == "anthropic":
+                body.update(system=SYSTEM_PROMPT, messages=messages)
+                path, headers = "/messages", {"anthropic-version": "2023-06-01"}
+            else:
+                body.update(
+                    messages=[{"role": "system", "content": SYSTEM_PROMPT}, *messages],
+                    response_format={"type": "json_object"},
+                )
+                path, headers = "/chat/completions", {}
+            headers["Content-Type"] = "application/json"
+            return path, json.dumps(body).encode(), headers
+
+        path, raw, headers = request(kind, route.upstream_model)
+        pipeline = self.gw.pipeline
+        made: dict[tuple[str, str], tuple[str, bytes, dict[str, str]]] = {}
+
+        def prepare(
+            target: Any,
+        ) -> Any:  # what a deployment (gateway.routing) is sent: its kind, its model id
+            if target.kind == kind and target.upstream_model == route.upstream_model:
+                return raw
+            key = (target.kind, target.upstream_model)
+            if key not in made:
+                made[key] = request(target.kind, target.upstream_model)
+            return made[key] if target.kind != kind else made[key][1]
 
         assert self.gw.router is not None
         plan = self.gw.router.plan(
@@ -647,6 +655,8 @@ class SummaryBatcher:
                 parsed = json.loads(data)
             except ValueError:
                 parsed = None
+            answered = plan.target.kind if plan.target is not None else kind
+            api = "messages" if answered == "anthropic" else "chat"
             usage = usage_from_body(api, parsed)  # type: ignore[arg-type]
             if usage is not None:
                 rec.input_tokens, rec.output_tokens = usage

@@ -342,3 +342,22 @@ async def test_summaries_go_through_the_routing(start_gateway, fake, fake2):
     assert (row["endpoint"], row["deployment"], row["upstream_model"], row["retries"]) == (
         "summaries", "b", "up-b", 1,
     )  # fmt: skip
+
+
+async def test_summaries_reach_a_deployment_of_the_other_kind_in_its_own_format(start_gateway, fake, fake2):
+    """A summaries model whose second deployment is an Anthropic one: that attempt is a Messages request (not
+    the chat body), and its answer is read as Messages."""
+    from test_summaries import anomaly, model_reply, post
+
+    fake.reply = fake2.reply = model_reply
+    gw = await start(start_gateway, fake2, Clock(), models=models(**{"gpt-fake": two("oa", "an2")}))
+    fake.faults.append(Fault(status=503))
+    status, body = await post(gw, {"task": "checklist", "model": "gpt-fake", "anomalies": [anomaly(1)]})
+    assert status == 200 and [d["anomaly_ids"] for d in body["drafts"]] == [["an-1"]], body
+    assert [s.path for s in fake.seen] == ["/v1/chat/completions"]
+    (seen,) = fake2.seen
+    assert seen.path == "/v1/messages" and "system" in seen.body and "response_format" not in seen.body
+    assert seen.headers.get("anthropic-version")
+    (row,) = await gw.rows()
+    assert (row["deployment"], row["upstream_model"], row["status"]) == ("b", "up-b", "ok")
+    assert row["input_tokens"] > 0 and not row["tokens_estimated"]
