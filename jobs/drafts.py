@@ -3,15 +3,19 @@
 `draft_job(store, job_id)` compresses the job's stored anomalies (jobs.compress), sends them with the
 project's key through the openai SDK to ``POST <gateway>/v1/farm/summaries`` and stores the drafts with
 the job (tables draft_runs, drafts), with the sizes before and after compression and the tokens spent.
-The gateway is named by ``FARM_GATEWAY_URL`` (with or without /v1) and the key by ``FARM_GATEWAY_KEY``.
-Without them, the gateway's offline drafter runs in-process (marked offline), so the workflow runs with
-no gateway and no network. `render_drafts` prints them next to the anomalies they explain.
+The gateway is named by ``FARM_GATEWAY_URL`` (with or without /v1) and the key by ``FARM_GATEWAY_KEY``
+(jobs.settings). Without a key, the gateway's offline drafter runs in-process (marked offline), so the
+workflow runs with no gateway and no network. `render_drafts` prints them next to the anomalies they
+explain.
+
+The farm is the gateway's client only: it shares the endpoint's path and formats through
+gateway.summary_schema (pydantic alone) and, for the offline case, calls gateway.drafter_local (a pure
+function of that schema); nothing else of the gateway is imported.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,30 +23,31 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from gateway.summary_schema import SUMMARIES_PATH, TASKS, AnomalyIn
 from jobs.compress import Compressed, LogSource, compress, facts_from_job
+from jobs.settings import FarmSettings
 from jobs.store import Store
-
-TASKS = ("checklist", "log_summary")
-SUMMARIES_PATH = "/farm/summaries"  # under the gateway's /v1
 
 
 @dataclass(frozen=True)
 class GatewayTarget:
-    base_url: str  # ends with /v1
+    base_url: str  # the gateway's URL, with or without /v1
     api_key: str
     model: str | None = None  # None: the project's first model
     timeout_s: float = 180.0
 
+    @property
+    def root(self) -> str:
+        """The gateway's root URL: SUMMARIES_PATH (which starts with /v1) goes after it."""
+        return self.base_url.rstrip("/").removesuffix("/v1")
+
     @classmethod
-    def from_env(cls) -> GatewayTarget | None:
+    def from_settings(cls, settings: FarmSettings | None = None) -> GatewayTarget | None:
         """FARM_GATEWAY_URL / FARM_GATEWAY_KEY (and FARM_GATEWAY_MODEL); None when the key is unset."""
-        key = os.environ.get("FARM_GATEWAY_KEY", "").strip()
-        if not key:
+        settings = settings or FarmSettings.load()
+        if not settings.gateway_key:
             return None
-        url = os.environ.get("FARM_GATEWAY_URL", "http://127.0.0.1:8787/v1").rstrip("/")
-        if not url.endswith("/v1"):
-            url += "/v1"
-        return cls(url, key, os.environ.get("FARM_GATEWAY_MODEL") or None)
+        return cls(settings.gateway_url, settings.gateway_key, settings.gateway_model)
 
 
 class DraftsError(RuntimeError):
@@ -68,7 +73,7 @@ def request_drafts(items: list[dict[str, Any]], task: str, target: GatewayTarget
     body: dict[str, Any] = {"task": task, "anomalies": items}
     if target.model:
         body["model"] = target.model
-    with openai.OpenAI(base_url=target.base_url, api_key=target.api_key, timeout=target.timeout_s) as client:
+    with openai.OpenAI(base_url=target.root, api_key=target.api_key, timeout=target.timeout_s) as client:
         try:
             text = client.post(SUMMARIES_PATH, cast_to=str, body=body)
         except openai.APIStatusError as e:
@@ -80,11 +85,8 @@ def request_drafts(items: list[dict[str, Any]], task: str, target: GatewayTarget
 
 def offline_reply(items: list[dict[str, Any]], task: str) -> dict[str, Any]:
     """The gateway's offline drafter, run in-process (no gateway configured)."""
-    try:
-        from gateway.drafter_local import offline_drafts
-        from gateway.summary_schema import AnomalyIn
-    except ImportError as e:  # the farm runs without the gateway package
-        raise DraftsError("no gateway configured (FARM_GATEWAY_KEY) and no offline drafter installed") from e
+    from gateway.drafter_local import offline_drafts
+
     drafts = offline_drafts([AnomalyIn.model_validate(i) for i in items], task)
     return {
         "drafts": [d.model_dump(mode="json") for d in drafts],
@@ -117,7 +119,7 @@ def draft_job(
     if not packed.items:
         return DraftOutcome(job_id, None, packed, {"drafts": []})
     if target is None and use_env:
-        target = GatewayTarget.from_env()
+        target = GatewayTarget.from_settings()
     reply = request_drafts(packed.items, task, target) if target else offline_reply(packed.items, task)
     usage = reply.get("usage") or {}
     offline = bool(reply.get("offline"))

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -11,9 +15,11 @@ from click.testing import CliRunner
 from rich.console import Console
 
 from benchmarks.acceptance_bench import realistic_log, seed_job
+from gateway import summaries, summary_schema
 from gateway.app import GATEWAY, create_app
 from gateway.config import GatewaySettings
 from gateway.testing.fake_upstream import FakeUpstream
+from jobs import drafts
 from jobs.cli import main
 from jobs.drafts import DraftsError, GatewayTarget, draft_job
 from jobs.report import render_terminal
@@ -124,3 +130,38 @@ def test_farm_accept_drafts_offline(store, monkeypatch):
     assert out.exit_code == 1, out.output  # the verdict is the farm's: failing trials fail
     assert "drafts (checklist, offline drafter)" in out.output
     assert "[offline]" in out.output
+
+
+# What the farm may import from the gateway: the summaries contract both sides share (pydantic alone),
+# the offline drafter (a pure function of it), and the gateway's CLI group that `farm gateway` mounts.
+SHARED = {"gateway.summary_schema", "gateway.drafter_local"}
+CLI_MOUNT = {"jobs/cli.py": {"gateway.cli"}, "jobs/entry.py": {"gateway.cli"}}
+
+
+def test_the_farm_imports_only_the_shared_contract_of_the_gateway():
+    repo = Path(__file__).resolve().parents[2]
+    found = []
+    for path in sorted((repo / "jobs").rglob("*.py")):
+        rel = str(path.relative_to(repo))
+        allowed = SHARED | CLI_MOUNT.get(rel, set())
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            found += [f"{rel}: {n}" for n in names if n.split(".")[0] == "gateway" and n not in allowed]
+    assert found == []
+
+
+def test_the_shared_contract_loads_no_server_code_and_names_one_path():
+    assert drafts.SUMMARIES_PATH is summaries.SUMMARIES_PATH is summary_schema.SUMMARIES_PATH
+    assert summary_schema.SUMMARIES_PATH == "/v1/farm/summaries"
+    assert GatewayTarget("http://gw:8787/v1/", "k").root == GatewayTarget("http://gw:8787", "k").root
+    probe = (
+        "import sys, gateway.summary_schema, gateway.drafter_local; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('gateway', 'aiohttp', 'sqlalchemy')))"
+    )
+    repo = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=repo, check=True)
+    assert out.stdout.strip() == "['gateway', 'gateway.drafter_local', 'gateway.summary_schema']"
