@@ -22,8 +22,8 @@ from typing import Any, Protocol
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
-from cluster.worker import RemoteWorker
-from kernels.base import TrialRequest
+from cluster.worker import RemoteWorker, WorkerResult
+from kernels.base import TrialOutcome, TrialRequest, TrialStatus
 
 _ACTOR_GONE = (RayActorError, ActorDiedError, ActorUnavailableError)
 
@@ -50,13 +50,42 @@ class Listener(Protocol):
     def worker_ready(self, slot: str, info: dict[str, Any]) -> None: ...
     def worker_lost(self, slot: str, reason: str, retired: bool) -> None: ...
     def trial_started(self, item: WorkItem, slot: str) -> None: ...
-    def trial_finished(self, item: WorkItem, slot: str, result: dict[str, Any]) -> None: ...
+    def trial_finished(self, item: WorkItem, slot: str, result: WorkerResult) -> None: ...
     def trial_timed_out(self, item: WorkItem, slot: str, seconds: float) -> None: ...
     def trial_crashed(self, item: WorkItem, slot: str, error: str, final: bool) -> None: ...
 
 
 class NoWorkersLeft(RuntimeError):
     pass
+
+
+@dataclass(frozen=True)
+class SlotState:
+    """One worker slot as the dispatcher sees it at one moment."""
+
+    name: str
+    ready: bool  # an actor is up and has reported its info
+    retired: bool  # its actors kept dying: it takes no more work
+    in_flight: int  # trials handed to its actor and not finished
+    generation: int  # actors started for this slot so far (1 + replacements)
+    node: str | None  # the node its current actor runs on (None until it is ready)
+    gpu_id: str | None
+
+
+@dataclass(frozen=True)
+class DispatchSnapshot:
+    """A read-only view of the dispatcher (for progress, metrics and tests): nothing in it changes."""
+
+    queued: int  # trials not yet handed to a worker
+    slots: tuple[SlotState, ...]
+
+    @property
+    def in_flight(self) -> int:
+        return sum(s.in_flight for s in self.slots)
+
+    @property
+    def busy(self) -> int:
+        return sum(1 for s in self.slots if s.in_flight)
 
 
 @dataclass
@@ -102,6 +131,24 @@ class Dispatcher:
         self._ref_owner: dict[Any, _Slot] = {}
         # running mean of a trial's time on a worker, per (family, backend): what batch sizes are cut from
         self._trial_s: dict[tuple[str, str], float] = {}
+
+    def snapshot(self) -> DispatchSnapshot:
+        """The queue length and each slot's state now; safe to call from another thread (a scrape)."""
+        slots = []
+        for s in list(self.slots):
+            info = s.info or {}
+            slots.append(
+                SlotState(
+                    name=s.name,
+                    ready=s.ready,
+                    retired=s.retired,
+                    in_flight=sum(len(call.items) for call in list(s.inflight)),
+                    generation=s.generation,
+                    node=info.get("node"),
+                    gpu_id=info.get("gpu_id"),
+                )
+            )
+        return DispatchSnapshot(queued=len(self.queue), slots=tuple(slots))
 
     # ---- actors ---------------------------------------------------------------------------------
     def _start(self, slot: _Slot) -> None:
@@ -259,7 +306,7 @@ class Dispatcher:
             self._actor_died(slot, call, _first_line(err))
             return
         except ray.exceptions.RayTaskError as err:  # the framework failed, not the kernel
-            failed = {"outcome": {"status": "error", "error": str(err)}, "started": None, "finished": None}
+            failed = WorkerResult(TrialOutcome(status=TrialStatus.ERROR, error=str(err)))
             results = [failed] * len(call.items)
         except ray.exceptions.RayError as err:  # object lost, system error: treat the worker as gone
             self._actor_died(slot, call, _first_line(err))
@@ -268,8 +315,8 @@ class Dispatcher:
         slot.head_started = time.monotonic()
         slot.deaths_in_row = 0
         for item, result in zip(call.items, results, strict=True):
-            if result.get("started") and result.get("finished"):
-                took = result["finished"] - result["started"]
+            if result.started and result.finished:
+                took = result.finished - result.started
                 old = self._trial_s.get(_kind(item))
                 self._trial_s[_kind(item)] = took if old is None else 0.8 * old + 0.2 * took
             self.listener.trial_finished(item, slot.name, result)
@@ -342,4 +389,13 @@ def _first_line(err: BaseException) -> str:
     return text[0] if text else type(err).__name__
 
 
-__all__ = ["DispatchOptions", "Dispatcher", "Listener", "NoWorkersLeft", "WorkItem"]
+__all__ = [
+    "DispatchOptions",
+    "DispatchSnapshot",
+    "Dispatcher",
+    "Listener",
+    "NoWorkersLeft",
+    "SlotState",
+    "WorkItem",
+    "WorkerResult",
+]

@@ -17,8 +17,18 @@ from typing import Any
 import ray
 
 from cluster import environment
-from kernels.base import TrialOutcome, TrialRequest
+from kernels.base import TrialOutcome, TrialRequest, TrialStatus
 from kernels.registry import get_family
+
+
+@dataclasses.dataclass
+class WorkerResult:
+    """One trial as it comes back from a worker: the family's outcome and when it ran (epoch seconds;
+    None when the framework failed before the trial started)."""
+
+    outcome: TrialOutcome
+    started: float | None = None
+    finished: float | None = None
 
 
 class FarmWorker:
@@ -59,14 +69,14 @@ class FarmWorker:
         """
         return pickle.dumps([self.run(r) for r in pickle.loads(payload)])
 
-    def run(self, request: TrialRequest) -> dict[str, Any]:
+    def run(self, request: TrialRequest) -> WorkerResult:
         request = dataclasses.replace(request, device=self.device)
         started = time.time()
         try:
             outcome = get_family(request.family).run(request)
         except Exception:  # noqa: BLE001 - any failure of the kernel code is this trial's error
-            outcome = TrialOutcome(status="error", error=traceback.format_exc(limit=20))
-        return {"outcome": outcome.to_dict(), "started": started, "finished": time.time()}
+            outcome = TrialOutcome(status=TrialStatus.ERROR, error=traceback.format_exc(limit=20))
+        return WorkerResult(outcome, started, time.time())
 
 
 RemoteWorker = ray.remote(max_restarts=0, max_task_retries=0)(FarmWorker)

@@ -27,7 +27,8 @@ from jobs.cards import Card, load_card
 from jobs.checks import AMBIGUOUS, FAIL, PASS, SKIP, Context, Outcome, run_check
 from jobs.runner import RunOptions
 from jobs.spec import loads_spec
-from jobs.store import Store, Trial
+from jobs.store import Store, TrialRow
+from kernels.base import trial_label as label_of
 
 EXIT_PASS, EXIT_FAIL = 0, 1
 AMBIGUOUS_MODES = ("fail", "warn")
@@ -36,7 +37,7 @@ AMBIGUOUS_MODES = ("fail", "warn")
 @dataclass
 class AssertionResult:
     check: str
-    trial: Trial
+    trial: TrialRow
     label: str
     result: Outcome
     baseline_trial_id: int | None = None
@@ -105,10 +106,8 @@ class Acceptance:
         }
 
 
-def trial_label(t: Trial) -> str:
-    shape = "x".join(f"{k}{v}" for k, v in t.shape.items())
-    config = ",".join(f"{k}={v}" for k, v in t.config.items())
-    return f"#{t.seq} {t.backend}[{shape}{' ' + config if config else ''} {t.dtype}]"
+def trial_label(t: TrialRow) -> str:
+    return label_of(t.backend, t.shape, t.config, t.dtype, seq=t.seq)
 
 
 def card_for(store: Store, job_id: int, name: str | None = None) -> Card:

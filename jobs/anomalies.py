@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jobs.baselines import digest, point_ident
-from jobs.store import Trial
+from jobs.store import TrialRow
 
 SEVERITY: dict[str, str] = {
     "correctness": "error",
@@ -43,7 +43,7 @@ SEVERITY: dict[str, str] = {
 KINDS = tuple(SEVERITY)
 
 
-def fingerprint(t: Trial, kind: str) -> str:
+def fingerprint(t: TrialRow, kind: str) -> str:
     return digest([point_ident(t), kind])
 
 
@@ -52,7 +52,7 @@ class Found:
     """One anomaly before it is stored."""
 
     kind: str
-    trial: Trial
+    trial: TrialRow
     message: str
     evidence: dict[str, Any] = field(default_factory=dict)
     baseline_trial_id: int | None = None
@@ -81,7 +81,7 @@ class Found:
         }
 
 
-def throttled_samples(t: Trial) -> int | None:
+def throttled_samples(t: TrialRow) -> int | None:
     """How many of the trial's samples were throttled, where the trial recorded it (a count or a list of
     flags under summary/metrics `throttled`, `n_throttled` or `throttled_samples`); None if unknown."""
     for source in (t.summary or {}, t.metrics or {}):
@@ -96,7 +96,7 @@ def throttled_samples(t: Trial) -> int | None:
     return None
 
 
-def throttling(trials: list[Trial]) -> list[Found]:
+def throttling(trials: list[TrialRow]) -> list[Found]:
     out = []
     for t in trials:
         n = throttled_samples(t)

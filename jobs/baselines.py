@@ -15,7 +15,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from jobs.store import Baseline, Environment, Store, Trial
+from jobs.store import Baseline, Environment, Store, TrialRow
+from kernels.base import TrialStatus
 
 
 def is_knob(key: str) -> bool:
@@ -26,7 +27,7 @@ def point_config(config: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in config.items() if not is_knob(k)}
 
 
-def point_ident(t: Trial) -> list[Any]:
+def point_ident(t: TrialRow) -> list[Any]:
     """What identifies a point across jobs (no job ids, timestamps or test knobs)."""
     return [t.family, t.backend, sorted(t.shape.items()), sorted(point_config(t.config).items()), t.dtype]
 
@@ -43,7 +44,7 @@ def env_class(env: Environment | None) -> str:
     return f"cpu:{env.device_name}"
 
 
-def match_key(t: Trial, env: str) -> str:
+def match_key(t: TrialRow, env: str) -> str:
     return digest([point_ident(t), env])
 
 
@@ -52,7 +53,7 @@ def trial_envs(store: Store, job_id: int) -> dict[int, Environment]:
     return {e.id: e for e in store.environments(job_id)}
 
 
-def env_of(t: Trial, envs: dict[int, Environment]) -> Environment | None:
+def env_of(t: TrialRow, envs: dict[int, Environment]) -> Environment | None:
     return envs.get(t.environment_id) if t.environment_id is not None else None
 
 
@@ -74,7 +75,7 @@ def set_from_job(store: Store, job_id: int, name: str | None = None) -> SetResul
     skipped: list[str] = []
     for t in store.trials(job_id):
         label = f"#{t.seq} {t.backend} {t.shape} {t.config}"
-        if t.status != "ok":
+        if t.status != TrialStatus.OK:
             skipped.append(f"{label}: status {t.status}")
             continue
         cls = env_class(env_of(t, envs))

@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 
 from jobs.cards import Card
-from jobs.store import Environment, Trial
+from jobs.store import Environment, TrialRow
+from kernels.base import TrialStatus
 from kernels.hardware import limits_for
 from kernels.measure.stats import Comparison, compare
 
@@ -38,9 +39,9 @@ class Context:
     """What the checks of one trial see."""
 
     card: Card
-    trial: Trial
+    trial: TrialRow
     env: Environment | None
-    baseline: Trial | None  # the matching baseline trial, if any
+    baseline: TrialRow | None  # the matching baseline trial, if any
     samples: Callable[[int], list[int]]  # trial id -> raw samples (ns)
 
     @property
@@ -78,12 +79,12 @@ def _number(value: Any) -> float | None:
 
 def completes(c: Context) -> Outcome:
     t = c.trial
-    if t.status in ("pruned", "skipped"):  # finished without running, by design: not a failure
+    if TrialStatus(t.status).not_run:  # finished without running, by design: not a failure
         return Outcome(SKIP, f"{t.status}: {(t.error or '').strip()[:200]}", {"status": t.status})
-    if t.status in ("ok", "incorrect"):
+    if TrialStatus(t.status).measured:
         return Outcome(PASS, f"finished ({t.status}), attempt {t.attempt}", {"attempt": t.attempt})
     last = (t.error or "").strip().splitlines()[-1:] or [""]
-    kind = t.status if t.status in ("timeout", "crashed", "error") else "error"
+    kind = t.status if t.status in (TrialStatus.TIMEOUT, TrialStatus.CRASHED, TrialStatus.ERROR) else "error"
     return Outcome(FAIL, f"{t.status}: {last[0][:200]}", {"status": t.status, "attempt": t.attempt}, kind)
 
 
@@ -94,7 +95,7 @@ def correctness(c: Context) -> Outcome:
     numbers = {
         k: rep.get(k) for k in ("method", "max_abs_err", "max_rel_err", "mismatches", "numel") if k in rep
     }
-    if sec.require_pass and (c.trial.status == "incorrect" or rep.get("passed") is False):
+    if sec.require_pass and (c.trial.status == TrialStatus.INCORRECT or rep.get("passed") is False):
         msg = rep.get("message") or "the output does not match the reference"
         return Outcome(FAIL, f"check failed: {msg}"[:300], numbers, "correctness")
     over = []
@@ -115,7 +116,7 @@ def comparison(c: Context) -> tuple[Comparison, dict[str, Any]] | str:
     """The baseline comparison of the trial's raw samples, or why there is none."""
     if c.baseline is None:
         return "no baseline point for this trial"
-    if c.baseline.status != "ok":
+    if c.baseline.status != TrialStatus.OK:
         return f"baseline trial #{c.baseline.id} is {c.baseline.status}"
     perf = c.card.performance
     assert perf is not None
@@ -245,12 +246,12 @@ def _walk(value: Any, key: str) -> Iterator[Any]:
             yield from _walk(v, key)
 
 
-def spills_of(t: Trial) -> int | None:
+def spills_of(t: TrialRow) -> int | None:
     found = [int(v) for v in _walk(t.resources or {}, "n_spills") if isinstance(v, int)]
     return max(found) if found else None
 
 
-def occupancy_of(t: Trial) -> float | None:
+def occupancy_of(t: TrialRow) -> float | None:
     direct = _number((t.metrics or {}).get("occupancy"))
     if direct is not None:
         return direct
@@ -297,8 +298,8 @@ CHECK_FUNCTIONS: dict[str, Callable[[Context], Outcome]] = {
 
 
 def run_check(name: str, c: Context) -> Outcome:
-    if name != "completes" and c.trial.status not in ("ok", "incorrect"):
+    if name != "completes" and not TrialStatus(c.trial.status).measured:
         return Outcome(SKIP, f"the trial did not finish ({c.trial.status})")
-    if name in ("regression", "stability", "hw_fraction") and c.trial.status == "incorrect":
+    if name in ("regression", "stability", "hw_fraction") and c.trial.status == TrialStatus.INCORRECT:
         return Outcome(SKIP, "the trial is incorrect: its timing is not judged")
     return CHECK_FUNCTIONS[name](c)

@@ -9,10 +9,12 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from jobs.settings import FarmSettings
+from jobs.migrations.schema import StoreSchemaError
+from jobs.settings import FarmSettings, FarmSettingsError
 from jobs.spec import SpecError, load_spec
 from jobs.spec import loads_spec as load_spec_text
-from jobs.store import NOT_FAILED, Store
+from jobs.store import Store
+from kernels.base import NOT_FAILED, TrialStatus
 
 
 def _store(db: str | None) -> Store:
@@ -40,7 +42,17 @@ gpus_option = click.option(
 quiet_option = click.option("--quiet", is_flag=True, help="no live progress bar")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _FarmGroup(click.Group):
+    """Every command: a bad FARM_* value or an out-of-date store is one line and exit 1, no traceback."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except (FarmSettingsError, StoreSchemaError) as err:
+            raise click.ClickException(str(err)) from None
+
+
+@click.group(cls=_FarmGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """KernelFarm: sweep GPU kernels over a Ray cluster, store every sample, report and judge."""
 
@@ -185,14 +197,14 @@ def jobs_list(db: str | None, limit: int) -> None:
         table.add_column(col)
     for job, counts in store.list_jobs(limit):
         total = sum(counts.values())
-        bad = sum(n for s, n in counts.items() if s not in (*NOT_FAILED, "pending", "running"))
+        bad = sum(n for s, n in counts.items() if s not in NOT_FAILED and s != TrialStatus.PENDING)
         table.add_row(
             str(job.id),
             job.name,
             job.family,
             job.status,
             str(total),
-            str(counts.get("ok", 0)),
+            str(counts.get(TrialStatus.OK, 0)),
             str(bad),
             f"{job.created_at:%Y-%m-%d %H:%M:%S}",
             (job.git_commit or "-")[:12],
@@ -439,6 +451,51 @@ def failures_list(min_jobs: int, db: str | None) -> None:
             g.last_message,
         )
     Console(width=200).print(table)
+
+
+# ---- db ----------------------------------------------------------------------------------------------
+@main.group("db")
+def db_group() -> None:
+    """The results store's schema (Alembic migrations in jobs/migrations)."""
+
+
+@db_group.command("upgrade")
+@db_option
+def db_upgrade(db: str | None) -> None:
+    """Create or migrate the store's tables to the newest schema.
+
+    Run it once per store after installing a release that changes the schema (commands refuse an
+    out-of-date store, naming this command); it adopts a store made before migrations. Safe to re-run,
+    and from several hosts at once. A new, empty store needs no command: the first use creates it."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from jobs.migrations.schema import display_url, upgrade_schema
+    from jobs.store import Base, make_engine
+
+    url = db or FarmSettings().db
+    try:
+        engine = make_engine(url, check_schema=False)
+    except (OSError, SQLAlchemyError) as err:
+        raise click.ClickException(f"cannot open the farm store {url}: {_first_line(err)}") from None
+    where = display_url(str(engine.url))
+    try:
+        before, after = upgrade_schema(engine, Base.metadata)
+    except StoreSchemaError as err:
+        raise click.ClickException(str(err)) from None
+    except (OSError, SQLAlchemyError, RuntimeError) as err:  # RuntimeError: a table it cannot adopt
+        raise click.ClickException(f"cannot upgrade the farm store {where}: {_first_line(err)}") from None
+    finally:
+        engine.dispose()
+    if before.up_to_date:
+        click.echo(f"{where}: schema already at the newest revision, {after.current}")
+        return
+    was = "empty" if before.empty else (before.current or "tables from before migrations")
+    click.echo(f"{where}: schema upgraded from {was} to {after.current}")
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else err.__class__.__name__
 
 
 # ---- A/B comparison and tuned-config export ---------------------------------------------------------

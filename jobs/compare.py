@@ -29,8 +29,10 @@ from rich.console import Console
 from rich.table import Table
 
 from jobs.settings import FarmSettings
-from jobs.store import Store, Trial
-from kernels.fp8_gemm.tiles import TileConfig
+from jobs.store import Store, TrialRow
+from kernels.base import TrialStatus
+from kernels.fp8_gemm.export import best_configs as fp8_best_configs
+from kernels.fp8_gemm.export import port_file_name
 from kernels.measure.stats import compare as compare_samples
 
 # ---- selecting one trial per shape ------------------------------------------------------------------
@@ -60,7 +62,7 @@ class Selector:
                 config.append((key, value))
         return cls(backend, tuple(config))
 
-    def matches(self, t: Trial) -> bool:
+    def matches(self, t: TrialRow) -> bool:
         if self.backend is not None and t.backend != self.backend:
             return False
         if self.backend is None and t.baseline:
@@ -72,16 +74,16 @@ class Selector:
         return ",".join(parts) or "(any non-baseline)"
 
 
-def _shape_key(t: Trial) -> str:
+def _shape_key(t: TrialRow) -> str:
     return json.dumps([sorted(t.shape.items()), t.dtype])
 
 
-def _rank(t: Trial) -> tuple[int, float]:
-    good = t.status == "ok" and t.median_ns is not None
+def _rank(t: TrialRow) -> tuple[int, float]:
+    good = t.status == TrialStatus.OK and t.median_ns is not None
     return (0 if good else 1, t.median_ns if good else 0.0)
 
 
-def pick(trials: Iterable[Trial], selector: Selector) -> tuple[Trial | None, int]:
+def pick(trials: Iterable[TrialRow], selector: Selector) -> tuple[TrialRow | None, int]:
     """The fastest ok trial the selector matches (else the first match, to show its status), and how
     many matched."""
     matched = [t for t in trials if selector.matches(t)]
@@ -116,7 +118,7 @@ class Side:
     error: str | None = None
 
 
-def side_of(t: Trial, job_id: int, candidates: int) -> Side:
+def side_of(t: TrialRow, job_id: int, candidates: int) -> Side:
     metrics = t.metrics or {}
     summary = t.summary or {}
     res = t.resources or {}
@@ -205,7 +207,7 @@ def compare_jobs(
         if store.get_job(j) is None:
             raise ValueError(f"no job {j} in {store.url}")
     trials_a, trials_b = store.trials(job_a), store.trials(jb)
-    order: dict[str, Trial] = {}
+    order: dict[str, TrialRow] = {}
     for t in trials_a + trials_b:
         order.setdefault(_shape_key(t), t)
     result = CompareResult(job_a, jb, select_a.label(), select_b.label())
@@ -223,7 +225,7 @@ def compare_jobs(
 
 
 def _judge(
-    store: Store, row: ShapeRow, ta: Trial | None, tb: Trial | None, min_effect: float, alpha: float
+    store: Store, row: ShapeRow, ta: TrialRow | None, tb: TrialRow | None, min_effect: float, alpha: float
 ) -> ShapeRow:
     if ta is None or tb is None:
         row.note = f"no trial matches {'A' if ta is None else 'B'} for this shape"
@@ -231,8 +233,8 @@ def _judge(
     if ta.id == tb.id:
         row.note = "A and B are the same trial"
         return row
-    bad = [f"{s} is {t.status}" for s, t in (("A", ta), ("B", tb)) if t.status != "ok"]
-    if bad and any(t.status != "incorrect" for t in (ta, tb) if t.status != "ok"):
+    bad = [f"{s} is {t.status}" for s, t in (("A", ta), ("B", tb)) if t.status != TrialStatus.OK]
+    if bad and any(t.status != TrialStatus.INCORRECT for t in (ta, tb) if t.status != TrialStatus.OK):
         row.note = "; ".join(bad) + ": no timing to compare"
         return row
     cmp = compare_samples(
@@ -248,31 +250,10 @@ def _judge(
 
 
 def best_configs(store: Store, job_id: int, backend: str = "triton") -> tuple[dict[str, Any], list[str]]:
-    """({"N=..,K=..": {"M": config in Triton-port keys}}, shapes with no correct config)."""
+    """The job's best FP8 GEMM tile configs (kernels.fp8_gemm.export), and the shapes without one."""
     if store.get_job(job_id) is None:
         raise ValueError(f"no job {job_id} in {store.url}")
-    best: dict[tuple[int, int, int], Trial] = {}
-    shapes: set[tuple[int, int, int]] = set()
-    for t in store.trials(job_id):
-        if t.backend != backend:
-            continue
-        key = (t.shape["n"], t.shape["k"], t.shape["m"])
-        shapes.add(key)
-        if t.status == "ok" and t.correct and t.median_ns is not None:
-            if key not in best or t.median_ns < best[key].median_ns:
-                best[key] = t
-    table: dict[str, dict[str, dict[str, int]]] = {}
-    for n, k, m in sorted(best):
-        entry = TileConfig.from_dict(best[(n, k, m)].config).to_triton_port()
-        table.setdefault(f"N={n},K={k}", {})[str(m)] = entry
-    missing = [f"N={n},K={k},M={m}" for n, k, m in sorted(shapes - set(best))]
-    return table, missing
-
-
-def port_file_name(nk: str, device_name: str) -> str:
-    """The file name the Triton ports of this GEMM look their configs up by."""
-    device = device_name.replace(" ", "_")
-    return f"{nk},device_name={device},dtype=fp8_w8a8,block_shape=[128,128].json"
+    return fp8_best_configs(store.trials(job_id), backend)
 
 
 # ---- click -------------------------------------------------------------------------------------------

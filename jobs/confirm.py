@@ -28,7 +28,8 @@ from jobs.baselines import digest
 from jobs.checks import AMBIGUOUS, FAIL, Context, Outcome, verdict_outcome
 from jobs.runner import RunOptions, kernels_commit, resume_job
 from jobs.spec import dump_spec, loads_spec
-from jobs.store import Job, Store, Trial
+from jobs.store import Job, Store, TrialRow
+from kernels.base import TrialStatus
 from kernels.measure.stats import compare
 
 
@@ -45,11 +46,11 @@ class _Row:
     baseline: bool
 
 
-def _request(t: Trial) -> list[Any]:
+def _request(t: TrialRow) -> list[Any]:
     return [t.family, t.backend, sorted(t.shape.items()), sorted(t.config.items()), t.dtype]
 
 
-def _row(t: Trial, role: str, pair: int, rnd: int) -> _Row:
+def _row(t: TrialRow, role: str, pair: int, rnd: int) -> _Row:
     key = digest([role, pair, rnd, _request(t)])[:20]
     return _Row(key, t.family, t.backend, dict(t.shape), dict(t.config), t.dtype, role == "A")
 
@@ -114,9 +115,9 @@ def _run_one_worker(store: Store, job_id: int, threads: int | None, options: Run
     return result.status
 
 
-def _judge(store: Store, c: Context, a: list[Trial], b: list[Trial], confirm_id: int) -> Outcome:
+def _judge(store: Store, c: Context, a: list[TrialRow], b: list[TrialRow], confirm_id: int) -> Outcome:
     assert c.baseline is not None and c.card.performance is not None
-    bad = [t for t in a + b if t.status != "ok"]
+    bad = [t for t in a + b if t.status != TrialStatus.OK]
     if bad:
         statuses = sorted({t.status for t in bad})
         return Outcome(AMBIGUOUS, f"confirmation runs did not finish ok ({statuses}) in job {confirm_id}", {})

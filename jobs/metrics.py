@@ -19,7 +19,6 @@ worker gauges read the dispatcher at scrape time (nothing is added to the dispat
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -30,12 +29,13 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, push_to_gat
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from cluster.dispatch import Listener, WorkItem
+from cluster.dispatch import DispatchSnapshot, Listener, WorkerResult, WorkItem
+from kernels.base import FINISHED, TrialStatus
 
 log = logging.getLogger(__name__)
 
-# The trial outcomes of jobs.store.FINISHED (pruned/skipped: finished without running, not failures).
-TRIAL_STATUSES = ("ok", "incorrect", "error", "timeout", "crashed", "pruned", "skipped")
+# The finished trial statuses (pruned/skipped: finished without running, not failures).
+TRIAL_STATUSES = tuple(str(s) for s in FINISHED)
 # Anomaly kinds: the analysis step's kinds (jobs/anomalies.py, in progress) plus `other` for anything
 # new, so the label stays bounded. `correctness` and `noisy` are seen per trial here; the analysis step
 # reports the rest (slower, faster, memory, ...) through `FarmMetrics.anomaly`.
@@ -64,8 +64,7 @@ _KERNEL_BUCKETS = tuple(m * 10.0**e for e in range(-6, 1) for m in (1, 2, 5)) + 
 class _Dispatcher(Protocol):
     """What the scrape-time gauges read from cluster.dispatch.Dispatcher."""
 
-    queue: Any
-    slots: Any
+    def snapshot(self) -> DispatchSnapshot: ...
 
 
 @dataclass
@@ -92,21 +91,17 @@ class _LiveCollector(Collector):
         busy = GaugeMetricFamily("farm_workers_busy", "Workers running a trial", labels=["node", "gpu"])
         job = self.owner._job
         if job is not None:
-            d = job.dispatcher
-            queue.add_metric([job.family], len(d.queue))
+            snap = job.dispatcher.snapshot()
+            queue.add_metric([job.family], snap.queued)
             per_node: dict[tuple[str, str], list[int]] = {}
-            in_flight = 0
-            for slot in list(d.slots):
-                info = slot.info
-                n = sum(len(call.items) for call in list(slot.inflight))
-                in_flight += n
-                if info is None or slot.retired:
+            for slot in snap.slots:
+                if not slot.ready:
                     continue
-                key = (str(info.get("node") or "unknown"), str(info.get("gpu_id") or "none"))
+                key = (str(slot.node or "unknown"), str(slot.gpu_id or "none"))
                 counts = per_node.setdefault(key, [0, 0])
                 counts[0] += 1
-                counts[1] += 1 if n else 0
-            running.add_metric([job.family], in_flight)
+                counts[1] += 1 if slot.in_flight else 0
+            running.add_metric([job.family], snap.in_flight)
             for labels, (n_ready, n_busy) in sorted(per_node.items()):
                 ready.add_metric(list(labels), n_ready)
                 busy.add_metric(list(labels), n_busy)
@@ -161,20 +156,16 @@ class FarmMetrics:
 
         It is closed when its job ends; `echo` is told where it serves or pushes.
         """
-        env = os.environ if environ is None else environ
-        port = env.get("FARM_METRICS_PORT", "").strip()
-        gateway = env.get("FARM_METRICS_PUSHGATEWAY", "").strip()
-        if not port and not gateway:
+        from jobs.settings import FarmSettings  # a bad value: FarmSettingsError (a ValueError) naming it
+
+        settings = FarmSettings.load(environ)
+        port, gateway = settings.metrics_port, settings.metrics_pushgateway
+        if port is None and not gateway:
             return None
         m = cls(pushgateway=gateway or None)
-        if env.get("FARM_METRICS_PUSH_S"):
-            m.push_interval_s = float(env["FARM_METRICS_PUSH_S"])
-        if port:
-            try:
-                port_n = int(port)
-            except ValueError:
-                raise ValueError(f"FARM_METRICS_PORT must be a port number (got {port!r})") from None
-            m.serve(port_n, env.get("FARM_METRICS_ADDR", "127.0.0.1"))
+        m.push_interval_s = settings.metrics_push_s
+        if port is not None:
+            m.serve(port, settings.metrics_addr)
         m.close_after_job = True
         if echo is not None:
             where = [w for w in (m.url, gateway and f"push to {gateway}") if w]
@@ -260,22 +251,21 @@ class FarmMetrics:
         self._pusher.start()
 
     # ---- recording --------------------------------------------------------------------------------
-    def record_finished(self, item: WorkItem, result: dict[str, Any]) -> None:
+    def record_finished(self, item: WorkItem, result: WorkerResult) -> None:
         req = item.request
-        outcome = result.get("outcome") or {}
-        status = outcome.get("status") or "error"
-        self.trials.labels(req.family, req.backend, status if status in TRIAL_STATUSES else "error").inc()
-        started, finished = result.get("started"), result.get("finished")
-        if started and finished:
-            self.duration.labels(req.family, req.backend).observe(max(0.0, finished - started))
-        summary = outcome.get("summary") or {}
-        median_ns = summary.get("median")
-        if status == "ok" and median_ns is not None and median_ns == median_ns:
+        outcome = result.outcome
+        status = outcome.status if outcome.status.finished else TrialStatus.ERROR
+        self.trials.labels(req.family, req.backend, status).inc()
+        if result.started and result.finished:
+            self.duration.labels(req.family, req.backend).observe(max(0.0, result.finished - result.started))
+        median_ns = outcome.median_ns
+        if status is TrialStatus.OK and median_ns is not None and median_ns == median_ns:
             self.kernel_median.labels(req.family, req.backend).observe(median_ns / 1e9)
-        if status == "incorrect" or (outcome.get("correctness") or {}).get("passed") is False:
+        if status is TrialStatus.INCORRECT or outcome.correctness.get("passed") is False:
             self.anomaly(req.family, "correctness")
-        cv, max_cv = summary.get("cv"), getattr(req.policy, "max_cv", None)
-        if cv is not None and max_cv is not None and (summary.get("n") or 0) >= 2 and cv > max_cv:
+        summary = outcome.summary
+        cv, max_cv = (summary.cv if summary else None), getattr(req.policy, "max_cv", None)
+        if cv is not None and max_cv is not None and summary and summary.n >= 2 and cv > max_cv:
             self.anomaly(req.family, "noisy")
 
 
@@ -297,19 +287,19 @@ class _MetricsListener:
     def trial_started(self, item: WorkItem, slot: str) -> None:
         self.inner.trial_started(item, slot)
 
-    def trial_finished(self, item: WorkItem, slot: str, result: dict[str, Any]) -> None:
+    def trial_finished(self, item: WorkItem, slot: str, result: WorkerResult) -> None:
         self.metrics.record_finished(item, result)
         self.inner.trial_finished(item, slot, result)
 
     def trial_timed_out(self, item: WorkItem, slot: str, seconds: float) -> None:
-        self.metrics.trials.labels(item.request.family, item.request.backend, "timeout").inc()
+        self.metrics.trials.labels(item.request.family, item.request.backend, TrialStatus.TIMEOUT).inc()
         self.metrics.duration.labels(item.request.family, item.request.backend).observe(seconds)
         self.inner.trial_timed_out(item, slot, seconds)
 
     def trial_crashed(self, item: WorkItem, slot: str, error: str, final: bool) -> None:
         req = item.request
         if final:
-            self.metrics.trials.labels(req.family, req.backend, "crashed").inc()
+            self.metrics.trials.labels(req.family, req.backend, TrialStatus.CRASHED).inc()
         else:
             self.metrics.retries.labels(req.family, req.backend).inc()
         self.inner.trial_crashed(item, slot, error, final)

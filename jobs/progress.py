@@ -15,7 +15,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from jobs.store import NOT_FAILED
+from kernels.base import NOT_FAILED, TrialStatus
 
 
 class ProgressView:
@@ -27,7 +27,7 @@ class ProgressView:
         self.per_node = collections.Counter()
         self.nodes: dict[str, str] = {}
         self.already = already
-        self.inflight = lambda: 0  # set by the runner: trials currently handed to workers
+        self.inflight = lambda: 0  # set by the runner: trials handed to workers (the dispatcher's snapshot)
         self.retries = 0
         self._bar: Progress | None = None
         if enabled:
@@ -60,7 +60,7 @@ class ProgressView:
             return
         failed = sum(n for s, n in self.done.items() if s not in NOT_FAILED)
         nodes = " ".join(f"{node}:{n}" for node, n in sorted(self.per_node.items()))
-        status = f"ok {self.done['ok']} failed {failed} running {self.inflight()}"
+        status = f"ok {self.done[TrialStatus.OK]} failed {failed} running {self.inflight()}"
         if self.retries:
             status += f" retried {self.retries}"
         completed = self.already + sum(self.done.values())

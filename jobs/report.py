@@ -19,7 +19,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from jobs.store import NOT_FAILED, Store
+from jobs.store import Store
+from kernels.base import NOT_FAILED, TrialStatus
 from kernels.hardware import limits_for
 from kernels.registry import get_family
 
@@ -70,7 +71,7 @@ def build_rows(store: Store, job_id: int) -> list[Row]:
     extra_keys = [key for key, _label, _fmt in _family_view(trials[0].family)[0]] if trials else []
     base: dict[tuple, dict[str, float]] = {}
     for t in trials:
-        if t.baseline and t.status == "ok" and t.median_ns:
+        if t.baseline and t.status == TrialStatus.OK and t.median_ns:
             key = (_fmt_point(t.shape), t.dtype)
             base.setdefault(key, {})[_fmt_point(t.config)] = t.median_ns
     rows = []
@@ -119,7 +120,7 @@ def build_rows(store: Store, job_id: int) -> list[Row]:
 
 
 def _styled_status(status: str) -> str:
-    if status == "ok":
+    if status == TrialStatus.OK:
         return status
     return f"[dim]{status}[/dim]" if status in NOT_FAILED else f"[red]{status}[/red]"
 
@@ -247,7 +248,7 @@ def _scaling_plots(plt: Any, scaling: list[tuple[str, str, list[Any]]]) -> list[
         lines: dict[str, list[tuple[float, float]]] = {}
         for t in trials:
             y = (t.metrics or {}).get(metric)
-            if t.status != "ok" or x_key not in t.shape or not isinstance(y, int | float):
+            if t.status != TrialStatus.OK or x_key not in t.shape or not isinstance(y, int | float):
                 continue
             rest = " ".join(f"{k}={v}" for k, v in t.shape.items() if k != x_key)
             label = f"{t.backend} {_fmt_point(t.config) if t.config else ''} {rest}".strip()

@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from cluster import session
-from cluster.dispatch import Dispatcher, DispatchOptions, NoWorkersLeft, WorkItem
+from cluster.dispatch import Dispatcher, DispatchOptions, NoWorkersLeft, WorkerResult, WorkItem
 from jobs.metrics import FarmMetrics
 from jobs.progress import ProgressView
 from jobs.spec import SweepSpec, dump_spec, loads_spec
-from jobs.store import NOT_FAILED, Store
-from kernels.base import TrialRequest
+from jobs.store import Store, TrialRow
+from kernels.base import NOT_FAILED, TrialRequest, TrialStatus, trial_label
 
 # Called on the driver after each finished trial with its row and what its worker reported about
 # itself (node, gpu_id, pid, ...). Tests and tools that embed the runner use it.
@@ -115,7 +115,7 @@ class _StoreListener:
         self.buffer: list[dict[str, Any]] = []
         self.last_flush = time.monotonic()
 
-    def _row(self, item: WorkItem, slot: str, status: str, **extra: Any) -> dict[str, Any]:
+    def _row(self, item: WorkItem, slot: str, status: TrialStatus, **extra: Any) -> dict[str, Any]:
         info = self.workers.get(slot, {})
         return {
             "trial_id": item.trial_id,
@@ -152,25 +152,17 @@ class _StoreListener:
     def trial_started(self, item: WorkItem, slot: str) -> None:
         self.progress.started()
 
-    def trial_finished(self, item: WorkItem, slot: str, result: dict[str, Any]) -> None:
-        o = result["outcome"]
+    def trial_finished(self, item: WorkItem, slot: str, result: WorkerResult) -> None:
+        fields = result.outcome.stored_fields()
+        status = fields.pop("status")
         self._add(
             self._row(
                 item,
                 slot,
-                o["status"],
-                started_at=_dt(result.get("started")),
-                finished_at=_dt(result.get("finished")),
-                error=o.get("error"),
-                summary=o.get("summary"),
-                stop_reason=o.get("stop_reason"),
-                timer=o.get("timer"),
-                correctness=o.get("correctness"),
-                correct=(o.get("correctness") or {}).get("passed"),
-                metrics=o.get("metrics"),
-                memory=o.get("memory"),
-                resources=o.get("resources"),
-                samples_ns=o.get("samples_ns"),
+                status,
+                started_at=_dt(result.started),
+                finished_at=_dt(result.finished),
+                **fields,
             )
         )
 
@@ -179,7 +171,7 @@ class _StoreListener:
             self._row(
                 item,
                 slot,
-                "timeout",
+                TrialStatus.TIMEOUT,
                 error=f"stopped after {seconds:.1f} s (timeout_s); its worker was killed",
             )
         )
@@ -192,7 +184,7 @@ class _StoreListener:
                 self._row(
                     item,
                     slot,
-                    "crashed",
+                    TrialStatus.CRASHED,
                     attempt=item.attempts,
                     error=f"worker died on all {item.attempts} attempts; last: {error}",
                 )
@@ -234,22 +226,7 @@ def _execute(job_id: int, spec: SweepSpec, store: Store, options: RunOptions) ->
         return RunResult(job_id, "completed", counts, _exit_code(counts), "nothing left to run")
     plan = session.connect(options.address, options.gpus)
     options.echo(f"ray: {plan.address}; {plan.note}")
-    items = [
-        WorkItem(
-            trial_id=t.id,
-            attempts=t.attempt,
-            label=f"#{t.seq} {t.backend} {t.shape} {t.config} {t.dtype}",
-            request=TrialRequest(
-                family=t.family,
-                backend=t.backend,
-                shape=t.shape,
-                config=t.config,
-                dtype=t.dtype,
-                policy=spec.measure,
-            ),
-        )
-        for t in todo
-    ]
+    items = [_work_item(t, spec) for t in todo]
     store.set_job_status(job_id, "running", cluster=plan.to_dict(), message=None)
     total = len(store.trials(job_id))
     progress = ProgressView(
@@ -268,7 +245,7 @@ def _execute(job_id: int, spec: SweepSpec, store: Store, options: RunOptions) ->
         ),
         metrics.listen(listener) if metrics else listener,
     )
-    progress.inflight = lambda: sum(len(call.items) for slot in dispatcher.slots for call in slot.inflight)
+    progress.inflight = lambda: dispatcher.snapshot().in_flight
     status, note, code = "completed", "", None
     backends = [b.name for b in spec.backends]
     watch = metrics.job(spec.family, backends, dispatcher) if metrics else nullcontext()
@@ -291,6 +268,13 @@ def _execute(job_id: int, spec: SweepSpec, store: Store, options: RunOptions) ->
     return RunResult(job_id, status, counts, code if code is not None else _exit_code(counts), note)
 
 
+def _work_item(row: TrialRow, spec: SweepSpec) -> WorkItem:
+    """A stored trial as the dispatcher runs it."""
+    request = TrialRequest(row.family, row.backend, row.shape, row.config, row.dtype, policy=spec.measure)
+    label = trial_label(row.backend, row.shape, row.config, row.dtype, seq=row.seq)
+    return WorkItem(trial_id=row.id, attempts=row.attempt, label=label, request=request)
+
+
 def _exit_code(counts: dict[str, int]) -> int:
-    bad = sum(n for s, n in counts.items() if s not in NOT_FAILED)
+    bad = sum(n for s, n in counts.items() if s not in NOT_FAILED)  # a trial left pending counts too
     return EXIT_TRIALS_FAILED if bad else EXIT_OK

@@ -17,8 +17,17 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
+from kernels.base import TrialRequest, trial_label
 from kernels.measure.policy import MeasurePolicy
 from kernels.registry import UnknownFamily, get_family
 
@@ -89,6 +98,7 @@ class SweepSpec(_Strict):
     # After acceptance, draft acceptance checklists for the anomalies through the gateway (the built-in
     # offline drafter when no gateway key is set): "checklist" or "log_summary".
     drafts: Literal["checklist", "log_summary"] | None = None
+    _trials: tuple[TrialSpec, ...] | None = PrivateAttr(default=None)  # the grid, expanded once
 
     @field_validator("dtypes")
     @classmethod
@@ -121,13 +131,17 @@ class SweepSpec(_Strict):
         canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
-    def trials(self) -> list[Trial]:
-        return list(_expand(self))
+    def trials(self) -> list[TrialSpec]:
+        """The grid's points in order, expanded once per spec (a spec is not changed after loading)."""
+        if self._trials is None:
+            self._trials = tuple(_expand(self))
+        return list(self._trials)
 
 
 @dataclass(frozen=True)
-class Trial:
-    """One point of the sweep: a backend run on one shape, config and dtype."""
+class TrialSpec:
+    """One point of the sweep's grid: a backend run on one shape, config and dtype. Stored as a
+    jobs.store.TrialRow; sent to a worker as a kernels.base.TrialRequest."""
 
     family: str
     backend: str
@@ -149,17 +163,18 @@ class Trial:
         return hashlib.sha256(json.dumps(ident, default=str).encode()).hexdigest()[:20]
 
     def label(self) -> str:
-        shape = "x".join(f"{k}{v}" for k, v in self.shape.items())
-        config = ",".join(f"{k}={v}" for k, v in self.config.items())
-        return f"{self.backend}[{shape}{' ' + config if config else ''} {self.dtype}]"
+        return trial_label(self.backend, self.shape, self.config, self.dtype)
+
+    def request(self, policy: MeasurePolicy) -> TrialRequest:
+        return TrialRequest(self.family, self.backend, self.shape, self.config, self.dtype, policy=policy)
 
 
-def _expand(spec: SweepSpec) -> Iterator[Trial]:
+def _expand(spec: SweepSpec) -> Iterator[TrialSpec]:
     for backend in spec.backends:
         shapes = (backend.shapes or spec.shapes).points()
         configs = (backend.configs or spec.configs).points()
         for shape, config, dtype in itertools.product(shapes, configs, spec.dtypes):
-            yield Trial(spec.family, backend.name, shape, config, dtype, backend.baseline)
+            yield TrialSpec(spec.family, backend.name, shape, config, dtype, backend.baseline)
 
 
 # --------------------------------------------------------------------------------------------------

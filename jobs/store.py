@@ -32,20 +32,21 @@ from sqlalchemy import (
     event,
     func,
     insert,
-    or_,
     select,
     update,
 )
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
+from jobs.migrations.schema import StoreSchemaError as StoreSchemaError  # Store() on an out-of-date store
+from jobs.migrations.schema import ensure_schema
+from kernels.base import FINISHED, NOT_FAILED, TrialStatus  # noqa: F401 - NOT_FAILED is re-exported
+
 DEFAULT_DB = ".farm/farm.db"
 
-# Trial states. A finished trial is never run again by `farm sweep resume`.
-PENDING, RUNNING = "pending", "running"
-FINISHED = ("ok", "incorrect", "error", "timeout", "crashed", "pruned", "skipped")
-# Finished states that are not failures: a trial that ran and passed, or one deliberately not run.
-NOT_FAILED = ("ok", "pruned", "skipped")
+# Trial states are kernels.base.TrialStatus. A finished trial is never run again by `farm sweep resume`;
+# NOT_FAILED are the finished states that are no failure (passed, or deliberately not run).
+PENDING = TrialStatus.PENDING
 
 
 # The Trial columns a finished result may set.
@@ -103,7 +104,9 @@ class Environment(Base):
     data: Mapped[dict] = mapped_column(JSON)  # versions, driver, CUDA, clocks, counts
 
 
-class Trial(Base):
+class TrialRow(Base):
+    """A trial of a job as stored: its grid point, then its result (jobs.spec.TrialSpec is the point)."""
+
     __tablename__ = "trials"
     __table_args__ = (UniqueConstraint("job_id", "key", name="uq_trial_job_key"),)
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -134,6 +137,9 @@ class Trial(Base):
     metrics: Mapped[dict | None] = mapped_column(JSON)
     memory: Mapped[dict | None] = mapped_column(JSON)
     resources: Mapped[dict | None] = mapped_column(JSON)
+
+
+Trial = TrialRow  # the ORM class's old name, kept for imports written before the rename
 
 
 class Sample(Base):
@@ -246,16 +252,24 @@ class Draft(Base):
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA busy_timeout=10000")  # first: the statements below may wait for a lock
     # WAL + NORMAL: a commit costs no fsync of the main file, and readers never block the writer.
-    cur.execute("PRAGMA journal_mode=WAL")
+    try:
+        cur.execute("PRAGMA journal_mode=WAL")  # kept by the file: set by its first connection
+    except Exception as e:  # a new file another process is creating (first starts at once): SQLite does
+        if "locked" not in str(e):  # not wait here; that process, or a later connection, switches it
+            raise
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.execute("PRAGMA foreign_keys=ON")
-    cur.execute("PRAGMA busy_timeout=10000")
     cur.close()
 
 
-def make_engine(url: str | None = None) -> Engine:
-    """`url` is an SQLAlchemy URL or a plain file path; None means the default SQLite file."""
+def make_engine(url: str | None = None, *, check_schema: bool = True) -> Engine:
+    """`url` is an SQLAlchemy URL or a plain file path; None means the default SQLite file.
+
+    The store's schema is checked (jobs.migrations.schema.ensure_schema): a new, empty store is created
+    at the newest revision; an out-of-date one raises StoreSchemaError naming `farm db upgrade`.
+    `check_schema=False` is for that command, which migrates it."""
     url = url or DEFAULT_DB
     if "://" not in url:
         Path(url).parent.mkdir(parents=True, exist_ok=True)
@@ -263,7 +277,12 @@ def make_engine(url: str | None = None) -> Engine:
     engine = create_engine(url)
     if engine.dialect.name == "sqlite":
         event.listen(engine, "connect", _sqlite_pragmas)
-    Base.metadata.create_all(engine)
+    if check_schema:
+        try:
+            ensure_schema(engine, Base.metadata)
+        except BaseException:
+            engine.dispose()
+            raise
     return engine
 
 
@@ -421,7 +440,7 @@ class Store:
                     # the status test again, in the UPDATE itself, so a concurrent writer cannot win twice
                     .where(
                         table.c.id == bindparam("_id"),
-                        or_(*(table.c.status == s for s in (PENDING, RUNNING))),
+                        table.c.status == PENDING,
                     )
                     .values({c: bindparam(c) for c in rows[0] if c != "_id"})
                 )

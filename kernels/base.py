@@ -1,32 +1,249 @@
-"""What every kernel family gives the farm, and what one trial returns.
+"""The contract between kernel families and the farm: what one trial asks for and what it returns.
 
-A family is a module `kernels/<name>/case.py` exposing `FAMILY`, an object with:
+A family is a module `kernels/<name>/case.py` exposing `FAMILY`, a `KernelFamily` with:
   name: str
-  backends: dict[str, str]            backend name -> one-line description
+  backends: Backends                  each backend declared where it is defined, with its availability
+                                      (and the reason when unavailable), whether it is the reference,
+                                      and its config space (see `Backends.register`)
   shape_keys: tuple[str, ...]         the keys every shape point must have
   def validate(shape, config, dtype, backend) -> None   raise ValueError naming the bad field
-  def cost(shape, dtype) -> Cost      FLOPs and bytes moved, for throughput figures
-  def run(req: TrialRequest) -> TrialOutcome
+  def cost(shape, dtype) -> Cost      FLOPs and bytes read and written by one call
+  def execute(req: TrialRequest) -> TrialOutcome       run one trial of an available backend
 Optional, for reports:
   report_metrics: tuple[(metric key, column label, format spec), ...]   extra columns in reports
   scaling: tuple[(shape key, metric key), ...]   plot the metric against that shape key, one line per
                                                  backend/config and value of the other shape keys
-The farm (cluster/, jobs/) only ever talks to a family through this surface. Nothing here imports
-Ray, a database or HTTP.
+The farm calls `FAMILY.run(req)`, which answers `skipped` with the reason for a backend that cannot run
+on this host and calls `execute` otherwise. A family declares its work as a `Cost`; `derive_rates`
+turns a Cost and a median time into TFLOPS, GB/s and the fraction of the hardware roofline, the one
+place those are computed. tests/kernels/test_contract.py holds every registered family to this.
+Nothing here imports Ray, a database or HTTP.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import math
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
 
+from kernels.hardware import DeviceLimits, triton_interpreting
 from kernels.measure.policy import MeasurePolicy
+
+if TYPE_CHECKING:
+    from kernels.measure.timing import Measurement
+
+
+class TrialStatus(StrEnum):
+    """The only list of trial statuses. Members are strings, so stored values stay the plain words."""
+
+    PENDING = "pending"  # created with the job, not run yet (or to be retried)
+    OK = "ok"  # ran and passed its correctness check
+    INCORRECT = "incorrect"  # ran, and its output failed the correctness check
+    ERROR = "error"  # the kernel code (or the framework around it) raised
+    TIMEOUT = "timeout"  # ran past the spec's timeout_s; its worker was killed
+    CRASHED = "crashed"  # its worker died on every attempt
+    PRUNED = "pruned"  # not run: the family's resource model says the config cannot run
+    SKIPPED = "skipped"  # not run: the backend is unavailable on this host (the error says why)
+
+    @property
+    def finished(self) -> bool:
+        """Finished trials are never run again by `farm sweep resume`."""
+        return self is not TrialStatus.PENDING
+
+    @property
+    def failed(self) -> bool:
+        """A finished trial that makes the job fail (exit code 1)."""
+        return self.finished and self not in (TrialStatus.OK, TrialStatus.PRUNED, TrialStatus.SKIPPED)
+
+    @property
+    def not_run(self) -> bool:
+        """Finished without running, by design: no failure, nothing measured."""
+        return self in (TrialStatus.PRUNED, TrialStatus.SKIPPED)
+
+    @property
+    def measured(self) -> bool:
+        """Ran to the end: it has a correctness verdict and (normally) timings."""
+        return self in (TrialStatus.OK, TrialStatus.INCORRECT)
+
+    @classmethod
+    def passed(cls, ok: bool) -> TrialStatus:
+        return cls.OK if ok else cls.INCORRECT
+
+
+FINISHED: tuple[TrialStatus, ...] = tuple(s for s in TrialStatus if s.finished)
+NOT_FAILED: tuple[TrialStatus, ...] = tuple(s for s in FINISHED if not s.failed)
+
+
+# ---- cost and the rates derived from it ---------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Cost:
+    """The work one call of a kernel does: what the farm derives every rate from."""
+
     flops: float
-    bytes: float
+    bytes_read: float
+    bytes_written: float
+
+    @property
+    def bytes(self) -> float:
+        return self.bytes_read + self.bytes_written
+
+
+@dataclass(frozen=True)
+class Rates:
+    """What a Cost and a median time give. The roofline fields are None off a GPU of known limits."""
+
+    seconds: float
+    tflops: float
+    gbps: float
+    roofline_s: float | None = None  # the least time the hardware's bandwidth and peak FLOPS allow
+    roofline_fraction: float | None = None  # roofline_s / seconds: 1.0 is at the roofline
+    bandwidth_fraction: float | None = None  # gbps over the HBM bandwidth
+
+
+def derive_rates(
+    cost: Cost, median_ns: float, limits: DeviceLimits | None = None, precision: str = "bf16"
+) -> Rates:
+    """TFLOPS, GB/s and, given the device's limits, the roofline fractions of one call of `median_ns`.
+    A median that is not a positive number gives NaN rates (nothing to divide by)."""
+    seconds = median_ns / 1e9 if median_ns is not None else math.nan
+    if not (seconds > 0 and math.isfinite(seconds)):
+        return Rates(seconds=seconds, tflops=math.nan, gbps=math.nan)
+    rates = Rates(seconds=seconds, tflops=cost.flops / seconds / 1e12, gbps=cost.bytes / seconds / 1e9)
+    if limits is None:
+        return rates
+    peak = limits.dense_tflops.get(precision, limits.dense_tflops["bf16"])
+    roof = max(cost.bytes / (limits.hbm_gbps * 1e9), cost.flops / (peak * 1e12))
+    return Rates(
+        seconds=seconds,
+        tflops=rates.tflops,
+        gbps=rates.gbps,
+        roofline_s=roof,
+        roofline_fraction=roof / seconds,
+        bandwidth_fraction=rates.gbps / limits.hbm_gbps,
+    )
+
+
+# ---- backends -----------------------------------------------------------------------------------
+
+
+def always_available() -> str | None:
+    return None
+
+
+def needs_triton() -> str | None:
+    """Why Triton kernels cannot run here, or None: a GPU, or the CPU interpreter (TRITON_INTERPRET)."""
+    if importlib.util.find_spec("triton") is None:
+        return "triton: the triton package is not installed"
+    import torch
+
+    if not torch.cuda.is_available() and not triton_interpreting():
+        return "triton: no GPU and TRITON_INTERPRET is not set"
+    return None
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One backend of a family, declared where it is defined."""
+
+    name: str
+    description: str
+    reference: bool = False  # the family's reference: what other backends are checked against
+    config_keys: tuple[str, ...] = ()  # the config space: the keys a trial's config may carry
+    requires: Callable[[], str | None] = always_available  # why it cannot run here, or None
+    impl: Callable[..., Any] | None = None  # the family's own hook for this backend (what it runs)
+    # extra checks of a trial's (shape, config) for this backend: raise ValueError naming the field
+    check: Callable[[dict[str, Any], dict[str, Any]], None] | None = None
+
+    def unavailable_reason(self) -> str | None:
+        return self.requires()
+
+
+class Backends(Mapping[str, Backend]):
+    """A family's backends by name. Declare each with `add` or, on the function that implements it,
+    with the `register` decorator; a family has exactly one reference backend."""
+
+    def __init__(self, family: str) -> None:
+        self.family = family
+        self._by_name: dict[str, Backend] = {}
+
+    def add(
+        self,
+        name: str,
+        description: str,
+        *,
+        reference: bool = False,
+        config_keys: tuple[str, ...] = (),
+        requires: Callable[[], str | None] = always_available,
+        impl: Callable[..., Any] | None = None,
+        check: Callable[[dict[str, Any], dict[str, Any]], None] | None = None,
+    ) -> Backend:
+        if name in self._by_name:
+            raise ValueError(f"{self.family}: backend {name!r} is declared twice")
+        if reference and any(b.reference for b in self._by_name.values()):
+            raise ValueError(f"{self.family}: a second reference backend {name!r}")
+        backend = Backend(name, description, reference, tuple(config_keys), requires, impl, check)
+        self._by_name[name] = backend
+        return backend
+
+    def register(
+        self,
+        name: str,
+        description: str,
+        *,
+        reference: bool = False,
+        config_keys: tuple[str, ...] = (),
+        requires: Callable[[], str | None] = always_available,
+        check: Callable[[dict[str, Any], dict[str, Any]], None] | None = None,
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Declare the decorated function as the implementation of backend `name`."""
+
+        def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+            self.add(
+                name,
+                description,
+                reference=reference,
+                config_keys=config_keys,
+                requires=requires,
+                impl=fn,
+                check=check,
+            )
+            return fn
+
+        return decorate
+
+    @property
+    def reference(self) -> Backend:
+        found = [b for b in self._by_name.values() if b.reference]
+        if len(found) != 1:
+            raise LookupError(f"{self.family}: {len(found)} reference backends declared (want one)")
+        return found[0]
+
+    def impl(self, name: str) -> Callable[..., Any]:
+        fn = self[name].impl
+        if fn is None:
+            raise LookupError(f"{self.family}: backend {name!r} has no implementation registered")
+        return fn
+
+    def __getitem__(self, name: str) -> Backend:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            known = ", ".join(self._by_name)
+            raise KeyError(f"unknown {self.family} backend {name!r} (known: {known})") from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._by_name)
+
+    def __len__(self) -> int:
+        return len(self._by_name)
+
+
+# ---- what crosses the Ray boundary --------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -41,14 +258,76 @@ class TrialRequest:
     device: str = "cpu"
 
 
+def _finite_or_none(v: float) -> float | None:
+    return v if math.isfinite(v) else None
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A trial's measurement as stored: statistics over the kept samples (ns; cv a fraction; None where
+    not finite) and what the report and the anomaly checks read about how it was taken."""
+
+    n: int
+    median: float | None
+    mean: float | None
+    min: float | None
+    max: float | None
+    p10: float | None
+    p90: float | None
+    iqr: float | None
+    mad: float | None
+    stdev: float | None
+    cv: float | None
+    n_throttled: int = 0
+    n_kept: int = 0
+    # indices into samples_ns of the samples the measurement discarded (taken while throttled): the
+    # statistics exclude them, and so must any comparison of the raw samples
+    discarded: tuple[int, ...] = ()
+    flags: tuple[str, ...] = ()  # noisy, throttled, step, few_samples
+    clocks: dict[str, Any] = field(default_factory=dict)
+    step: dict[str, Any] | None = None
+    warmup_iters: int = 0
+    wall_s: float = 0.0
+
+    @classmethod
+    def of(cls, m: Measurement) -> Summary:
+        s = m.summary
+        return cls(
+            n=s.n,
+            median=_finite_or_none(s.median),
+            mean=_finite_or_none(s.mean),
+            min=_finite_or_none(s.min),
+            max=_finite_or_none(s.max),
+            p10=_finite_or_none(s.p10),
+            p90=_finite_or_none(s.p90),
+            iqr=_finite_or_none(s.iqr),
+            mad=_finite_or_none(s.mad),
+            stdev=_finite_or_none(s.stdev),
+            cv=_finite_or_none(s.cv),
+            n_throttled=sum(bool(t) for t in m.throttled),
+            n_kept=sum(bool(k) for k in m.kept),
+            discarded=tuple(i for i, kept in enumerate(m.kept) if not kept),
+            flags=tuple(m.flags),
+            clocks=m.clocks,
+            step=m.step,
+            warmup_iters=m.warmup_iters,
+            wall_s=m.wall_s,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON the store keeps (lists where the dataclass has tuples)."""
+        d = asdict(self)
+        d["discarded"], d["flags"] = list(self.discarded), list(self.flags)
+        return d
+
+
 @dataclass
 class TrialOutcome:
-    # "ok" | "incorrect" | "error", or, for a trial that was deliberately not run and is no failure:
-    # "pruned" (the family's resource model says the config cannot run) or "skipped" (the backend is not
-    # available on this host, e.g. a library adapter without its library). `error` says why.
-    status: str
+    """What a family returns for one trial. `error` says why for error, pruned and skipped."""
+
+    status: TrialStatus
     samples_ns: list[int] = field(default_factory=list)
-    summary: dict[str, Any] = field(default_factory=dict)
+    summary: Summary | None = None
     stop_reason: str | None = None
     timer: str | None = None
     correctness: dict[str, Any] = field(default_factory=dict)
@@ -57,45 +336,88 @@ class TrialOutcome:
     resources: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def __post_init__(self) -> None:
+        self.status = TrialStatus(self.status)
 
     @classmethod
-    def measured(cls, status: str, measurement: Any, **fields: Any) -> TrialOutcome:
+    def measured(cls, status: TrialStatus | str, measurement: Measurement, **fields: Any) -> TrialOutcome:
         """An outcome carrying a kernels.measure Measurement: raw samples, summary, stop reason, timer."""
-        m = measurement.to_dict()
-        # The summary also keeps what the report and the anomaly checks read: throttled and kept sample
-        # counts, flags (noisy, throttled, step, ...), the clock readings, the warm-up.
-        summary = {
-            **m["summary"],
-            "n_throttled": sum(m["throttled"]),
-            "n_kept": sum(m["kept"]),
-            # indices into samples_ns of the samples the measurement discarded (taken while throttled):
-            # the summary excludes them, and so must any comparison of the raw samples
-            "discarded": [i for i, kept in enumerate(m["kept"]) if not kept],
-            "flags": m["flags"],
-            "clocks": m["clocks"],
-            "step": m["step"],
-            "warmup_iters": m["warmup_iters"],
-            "wall_s": m["wall_s"],
-        }
         return cls(
-            status=status,
-            samples_ns=list(m["samples_ns"]),
-            summary=summary,
-            stop_reason=m["stop_reason"],
-            timer=m["timer"],
+            status=TrialStatus(status),
+            samples_ns=[int(v) for v in measurement.samples_ns],
+            summary=Summary.of(measurement),
+            stop_reason=measurement.stop_reason,
+            timer=measurement.timer,
             **fields,
         )
 
+    @property
+    def median_ns(self) -> float | None:
+        return self.summary.median if self.summary is not None else None
 
-class Family(Protocol):
+    def stored_fields(self) -> dict[str, Any]:
+        """The outcome as the results store's columns (plus `samples_ns`, stored as sample rows)."""
+        return {
+            "status": self.status,
+            "error": self.error,
+            "summary": self.summary.to_dict() if self.summary is not None else {},
+            "stop_reason": self.stop_reason,
+            "timer": self.timer,
+            "correctness": self.correctness,
+            "correct": self.correctness.get("passed"),
+            "metrics": self.metrics,
+            "memory": self.memory,
+            "resources": self.resources,
+            "samples_ns": self.samples_ns,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["status"] = str(self.status)
+        d["summary"] = self.summary.to_dict() if self.summary is not None else {}
+        return d
+
+
+# ---- the family ---------------------------------------------------------------------------------
+
+
+class KernelFamily:
+    """Base of every family: `run` answers unavailable backends, `execute` (the family's) does the rest."""
+
     name: str
-    backends: dict[str, str]
+    backends: Backends
     shape_keys: tuple[str, ...]
 
-    def validate(self, shape: dict[str, Any], config: dict[str, Any], dtype: str, backend: str) -> None: ...
+    def validate(self, shape: dict[str, Any], config: dict[str, Any], dtype: str, backend: str) -> None:
+        raise NotImplementedError
 
-    def cost(self, shape: dict[str, Any], dtype: str) -> Cost: ...
+    def cost(self, shape: dict[str, Any], dtype: str) -> Cost:
+        raise NotImplementedError
 
-    def run(self, req: TrialRequest) -> TrialOutcome: ...
+    def execute(self, req: TrialRequest) -> TrialOutcome:
+        raise NotImplementedError
+
+    def unavailable(self, req: TrialRequest, reason: str) -> TrialOutcome:
+        """The outcome of a trial whose backend cannot run here; a family may add what it knows."""
+        return TrialOutcome(status=TrialStatus.SKIPPED, error=reason)
+
+    def run(self, req: TrialRequest) -> TrialOutcome:
+        reason = self.backends[req.backend].unavailable_reason()
+        if reason is not None:
+            return self.unavailable(req, reason)
+        return self.execute(req)
+
+
+# The structural type the farm relies on (KernelFamily satisfies it).
+Family = KernelFamily
+
+
+def trial_label(
+    backend: str, shape: Mapping[str, Any], config: Mapping[str, Any], dtype: str, seq: int | None = None
+) -> str:
+    """The one human label of a trial: `backend[m128xn64 block_m=64 float32]`, with `#seq ` in front
+    for a stored trial (its position in the job's grid)."""
+    shape_part = "x".join(f"{k}{v}" for k, v in shape.items())
+    config_part = ",".join(f"{k}={v}" for k, v in config.items())
+    label = f"{backend}[{shape_part}{' ' + config_part if config_part else ''} {dtype}]"
+    return label if seq is None else f"#{seq} {label}"

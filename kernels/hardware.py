@@ -40,3 +40,13 @@ def limits_for(device_name: str | None) -> DeviceLimits | None:
     if "H100" in name or "H800" in name:
         return H100
     return None
+
+
+def device_limits(device: object) -> DeviceLimits | None:
+    """Limits of a torch device when it is a GPU of known limits; None for a CPU or an unknown GPU."""
+    import torch
+
+    device = torch.device(device)  # type: ignore[arg-type]
+    if device.type != "cuda":
+        return None
+    return limits_for(torch.cuda.get_device_name(device))

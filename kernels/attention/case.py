@@ -31,7 +31,18 @@ from kernels.attention import reference as ref
 from kernels.attention.cost import AttentionCost, dense_cost, sparse_cost
 from kernels.attention.inputs import build_dense, build_sparse
 from kernels.attention.shapes import OPTIONAL_KEYS, REQUIRED_KEYS, Shape, parse_shape
-from kernels.base import Cost, TrialOutcome, TrialRequest
+from kernels.base import (
+    Backends,
+    Cost,
+    KernelFamily,
+    Rates,
+    TrialOutcome,
+    TrialRequest,
+    TrialStatus,
+    derive_rates,
+    needs_triton,
+)
+from kernels.hardware import device_limits
 from kernels.measure.correctness import combine_seeds, seed_list
 from kernels.measure.resources import collect_ncu, triton_resources
 from kernels.measure.timing import measure
@@ -129,7 +140,7 @@ def prepare(
 
             return decode_attention_triton(x.q, x.k, x.v, **kw)
 
-    if backend == "torch_ref":
+    if BACKENDS[backend].reference:
         return Prepared(lambda _launches: reference(), reference, cost)
     return Prepared(triton_call, reference, cost)
 
@@ -145,12 +156,12 @@ def _prepare_step(
         shape.batch, shape.s_k, shape.h_q, page_size=shape.page_size, dtype=dtype, device=device, seed=seed
     )
     ref_attend = reference_attend(stepper.softmax_scale)
-    attend = ref_attend if backend == "torch_ref" else triton_attend(stepper.softmax_scale, **config)
+    attend = ref_attend if BACKENDS[backend].reference else triton_attend(stepper.softmax_scale, **config)
     kv = "bf16" if dtype == torch.bfloat16 else "fp16"
     lens = [shape.s_k + 1] * shape.batch  # the context the step attends over
     c = mla_decode_cost(lens, h_q=shape.h_q, kv_dtype=kv, q_dtype=kv, out_dtype=kv)
-    append = float(shape.batch * D_QK * elem_size(dtype))
-    cost = AttentionCost(c.flops, c.bytes + append, c.kv_bytes + append)
+    append = float(shape.batch * D_QK * elem_size(dtype))  # the new token's latent, written to the cache
+    cost = AttentionCost(c.flops, c.bytes_read, c.bytes_written + append, c.kv_bytes + append)
 
     def reference() -> Pair:
         last = stepper.last
@@ -177,7 +188,7 @@ def _check(out: torch.Tensor, lse: torch.Tensor, ref_out: torch.Tensor, ref_lse:
 
 
 def _resources(req: TrialRequest, shape: Shape, prep: Prepared, device: torch.device) -> dict[str, Any]:
-    if req.backend != "triton":
+    if not BACKENDS[req.backend].config_keys:
         return {"collected": False, "reason": "torch backend: no compiled Triton kernel"}
     if device.type != "cuda":
         return {"collected": False, "reason": "CPU run: Triton interpreter, no compile metadata"}
@@ -197,19 +208,13 @@ def _resources(req: TrialRequest, shape: Shape, prep: Prepared, device: torch.de
     return out
 
 
-def _device_metrics(
-    backend: str, device: torch.device, cost: AttentionCost, seconds: float, res: dict[str, Any]
-) -> dict[str, Any]:
+def _device_metrics(backend: str, device: torch.device, rates: Rates, res: dict[str, Any]) -> dict[str, Any]:
     """Timing label; on a GPU the roofline, theoretical occupancy and (when collected) L2 hit rate."""
     if device.type != "cuda":
-        return {"timing": "cpu (Triton interpreter)" if backend == "triton" else "cpu"}
-    from kernels.hardware import limits_for
-
+        return {"timing": "cpu (Triton interpreter)" if BACKENDS[backend].config_keys else "cpu"}
     m: dict[str, Any] = {"timing": "gpu"}
-    lim = limits_for(torch.cuda.get_device_name(device))
-    if lim is not None:
-        roof = max(cost.bytes / (lim.hbm_gbps * 1e9), cost.flops / (lim.dense_tflops["bf16"] * 1e12))
-        m.update(roofline_us=roof * 1e6, pct_of_roofline=100.0 * roof / seconds)
+    if rates.roofline_s is not None and rates.roofline_fraction is not None:
+        m.update(roofline_us=rates.roofline_s * 1e6, pct_of_roofline=100.0 * rates.roofline_fraction)
     kernels = res.get("kernels") or {}
     if kernels:
         first = next(iter(kernels.values()))
@@ -228,12 +233,20 @@ def _json_number(value: Any) -> Any:
     return str(value) if isinstance(value, float) and not math.isfinite(value) else value
 
 
-class AttentionFamily:
+# The mode's Triton kernel takes the tile keys of CONFIG_KEYS[mode]; the reference takes none.
+BACKENDS = Backends("attention")
+BACKENDS.add("torch_ref", "fp32-math torch reference (baseline)", reference=True)
+BACKENDS.add(
+    "triton",
+    "Triton kernels: flash-attention forward, split-KV decode, top-k sparse gather",
+    config_keys=tuple(sorted(set().union(*CONFIG_KEYS.values()))),
+    requires=needs_triton,
+)
+
+
+class AttentionFamily(KernelFamily):
     name = "attention"
-    backends = {
-        "torch_ref": "fp32-math torch reference (baseline)",
-        "triton": "Triton kernels: flash-attention forward, split-KV decode, top-k sparse gather",
-    }
+    backends = BACKENDS
     shape_keys = REQUIRED_KEYS
     report_metrics = (
         ("latency_per_token_us", "us/token", ".2f"),
@@ -253,7 +266,7 @@ class AttentionFamily:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)} (got {dtype!r})")
         if s.mode == "decode_step" and dtype == "float32":
             raise ValueError("decode_step: the paged cache holds bf16 or fp16 (got float32)")
-        allowed = CONFIG_KEYS[s.mode] if backend == "triton" else set()
+        allowed = CONFIG_KEYS[s.mode] if self.backends[backend].config_keys else set()
         bad = sorted(set(config) - allowed)
         if bad:
             raise ValueError(
@@ -291,9 +304,9 @@ class AttentionFamily:
             c = dense_cost(
                 lens, s_q=s.s_q, h_q=s.h_q, h_kv=s.h_kv, d=s.d, d_v=s.d_v, elem=elem, shared_kv=s.shared_kv
             )
-        return Cost(flops=c.flops, bytes=c.bytes)
+        return c
 
-    def run(self, req: TrialRequest) -> TrialOutcome:
+    def execute(self, req: TrialRequest) -> TrialOutcome:
         self.validate(req.shape, req.config, req.dtype, req.backend)
         shape = parse_shape(req.shape)
         dtype = DTYPES[req.dtype]
@@ -318,14 +331,15 @@ class AttentionFamily:
         }
         resources = _resources(req, shape, prep, device)
         timed = measure(lambda: prep.run(None), req.policy, device=device)
-        seconds = timed.summary.median / 1e9
+        rates = derive_rates(prep.cost, timed.summary.median, device_limits(device))
+        seconds = rates.seconds
         metrics: dict[str, Any] = {
             "mode": shape.mode,
             "latency_us": seconds * 1e6,
             "flops": prep.cost.flops,
             "bytes": prep.cost.bytes,
-            "tflops": prep.cost.tflops(seconds),
-            "gbps": prep.cost.gbps(seconds),
+            "tflops": rates.tflops,
+            "gbps": rates.gbps,
             "max_abs_err": out_rep.max_abs_err,
             "max_rel_err": out_rep.max_rel_err,
             "cos_diff": out_rep.cos_diff,
@@ -339,11 +353,11 @@ class AttentionFamily:
                 latency_per_token_us=seconds * 1e6 / shape.tokens,
                 tokens_per_s=shape.tokens / seconds,
             )
-        metrics.update(_device_metrics(req.backend, device, prep.cost, seconds, resources))
+        metrics.update(_device_metrics(req.backend, device, rates, resources))
         metrics.update(prep.extra())
         metrics = {k: _json_number(v) for k, v in metrics.items()}
         return TrialOutcome.measured(
-            "ok" if passed else "incorrect",
+            TrialStatus.passed(passed),
             timed,
             correctness=correctness,
             metrics=metrics,

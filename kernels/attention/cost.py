@@ -14,18 +14,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kernels.base import Cost
+
 
 @dataclass(frozen=True)
-class AttentionCost:
-    flops: float
-    bytes: float
-    kv_bytes: float
+class AttentionCost(Cost):
+    """The farm's Cost with the K/V bytes broken out; rates come from kernels.base.derive_rates."""
 
-    def tflops(self, seconds: float) -> float:
-        return self.flops / seconds / 1e12
-
-    def gbps(self, seconds: float) -> float:
-        return self.bytes / seconds / 1e9
+    kv_bytes: float = 0.0
 
 
 def visible_pairs(s_q: int, s_k: int, causal: bool = True) -> int:
@@ -36,8 +32,12 @@ def visible_pairs(s_q: int, s_k: int, causal: bool = True) -> int:
     return sum(min(s_k, max(0, s_k - s_q + i + 1)) for i in range(s_q))
 
 
-def _io_bytes(batch: int, s_q: int, h_q: int, d: int, d_v: int, elem: int) -> float:
-    return float(batch * s_q * h_q * (d * elem + d_v * elem + 4))  # q, out, lse (fp32)
+def _q_bytes(batch: int, s_q: int, h_q: int, d: int, elem: int) -> float:
+    return float(batch * s_q * h_q * d * elem)
+
+
+def _written_bytes(batch: int, s_q: int, h_q: int, d_v: int, elem: int) -> float:
+    return float(batch * s_q * h_q * (d_v * elem + 4))  # out, lse (fp32)
 
 
 def dense_cost(
@@ -56,7 +56,10 @@ def dense_cost(
     row = d + (0 if shared_kv else d_v)
     kv = float(sum(lens) * h_kv * row * elem)
     flops = 2.0 * h_q * (d + d_v) * pairs
-    return AttentionCost(flops, kv + _io_bytes(len(lens), s_q, h_q, d, d_v, elem), kv)
+    b = len(lens)
+    return AttentionCost(
+        flops, kv + _q_bytes(b, s_q, h_q, d, elem), _written_bytes(b, s_q, h_q, d_v, elem), kv
+    )
 
 
 def sparse_cost(
@@ -77,4 +80,5 @@ def sparse_cost(
     kv = float(selected * h_kv * row * elem)
     flops = 2.0 * h_q * (d + d_v) * selected
     idx = float(batch * s_q * topk * 4)
-    return AttentionCost(flops, kv + idx + _io_bytes(batch, s_q, h_q, d, d_v, elem), kv)
+    read = kv + idx + _q_bytes(batch, s_q, h_q, d, elem)
+    return AttentionCost(flops, read, _written_bytes(batch, s_q, h_q, d_v, elem), kv)

@@ -24,13 +24,23 @@ from typing import Any
 
 import torch
 
-from kernels.base import Cost, TrialOutcome, TrialRequest
+from kernels.base import (
+    Backends,
+    Cost,
+    KernelFamily,
+    TrialOutcome,
+    TrialRequest,
+    TrialStatus,
+    derive_rates,
+    needs_triton,
+)
 from kernels.fp8_gemm import deep_gemm_adapter
 from kernels.fp8_gemm.cost import gemm_cost
 from kernels.fp8_gemm.inputs import GemmInputs, build_inputs
 from kernels.fp8_gemm.reference import gemm_bf16, gemm_dequant_fp32
 from kernels.fp8_gemm.resources import estimate
-from kernels.fp8_gemm.tiles import TileConfig, deepgemm_choice
+from kernels.fp8_gemm.tiles import CONFIG_KEYS, TileConfig, deepgemm_choice
+from kernels.hardware import device_limits
 from kernels.measure.correctness import check_calc_diff, combine_seeds, seed_list
 from kernels.measure.resources import collect_ncu, triton_resources
 from kernels.measure.timing import measure
@@ -38,19 +48,66 @@ from kernels.measure.timing import measure
 DTYPE = "float8_e4m3fn"
 CALC_DIFF_THRESHOLD = 1e-3
 
-# A backend builds, for one set of inputs, a zero-argument callable writing D, plus the compiled
-# Triton kernel when there is one.
+# A backend builds, for one set of inputs and the trial's tile config (triton only), a zero-argument
+# callable writing D (after one call that compiles), plus the compiled Triton kernel when there is one.
 Runner = Callable[[], torch.Tensor]
+BACKENDS = Backends("fp8_gemm")
 
 
-class Fp8GemmFamily:
+@BACKENDS.register("torch_ref", "dequantized fp32 torch matmul (baseline)")
+def _torch_ref(x: GemmInputs, cfg: TileConfig | None) -> tuple[Runner, Any]:
+    return (lambda: gemm_dequant_fp32(x.a_fp8, x.a_scales, x.b_fp8, x.b_scales)), None
+
+
+@BACKENDS.register("torch_bf16", "unquantized bf16 torch matmul (the calc_diff reference)", reference=True)
+def _torch_bf16(x: GemmInputs, cfg: TileConfig | None) -> tuple[Runner, Any]:
+    return (lambda: gemm_bf16(x.a, x.b)), None
+
+
+def _out(x: GemmInputs) -> torch.Tensor:
+    return torch.empty((x.a.shape[0], x.b.shape[0]), dtype=torch.bfloat16, device=x.a.device)
+
+
+@BACKENDS.register(
+    "triton",
+    "Triton FP8 GEMM, 1x128 / 128x128 scales, tile config from the trial",
+    config_keys=tuple(CONFIG_KEYS),
+    requires=needs_triton,
+)
+def _triton(x: GemmInputs, cfg: TileConfig | None) -> tuple[Runner, Any]:
+    from kernels.fp8_gemm import triton_gemm  # imports triton: only for this backend
+
+    assert cfg is not None
+    out = _out(x)
+    _, launch = triton_gemm.prepare(x.a_fp8, x.a_scales, x.b_fp8, x.b_scales, cfg, out=out)
+    compiled = launch()
+
+    def call() -> torch.Tensor:
+        launch()
+        return out
+
+    return call, compiled
+
+
+@BACKENDS.register(
+    "deep_gemm",
+    "DeepGEMM library (GPU hosts with deep_gemm installed)",
+    requires=deep_gemm_adapter.unavailable_reason,
+)
+def _deep_gemm(x: GemmInputs, cfg: TileConfig | None) -> tuple[Runner, Any]:
+    out = _out(x)
+    run = deep_gemm_adapter.make_call(x.a_fp8, x.a_scales, x.b_fp8, x.b_scales, out)
+
+    def call() -> torch.Tensor:
+        run()
+        return out
+
+    return call, None
+
+
+class Fp8GemmFamily(KernelFamily):
     name = "fp8_gemm"
-    backends = {
-        "torch_ref": "dequantized fp32 torch matmul (baseline)",
-        "torch_bf16": "unquantized bf16 torch matmul (the calc_diff reference)",
-        "triton": "Triton FP8 GEMM, 1x128 / 128x128 scales, tile config from the trial",
-        "deep_gemm": "DeepGEMM library (GPU hosts with deep_gemm installed)",
-    }
+    backends = BACKENDS
     shape_keys = ("m", "n", "k")
     report_metrics = (("calc_diff", "calc_diff", ".1e"), ("spread_cv", "cv", ".3f"))
     scaling = (("m", "tflops"),)
@@ -63,7 +120,7 @@ class Fp8GemmFamily:
                 raise ValueError(f"shape.{key} must be a positive integer (got {shape[key]!r})")
         if dtype != DTYPE:
             raise ValueError(f"fp8_gemm operands are {DTYPE} (got dtype {dtype})")
-        if backend == "triton":
+        if self.backends[backend].config_keys:
             TileConfig.from_dict(config)
         elif config:
             raise ValueError(f"backend {backend} takes no config (got {config})")
@@ -71,36 +128,46 @@ class Fp8GemmFamily:
     def cost(self, shape: dict[str, Any], dtype: str) -> Cost:
         return gemm_cost(shape["m"], shape["n"], shape["k"])
 
-    def run(self, req: TrialRequest) -> TrialOutcome:
+    def unavailable(self, req: TrialRequest, reason: str) -> TrialOutcome:
+        """Skipped, with what is known without running: the cost, and DeepGEMM's own tile choice."""
+        m, n, k = req.shape["m"], req.shape["n"], req.shape["k"]
+        cost = self.cost(req.shape, req.dtype)
+        resources = {"model": {"deepgemm_choice": deepgemm_choice(m, n, k).to_dict()}}
+        return TrialOutcome(
+            status=TrialStatus.SKIPPED,
+            error=reason,
+            resources=resources if req.backend == "deep_gemm" else {},
+            metrics={"flops": cost.flops, "bytes": cost.bytes},
+        )
+
+    def execute(self, req: TrialRequest) -> TrialOutcome:
         self.validate(req.shape, req.config, req.dtype, req.backend)
         m, n, k = req.shape["m"], req.shape["n"], req.shape["k"]
         cost = self.cost(req.shape, req.dtype)
         base_metrics = {"flops": cost.flops, "bytes": cost.bytes}
         resources: dict[str, Any] = {}
         cfg: TileConfig | None = None
-        if req.backend == "triton":
+        if self.backends[req.backend].config_keys:  # a tiled kernel: the static model may prune it
             cfg = TileConfig.from_dict(req.config)
             est = estimate(cfg, m, n, k)
             resources["model"] = est.to_dict()
             if est.pruned:
                 return TrialOutcome(
-                    status="pruned", error=est.prune_message(), resources=resources, metrics=base_metrics
+                    status=TrialStatus.PRUNED,
+                    error=est.prune_message(),
+                    resources=resources,
+                    metrics=base_metrics,
                 )
         elif req.backend == "deep_gemm":
             resources["model"] = {"deepgemm_choice": deepgemm_choice(m, n, k).to_dict()}
-            try:
-                deep_gemm_adapter.load()
-            except deep_gemm_adapter.DeepGemmUnavailable as exc:
-                return TrialOutcome(
-                    status="skipped", error=str(exc), resources=resources, metrics=base_metrics
-                )
 
         device = torch.device(req.device)
+        build = self.backends.impl(req.backend)
         seeds = seed_list(req.policy.seeds)
         reports, compiled = [], None
         for seed in seeds:
             x = build_inputs(m, n, k, seed, device)
-            call, compiled = _runner(req.backend, x, cfg)
+            call, compiled = build(x, cfg)
             out = call()
             reports.append(check_calc_diff(out, gemm_bf16(x.a, x.b), threshold=CALC_DIFF_THRESHOLD))
         correctness = combine_seeds(reports, seeds).to_dict()
@@ -110,54 +177,25 @@ class Fp8GemmFamily:
 
         measurement = measure(call, req.policy, device=device)
         s = measurement.summary
-        seconds = s.median / 1e9
+        rates = derive_rates(cost, s.median, device_limits(device), precision="fp8")
         metrics = {
             **base_metrics,
             "time_ns": s.median,
-            "tflops": cost.flops / seconds / 1e12,
-            "gbps": cost.bytes / seconds / 1e9,
+            "tflops": rates.tflops,
+            "gbps": rates.gbps,
             "calc_diff": max(r.calc_diff for r in reports),
             "spread_cv": s.cv,
             "spread_iqr": s.iqr / s.median if s.median else None,
         }
+        if rates.roofline_fraction is not None:
+            metrics["roofline_fraction"] = rates.roofline_fraction
         return TrialOutcome.measured(
-            "ok" if correctness["passed"] else "incorrect",
+            TrialStatus.passed(correctness["passed"]),
             measurement,
             correctness=correctness,
             metrics=metrics,
             resources=resources,
         )
-
-
-def _runner(backend: str, x: GemmInputs, cfg: TileConfig | None) -> tuple[Runner, Any]:
-    """The timed callable for one backend on inputs x (output preallocated where the backend allows),
-    after one call that compiles; and the compiled Triton kernel (None elsewhere)."""
-    if backend == "torch_ref":
-        return (lambda: gemm_dequant_fp32(x.a_fp8, x.a_scales, x.b_fp8, x.b_scales)), None
-    if backend == "torch_bf16":
-        return (lambda: gemm_bf16(x.a, x.b)), None
-    out = torch.empty((x.a.shape[0], x.b.shape[0]), dtype=torch.bfloat16, device=x.a.device)
-    if backend == "triton":
-        from kernels.fp8_gemm import triton_gemm  # imports triton: only for this backend
-
-        assert cfg is not None
-        _, launch = triton_gemm.prepare(x.a_fp8, x.a_scales, x.b_fp8, x.b_scales, cfg, out=out)
-        compiled = launch()
-
-        def call() -> torch.Tensor:
-            launch()
-            return out
-
-        return call, compiled
-    if backend == "deep_gemm":
-        run = deep_gemm_adapter.make_call(x.a_fp8, x.a_scales, x.b_fp8, x.b_scales, out)
-
-        def call_dg() -> torch.Tensor:
-            run()
-            return out
-
-        return call_dg, None
-    raise ValueError(f"unknown fp8_gemm backend {backend!r}")
 
 
 def _ncu(req: TrialRequest, cfg: TileConfig) -> dict[str, Any]:

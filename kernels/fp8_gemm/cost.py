@@ -15,4 +15,6 @@ from kernels.fp8_gemm.quant import GROUP, cdiv
 def gemm_cost(m: int, n: int, k: int) -> Cost:
     kg = cdiv(k, GROUP)
     scales = (m * kg + cdiv(n, GROUP) * kg) * 4
-    return Cost(flops=2.0 * m * n * k, bytes=float(m * k + n * k + scales + m * n * 2))
+    return Cost(
+        flops=2.0 * m * n * k, bytes_read=float(m * k + n * k + scales), bytes_written=float(m * n * 2)
+    )

@@ -15,20 +15,20 @@ from typing import Any
 import torch
 
 
-class DeepGemmUnavailable(RuntimeError):
-    pass
+def unavailable_reason() -> str | None:
+    """Why the deep_gemm backend cannot run here, or None (the family's availability check)."""
+    if not torch.cuda.is_available():
+        return "backend deep_gemm needs a CUDA GPU (SM90); none is available here"
+    try:
+        importlib.import_module("deep_gemm")
+    except ImportError as exc:
+        return f"backend deep_gemm: deep_gemm not installed (import failed: {exc})"
+    return None
 
 
 def load() -> Any:
-    """The deep_gemm module, or DeepGemmUnavailable saying why not."""
-    if not torch.cuda.is_available():
-        raise DeepGemmUnavailable("backend deep_gemm needs a CUDA GPU (SM90); none is available here")
-    try:
-        return importlib.import_module("deep_gemm")
-    except ImportError as exc:
-        raise DeepGemmUnavailable(
-            f"backend deep_gemm: the deep_gemm package is not importable ({exc})"
-        ) from None
+    """The deep_gemm module (call after `unavailable_reason()` said None)."""
+    return importlib.import_module("deep_gemm")
 
 
 def make_call(
@@ -42,7 +42,7 @@ def make_call(
         relayout = getattr(dg, "get_col_major_tma_aligned_tensor", None)
         sfa = relayout(a_scales) if relayout is not None else a_scales
         return lambda: dg.gemm_fp8_fp8_bf16_nt((a, sfa), (b, b_scales), out)
-    raise DeepGemmUnavailable(
+    raise RuntimeError(
         "backend deep_gemm: this deep_gemm has neither fp8_gemm_nt nor gemm_fp8_fp8_bf16_nt "
         f"(version {getattr(dg, '__version__', '?')})"
     )

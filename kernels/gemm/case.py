@@ -20,12 +20,18 @@ from typing import Any
 
 import torch
 
-from kernels.base import Cost, TrialOutcome, TrialRequest
+from kernels.base import Backends, Cost, KernelFamily, TrialOutcome, TrialRequest, TrialStatus, derive_rates
+from kernels.hardware import device_limits
 from kernels.measure.correctness import check_allclose, combine_seeds, seed_list
 from kernels.measure.timing import measure
 
-_COMPUTE = {"torch_fp32": torch.float32, "torch_bf16": torch.bfloat16}
 _KNOBS = ("_repeat", "_perturb")
+
+# A backend is its compute dtype: the inputs are cast to it and multiplied with torch.matmul.
+BACKENDS = Backends("gemm")
+BACKENDS.add("torch_fp32", "torch.matmul in float32 (reference)", reference=True, config_keys=_KNOBS,
+             impl=lambda: torch.float32)  # fmt: skip
+BACKENDS.add("torch_bf16", "torch.matmul in bfloat16", config_keys=_KNOBS, impl=lambda: torch.bfloat16)
 
 
 def _backend_call(a: torch.Tensor, b: torch.Tensor, config: dict[str, Any]) -> Callable[[], torch.Tensor]:
@@ -44,12 +50,9 @@ def _backend_call(a: torch.Tensor, b: torch.Tensor, config: dict[str, Any]) -> C
     return call
 
 
-class GemmFamily:
+class GemmFamily(KernelFamily):
     name = "gemm"
-    backends = {
-        "torch_fp32": "torch.matmul in float32 (reference)",
-        "torch_bf16": "torch.matmul in bfloat16",
-    }
+    backends = BACKENDS
     shape_keys = ("m", "n", "k")
 
     def validate(self, shape: dict[str, Any], config: dict[str, Any], dtype: str, backend: str) -> None:
@@ -58,7 +61,7 @@ class GemmFamily:
         for key in self.shape_keys:
             if not isinstance(shape[key], int) or isinstance(shape[key], bool) or shape[key] < 1:
                 raise ValueError(f"shape.{key} must be a positive integer (got {shape[key]!r})")
-        unknown = sorted(set(config) - set(_KNOBS))
+        unknown = sorted(set(config) - set(self.backends[backend].config_keys))
         if unknown:
             raise ValueError(f"gemm backends take only the test knobs {list(_KNOBS)} (got {unknown})")
         repeat = config.get("_repeat", 1)
@@ -73,11 +76,13 @@ class GemmFamily:
     def cost(self, shape: dict[str, Any], dtype: str) -> Cost:
         m, n, k = shape["m"], shape["n"], shape["k"]
         elem = torch.empty((), dtype=getattr(torch, dtype)).element_size()
-        return Cost(flops=2.0 * m * n * k, bytes=float((m * k + k * n + m * n) * elem))
+        return Cost(
+            flops=2.0 * m * n * k, bytes_read=float((m * k + k * n) * elem), bytes_written=float(m * n * elem)
+        )
 
-    def run(self, req: TrialRequest) -> TrialOutcome:
+    def execute(self, req: TrialRequest) -> TrialOutcome:
         device = torch.device(req.device)
-        compute = _COMPUTE[req.backend]
+        compute = self.backends.impl(req.backend)()
         m, n, k = req.shape["m"], req.shape["n"], req.shape["k"]
         reports = []
         seeds = seed_list(req.policy.seeds)
@@ -94,17 +99,12 @@ class GemmFamily:
         a, b = a.to(compute), b.to(compute)
         m_ = measure(_backend_call(a, b, req.config), req.policy, device=device)
         cost = self.cost(req.shape, str(compute).removeprefix("torch."))
-        seconds = m_.summary.median / 1e9
+        rates = derive_rates(cost, m_.summary.median, device_limits(device))
         return TrialOutcome.measured(
-            "ok" if correctness["passed"] else "incorrect",
+            TrialStatus.passed(correctness["passed"]),
             m_,
             correctness=correctness,
-            metrics={
-                "flops": cost.flops,
-                "bytes": cost.bytes,
-                "tflops": cost.flops / seconds / 1e12,
-                "gbps": cost.bytes / seconds / 1e9,
-            },
+            metrics={"flops": cost.flops, "bytes": cost.bytes, "tflops": rates.tflops, "gbps": rates.gbps},
         )
 
 

@@ -19,7 +19,7 @@ from kernels.measure.policy import MeasurePolicy
 from kernels.measure.resources import H100, SMLimits, collect_ncu, occupancy, triton_resources
 from kernels.measure.stats import Comparison, Step, compare, detect_step
 from kernels.measure.stopping import StoppingRule, run_stream
-from kernels.measure.summary import Summary, summarize
+from kernels.measure.summary import SampleStats, summarize
 from kernels.measure.timing import Measurement, measure
 
 __all__ = [
@@ -32,7 +32,7 @@ __all__ = [
     "SMLimits",
     "Step",
     "StoppingRule",
-    "Summary",
+    "SampleStats",
     "calc_diff",
     "check_allclose",
     "check_calc_diff",

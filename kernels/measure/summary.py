@@ -10,7 +10,7 @@ import numpy as np
 
 
 @dataclass(frozen=True)
-class Summary:
+class SampleStats:
     n: int
     median: float
     mean: float
@@ -30,17 +30,17 @@ class Summary:
         }
 
 
-def summarize(samples: Sequence[float] | np.ndarray) -> Summary:
+def summarize(samples: Sequence[float] | np.ndarray) -> SampleStats:
     """Summary of the samples; an empty sequence gives n=0 and NaN everywhere else."""
     x = np.asarray(samples, dtype=np.float64)
     if x.size == 0:
         nan = float("nan")
-        return Summary(0, nan, nan, nan, nan, nan, nan, nan, nan, nan, nan)
+        return SampleStats(0, nan, nan, nan, nan, nan, nan, nan, nan, nan, nan)
     median = float(np.median(x))
     mean = float(x.mean())
     p10, p25, p75, p90 = (float(v) for v in np.percentile(x, [10, 25, 75, 90]))
     stdev = float(x.std(ddof=1)) if x.size > 1 else 0.0
-    return Summary(
+    return SampleStats(
         n=int(x.size),
         median=median,
         mean=mean,

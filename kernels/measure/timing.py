@@ -25,7 +25,7 @@ from kernels.measure.clocks import ClockSampler
 from kernels.measure.policy import MeasurePolicy
 from kernels.measure.stats import detect_step
 from kernels.measure.stopping import StoppingRule
-from kernels.measure.summary import Summary, summarize
+from kernels.measure.summary import SampleStats, summarize
 
 DEFAULT_FLUSH_BYTES = 256 * 1024 * 1024  # when the device does not report its L2 size
 CUPTI_MIN_BATCH = 50  # calls per profiler session: starting one costs far more than a kernel
@@ -34,7 +34,7 @@ CUPTI_MIN_BATCH = 50  # calls per profiler session: starting one costs far more 
 @dataclass
 class Measurement:
     samples_ns: list[int]
-    summary: Summary  # over the kept samples (throttled ones left out when the policy discards them)
+    summary: SampleStats  # over the kept samples (throttled ones left out when the policy discards them)
     stop_reason: str
     timer: str
     device: str

@@ -28,17 +28,26 @@ a known GPU.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from kernels.base import Cost, TrialOutcome, TrialRequest
-from kernels.hardware import limits_for
+from kernels.base import (
+    Backends,
+    Cost,
+    KernelFamily,
+    TrialOutcome,
+    TrialRequest,
+    TrialStatus,
+    derive_rates,
+    needs_triton,
+)
+from kernels.hardware import device_limits
 from kernels.measure.correctness import combine_seeds, seed_list
 from kernels.measure.memory import peak_memory
 from kernels.measure.timing import measure
+from kernels.paged_mla import flash_mla_adapter
 from kernels.paged_mla.check import check_decode
 from kernels.paged_mla.cost import mla_decode_cost
 from kernels.paged_mla.inputs import SEQLEN_DISTS, DecodeInputs, build_decode_inputs, sample_seqlens
@@ -51,7 +60,12 @@ from kernels.paged_mla.layout import (
     scale_bytes_per_token,
 )
 from kernels.paged_mla.reference import mla_decode_reference
-from kernels.paged_mla.trace_bench import run_trace_bench, trace_setup, validate_trace_config
+from kernels.paged_mla.trace_bench import (
+    TRACE_CONFIG_KEYS,
+    run_trace_bench,
+    trace_setup,
+    validate_trace_config,
+)
 
 SHAPE_KEYS = ("batch", "seqlen", "dist", "h_q", "s_q", "page_size", "kv_dtype")
 OPTIONAL_SHAPE_KEYS = ("shared_prefix",)
@@ -59,13 +73,11 @@ KV_DTYPES = ("bf16", "fp8")
 DTYPE = "bfloat16"
 SEQLEN_SEED = 0
 MAX_S_Q = 16
-_DECODE_CONFIG: dict[str, tuple[str, ...]] = {
-    "torch_ref": (),
-    "triton": ("num_splits", "_overread"),
-    "flash_mla": (),
-}
 
 Decode = Callable[[], tuple[torch.Tensor, torch.Tensor]]
+# A decode backend builds, from one set of inputs, its config and the device, the no-argument call that
+# is checked and timed, and what it chose (splits). cache_trace runs a whole trial of its own.
+BACKENDS = Backends("paged_mla")
 
 
 def shape_seqlens(shape: dict[str, Any]) -> list[int]:
@@ -75,14 +87,9 @@ def shape_seqlens(shape: dict[str, Any]) -> list[int]:
     )
 
 
-class PagedMLAFamily:
+class PagedMLAFamily(KernelFamily):
     name = "paged_mla"
-    backends = {
-        "torch_ref": "fp32 torch reference decode over the paged layout (baseline)",
-        "triton": "Triton split-KV decode + combine (num_splits: int or auto)",
-        "flash_mla": "FlashMLA library decode (GPU host with flash_mla installed; bf16, page 64)",
-        "cache_trace": "multi-turn trace replayed through the KV cache manager (hit rate, evictions, memory)",
-    }
+    backends = BACKENDS
     shape_keys = SHAPE_KEYS
     report_metrics = (
         ("num_splits", "splits", ""),
@@ -100,12 +107,12 @@ class PagedMLAFamily:
             raise ValueError(
                 f"dtype must be {DTYPE} (q and out; the cache's type is shape.kv_dtype) (got {dtype})"
             )
-        if backend == "cache_trace":
-            validate_trace_config(config)
-            return
-        if backend not in _DECODE_CONFIG:
+        if backend not in self.backends:
             raise ValueError(f"unknown paged_mla backend {backend!r} (known: {', '.join(self.backends)})")
-        allowed = _DECODE_CONFIG[backend]
+        declared = self.backends[backend]
+        if declared.check is not None:
+            declared.check(shape, config)
+        allowed = declared.config_keys
         for key in config:
             if key not in allowed:
                 takes = f"takes only {', '.join(allowed)}" if allowed else "takes no config"
@@ -118,22 +125,14 @@ class PagedMLAFamily:
             n = config["_overread"]
             if isinstance(n, bool) or not isinstance(n, int) or n < 0:
                 raise ValueError(f"config._overread must be an integer >= 0 (got {n!r})")
-        if backend == "flash_mla":
-            if shape["page_size"] != 64:
-                raise ValueError(f"shape.page_size must be 64 for flash_mla (got {shape['page_size']})")
-            if shape["kv_dtype"] != "bf16":
-                raise ValueError(f"shape.kv_dtype must be bf16 for flash_mla (got {shape['kv_dtype']!r})")
 
     def cost(self, shape: dict[str, Any], dtype: str) -> Cost:
-        c = mla_decode_cost(
+        return mla_decode_cost(
             shape_seqlens(shape), h_q=shape["h_q"], s_q=shape["s_q"], kv_dtype=shape["kv_dtype"]
         )
-        return Cost(flops=c.flops, bytes=c.bytes)
 
-    def run(self, req: TrialRequest) -> TrialOutcome:
-        if req.backend == "cache_trace":
-            return _run_trace(req)
-        return _run_decode(req)
+    def execute(self, req: TrialRequest) -> TrialOutcome:
+        return self.backends.impl(req.backend)(req)
 
 
 # -- validation --------------------------------------------------------------------------------------------
@@ -212,45 +211,78 @@ def _num_sms(device: torch.device) -> int | None:
     return None
 
 
-def _decode_call(
-    backend: str, inp: DecodeInputs, config: dict[str, Any], device: torch.device
+def _decode_backend(name: str, description: str, **declared: Any) -> Callable[[Callable], Callable]:
+    """Declare a decode backend: the decorated function builds its call; a trial runs _run_decode."""
+
+    def decorate(build: Callable) -> Callable:
+        BACKENDS.add(name, description, impl=lambda req: _run_decode(req, build), **declared)
+        return build
+
+    return decorate
+
+
+@_decode_backend("torch_ref", "fp32 torch reference decode over the paged layout (baseline)", reference=True)
+def _torch_ref(
+    inp: DecodeInputs, config: dict[str, Any], device: torch.device
 ) -> tuple[Decode, dict[str, Any]]:
-    """The no-argument call that is checked and timed, and what it chose (splits)."""
     args = (inp.q, inp.kv_cache, inp.block_table, inp.cache_seqlens)
-    if backend == "torch_ref":
-        return lambda: mla_decode_reference(
-            *args, softmax_scale=inp.softmax_scale, kv_scales=inp.kv_scales, d_v=inp.d_v
-        ), {}
-    if backend == "triton":
-        from kernels.paged_mla import triton_decode as td
+    return lambda: mla_decode_reference(
+        *args, softmax_scale=inp.softmax_scale, kv_scales=inp.kv_scales, d_v=inp.d_v
+    ), {}
 
-        rows = inp.q.shape[1] * inp.q.shape[2]
-        page = inp.kv_cache.shape[1]
-        sms = _num_sms(device) or td.DEFAULT_NUM_SMS
-        n = config.get("num_splits", "auto")
-        if n == "auto":
-            n = td.choose_num_splits(
-                inp.seqlens, rows=rows, block_m=td.default_block_m(rows), page_size=page, num_sms=sms
-            )
-        overread = int(config.get("_overread", 0))
 
-        def call() -> tuple[torch.Tensor, torch.Tensor]:
-            return td.mla_decode_triton(
-                *args,
-                num_splits=n,
-                softmax_scale=inp.softmax_scale,
-                kv_scales=inp.kv_scales,
-                d_v=inp.d_v,
-                num_sms=sms,
-                _overread=overread,
-            )
+@_decode_backend(
+    "triton",
+    "Triton split-KV decode + combine (num_splits: int or auto)",
+    config_keys=("num_splits", "_overread"),
+    requires=needs_triton,
+)
+def _triton(inp: DecodeInputs, config: dict[str, Any], device: torch.device) -> tuple[Decode, dict[str, Any]]:
+    from kernels.paged_mla import triton_decode as td
 
-        return call, {"num_splits": n, "num_sms": sms}
-    if backend == "flash_mla":
-        from kernels.paged_mla.flash_mla_adapter import flash_mla_decode_fn
+    args = (inp.q, inp.kv_cache, inp.block_table, inp.cache_seqlens)
+    rows = inp.q.shape[1] * inp.q.shape[2]
+    page = inp.kv_cache.shape[1]
+    sms = _num_sms(device) or td.DEFAULT_NUM_SMS
+    n = config.get("num_splits", "auto")
+    if n == "auto":
+        n = td.choose_num_splits(
+            inp.seqlens, rows=rows, block_m=td.default_block_m(rows), page_size=page, num_sms=sms
+        )
+    overread = int(config.get("_overread", 0))
 
-        return flash_mla_decode_fn(*args, d_v=inp.d_v, softmax_scale=inp.softmax_scale), {}
-    raise ValueError(f"unknown paged_mla decode backend {backend!r}")
+    def call() -> tuple[torch.Tensor, torch.Tensor]:
+        return td.mla_decode_triton(
+            *args,
+            num_splits=n,
+            softmax_scale=inp.softmax_scale,
+            kv_scales=inp.kv_scales,
+            d_v=inp.d_v,
+            num_sms=sms,
+            _overread=overread,
+        )
+
+    return call, {"num_splits": n, "num_sms": sms}
+
+
+def _flash_mla_shape(shape: dict[str, Any], config: dict[str, Any]) -> None:
+    if shape["page_size"] != 64:
+        raise ValueError(f"shape.page_size must be 64 for flash_mla (got {shape['page_size']})")
+    if shape["kv_dtype"] != "bf16":
+        raise ValueError(f"shape.kv_dtype must be bf16 for flash_mla (got {shape['kv_dtype']!r})")
+
+
+@_decode_backend(
+    "flash_mla",
+    "FlashMLA library decode (GPU host with flash_mla installed; bf16, page 64)",
+    requires=flash_mla_adapter.unavailable_reason,
+    check=_flash_mla_shape,
+)
+def _flash_mla(
+    inp: DecodeInputs, config: dict[str, Any], device: torch.device
+) -> tuple[Decode, dict[str, Any]]:
+    args = (inp.q, inp.kv_cache, inp.block_table, inp.cache_seqlens)
+    return flash_mla_adapter.flash_mla_decode_fn(*args, d_v=inp.d_v, softmax_scale=inp.softmax_scale), {}
 
 
 def contiguous_layout(inp: DecodeInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -271,7 +303,7 @@ def contiguous_layout(inp: DecodeInputs) -> tuple[torch.Tensor, torch.Tensor, to
 
 
 def _reference_for(backend: str, inp: DecodeInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    if backend == "torch_ref":
+    if BACKENDS[backend].reference:  # the reference itself is checked over a re-laid-out cache
         kv, table, scales = contiguous_layout(inp)
         return mla_decode_reference(
             inp.q,
@@ -318,14 +350,7 @@ def _call_with_memory(
     return held[0], report.to_dict()
 
 
-def _run_decode(req: TrialRequest) -> TrialOutcome:
-    if req.backend == "flash_mla":
-        from kernels.paged_mla.flash_mla_adapter import FlashMLAUnavailable, load_flash_mla
-
-        try:
-            load_flash_mla()
-        except FlashMLAUnavailable as err:  # a host without the library: not run, and no failure
-            return TrialOutcome(status="skipped", error=str(err))
+def _run_decode(req: TrialRequest, build: Callable) -> TrialOutcome:
     device = torch.device(req.device)
     shape = req.shape
     seqlens = shape_seqlens(shape)
@@ -339,7 +364,7 @@ def _run_decode(req: TrialRequest) -> TrialOutcome:
     for i, seed in enumerate(seeds):
         inp = call = None  # the previous seed's tensors go before the next are built
         inp = _inputs(shape, seqlens, seed, req.device, req.policy.poison_unused)
-        call, chosen = _decode_call(req.backend, inp, req.config, device)
+        call, chosen = build(inp, req.config, device)
         if i == len(seeds) - 1:  # the last seed's checked call also gives the memory figure
             (out, lse), memory = _call_with_memory(call, device, cost.bytes)
         else:
@@ -362,26 +387,23 @@ def _run_decode(req: TrialRequest) -> TrialOutcome:
         correctness["message"] = f"out: {out_c.message}; lse: {lse_c.message}"
 
     m = measure(call, req.policy, device=device)
-    seconds = m.summary.median / 1e9
-    gbps, tflops = cost.throughput(seconds) if seconds > 0 else (math.nan, math.nan)
+    rates = derive_rates(cost, m.summary.median, device_limits(device))
     metrics: dict[str, Any] = {
         "flops": cost.flops,
         "bytes": cost.bytes,
         "kv_bytes": cost.kv_bytes,
-        "gbps": gbps,
-        "tflops": tflops,
+        "gbps": rates.gbps,
+        "tflops": rates.tflops,
         "total_tokens": sum(seqlens),
         "mean_seqlen": sum(seqlens) / len(seqlens),
         "max_seqlen": max(seqlens),
         **chosen,
         **_cache_metrics(inp, shape["kv_dtype"]),
     }
-    if device.type == "cuda":
-        limits = limits_for(torch.cuda.get_device_name(device))
-        if limits is not None:
-            metrics["hbm_fraction"] = gbps / limits.hbm_gbps
+    if rates.bandwidth_fraction is not None:
+        metrics["hbm_fraction"] = rates.bandwidth_fraction
     return TrialOutcome.measured(
-        "ok" if correctness["passed"] else "incorrect",
+        TrialStatus.passed(correctness["passed"]),
         m,
         correctness=correctness,
         metrics=metrics,
@@ -392,11 +414,21 @@ def _run_decode(req: TrialRequest) -> TrialOutcome:
 # -- cache trace trials ------------------------------------------------------------------------------------
 
 
+def _check_trace_config(shape: dict[str, Any], config: dict[str, Any]) -> None:
+    validate_trace_config(config)
+
+
+@BACKENDS.register(
+    "cache_trace",
+    "multi-turn trace replayed through the KV cache manager (hit rate, evictions, memory)",
+    config_keys=TRACE_CONFIG_KEYS,
+    check=_check_trace_config,
+)
 def _run_trace(req: TrialRequest) -> TrialOutcome:
     setup = trace_setup(req.shape, req.config)
     metrics, correctness = run_trace_bench(setup)
     return TrialOutcome(
-        status="ok" if correctness["passed"] else "incorrect",
+        status=TrialStatus.passed(correctness["passed"]),
         correctness=correctness,
         metrics=metrics,  # the pool's bytes over time are metrics; outcome.memory is a kernel call's
     )

@@ -13,22 +13,18 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.base import Cost
 from kernels.paged_mla.layout import D_QK, D_V, elem_size, scale_bytes_per_token
 
 
 @dataclass(frozen=True)
-class DecodeCost:
-    flops: float
-    bytes: float
-    kv_bytes: float
-    q_bytes: float
-    out_bytes: float
+class DecodeCost(Cost):
+    """The farm's Cost (read = KV + q, written = out) with its breakdown; rates come from
+    kernels.base.derive_rates."""
 
-    def throughput(self, seconds: float) -> tuple[float, float]:
-        """(GB/s, TFLOPS) achieved when one call takes `seconds`."""
-        if seconds <= 0:
-            raise ValueError(f"seconds must be > 0, got {seconds}")
-        return self.bytes / seconds / 1e9, self.flops / seconds / 1e12
+    kv_bytes: float = 0.0
+    q_bytes: float = 0.0
+    out_bytes: float = 0.0
 
 
 def mla_decode_cost(
@@ -51,7 +47,8 @@ def mla_decode_cost(
     flops = 2.0 * h_q * s_q * total * (d_qk + d_v)
     return DecodeCost(
         flops=flops,
-        bytes=float(kv_bytes + q_bytes + out_bytes),
+        bytes_read=float(kv_bytes + q_bytes),
+        bytes_written=float(out_bytes),
         kv_bytes=float(kv_bytes),
         q_bytes=float(q_bytes),
         out_bytes=float(out_bytes),

@@ -21,24 +21,26 @@ FLASH_MLA_PAGE_SIZE = 64
 FLASH_MLA_KV_DTYPES = ("bf16",)
 
 
-class FlashMLAUnavailable(RuntimeError):
-    pass
-
-
-def load_flash_mla() -> Any:
-    """The flash_mla module, or FlashMLAUnavailable saying why it cannot run here."""
+def unavailable_reason() -> str | None:
+    """Why the flash_mla backend cannot run here, or None (the family's availability check)."""
     if not torch.cuda.is_available():
-        raise FlashMLAUnavailable("the flash_mla backend needs a CUDA GPU; none is available on this worker")
+        return "the flash_mla backend needs a CUDA GPU; none is available on this worker"
     try:
         module = importlib.import_module("flash_mla")
     except ImportError as err:
-        raise FlashMLAUnavailable(
-            f"the flash_mla backend needs the FlashMLA package (`import flash_mla` failed: {err})"
-        ) from None
+        return f"the flash_mla backend needs the FlashMLA package (`import flash_mla` failed: {err})"
     for name in ("get_mla_metadata", "flash_mla_with_kvcache"):
         if not hasattr(module, name):
-            raise FlashMLAUnavailable(f"the installed flash_mla has no {name}(): unsupported version")
-    return module
+            return f"the installed flash_mla has no {name}(): unsupported version"
+    return None
+
+
+def load_flash_mla() -> Any:
+    """The flash_mla module; RuntimeError saying why when it cannot run here."""
+    reason = unavailable_reason()
+    if reason is not None:
+        raise RuntimeError(reason)
+    return importlib.import_module("flash_mla")
 
 
 def flash_mla_decode_fn(

@@ -13,45 +13,59 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
-from kernels.base import Cost, TrialOutcome, TrialRequest
+from kernels.base import Backends, Cost, KernelFamily, TrialOutcome, TrialRequest, TrialStatus
 from kernels.measure.timing import measure
 
-_CONFIG_KEYS = {"noop": set(), "spin": {"ms"}, "sleep": {"s"}, "crash": set()}
+# Each backend returns the call to time for a trial's config.
+BACKENDS = Backends("probe")
 
 
-class ProbeFamily:
+@BACKENDS.register("noop", "returns at once", reference=True)
+def _noop_call(config: dict[str, Any]) -> Callable[[], None]:
+    return _noop
+
+
+@BACKENDS.register("spin", "busy-loops on the CPU for config.ms milliseconds", config_keys=("ms",))
+def _spin_call(config: dict[str, Any]) -> Callable[[], None]:
+    return _spin(float(config.get("ms", 1.0)))
+
+
+@BACKENDS.register("sleep", "sleeps config.s seconds", config_keys=("s",))
+def _sleep_call(config: dict[str, Any]) -> Callable[[], None]:
+    time.sleep(float(config.get("s", 1.0)))
+    return _noop
+
+
+@BACKENDS.register("crash", "kills its own worker process")
+def _crash_call(config: dict[str, Any]) -> Callable[[], None]:
+    os._exit(1)
+
+
+class ProbeFamily(KernelFamily):
     name = "probe"
-    backends = {
-        "noop": "returns at once",
-        "spin": "busy-loops on the CPU for config.ms milliseconds",
-        "sleep": "sleeps config.s seconds",
-        "crash": "kills its own worker process",
-    }
+    backends = BACKENDS
     shape_keys = ("n",)
 
     def validate(self, shape: dict[str, Any], config: dict[str, Any], dtype: str, backend: str) -> None:
         if set(shape) != {"n"} or not isinstance(shape["n"], int):
             raise ValueError(f"shape must be {{n: int}} (got {shape})")
-        allowed = _CONFIG_KEYS[backend]
+        allowed = set(self.backends[backend].config_keys)
         if not set(config) <= allowed:
             raise ValueError(
                 f"config keys {sorted(set(config) - allowed)} do not apply to probe backend {backend}"
             )
 
     def cost(self, shape: dict[str, Any], dtype: str) -> Cost:
-        return Cost(flops=0.0, bytes=0.0)
+        return Cost(flops=0.0, bytes_read=0.0, bytes_written=0.0)
 
-    def run(self, req: TrialRequest) -> TrialOutcome:
-        if req.backend == "crash":
-            os._exit(1)
-        if req.backend == "sleep":
-            time.sleep(float(req.config.get("s", 1.0)))
-        fn = _spin(float(req.config.get("ms", 1.0))) if req.backend == "spin" else _noop
+    def execute(self, req: TrialRequest) -> TrialOutcome:
+        fn = self.backends.impl(req.backend)(req.config)
         m = measure(fn, req.policy, device="cpu")
         return TrialOutcome.measured(
-            "ok",
+            TrialStatus.OK,
             m,
             correctness={"passed": True, "method": "none"},
             metrics={"cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", "")},
@@ -62,7 +76,7 @@ def _noop() -> None:
     return None
 
 
-def _spin(ms: float):
+def _spin(ms: float) -> Callable[[], None]:
     def spin() -> None:
         end = time.perf_counter_ns() + int(ms * 1e6)
         x = 0

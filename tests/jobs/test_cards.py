@@ -10,14 +10,14 @@ from jobs.anomalies import Found, fingerprint, throttled_samples
 from jobs.baselines import match_key
 from jobs.cards import CHECKS, CardError, all_cards, load_card, parse_card
 from jobs.checks import Context, run_check
-from jobs.store import Environment, Trial
+from jobs.store import Environment, TrialRow
 from kernels.gemm.case import FAMILY as GEMM
 
 H100 = Environment(id=1, device_kind="gpu", device_name="NVIDIA H100 80GB HBM3", data={})
 CPU = Environment(id=2, device_kind="cpu", device_name="AMD EPYC", data={"torch_threads": 1})
 
 
-def _trial(**kw) -> Trial:
+def _trial(**kw) -> TrialRow:
     base = dict(
         id=kw.pop("id", 1), job_id=1, seq=0, family="paged_mla", backend="triton", baseline=False,
         shape={"batch": 4, "seqlen": 1024}, config={"num_splits": 2}, dtype="bfloat16", status="ok",
@@ -25,10 +25,10 @@ def _trial(**kw) -> Trial:
         correctness={"passed": True},
     )  # fmt: skip
     base.update(kw)
-    return Trial(**base)
+    return TrialRow(**base)
 
 
-def _ctx(card: str, trial: Trial, env: Environment = H100, baseline: Trial | None = None) -> Context:
+def _ctx(card: str, trial: TrialRow, env: Environment = H100, baseline: TrialRow | None = None) -> Context:
     return Context(load_card(card), trial, env, baseline, lambda _id: [100] * 20)
 
 

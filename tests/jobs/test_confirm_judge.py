@@ -8,12 +8,12 @@ import numpy as np
 from jobs.cards import load_card
 from jobs.checks import FAIL, PASS, Context
 from jobs.confirm import _judge
-from jobs.store import Trial
+from jobs.store import TrialRow
 
 
-def _trial(tid: int, config: dict) -> Trial:
-    return Trial(id=tid, family="gemm", backend="torch_fp32", shape={"m": 8}, config=config, dtype="float32",
-                 status="ok")  # fmt: skip
+def _trial(tid: int, config: dict) -> TrialRow:
+    return TrialRow(id=tid, family="gemm", backend="torch_fp32", shape={"m": 8}, config=config,
+                    dtype="float32", status="ok")  # fmt: skip
 
 
 def _judged(a_rounds: list[float], b_rounds: list[float]):

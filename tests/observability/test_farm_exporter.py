@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import collections
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -13,9 +11,9 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from promkit import http_get
 
-from cluster.dispatch import WorkItem
+from cluster.dispatch import DispatchSnapshot, SlotState, WorkerResult, WorkItem
 from jobs.metrics import ANOMALY_KINDS, TRIAL_STATUSES, FarmMetrics
-from kernels.base import TrialRequest
+from kernels.base import Summary, TrialOutcome, TrialRequest
 from kernels.measure.policy import MeasurePolicy
 
 ALLOWED_LABELS = {"family", "backend", "status", "node", "gpu", "kind", "le"}
@@ -44,16 +42,24 @@ def item(backend: str, n: int = 0) -> WorkItem:
     return WorkItem(trial_id=n, request=TrialRequest("probe", backend, {"n": n}, {}, "fp32", MeasurePolicy()))
 
 
-def outcome(status: str, median_ns: float = 2e6, cv: float = 0.01, passed: bool = True) -> dict[str, Any]:
-    return {
-        "outcome": {
-            "status": status,
-            "summary": {"n": 5, "median": median_ns, "cv": cv},
-            "correctness": {"passed": passed},
-        },
-        "started": 100.0,
-        "finished": 100.25,
-    }
+def outcome(status: str, median_ns: float = 2e6, cv: float = 0.01, passed: bool = True) -> WorkerResult:
+    stats = dict.fromkeys(("mean", "min", "max", "p10", "p90", "iqr", "mad", "stdev"), median_ns)
+    summary = Summary(n=5, median=median_ns, cv=cv, **stats)
+    return WorkerResult(TrialOutcome(status, summary=summary, correctness={"passed": passed}), 100.0, 100.25)
+
+
+class Dispatcher:
+    """A dispatcher as the gauges see it: its read-only snapshot."""
+
+    def __init__(self, queued: int, slots: list[SlotState]) -> None:
+        self.queued, self.slots = queued, slots
+
+    def snapshot(self) -> DispatchSnapshot:
+        return DispatchSnapshot(self.queued, tuple(self.slots))
+
+
+def slot(name: str, node: str | None, gpu: str | None, in_flight: int = 0) -> SlotState:
+    return SlotState(name, node is not None, False, in_flight, 1, node, gpu)
 
 
 def test_off_unless_configured():
@@ -83,18 +89,14 @@ def test_the_listener_tee_counts_outcomes_and_the_gauges_read_the_dispatcher():
     inner = Inner()
     tee = m.listen(inner)
     slots = [
-        SimpleNamespace(
-            info={"node": "10.0.0.1/abc", "gpu_id": "0"}, inflight=collections.deque(), retired=False
-        ),
-        SimpleNamespace(
-            info={"node": "10.0.0.1/abc", "gpu_id": "1"}, inflight=collections.deque(), retired=False
-        ),
-        SimpleNamespace(info=None, inflight=collections.deque(), retired=False),  # still starting
+        slot("w0", "10.0.0.1/abc", "0"),
+        slot("w1", "10.0.0.1/abc", "1"),
+        slot("w2", None, None),  # still starting
     ]
-    dispatcher = SimpleNamespace(queue=collections.deque([1, 2, 3]), slots=slots)
+    dispatcher = Dispatcher(3, slots)
     with m.job("probe", ["spin", "crash"], dispatcher):
-        tee.worker_ready("w0", slots[0].info)
-        slots[0].inflight.append(SimpleNamespace(items=[item("spin", 1), item("spin", 2)]))
+        tee.worker_ready("w0", {"node": "10.0.0.1/abc", "gpu_id": "0"})
+        slots[0] = slot("w0", "10.0.0.1/abc", "0", in_flight=2)
         tee.trial_started(item("spin", 1), "w0")
         s = samples(generate_latest(m.registry).decode())
         assert s[("farm_queue_length", (("family", "probe"),))] == 3
@@ -167,7 +169,7 @@ def test_short_jobs_push_to_a_pushgateway_at_the_end():
         url = f"http://127.0.0.1:{server.server_port}"
         m = FarmMetrics.from_env({"FARM_METRICS_PUSHGATEWAY": url, "FARM_METRICS_PUSH_S": "60"})
         assert m is not None and m.port is None  # no HTTP server, pushes only
-        with m.job("probe", ["noop"], SimpleNamespace(queue=collections.deque(), slots=[])):
+        with m.job("probe", ["noop"], Dispatcher(0, [])):
             m.listen(Inner()).trial_finished(item("noop"), "w0", outcome("ok"))
         method, path, body = _Receiver.pushes[-1]
         assert method == "PUT" and path == "/metrics/job/kernelfarm"
@@ -179,7 +181,7 @@ def test_short_jobs_push_to_a_pushgateway_at_the_end():
 
 def test_a_missing_pushgateway_never_fails_the_job():
     m = FarmMetrics(pushgateway=f"http://127.0.0.1:{_closed_port()}")
-    with m.job("probe", ["noop"], SimpleNamespace(queue=collections.deque(), slots=[])):
+    with m.job("probe", ["noop"], Dispatcher(0, [])):
         pass  # the final push fails with a warning only
 
 

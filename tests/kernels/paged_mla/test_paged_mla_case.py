@@ -51,13 +51,13 @@ def test_decode_trial_metrics(backend, config, shape):
     c = o.correctness
     assert c["passed"] and c["lse"]["passed"] and c["poisoned"]
     assert [s["seed"] for s in c["per_seed"]] == [0, 1] and c["method"] == "flashmla"
-    assert o.samples_ns and o.summary["median"] > 0 and o.timer == "cpu_perf_counter"
+    assert o.samples_ns and o.summary.median > 0 and o.timer == "cpu_perf_counter"
     m = o.metrics
     cost = mla_decode_cost(
         shape_seqlens(shape), h_q=shape["h_q"], s_q=shape["s_q"], kv_dtype=shape["kv_dtype"]
     )
     assert m["bytes"] == cost.bytes and m["flops"] == cost.flops
-    assert m["gbps"] == pytest.approx(cost.bytes / (o.summary["median"] / 1e9) / 1e9)
+    assert m["gbps"] == pytest.approx(cost.bytes / (o.summary.median / 1e9) / 1e9)
     assert m["tflops"] > 0 and m["total_tokens"] == 40
     assert m["evictions"] == 0 and m["pages_in_use"] >= 2
     assert m["fragmentation_slots"] == 2 * (32 - 20)  # a shared prefix page is full: no waste there
