@@ -425,22 +425,15 @@ class Proxy:
             def error_event(status: int, message: str) -> bytes:
                 return sse_error_event(ep.style, status, message, responses_api=responses_api)
 
-        else:  # translated event by event; the tokens are counted on the upstream's own bytes
+        else:  # translated event by event; the translator counts the upstream's tokens as it reads them
             src = UPSTREAM_FORMAT[target.kind]
-            tracker = StreamUsage(src)
             translator = StreamTranslator(
                 src, ep.fmt, public_model=rec.public_model or "", include_usage=not strip_usage
             )
+            tracker = translator.tokens  # a StreamUsage fed the parsed events, not the bytes a second time
+            feed, finish = translator.feed, translator.finish
             content_type = "text/event-stream"
             error_event = translator.error_event
-
-            def feed(chunk: bytes) -> bytes:
-                tracker.feed(chunk)
-                return translator.feed(chunk)
-
-            def finish() -> bytes:
-                tracker.finish()
-                return translator.finish()
 
         clean_end = False
         try:

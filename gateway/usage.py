@@ -212,8 +212,28 @@ class StreamUsage:
         if api == "chat":
             if b'"usage":{' not in block and b'"usage": {' not in block:
                 return True
-            obj = self._json(block)
-            u = obj.get("usage") if obj else None
+        elif api == "responses":
+            if b'"usage"' not in block or b"response." not in block:
+                return True
+        elif b"message_start" not in block and b"message_delta" not in block:
+            return True
+        obj = self._json(block)
+        return self.observe(obj) if obj is not None else True
+
+    def observe(self, obj: dict) -> bool:
+        """Record the usage one parsed event carries (a count that is not a count sets ``bad_usage``);
+        False when the event must not reach the client. The stream translator, which parses every event
+        anyway, calls this with the events that can carry usage instead of feeding the bytes."""
+        try:
+            return self._observe(obj)
+        except BadUsage:
+            self.bad_usage = True
+            return True
+
+    def _observe(self, obj: dict) -> bool:
+        api = self.api
+        if api == "chat":
+            u = obj.get("usage")
             if isinstance(u, dict):
                 keep = not (self.strip_usage_chunk and not obj.get("choices"))
                 try:
@@ -227,10 +247,7 @@ class StreamUsage:
                 return keep
             return True
         if api == "responses":
-            if b'"usage"' not in block or b"response." not in block:
-                return True
-            obj = self._json(block)
-            resp = obj.get("response") if obj else None
+            resp = obj.get("response")
             u = resp.get("usage") if isinstance(resp, dict) else None
             if isinstance(u, dict):
                 self.seen_usage = self.output_final = True
@@ -239,10 +256,7 @@ class StreamUsage:
                 self.cached_input_tokens = _openai_cached(u, "input_tokens_details", self.input_tokens)
             return True
         # Anthropic messages: the event's own type decides (a text delta may quote "message_delta")
-        if b"message_start" not in block and b"message_delta" not in block:
-            return True
-        obj = self._json(block)
-        kind = obj.get("type") if obj else None
+        kind = obj.get("type")
         if kind == "message_start":
             msg = obj.get("message")
             u = msg.get("usage") if isinstance(msg, dict) else None
@@ -262,6 +276,11 @@ class StreamUsage:
                     self.input_tokens = _anthropic_input(u)
                     self._anthropic_cache(u)
         return True
+
+    def count_text(self, data: bytes) -> None:
+        """Count the text fields of whole events (for the estimate), as ``feed`` does; for a caller that
+        reports usage with ``observe``."""
+        self._text += sum(map(len, _TEXT_RE.findall(data)))
 
     def _anthropic_cache(self, u: dict) -> None:
         self.cached_input_tokens = _tok(u, "cache_read_input_tokens")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 
 from gateway.errors import sse_error_event
 from gateway.translate import policy
@@ -19,7 +20,9 @@ from gateway.translate.ir import (
     ToolResult,
     Usage,
     dumps,
+    dumps_str,
     invalid,
+    loads,
     new_id,
     untranslatable,
     want,
@@ -314,7 +317,9 @@ class Decoder:
     """Chat chunks -> hub stream events. Usage comes in the last chunk (include_usage), after the
     finish_reason chunk, so the finish event is sent at ``[DONE]`` (or at the end of the bytes)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_usage: Callable[[dict], object] | None = None) -> None:
+        """``on_usage``: called with each parsed event that can carry usage (for the gateway's accounting)."""
+        self.on_usage = on_usage
         self.usage = Usage()
         self.seen_usage = False
         self.started = False
@@ -325,11 +330,11 @@ class Decoder:
         self._tools: dict[int, int] = {}  # tool_calls index -> block key
         self._next = 0
 
-    def feed(self, event: str | None, data: str, out: list) -> None:
+    def feed(self, data: str, out: list) -> None:
         if data == "[DONE]":
             self._finish(out)
             return
-        obj = json.loads(data)
+        obj = loads(data)
         if not isinstance(obj, dict):
             return
         if "error" in obj and isinstance(obj["error"], dict):
@@ -371,6 +376,8 @@ class Decoder:
         if isinstance(u, dict):
             self.usage = parse_usage(u) or self.usage
             self.seen_usage = True
+            if self.on_usage is not None:
+                self.on_usage(obj)
 
     def _close(self, out: list) -> None:
         if self._open is not None:
@@ -402,6 +409,7 @@ class Encoder:
         self.created = created
         self.include_usage = include_usage
         self._head = ""
+        self._text_head = ""  # a text delta chunk up to its text (the common event, written without _chunk)
         self._tools: dict[int, list] = {}  # block key -> [tool_calls index, saw arguments]
 
     def _chunk(self, delta: str, finish: str = "null") -> bytes:
@@ -416,10 +424,11 @@ class Encoder:
         self._head = f'{{"id":{dumps(cid)},"object":"chat.completion.chunk","created":{created},' + (
             f'"model":{dumps(self.model)},'
         )
+        self._text_head = f'data: {self._head}"choices":[{{"index":0,"delta":{{"content":'
         return self._chunk('{"role":"assistant","content":""}')
 
     def text(self, key: int, text: str) -> bytes:
-        return self._chunk('{"content":' + dumps(text) + "}")
+        return (self._text_head + dumps_str(text) + '},"logprobs":null,"finish_reason":null}]}\n\n').encode()
 
     def tool(self, key: int, call_id: str, name: str) -> bytes:
         index = len(self._tools)
@@ -436,7 +445,7 @@ class Encoder:
         state = self._tools[key]
         state[1] = True
         return self._chunk(
-            f'{{"tool_calls":[{{"index":{state[0]},"function":{{"arguments":{dumps(fragment)}}}}}]}}'
+            f'{{"tool_calls":[{{"index":{state[0]},"function":{{"arguments":{dumps_str(fragment)}}}}}]}}'
         )
 
     def end(self, key: int) -> bytes:

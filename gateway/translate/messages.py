@@ -8,7 +8,7 @@ consecutive same-role turns are merged when writing.
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable
 
 from gateway.errors import error_body, error_type
 from gateway.translate import policy
@@ -25,7 +25,9 @@ from gateway.translate.ir import (
     Usage,
     arguments_object,
     dumps,
+    dumps_str,
     invalid,
+    loads,
     new_id,
     text_of,
     untranslatable,
@@ -356,7 +358,9 @@ def render_error(status: int, message: str) -> dict:
 class Decoder:
     """Anthropic SSE events -> hub stream events (thinking blocks and pings are skipped)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_usage: Callable[[dict], object] | None = None) -> None:
+        """``on_usage``: called with each parsed event that can carry usage (for the gateway's accounting)."""
+        self.on_usage = on_usage
         self.usage = Usage()
         self.seen_usage = False
         self.finished = False
@@ -365,8 +369,8 @@ class Decoder:
         self._stop: Stop = "end"
         self._stop_sequence: str | None = None
 
-    def feed(self, event: str | None, data: str, out: list) -> None:
-        obj = json.loads(data)
+    def feed(self, data: str, out: list) -> None:
+        obj = loads(data)
         kind = obj.get("type") if isinstance(obj, dict) else None
         if kind == "content_block_delta":
             key = self._keys.get(obj.get("index"))
@@ -399,12 +403,16 @@ class Decoder:
             if key is not None:
                 out.append(("end", key))
         elif kind == "message_start":
+            if self.on_usage is not None:
+                self.on_usage(obj)
             msg = obj.get("message") or {}
             if isinstance(msg.get("usage"), dict):
                 parse_usage(msg["usage"], self.usage)
                 self.seen_usage = True
             out.append(("start", msg.get("id"), None, self.usage))
         elif kind == "message_delta":
+            if self.on_usage is not None:
+                self.on_usage(obj)
             delta = obj.get("delta") or {}
             if delta.get("stop_reason"):
                 self._stop = REASON_TO_STOP.get(delta["stop_reason"], "end")
@@ -439,6 +447,7 @@ class Encoder:
         self.model = model
         self._index: dict[int, int] = {}  # block key -> content block index
         self._open: int | None = None  # key of the open block
+        self._text_head: dict[int, str] = {}  # block key -> its text delta event up to the text
 
     def start(self, source_id: str | None, created: int | None, usage: Usage | None) -> bytes:
         u = render_usage(usage or Usage())  # from an OpenAI upstream: zeros, the counts come at the end
@@ -471,12 +480,15 @@ class Encoder:
         return _event("content_block_stop", f'{{"type":"content_block_stop","index":{index}}}')
 
     def text(self, key: int, text: str) -> bytes:
-        out = b"" if key in self._index else self._begin(key, {"type": "text", "text": ""})
-        return out + _event(
-            "content_block_delta",
-            f'{{"type":"content_block_delta","index":{self._index[key]},'
-            f'"delta":{{"type":"text_delta","text":{dumps(text)}}}}}',
+        head = self._text_head.get(key)
+        if head is not None:  # the common event: one string encoded between a fixed head and tail
+            return (head + dumps_str(text) + "}}\n\n").encode()
+        out = self._begin(key, {"type": "text", "text": ""})
+        head = self._text_head[key] = (
+            'event: content_block_delta\ndata: {"type":"content_block_delta",'
+            f'"index":{self._index[key]},"delta":{{"type":"text_delta","text":'
         )
+        return out + (head + dumps_str(text) + "}}\n\n").encode()
 
     def tool(self, key: int, call_id: str, name: str) -> bytes:
         return self._begin(key, {"type": "tool_use", "id": call_id, "name": name, "input": {}})
@@ -485,7 +497,7 @@ class Encoder:
         return _event(
             "content_block_delta",
             f'{{"type":"content_block_delta","index":{self._index[key]},'
-            f'"delta":{{"type":"input_json_delta","partial_json":{dumps(fragment)}}}}}',
+            f'"delta":{{"type":"input_json_delta","partial_json":{dumps_str(fragment)}}}}}',
         )
 
     def end(self, key: int) -> bytes:

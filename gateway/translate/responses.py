@@ -8,8 +8,8 @@ sent with ``store: false`` (the client never asked the provider to keep them).
 
 from __future__ import annotations
 
-import json
 import time
+from collections.abc import Callable
 
 from gateway.errors import error_type
 from gateway.translate import policy
@@ -25,7 +25,9 @@ from gateway.translate.ir import (
     ToolResult,
     Usage,
     dumps,
+    dumps_str,
     invalid,
+    loads,
     new_id,
     untranslatable,
     want,
@@ -369,7 +371,9 @@ def render_response(reply: Reply, model: str, created: int | None) -> dict:
 class Decoder:
     """Responses SSE events -> hub stream events (reasoning items and other events are skipped)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_usage: Callable[[dict], object] | None = None) -> None:
+        """``on_usage``: called with each parsed event that can carry usage (for the gateway's accounting)."""
+        self.on_usage = on_usage
         self.usage = Usage()
         self.seen_usage = False
         self.finished = False
@@ -380,9 +384,13 @@ class Decoder:
     def _key(self, obj: dict) -> int | None:
         return self._keys.get(obj.get("output_index"))  # type: ignore[arg-type]
 
-    def feed(self, event: str | None, data: str, out: list) -> None:
-        obj = json.loads(data)
-        kind = obj.get("type") if isinstance(obj, dict) else None
+    def feed(self, data: str, out: list) -> None:
+        obj = loads(data)
+        if not isinstance(obj, dict):
+            return
+        kind = obj.get("type")
+        if self.on_usage is not None and "response" in obj:  # any event with the response may have usage
+            self.on_usage(obj)
         if kind in ("response.output_text.delta", "response.refusal.delta"):
             key = self._key(obj)
             if key is not None and obj.get("delta"):
@@ -489,7 +497,7 @@ class Encoder:
         state[3].append(text)
         return out + self._event(
             "response.output_text.delta",
-            f'"item_id":"{state[1]}","output_index":{state[0]},"content_index":0,"delta":{dumps(text)},"logprobs":[]',
+            f'"item_id":"{state[1]}","output_index":{state[0]},"content_index":0,"delta":{dumps_str(text)},"logprobs":[]',
         )
 
     def tool(self, key: int, call_id: str, name: str) -> bytes:
@@ -505,7 +513,7 @@ class Encoder:
         state[3].append(fragment)
         return self._event(
             "response.function_call_arguments.delta",
-            f'"item_id":"{state[1]}","output_index":{state[0]},"delta":{dumps(fragment)}',
+            f'"item_id":"{state[1]}","output_index":{state[0]},"delta":{dumps_str(fragment)}',
         )
 
     def end(self, key: int) -> bytes:

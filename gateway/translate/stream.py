@@ -13,12 +13,16 @@ line); each event's JSON is read once by the source format's ``Decoder`` into hu
 
 and the client format's ``Encoder`` writes each as soon as it arrives. Nothing is held back except the
 tail of an unfinished event.
+
+The translator also counts the tokens for the gateway's ledger: ``tokens`` is a ``StreamUsage`` that the
+decoder hands the events carrying usage (already parsed), so the upstream's bytes are read once.
 """
 
 from __future__ import annotations
 
 from gateway.translate import chat, messages, responses
 from gateway.translate.ir import Format, Usage
+from gateway.usage import StreamUsage
 
 _DECODERS = {"chat": chat.Decoder, "responses": responses.Decoder, "messages": messages.Decoder}
 
@@ -31,16 +35,31 @@ def _encoder(dst: Format, model: str, created: int | None, include_usage: bool):
     return messages.Encoder(model)
 
 
-def _split_event(block: bytes) -> tuple[str | None, str]:
-    """(event name, data) of one SSE event; data lines are joined with newlines, comments skipped."""
-    event = None
+# Events a decoder would parse only to skip: Anthropic's keep-alive.
+_SKIPPED_EVENTS = frozenset({b"ping"})
+
+
+def _event_data(block: bytes) -> bytes | None:
+    """The data of one SSE event (data lines joined with newlines, comments skipped), or None for an
+    event to skip unread. The usual shapes (one ``data: X`` line, or an ``event: NAME`` line then one
+    ``data: X`` line) are cut without splitting lines."""
+    if block[:6] == b"data: ":
+        if b"\n" not in block:
+            return block[6:]
+    elif block[:7] == b"event: ":
+        nl = block.find(b"\n")
+        if nl > 0:
+            if block[7:nl].strip() in _SKIPPED_EVENTS:
+                return None
+            if block[nl + 1 : nl + 7] == b"data: " and block.find(b"\n", nl + 1) < 0:
+                return block[nl + 7 :]
     data: list[bytes] = []
     for line in block.split(b"\n"):
         if line.startswith(b"data:"):
             data.append(line[6:] if line[5:6] == b" " else line[5:])
-        elif line.startswith(b"event:"):
-            event = line[6:].strip().decode("utf-8", "replace")
-    return event, b"\n".join(data).decode("utf-8", "replace")
+        elif line.startswith(b"event:") and line[6:].strip() in _SKIPPED_EVENTS:
+            return None
+    return b"\n".join(data)
 
 
 class StreamTranslator:
@@ -49,11 +68,12 @@ class StreamTranslator:
     ``feed`` returns whatever can be written now (often b"" while an event is incomplete); ``finish``
     is called once when the upstream's bytes end and returns the rest. A stream cut short ends with the
     client format's error event. ``input_tokens`` (cached ones included), ``output_tokens`` and
-    ``cached_input_tokens`` give the usage the upstream reported so far. With ``src == dst`` the bytes
-    pass through unchanged and only the usage is read.
+    ``cached_input_tokens`` give the usage the upstream reported so far, as the client sees it;
+    ``tokens`` counts them for the ledger exactly as a ``StreamUsage`` fed the same bytes would. With
+    ``src == dst`` the bytes pass through unchanged and only the usage is read.
     """
 
-    __slots__ = ("src", "dst", "_decoder", "_encoder", "_buf", "_started", "_closed", "_identity")
+    __slots__ = ("src", "dst", "tokens", "_decoder", "_encoder", "_buf", "_started", "_closed", "_identity")
 
     def __init__(
         self,
@@ -67,7 +87,8 @@ class StreamTranslator:
         """``include_usage``: chat clients only get the final usage chunk when they asked for it;
         ``created``: the timestamp to stamp (default: the upstream's, else now)."""
         self.src, self.dst = src, dst
-        self._decoder = _DECODERS[src]()
+        self.tokens = StreamUsage(src)
+        self._decoder = _DECODERS[src](self.tokens.observe)
         self._encoder = _encoder(dst, public_model, created, include_usage)
         self._buf = b""
         self._started = False
@@ -105,13 +126,18 @@ class StreamTranslator:
             self._buf = buf
             return b""
         complete, self._buf = buf[:end], buf[end + 2 :]
+        self.tokens.count_text(complete)
         return self._translate(complete.split(b"\n\n"), complete + b"\n\n")
 
     def finish(self) -> bytes:
         """The upstream's bytes ended: translate a last unterminated event, and end the client's stream
         (with an error event when the upstream never finished its answer)."""
         rest, self._buf = self._buf, b""
-        out = self._translate([rest], rest, cut=True) if rest.strip() else b""
+        if rest.strip():
+            self.tokens.count_text(rest)
+            out = self._translate([rest], rest, cut=True)
+        else:
+            out = b""
         if self._closed:
             return out
         hub: list = []
@@ -128,13 +154,12 @@ class StreamTranslator:
         hub: list = []
         decoder = self._decoder
         for block in blocks:
-            if not block.strip():
+            raw_data = _event_data(block)
+            if not raw_data:
                 continue
-            event, data = _split_event(block)
-            if not data:
-                continue
+            data = raw_data.decode("utf-8", "replace")
             try:
-                decoder.feed(event, data, hub)
+                decoder.feed(data, hub)
             except (ValueError, TypeError, AttributeError, KeyError):
                 if cut:  # the last event, unterminated and unreadable: the stream was cut inside it
                     hub.append(("error", 502, "the upstream stream ended before the answer was complete"))
