@@ -3,7 +3,7 @@
 A realistic gemm job (a baseline trial and five faulty ones, six anomalies of which two share a
 fingerprint) with a ~200 KB worker log: INFO progress, repeated clock warnings, tracebacks at the
 failures and an older unrelated error. "Raw" sends that log once with every anomaly's evidence, config
-and message; "compressed" sends what jobs.compress makes of it, the gateway's prompt included. Tokens
+and message; "compressed" sends what jobs.drafts.compress makes of it, the gateway's prompt included. Tokens
 are estimated as bytes / 4 on both sides (the gateway's own estimate). No network, no GPU, ~1 s.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from jobs.store import Store
+from jobs.store.repository import Store
 
 T0 = datetime(2025, 6, 1, 12, 0, 0)
 BYTES_PER_TOKEN = 4
@@ -113,8 +113,8 @@ def realistic_log(target_bytes: int = 200_000, seed: int = 0) -> str:
 
 
 def seed_job(store: Store) -> int:
-    """The job above, stored with its trials and anomalies (as jobs.acceptance would store them)."""
-    from jobs.anomalies import SEVERITY, fingerprint
+    """The job above, stored with its trials and anomalies (as jobs.judge.acceptance would store them)."""
+    from jobs.judge.anomalies import SEVERITY, fingerprint
 
     trials = [
         SimpleNamespace(
@@ -172,7 +172,7 @@ def seed_job(store: Store) -> int:
 
 def figure(log_bytes: int = 200_000) -> dict[str, Any]:
     from gateway.summaries import SYSTEM_PROMPT, TASK_PROMPTS
-    from jobs.compress import compress, facts_from_job
+    from jobs.drafts.compress import compress, facts_from_job
 
     log = realistic_log(log_bytes)
     with tempfile.TemporaryDirectory() as tmp:

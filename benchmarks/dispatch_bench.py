@@ -13,9 +13,9 @@ import tempfile
 import time
 
 from cluster import session
-from jobs.runner import RunOptions, run_sweep
-from jobs.spec import loads_spec
-from jobs.store import Store
+from jobs.run.runner import RunOptions, run_sweep
+from jobs.spec.sweep import loads_spec
+from jobs.store.repository import Store
 from kernels.base import TrialRequest
 from kernels.registry import get_family
 

@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from jobs.store import DEFAULT_DB
+from jobs.store.repository import DEFAULT_DB
 
 ENV_PREFIX = "FARM_"
 DEFAULT_GATEWAY_URL = "http://127.0.0.1:8787"
@@ -36,12 +36,13 @@ class FarmSettings(BaseSettings):
     db: str = DEFAULT_DB  # an SQLAlchemy URL or an SQLite file path
     ray_address: str | None = None  # join this Ray cluster instead of starting one
     gpus: int | None = Field(None, ge=1)  # workers to run (GPUs, or logical slots on a CPU-only machine)
-    # the Prometheus exporter of a running sweep (jobs.metrics): off unless a port or a Pushgateway is set
+    # the Prometheus exporter of a running sweep (jobs.run.farm_metrics): off unless a port or a
+    # Pushgateway is set
     metrics_port: int | None = Field(None, ge=0, le=65535)  # 0 picks a free port
     metrics_addr: str = "127.0.0.1"
     metrics_pushgateway: str | None = None  # URL of a Prometheus Pushgateway
     metrics_push_s: float = Field(10.0, gt=0)
-    # the gateway, as its client (jobs.drafts): without a key the offline drafter runs in-process
+    # the gateway, as its client (jobs.drafts.client): without a key the offline drafter runs in-process
     gateway_url: str = DEFAULT_GATEWAY_URL  # with or without /v1
     gateway_key: str | None = Field(None, repr=False)
     gateway_model: str | None = None  # None: the project's first model

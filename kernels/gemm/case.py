@@ -7,7 +7,7 @@ FLOPs = 2*M*N*K; bytes = (M*K + K*N + M*N) * element size of the compute dtype.
 
 Config: none in normal use. Two test knobs inject faults the farm's acceptance must catch; like every
 `_` config key they change the code that runs, not the point measured (baselines and anomaly
-fingerprints ignore them, see jobs.baselines):
+fingerprints ignore them, see jobs.judge.baselines):
   _repeat: N     the backend computes the matmul N times per call (N >= 1; the timed call and the
                  checked call alike): a real slowdown of about N x, with a correct result
   _perturb: x    the backend adds x to the first element of its output: a wrong result (x != 0)

@@ -17,7 +17,7 @@ from kernels.measure.correctness import (
 from kernels.measure.memory import MemoryReport, peak_memory
 from kernels.measure.policy import MeasurePolicy
 from kernels.measure.resources import H100, SMLimits, collect_ncu, occupancy, triton_resources
-from kernels.measure.stats import Comparison, Step, compare, detect_step
+from kernels.measure.stats import Comparison, Step, compare_samples, detect_step
 from kernels.measure.stopping import StoppingRule, run_stream
 from kernels.measure.summary import SampleStats, summarize
 from kernels.measure.timing import Measurement, measure
@@ -39,7 +39,7 @@ __all__ = [
     "check_flashmla",
     "collect_ncu",
     "combine_seeds",
-    "compare",
+    "compare_samples",
     "detect_step",
     "fill_nan",
     "measure",

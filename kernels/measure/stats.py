@@ -1,6 +1,6 @@
 """Comparison statistics over raw timing samples, and a step (changepoint) detector for a sample stream.
 
-`compare(baseline, candidate)` follows the regression anchors of REFERENCE.md: the ratio of medians
+`compare_samples(baseline, candidate)` follows the regression anchors of REFERENCE.md: the ratio of medians
 (candidate / baseline; above 1 is slower), a bootstrap confidence interval of that ratio (seeded, so the
 same samples always give the same answer), and a two-sided Mann-Whitney U test. Verdict:
   "faster"/"slower"  |ratio - 1| >= min_effect, p < alpha, and the interval excludes 1; when either side's
@@ -80,7 +80,7 @@ def bootstrap_ratio_ci(
     return float(low), float(high)
 
 
-def compare(
+def compare_samples(
     baseline_samples: Sequence[float],
     candidate_samples: Sequence[float],
     *,

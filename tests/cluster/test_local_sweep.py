@@ -11,10 +11,10 @@ import pytest
 from rich.console import Console
 
 from cluster import session
-from jobs import report
-from jobs.runner import RunOptions, run_sweep
-from jobs.spec import loads_spec
-from jobs.store import Store
+from jobs.report import render as report
+from jobs.run.runner import RunOptions, run_sweep
+from jobs.spec.sweep import loads_spec
+from jobs.store.repository import Store
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,9 @@ import ray
 from ray.cluster_utils import Cluster
 
 from cluster import session
-from jobs.runner import RunOptions, run_sweep
-from jobs.spec import loads_spec
-from jobs.store import Store
+from jobs.run.runner import RunOptions, run_sweep
+from jobs.spec.sweep import loads_spec
+from jobs.store.repository import Store
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from jobs.store import Store
+from jobs.store.repository import Store
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.store import Store
+from jobs.store.repository import Store
 
 N_TRIALS = 20
 SPEC = f"""

@@ -21,11 +21,11 @@ import pytest
 from click.testing import CliRunner
 
 from cluster import session
-from jobs.acceptance import accept, recurring
 from jobs.cli import main
-from jobs.runner import RunOptions, run_sweep
-from jobs.spec import loads_spec
-from jobs.store import Store
+from jobs.judge.acceptance import accept, recurring
+from jobs.run.runner import RunOptions, run_sweep
+from jobs.spec.sweep import loads_spec
+from jobs.store.repository import Store
 
 SPEC = """
 name: gemm-accept

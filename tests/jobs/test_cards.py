@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.anomalies import Found, fingerprint, throttled_samples
-from jobs.baselines import match_key
-from jobs.cards import CHECKS, CardError, all_cards, load_card, parse_card
-from jobs.checks import Context, run_check
-from jobs.store import Environment, TrialRow
+from jobs.judge.anomalies import Found, fingerprint, throttled_samples
+from jobs.judge.baselines import match_key
+from jobs.judge.checks import Context, run_check
+from jobs.spec.cards import CHECKS, CardError, all_cards, load_card, parse_card
+from jobs.store.repository import Environment, TrialRow
 from kernels.gemm.case import FAMILY as GEMM
 
 H100 = Environment(id=1, device_kind="gpu", device_name="NVIDIA H100 80GB HBM3", data={})

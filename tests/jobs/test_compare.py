@@ -9,10 +9,12 @@ import pytest
 from click.testing import CliRunner
 
 from cluster import session
-from jobs.compare import Selector, best_configs, compare, compare_jobs, export, port_file_name
-from jobs.runner import RunOptions, run_sweep
-from jobs.spec import loads_spec
-from jobs.store import Store
+from jobs.cli.compare import compare, export
+from jobs.report.ab import Selector, compare_jobs
+from jobs.report.export import best_configs, port_file_name
+from jobs.run.runner import RunOptions, run_sweep
+from jobs.spec.sweep import loads_spec
+from jobs.store.repository import Store
 from kernels.measure.stats import VERDICTS
 
 SPEC = """
@@ -170,7 +172,7 @@ def controlled(tmp_path):
 
 
 def _job(store: Store, spec, samples: dict[int, list[int]], status: dict[int, str] | None = None) -> int:
-    from jobs.runner import create_job
+    from jobs.run.runner import create_job
 
     job = create_job(store, spec)
     rows = []

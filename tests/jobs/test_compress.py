@@ -9,8 +9,8 @@ import pytest
 
 from benchmarks.acceptance_bench import T0, figure, realistic_log, seed_job
 from gateway.summary_schema import AnomalyIn
-from jobs.compress import PROHIBITIONS, compress, compress_log, config_diff, facts_from_job
-from jobs.store import Store
+from jobs.drafts.compress import PROHIBITIONS, compress, compress_log, config_diff, facts_from_job
+from jobs.store.repository import Store
 
 
 @pytest.fixture

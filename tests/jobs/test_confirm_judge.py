@@ -1,14 +1,14 @@
-"""The confirmation verdict (jobs.confirm._judge) on controlled samples: a slowdown is confirmed only
+"""The confirmation verdict (jobs.judge.confirm._judge) on controlled samples: a slowdown is confirmed only
 when the pooled comparison says slower and two thirds of the rounds agree."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from jobs.cards import load_card
-from jobs.checks import FAIL, PASS, Context
-from jobs.confirm import _judge
-from jobs.store import TrialRow
+from jobs.judge.checks import FAIL, PASS, Context
+from jobs.judge.confirm import _judge
+from jobs.spec.cards import load_card
+from jobs.store.repository import TrialRow
 
 
 def _trial(tid: int, config: dict) -> TrialRow:

@@ -19,11 +19,11 @@ from gateway import summaries, summary_schema
 from gateway.app import GATEWAY, create_app
 from gateway.config import GatewaySettings
 from gateway.testing.fake_upstream import FakeUpstream
-from jobs import drafts
 from jobs.cli import main
-from jobs.drafts import DraftsError, GatewayTarget, draft_job
-from jobs.report import render_terminal
-from jobs.store import Store
+from jobs.drafts import client as drafts
+from jobs.drafts.client import DraftsError, GatewayTarget, draft_job
+from jobs.report.render import render_terminal
+from jobs.store.repository import Store
 
 
 @pytest.fixture
@@ -135,7 +135,7 @@ def test_farm_accept_drafts_offline(store, monkeypatch):
 # What the farm may import from the gateway: the summaries contract both sides share (pydantic alone),
 # the offline drafter (a pure function of it), and the gateway's CLI group that `farm gateway` mounts.
 SHARED = {"gateway.summary_schema", "gateway.drafter_local"}
-CLI_MOUNT = {"jobs/cli.py": {"gateway.cli"}, "jobs/entry.py": {"gateway.cli"}}
+CLI_MOUNT = {"jobs/cli/__init__.py": {"gateway.cli"}, "jobs/entry.py": {"gateway.cli"}}
 
 
 def test_the_farm_imports_only_the_shared_contract_of_the_gateway():

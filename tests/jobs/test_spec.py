@@ -8,8 +8,8 @@ import pytest
 from click.testing import CliRunner
 
 from jobs.cli import main
-from jobs.spec import SpecError, dump_spec, load_spec, loads_spec
-from jobs.store import Store
+from jobs.spec.sweep import SpecError, dump_spec, load_spec, loads_spec
+from jobs.store.repository import Store
 
 GOOD = """
 name: gemm-small

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from jobs import report
-from jobs.spec import loads_spec
-from jobs.store import Store
+from jobs.report import render as report
+from jobs.spec.sweep import loads_spec
+from jobs.store.repository import Store
 
 SPEC = """
 name: store-test
@@ -87,7 +87,7 @@ def test_html_report_plots_a_recorded_time_series(tmp_path):
 def test_family_report_columns_and_scaling_plot(tmp_path):
     from rich.console import Console
 
-    from jobs.spec import load_spec
+    from jobs.spec.sweep import load_spec
 
     store = Store(str(tmp_path / "f.db"))
     spec = load_spec("jobs/specs/attention_cpu.yaml")

@@ -1,7 +1,7 @@
-"""The results store's schema is Alembic's (jobs/migrations), on a real SQLite file: a new store is created
-at the newest revision, equal to the tables of jobs/store.py; a store from before migrations is refused by
-every command, naming `farm db upgrade`, which adopts it (its rows kept); a store from a newer release is
-refused; first starts at once create the tables once."""
+"""The results store's schema is Alembic's (jobs/store/migrations), on a real SQLite file: a new store is
+created at the newest revision, equal to the tables of jobs/store/repository.py; a store from before
+migrations is refused by every command, naming `farm db upgrade`, which adopts it (its rows kept); a store
+from a newer release is refused; first starts at once create the tables once."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from click.testing import CliRunner
 from sqlalchemy import create_engine, insert, inspect, select, text
 
 from jobs.cli import main
-from jobs.migrations.schema import (
+from jobs.store.repository import Base, Store, make_engine
+from jobs.store.schema import (
     VERSION_TABLE,
     SchemaState,
     StoreSchemaError,
@@ -25,14 +26,13 @@ from jobs.migrations.schema import (
     schema_state,
     upgrade_schema,
 )
-from jobs.store import Base, Store, make_engine
 
 REPO = Path(__file__).resolve().parents[2]
 TABLES = set(Base.metadata.tables)
 
 
 def _differences(engine) -> list:
-    """What Alembic's autogenerate finds between the store and the tables of jobs/store.py."""
+    """What Alembic's autogenerate finds between the store and the tables of jobs/store/repository.py."""
     from alembic.autogenerate import compare_metadata
     from alembic.runtime.migration import MigrationContext
 
@@ -177,7 +177,7 @@ def test_first_starts_at_once_in_threads_create_the_tables_once(tmp_path):
 
 _CHILD = """
 import sys
-from jobs.store import Store
+from jobs.store.repository import Store
 print("ready", flush=True)
 sys.stdin.readline()  # the parent says go to all children at once
 Store(sys.argv[1]).close()

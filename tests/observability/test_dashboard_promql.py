@@ -18,7 +18,7 @@ from promkit import (
     substitute,
 )
 
-from jobs.metrics import FarmMetrics
+from jobs.run.farm_metrics import FarmMetrics
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from promkit import http_get
 
 from cluster.dispatch import DispatchSnapshot, SlotState, WorkerResult, WorkItem
-from jobs.metrics import ANOMALY_KINDS, TRIAL_STATUSES, FarmMetrics
+from jobs.run.farm_metrics import ANOMALY_KINDS, TRIAL_STATUSES, FarmMetrics
 from kernels.base import Summary, TrialOutcome, TrialRequest
 from kernels.measure.policy import MeasurePolicy
 

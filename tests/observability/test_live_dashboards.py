@@ -16,10 +16,10 @@ from promkit import GRAFANA, LiveGateway, Prometheus, has_finite_value, needs_pr
 
 from cluster import session
 from gateway.testing.fake_upstream import Fault
-from jobs.metrics import FarmMetrics
-from jobs.runner import RunOptions, run_sweep
-from jobs.spec import loads_spec
-from jobs.store import Store
+from jobs.run.farm_metrics import FarmMetrics
+from jobs.run.runner import RunOptions, run_sweep
+from jobs.spec.sweep import loads_spec
+from jobs.store.repository import Store
 
 pytestmark = [needs_prometheus, pytest.mark.slow]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from jobs.spec import load_spec
+from jobs.spec.sweep import load_spec
 from kernels.attention.case import FAMILY
 from kernels.attention.cost import visible_pairs
 from kernels.attention.decode_step import DecodeStepper, reference_attend, triton_attend

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from jobs.spec import load_spec
+from jobs.spec.sweep import load_spec
 from kernels.base import TrialRequest
 from kernels.measure.policy import MeasurePolicy
 from kernels.paged_mla.case import FAMILY, shape_seqlens

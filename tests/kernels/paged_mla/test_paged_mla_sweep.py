@@ -8,10 +8,10 @@ import pytest
 import yaml
 
 from cluster import session
-from jobs import report
-from jobs.runner import RunOptions, run_sweep
-from jobs.spec import parse_spec
-from jobs.store import Store
+from jobs.report import render as report
+from jobs.run.runner import RunOptions, run_sweep
+from jobs.spec.sweep import parse_spec
+from jobs.store.repository import Store
 
 CPU_SPEC = Path(__file__).resolve().parents[3] / "jobs" / "specs" / "paged_mla_cpu.yaml"
 

@@ -1,5 +1,5 @@
 """The card's checks, each evaluated on one trial: an outcome (pass, fail, ambiguous, skip), the reason,
-the numbers behind it, and the anomaly it amounts to (if any). See jobs.cards for what each check means.
+the numbers behind it, and the anomaly it amounts to (if any). See jobs.spec.cards for what each check means.
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from typing import Any
 
 import numpy as np
 
-from jobs.cards import Card
-from jobs.store import Environment, TrialRow
+from jobs.spec.cards import Card
+from jobs.store.repository import Environment, TrialRow
 from kernels.base import TrialStatus
 from kernels.hardware import limits_for
-from kernels.measure.stats import Comparison, compare
+from kernels.measure.stats import Comparison, compare_samples
 
 PASS, FAIL, AMBIGUOUS, SKIP = "pass", "fail", "ambiguous", "skip"
 DEFAULT_MAX_CV = 0.02  # the noise limit of a comparison when the card has no stability section
@@ -122,7 +122,7 @@ def comparison(c: Context) -> tuple[Comparison, dict[str, Any]] | str:
     assert perf is not None
     base, base_dropped = c.timings(c.baseline.id)
     cand, cand_dropped = c.timings(c.trial.id)
-    result = compare(
+    result = compare_samples(
         base,
         cand,
         min_effect=c.card.max_slowdown(c.on_cpu),

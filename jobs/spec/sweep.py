@@ -27,6 +27,7 @@ from pydantic import (
     model_validator,
 )
 
+from jobs.spec.validation import problems_from
 from kernels.base import TrialRequest, trial_label
 from kernels.measure.policy import MeasurePolicy
 from kernels.registry import UnknownFamily, get_family
@@ -141,7 +142,7 @@ class SweepSpec(_Strict):
 @dataclass(frozen=True)
 class TrialSpec:
     """One point of the sweep's grid: a backend run on one shape, config and dtype. Stored as a
-    jobs.store.TrialRow; sent to a worker as a kernels.base.TrialRequest."""
+    jobs.store.repository.TrialRow; sent to a worker as a kernels.base.TrialRequest."""
 
     family: str
     backend: str
@@ -181,42 +182,6 @@ def _expand(spec: SweepSpec) -> Iterator[TrialSpec]:
 # Loading
 
 
-def _fmt_loc(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += ("." if out else "") + str(part)
-    return out or "(top level)"
-
-
-def _value_at(data: Any, loc: tuple[Any, ...]) -> tuple[bool, Any]:
-    cur = data
-    for part in loc:
-        try:
-            cur = cur[part]
-        except (KeyError, IndexError, TypeError):
-            return False, None
-    return True, cur
-
-
-def _problems_from(err: ValidationError, data: Any) -> list[str]:
-    problems = []
-    for e in err.errors():
-        # pydantic appends the union member / validator name to some locations: drop those
-        loc = tuple(
-            p for p in e["loc"] if not (isinstance(p, str) and ("[" in p or p.startswith("function-")))
-        )
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = "unknown key"
-        found, value = _value_at(data, loc)
-        shown = f" (got {value!r})" if found and not isinstance(value, dict | list) else ""
-        problems.append(f"{_fmt_loc(loc)}: {msg}{shown}")
-    return problems
-
-
 def parse_spec(data: Any, source: str = "<spec>") -> SweepSpec:
     """Validate a spec given as plain data; raise SpecError naming every bad field."""
     if not isinstance(data, dict):
@@ -226,7 +191,7 @@ def parse_spec(data: Any, source: str = "<spec>") -> SweepSpec:
     try:
         spec = SweepSpec.model_validate(data)
     except ValidationError as err:
-        raise SpecError(source, _problems_from(err, data)) from None
+        raise SpecError(source, problems_from(err, data)) from None
     _check_against_family(spec, source)
     return spec
 
@@ -253,7 +218,10 @@ def _check_against_family(spec: SweepSpec, source: str) -> None:
         if not (b.configs or spec.configs).points():
             problems.append(f"{where}: the grid expands to no points after exclude")
     if spec.card is not None:
-        from jobs.cards import CardError, load_card  # jobs.cards reuses this module's error formatting
+        from jobs.spec.cards import (  # jobs.spec.cards reuses this module's error formatting
+            CardError,
+            load_card,
+        )
 
         try:
             load_card(spec.card)

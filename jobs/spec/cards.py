@@ -2,13 +2,13 @@
 
 A card has sections (correctness, performance, memory, stability, resources), each a set of thresholds,
 and an `assertions` list naming the checks the CI step runs, in order. Every check is evaluated per trial
-(see jobs.acceptance). Checks and the section each needs:
+(see jobs.judge.acceptance). Checks and the section each needs:
 
   completes    every trial finished: not a timeout, a crash or an error          (no section)
   correctness  the trial's correctness report passed on every seed, and the
                named metrics are under their limits                              correctness
   regression   median of raw samples against the matching baseline trial
-               (kernels.measure.stats.compare; min effect = max_slowdown)        performance
+               (kernels.measure.stats.compare_samples; min effect = max_slowdown)        performance
   hw_fraction  on a GPU, the fraction of the hardware limit reached              performance.min_hw_fraction
   memory       bytes per token and peak bytes under the card's limits            memory
   stability    coefficient of variation of the samples under max_cv              stability
@@ -30,9 +30,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from jobs.spec import _problems_from
+from jobs.spec.validation import problems_from
 
-CARDS_DIR = Path(__file__).resolve().parent / "cards"
+CARDS_DIR = Path(__file__).resolve().parents[1] / "cards"
 CHECKS = ("completes", "correctness", "regression", "hw_fraction", "memory", "stability", "resources")
 
 
@@ -155,7 +155,7 @@ def parse_card(data: Any, source: str = "<card>") -> Card:
     try:
         return Card.model_validate(data)
     except ValidationError as err:
-        raise CardError(source, _problems_from(err, data)) from None
+        raise CardError(source, problems_from(err, data)) from None
 
 
 def load_card(name_or_path: str | Path) -> Card:

@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 # The finished trial statuses (pruned/skipped: finished without running, not failures).
 TRIAL_STATUSES = tuple(str(s) for s in FINISHED)
-# Anomaly kinds: the analysis step's kinds (jobs/anomalies.py, in progress) plus `other` for anything
+# Anomaly kinds: the analysis step's kinds (jobs/judge/anomalies.py, in progress) plus `other` for anything
 # new, so the label stays bounded. `correctness` and `noisy` are seen per trial here; the analysis step
 # reports the rest (slower, faster, memory, ...) through `FarmMetrics.anomaly`.
 ANOMALY_KINDS = (

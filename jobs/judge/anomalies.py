@@ -23,8 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from jobs.baselines import digest, point_ident
-from jobs.store import TrialRow
+from jobs.judge.baselines import digest, point_ident
+from jobs.store.repository import TrialRow
 
 SEVERITY: dict[str, str] = {
     "correctness": "error",

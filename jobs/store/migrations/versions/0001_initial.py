@@ -22,7 +22,8 @@ branch_labels = None
 depends_on = None
 
 
-# The tables as this revision makes them (frozen here: jobs/store.py moves on with later revisions).
+# The tables as this revision makes them (frozen here: jobs/store/repository.py moves on with later
+# revisions).
 # Each function returns fresh Column objects (a Column belongs to one table) and table constraints.
 def _fk(target: str, *, cascade: bool = True) -> sa.ForeignKey:
     return sa.ForeignKey(target, ondelete="CASCADE") if cascade else sa.ForeignKey(target)

@@ -19,7 +19,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from jobs.store import Store
+from jobs.store.repository import Store
 from kernels.base import NOT_FAILED, TrialStatus
 from kernels.hardware import limits_for
 from kernels.registry import get_family
@@ -199,7 +199,7 @@ def render_terminal(store: Store, job_id: int, console: Console | None = None) -
     for r in rows:
         if r.error:
             console.print(f"[red]trial {r.trial} {r.backend} {r.shape} {r.status}:[/red] {r.error}")
-    from jobs.drafts import render_drafts  # the agent acceptance layer's drafts, next to the anomalies
+    from jobs.drafts.client import render_drafts  # the agent acceptance layer's drafts, next to the anomalies
 
     render_drafts(store, job_id, console)
 

@@ -20,10 +20,10 @@ from typing import Any
 
 from cluster import session
 from cluster.dispatch import Dispatcher, DispatchOptions, NoWorkersLeft, WorkerResult, WorkItem
-from jobs.metrics import FarmMetrics
-from jobs.progress import ProgressView
-from jobs.spec import SweepSpec, dump_spec, loads_spec
-from jobs.store import Store, TrialRow
+from jobs.run.farm_metrics import FarmMetrics
+from jobs.run.progress import ProgressView
+from jobs.spec.sweep import SweepSpec, dump_spec, loads_spec
+from jobs.store.repository import Store, TrialRow
 from kernels.base import NOT_FAILED, TrialRequest, TrialStatus, trial_label
 
 # Called on the driver after each finished trial with its row and what its worker reported about
@@ -44,7 +44,7 @@ class RunResult:
 
 def kernels_commit() -> str | None:
     """The git commit of the kernels being measured, with `+dirty` when the tree has changes."""
-    here = Path(__file__).resolve().parent.parent / "kernels"
+    here = Path(__file__).resolve().parents[2] / "kernels"
     try:
         sha = subprocess.run(
             ["git", "-C", str(here), "rev-parse", "HEAD"],

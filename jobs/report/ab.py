@@ -1,26 +1,18 @@
-"""A/B of tile configs, and the export of the best ones, over stored sweep jobs.
+"""A/B of two sweep jobs (or two configs inside one job), shape by shape: `farm compare`.
 
-`farm compare JOB_A [JOB_B]`: for every shape, one trial per side side by side (time, TFLOPS, GB/s,
-spread, shared memory, waves, registers and spills when known) and the verdict of
-kernels.measure.stats.compare on the two trials' raw samples, A the baseline and B the candidate
-("faster" means B is faster). A side is chosen by a selector, `--config-a K=V,...` (`backend=` may be
-one of the keys): among a job's trials for the shape that match it (baseline-backend trials only when
-named), the fastest correct one. With one job, both selectors are needed: two configs inside one job.
-
-`farm export best-configs JOB`: the fastest correct config per (N, K) and M as JSON keyed the way Triton
-ports key their tuned configs, {"N=2112,K=7168": {"64": {"BLOCK_SIZE_M": 64, ..., "num_stages": 3}}};
-`--split-dir` writes one file per (N, K) named as those ports name them.
-
-The click objects `compare` and `export` are mounted on the `farm` group by jobs.cli.
+For every shape, one trial per side side by side (time, TFLOPS, GB/s, spread, shared memory, waves,
+registers and spills when known) and the verdict of kernels.measure.stats.compare_samples on the two
+trials' raw samples, A the baseline and B the candidate ("faster" means B is faster). A side is chosen
+by a selector, `--config-a K=V,...` (`backend=` may be one of the keys): among a job's trials for the
+shape that match it (baseline-backend trials only when named), the fastest correct one. With one job,
+both selectors are needed: two configs inside one job. The command itself is in jobs/cli/compare.py.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import click
@@ -28,12 +20,9 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from jobs.settings import FarmSettings
-from jobs.store import Store, TrialRow
+from jobs.store.repository import Store, TrialRow
 from kernels.base import TrialStatus
-from kernels.fp8_gemm.export import best_configs as fp8_best_configs
-from kernels.fp8_gemm.export import port_file_name
-from kernels.measure.stats import compare as compare_samples
+from kernels.measure.stats import compare_samples
 
 # ---- selecting one trial per shape ------------------------------------------------------------------
 
@@ -246,26 +235,7 @@ def _judge(
     return row
 
 
-# ---- best configs ------------------------------------------------------------------------------------
-
-
-def best_configs(store: Store, job_id: int, backend: str = "triton") -> tuple[dict[str, Any], list[str]]:
-    """The job's best FP8 GEMM tile configs (kernels.fp8_gemm.export), and the shapes without one."""
-    if store.get_job(job_id) is None:
-        raise ValueError(f"no job {job_id} in {store.url}")
-    return fp8_best_configs(store.trials(job_id), backend)
-
-
-# ---- click -------------------------------------------------------------------------------------------
-
-
-def _store(db: str | None) -> Store:
-    return Store(db or FarmSettings().db)
-
-
-db_option = click.option(
-    "--db", default=None, help="SQLAlchemy URL or SQLite path (env FARM_DB; default .farm/farm.db)"
-)
+# ---- the terminal table ------------------------------------------------------------------------
 
 
 def _fmt(v: float | None, fmt: str, scale: float = 1.0) -> str:
@@ -320,92 +290,3 @@ def render(result: CompareResult, console: Console) -> None:
     console.print(table)
     console.print("smem: * = static model (no compiled kernel); regs: ~ = model estimate")
     console.print("verdicts: " + ", ".join(f"{k} {v}" for k, v in sorted(result.verdicts().items())))
-
-
-@click.command("compare")
-@click.argument("job_a", type=int)
-@click.argument("job_b", type=int, required=False)
-@db_option
-@click.option("--config-a", default=None, help="select side A: K=V,... over config keys (and backend=)")
-@click.option("--config-b", default=None, help="select side B, same form")
-@click.option("--min-effect", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.05)
-@click.option("--alpha", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.002)
-@click.option("--json", "as_json", is_flag=True, help="print the comparison as JSON")
-@click.option("--fail-on-slower", is_flag=True, help="exit 1 when B is slower than A on any shape")
-def compare(
-    job_a: int,
-    job_b: int | None,
-    db: str | None,
-    config_a: str | None,
-    config_b: str | None,
-    min_effect: float,
-    alpha: float,
-    as_json: bool,
-    fail_on_slower: bool,
-) -> None:
-    """A/B per shape: two tile configs from two jobs, or two configs inside one job."""
-    store = _store(db)
-    try:
-        result = compare_jobs(
-            store,
-            job_a,
-            job_b,
-            Selector.parse(config_a),
-            Selector.parse(config_b),
-            min_effect=min_effect,
-            alpha=alpha,
-        )
-    except ValueError as err:
-        raise click.UsageError(str(err)) from None
-    finally:
-        store.close()
-    if as_json:
-        click.echo(json.dumps(result.to_dict(), indent=2, default=str))
-    else:
-        render(result, Console(width=200))
-    if fail_on_slower and result.verdicts().get("slower"):
-        sys.exit(1)
-
-
-@click.group("export")
-def export() -> None:
-    """Export results for other tools."""
-
-
-@export.command("best-configs")
-@click.argument("job", type=int)
-@db_option
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None)
-@click.option("--backend", default="triton", show_default=True)
-@click.option(
-    "--split-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="also write one file per (N, K), named as the Triton ports look them up",
-)
-def export_best_configs(
-    job: int, db: str | None, output: Path | None, backend: str, split_dir: Path | None
-) -> None:
-    """The fastest correct config per (N, K) and M, as Triton ports key their tuned configs."""
-    store = _store(db)
-    try:
-        table, missing = best_configs(store, job, backend)
-        envs = store.environments(job)
-    except ValueError as err:
-        raise click.UsageError(str(err)) from None
-    finally:
-        store.close()
-    for m in missing:
-        click.echo(f"no correct {backend} config for {m}", err=True)
-    text = json.dumps(table, indent=2)
-    if output is None:
-        click.echo(text)
-    else:
-        output.write_text(text + "\n")
-        click.echo(f"wrote {len(table)} (N, K) entries to {output}", err=True)
-    if split_dir is not None:
-        split_dir.mkdir(parents=True, exist_ok=True)
-        device = envs[0].device_name if envs else "unknown"
-        for nk, by_m in table.items():
-            (split_dir / port_file_name(nk, device)).write_text(json.dumps(by_m, indent=2) + "\n")
-        click.echo(f"wrote {len(table)} files to {split_dir}", err=True)

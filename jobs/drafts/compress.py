@@ -6,7 +6,8 @@ window around the failure, repeated lines folded, capped in bytes), the card's t
 measured values, and the prohibitions. Anomalies with the same fingerprint are sent once. The sizes
 before (the raw log, evidence and config) and after (the JSON sent) are measured for the record.
 
-`facts_from_job` adapts the stored anomaly rows (jobs.store.Anomaly) into `AnomalyFacts`; `compress`
+`facts_from_job` adapts the stored anomaly rows (jobs.store.repository.Anomaly) into
+`AnomalyFacts`; `compress`
 works on plain facts, so any other source plugs in the same way.
 """
 
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from jobs.cards import Card
+from jobs.spec.cards import Card
 
 PROHIBITIONS = (
     "no full kernel implementations: describe the change, do not write the kernel",
@@ -293,8 +294,8 @@ def facts_from_job(
 ) -> list[AnomalyFacts]:
     """The job's stored anomalies as facts. The log of a trial is `logs(trial)` when given, else the
     trial's stored error text (the farm keeps no other log); the card defaults to the job's."""
-    from jobs import baselines
-    from jobs.acceptance import card_for
+    from jobs.judge import baselines
+    from jobs.judge.acceptance import card_for
 
     if card is None:
         try:

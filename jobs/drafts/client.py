@@ -1,6 +1,6 @@
 """Drafts: a job's anomalies, compressed, sent through the gateway's summaries endpoint; drafts stored back.
 
-`draft_job(store, job_id)` compresses the job's stored anomalies (jobs.compress), sends them with the
+`draft_job(store, job_id)` compresses the job's stored anomalies (jobs.drafts.compress), sends them with the
 project's key through the openai SDK to ``POST <gateway>/v1/farm/summaries`` and stores the drafts with
 the job (tables draft_runs, drafts), with the sizes before and after compression and the tokens spent.
 The gateway is named by ``FARM_GATEWAY_URL`` (with or without /v1) and the key by ``FARM_GATEWAY_KEY``
@@ -24,9 +24,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from gateway.summary_schema import SUMMARIES_PATH, TASKS, AnomalyIn
-from jobs.compress import Compressed, LogSource, compress, facts_from_job
+from jobs.drafts.compress import Compressed, LogSource, compress, facts_from_job
 from jobs.settings import FarmSettings
-from jobs.store import Store
+from jobs.store.repository import Store
 
 
 @dataclass(frozen=True)

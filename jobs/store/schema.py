@@ -1,6 +1,7 @@
-"""The version of the farm store's schema: Alembic migrations in jobs/migrations/versions.
+"""The version of the farm store's schema: Alembic migrations in jobs/store/migrations/versions.
 
-The tables in jobs/store.py are what the code reads and writes; the migrations make them (the first one
+The tables in jobs/store/repository.py are what the code reads and writes; the migrations make them
+(the first one
 creates today's tables and adopts a store made by the releases before migrations: missing tables and
 columns added, nothing dropped). ``ensure_schema`` is what every ``Store`` runs when it opens: a store at
 the newest revision passes, one without any of the farm's tables is created at once (the zero-setup
@@ -24,7 +25,7 @@ from typing import Any
 from sqlalchemy import MetaData, inspect, text
 from sqlalchemy.engine import Connection, Dialect, Engine, make_url
 
-MIGRATIONS_DIR = Path(__file__).parent
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 VERSION_TABLE = "farm_alembic_version"
 UPGRADE_COMMAND = "farm db upgrade"
 _PG_LOCK_KEY = 0x6B66_6172  # pg_advisory_xact_lock key held while migrating ("kfar")
@@ -81,7 +82,7 @@ def display_url(url: str) -> str:
 
 @lru_cache(maxsize=1)
 def _alembic():
-    """The Alembic config and script directory of jobs/migrations (parsed once per process)."""
+    """The Alembic config and script directory of jobs/store/migrations (parsed once per process)."""
     from alembic.config import Config
     from alembic.script import ScriptDirectory
 
@@ -93,12 +94,12 @@ def _alembic():
 
 def head_revision() -> str:
     head = _alembic()[1].get_current_head()
-    assert head is not None, "jobs/migrations has no revisions"
+    assert head is not None, "jobs/store/migrations has no revisions"
     return head
 
 
 def migration_options(dialect: Dialect, metadata: MetaData) -> dict[str, Any]:
-    """What jobs/migrations/env.py and ``upgrade_schema`` configure Alembic with."""
+    """What jobs/store/migrations/env.py and ``upgrade_schema`` configure Alembic with."""
     return {
         "target_metadata": metadata,
         "version_table": VERSION_TABLE,

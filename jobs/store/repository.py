@@ -38,8 +38,8 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-from jobs.migrations.schema import StoreSchemaError as StoreSchemaError  # Store() on an out-of-date store
-from jobs.migrations.schema import ensure_schema
+from jobs.store.schema import StoreSchemaError as StoreSchemaError  # Store() on an out-of-date store
+from jobs.store.schema import ensure_schema
 from kernels.base import FINISHED, NOT_FAILED, TrialStatus  # noqa: F401 - NOT_FAILED is re-exported
 
 DEFAULT_DB = ".farm/farm.db"
@@ -105,7 +105,7 @@ class Environment(Base):
 
 
 class TrialRow(Base):
-    """A trial of a job as stored: its grid point, then its result (jobs.spec.TrialSpec is the point)."""
+    """A trial of a job as stored: its grid point, then its result (the point: jobs.spec.sweep.TrialSpec)."""
 
     __tablename__ = "trials"
     __table_args__ = (UniqueConstraint("job_id", "key", name="uq_trial_job_key"),)
@@ -149,7 +149,7 @@ class Sample(Base):
     value_ns: Mapped[int] = mapped_column(BigInteger)
 
 
-# ---- baselines, anomalies and the failure bank (jobs.baselines, jobs.anomalies, jobs.acceptance) ----------
+# ---- baselines, anomalies and the failure bank (jobs.judge: baselines, anomalies, acceptance) -------
 
 
 class Baseline(Base):
@@ -210,7 +210,7 @@ class Failure(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime, default=now)
 
 
-# ---- drafts from the agent acceptance layer (jobs.drafts, through the gateway's summaries endpoint) ----
+# ---- drafts from the agent acceptance layer (jobs.drafts.client, via the gateway's summaries endpoint)
 
 
 class DraftRun(Base):
@@ -267,7 +267,7 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
 def make_engine(url: str | None = None, *, check_schema: bool = True) -> Engine:
     """`url` is an SQLAlchemy URL or a plain file path; None means the default SQLite file.
 
-    The store's schema is checked (jobs.migrations.schema.ensure_schema): a new, empty store is created
+    The store's schema is checked (jobs.store.schema.ensure_schema): a new, empty store is created
     at the newest revision; an out-of-date one raises StoreSchemaError naming `farm db upgrade`.
     `check_schema=False` is for that command, which migrates it."""
     url = url or DEFAULT_DB

@@ -1,8 +1,9 @@
 """The verdict: a job judged against its metric card and a baseline, assertion by assertion.
 
-`accept(store, job_id, ...)` evaluates every check the card names on every trial (jobs.checks), in the
+`accept(store, job_id, ...)` evaluates every check the card names on every trial (jobs.judge.checks), in the
 card's order; with `confirm`, the regression results that are slower or ambiguous are re-decided by an
-interleaved re-run (jobs.confirm). It stores the anomalies found (jobs.anomalies; a new acceptance run
+interleaved re-run (jobs.judge.confirm). It stores the anomalies found
+(jobs.judge.anomalies; a new acceptance run
 replaces the job's previous ones) and the failed assertions in the failure bank with the job's kernels
 commit, a tag and a fingerprint (point + check, stable across jobs). `write_junit` writes one testcase
 per assertion; `render` prints them. The verdict is "fail" when an assertion fails (or is ambiguous
@@ -21,13 +22,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from jobs import baselines
-from jobs.anomalies import Found, throttling
-from jobs.cards import Card, load_card
-from jobs.checks import AMBIGUOUS, FAIL, PASS, SKIP, Context, Outcome, run_check
-from jobs.runner import RunOptions
-from jobs.spec import loads_spec
-from jobs.store import Store, TrialRow
+from jobs.judge import baselines
+from jobs.judge.anomalies import Found, throttling
+from jobs.judge.checks import AMBIGUOUS, FAIL, PASS, SKIP, Context, Outcome, run_check
+from jobs.run.runner import RunOptions
+from jobs.spec.cards import Card, load_card
+from jobs.spec.sweep import loads_spec
+from jobs.store.repository import Store, TrialRow
 from kernels.base import trial_label as label_of
 
 EXIT_PASS, EXIT_FAIL = 0, 1
@@ -212,7 +213,7 @@ def _confirm(
     rounds: int,
     options: RunOptions | None,
 ) -> None:
-    from jobs.confirm import confirm  # imports the runner's Ray side only when asked
+    from jobs.judge.confirm import confirm  # imports the runner's Ray side only when asked
 
     suspicious = [r for r in acc.results if r.check == "regression" and r.outcome in (FAIL, AMBIGUOUS)]
     if not suspicious:

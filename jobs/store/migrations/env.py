@@ -1,14 +1,14 @@
 """Alembic's environment for the farm store's migrations.
 
-``farm db upgrade`` (jobs.migrations.schema.upgrade_schema) runs the migrations in-process with the same
+``farm db upgrade`` (jobs.store.schema.upgrade_schema) runs the migrations in-process with the same
 options (migration_options) and does not read this file. It is here for Alembic's own commands, e.g.
-writing the next revision from the tables in jobs/store.py against a store at head:
+writing the next revision from the tables in jobs/store/repository.py against a store at head:
 
-    .venv/bin/alembic -c jobs/migrations/alembic.ini -x url=sqlite:///.farm/farm.db \
+    .venv/bin/alembic -c jobs/store/migrations/alembic.ini -x url=sqlite:///.farm/farm.db \
         revision --autogenerate -m "what changed"
 
 Without ``-x url=...`` the farm's settings name the store (FARM_DB, default .farm/farm.db). A new
-revision must leave a store made by the older ones equal to the tables in jobs/store.py
+revision must leave a store made by the older ones equal to the tables in jobs/store/repository.py
 (tests/jobs/test_store_migrations.py compares them).
 """
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy.engine import Connection
 
-from jobs.migrations.schema import migration_options
-from jobs.store import Base, make_engine
+from jobs.store.repository import Base, make_engine
+from jobs.store.schema import migration_options
 
 
 def _run(conn: Connection) -> None:

@@ -13,7 +13,7 @@ When A and B are the same request (the baseline was taken at another commit and 
 change: the old code cannot be re-run), B alone is re-run and its pooled samples are compared with the
 baseline trial's stored samples: the question is then whether the slowdown reproduces.
 
-The pair is confirmed slower when the pooled comparison (kernels.measure.stats.compare, the card's
+The pair is confirmed slower when the pooled comparison (kernels.measure.stats.compare_samples, the card's
 thresholds) says slower AND at least two thirds of the rounds have a median ratio above 1 + max_slowdown;
 "same" or "faster" means the job's verdict did not reproduce (pass); anything else stays ambiguous.
 """
@@ -24,18 +24,18 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from jobs.baselines import digest
-from jobs.checks import AMBIGUOUS, FAIL, Context, Outcome, verdict_outcome
-from jobs.runner import RunOptions, kernels_commit, resume_job
-from jobs.spec import dump_spec, loads_spec
-from jobs.store import Job, Store, TrialRow
+from jobs.judge.baselines import digest
+from jobs.judge.checks import AMBIGUOUS, FAIL, Context, Outcome, verdict_outcome
+from jobs.run.runner import RunOptions, kernels_commit, resume_job
+from jobs.spec.sweep import dump_spec, loads_spec
+from jobs.store.repository import Job, Store, TrialRow
 from kernels.base import TrialStatus
-from kernels.measure.stats import compare
+from kernels.measure.stats import compare_samples
 
 
 @dataclass(frozen=True)
 class _Row:
-    """A trial row of the confirmation job (the shape jobs.store.Store.create_job reads)."""
+    """A trial row of the confirmation job (the shape jobs.store.repository.Store.create_job reads)."""
 
     key: str
     family: str
@@ -126,7 +126,7 @@ def _judge(store: Store, c: Context, a: list[TrialRow], b: list[TrialRow], confi
     a_pool = [v for run in a_runs for v in run] if a else c.timings(c.baseline.id)[0]
     b_pool = [v for run in b_runs for v in run]
     min_effect = c.card.max_slowdown(c.on_cpu)
-    result = compare(
+    result = compare_samples(
         a_pool,
         b_pool,
         min_effect=min_effect,

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from jobs.store import Baseline, Environment, Store, TrialRow
+from jobs.store.repository import Baseline, Environment, Store, TrialRow
 from kernels.base import TrialStatus
 
 

@@ -1,0 +1,103 @@
+"""`farm compare` (A/B of two jobs, jobs.report.ab) and `farm export best-configs` (jobs.report.export)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from jobs.cli.common import db_option, store_for
+from jobs.report.ab import Selector, compare_jobs, render
+from jobs.report.export import best_configs, port_file_name
+
+
+@click.command("compare")
+@click.argument("job_a", type=int)
+@click.argument("job_b", type=int, required=False)
+@db_option
+@click.option("--config-a", default=None, help="select side A: K=V,... over config keys (and backend=)")
+@click.option("--config-b", default=None, help="select side B, same form")
+@click.option("--min-effect", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.05)
+@click.option("--alpha", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.002)
+@click.option("--json", "as_json", is_flag=True, help="print the comparison as JSON")
+@click.option("--fail-on-slower", is_flag=True, help="exit 1 when B is slower than A on any shape")
+def compare(
+    job_a: int,
+    job_b: int | None,
+    db: str | None,
+    config_a: str | None,
+    config_b: str | None,
+    min_effect: float,
+    alpha: float,
+    as_json: bool,
+    fail_on_slower: bool,
+) -> None:
+    """A/B per shape: two tile configs from two jobs, or two configs inside one job."""
+    store = store_for(db)
+    try:
+        result = compare_jobs(
+            store,
+            job_a,
+            job_b,
+            Selector.parse(config_a),
+            Selector.parse(config_b),
+            min_effect=min_effect,
+            alpha=alpha,
+        )
+    except ValueError as err:
+        raise click.UsageError(str(err)) from None
+    finally:
+        store.close()
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2, default=str))
+    else:
+        render(result, Console(width=200))
+    if fail_on_slower and result.verdicts().get("slower"):
+        sys.exit(1)
+
+
+@click.group("export")
+def export() -> None:
+    """Export results for other tools."""
+
+
+@export.command("best-configs")
+@click.argument("job", type=int)
+@db_option
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@click.option("--backend", default="triton", show_default=True)
+@click.option(
+    "--split-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="also write one file per (N, K), named as the Triton ports look them up",
+)
+def export_best_configs(
+    job: int, db: str | None, output: Path | None, backend: str, split_dir: Path | None
+) -> None:
+    """The fastest correct config per (N, K) and M, as Triton ports key their tuned configs."""
+    store = store_for(db)
+    try:
+        table, missing = best_configs(store, job, backend)
+        envs = store.environments(job)
+    except ValueError as err:
+        raise click.UsageError(str(err)) from None
+    finally:
+        store.close()
+    for m in missing:
+        click.echo(f"no correct {backend} config for {m}", err=True)
+    text = json.dumps(table, indent=2)
+    if output is None:
+        click.echo(text)
+    else:
+        output.write_text(text + "\n")
+        click.echo(f"wrote {len(table)} (N, K) entries to {output}", err=True)
+    if split_dir is not None:
+        split_dir.mkdir(parents=True, exist_ok=True)
+        device = envs[0].device_name if envs else "unknown"
+        for nk, by_m in table.items():
+            (split_dir / port_file_name(nk, device)).write_text(json.dumps(by_m, indent=2) + "\n")
+        click.echo(f"wrote {len(table)} files to {split_dir}", err=True)

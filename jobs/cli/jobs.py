@@ -1,0 +1,79 @@
+"""`farm jobs list|show`: the stored jobs."""
+
+from __future__ import annotations
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from jobs.cli.common import db_option, store_for
+from kernels.base import NOT_FAILED, TrialStatus
+
+
+@click.group()
+def jobs() -> None:
+    """List and inspect stored jobs."""
+
+
+@jobs.command("list")
+@db_option
+@click.option("--limit", default=50, show_default=True)
+def jobs_list(db: str | None, limit: int) -> None:
+    """The most recent jobs with their trial counts."""
+    store = store_for(db)
+    table = Table()
+    for col in ("job", "name", "family", "status", "trials", "ok", "not ok", "created", "kernels commit"):
+        table.add_column(col)
+    for job, counts in store.list_jobs(limit):
+        total = sum(counts.values())
+        bad = sum(n for s, n in counts.items() if s not in NOT_FAILED and s != TrialStatus.PENDING)
+        table.add_row(
+            str(job.id),
+            job.name,
+            job.family,
+            job.status,
+            str(total),
+            str(counts.get(TrialStatus.OK, 0)),
+            str(bad),
+            f"{job.created_at:%Y-%m-%d %H:%M:%S}",
+            (job.git_commit or "-")[:12],
+        )
+    Console().print(table)
+
+
+@jobs.command("show")
+@click.argument("job_id", type=int)
+@db_option
+def jobs_show(job_id: int, db: str | None) -> None:
+    """One job: spec, cluster, status counts and every trial."""
+    store = store_for(db)
+    job = store.get_job(job_id)
+    if job is None:
+        raise click.ClickException(f"no job {job_id} in {store.url}")
+    console = Console()
+    console.print(f"[bold]job {job.id}[/bold] {job.name} family {job.family} status {job.status}")
+    console.print(f"created {job.created_at}  started {job.started_at}  finished {job.finished_at}")
+    console.print(f"spec hash {job.spec_hash}  kernels commit {job.git_commit or '-'}")
+    if job.cluster:
+        console.print(f"cluster: {job.cluster.get('address')} — {job.cluster.get('note')}")
+    if job.message:
+        console.print(f"message: {job.message}")
+    console.print("counts: " + " ".join(f"{k} {v}" for k, v in sorted(store.status_counts(job_id).items())))
+    table = Table()
+    for col in ("#", "backend", "shape", "config", "dtype", "status", "attempt", "node", "worker", "gpu"):
+        table.add_column(col)
+    for t in store.trials(job_id):
+        table.add_row(
+            str(t.seq),
+            t.backend,
+            str(t.shape),
+            str(t.config),
+            t.dtype,
+            t.status,
+            str(t.attempt),
+            t.node or "-",
+            t.worker or "-",
+            t.gpu_id or "-",
+        )
+    console.print(table)
+    console.print("[bold]spec[/bold]\n" + job.spec)

@@ -1,0 +1,51 @@
+"""`farm report JOB`: a job's report as a terminal table, JSON, CSV or HTML (jobs.report.render)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from jobs.cli.common import db_option, echo, store_for
+
+
+@click.command("report")
+@click.argument("job_id", type=int)
+@db_option
+@click.option(
+    "--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True
+)
+@click.option(
+    "--html",
+    "html_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="also write an HTML report with plots to this file",
+)
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="write the json/csv export here instead of stdout",
+)
+def report(job_id: int, db: str | None, fmt: str, html_path: Path | None, output: Path | None) -> None:
+    """Per shape and backend: median time, spread, speedup over baseline, throughput, correctness."""
+    from jobs.report import render as rep
+
+    store = store_for(db)
+    if store.get_job(job_id) is None:
+        raise click.ClickException(f"no job {job_id} in {store.url}")
+    if fmt == "table":
+        rep.render_terminal(store, job_id, Console())
+    else:
+        text = rep.to_json(store, job_id) if fmt == "json" else rep.to_csv(store, job_id)
+        if output:
+            output.write_text(text)
+            echo(f"wrote {output}")
+        else:
+            click.echo(text, nl=False)
+    if html_path:
+        html_path.write_text(rep.render_html(store, job_id))
+        echo(f"wrote {html_path}")

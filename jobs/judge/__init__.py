@@ -1,0 +1,1 @@
+"""Judging a job: the card's checks, acceptance, interleaved confirmation, anomalies and baselines."""

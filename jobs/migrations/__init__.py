@@ -1,1 +1,0 @@
-"""Alembic migrations of the farm's results store (run by ``farm db upgrade``; see jobs.migrations.schema)."""
