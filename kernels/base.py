@@ -397,6 +397,13 @@ class KernelFamily:
     def execute(self, req: TrialRequest) -> TrialOutcome:
         raise NotImplementedError
 
+    def meta_launch(
+        self, shape: dict[str, Any], config: dict[str, Any], dtype: str, backend: str
+    ) -> Callable[[], Any] | None:
+        """The trial's Triton launches on meta tensors (for kernels.compiled), or None when the backend
+        runs no Triton kernel of ours."""
+        return None
+
     def unavailable(self, req: TrialRequest, reason: str) -> TrialOutcome:
         """The outcome of a trial whose backend cannot run here; a family may add what it knows."""
         return TrialOutcome(status=TrialStatus.SKIPPED, error=reason)

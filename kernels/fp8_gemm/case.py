@@ -12,6 +12,9 @@ the median). Resources of a triton trial: the static model (`model`, kernels.fp8
 compiled kernel's registers / spills / shared memory (`compiled`, on a GPU), and Nsight Compute metrics
 (bank conflicts, `ncu`) when the policy asks. A config the model prunes is not run: the trial is
 `pruned`, its error text starts "pruned: " with the reasons, and the model numbers are stored with it.
+Where Triton compiles (not the interpreter), a config the model passes is then compiled for the host's
+target (sm_90a without a GPU) as the JIT would launch it (kernels.compiled); one that spills or needs
+more shared memory than a block gets is `pruned` with the compiler's numbers (`compiled_check`).
 `deep_gemm` on a host without the library is `skipped`, with the reason.
 """
 
@@ -34,6 +37,7 @@ from kernels.base import (
     derive_rates,
     needs_triton,
 )
+from kernels.compiled import trial_check
 from kernels.fp8_gemm import deep_gemm_adapter
 from kernels.fp8_gemm.cost import gemm_cost
 from kernels.fp8_gemm.inputs import GemmInputs, build_inputs
@@ -128,6 +132,15 @@ class Fp8GemmFamily(KernelFamily):
     def cost(self, shape: dict[str, Any], dtype: str) -> Cost:
         return gemm_cost(shape["m"], shape["n"], shape["k"])
 
+    def meta_launch(
+        self, shape: dict[str, Any], config: dict[str, Any], dtype: str, backend: str
+    ) -> Callable[[], Any] | None:
+        if backend != "triton":
+            return None
+        from kernels.fp8_gemm import triton_gemm
+
+        return triton_gemm.meta_launch(shape["m"], shape["n"], shape["k"], TileConfig.from_dict(config))
+
     def unavailable(self, req: TrialRequest, reason: str) -> TrialOutcome:
         """Skipped, with what is known without running: the cost, and DeepGEMM's own tile choice."""
         m, n, k = req.shape["m"], req.shape["n"], req.shape["k"]
@@ -158,6 +171,16 @@ class Fp8GemmFamily(KernelFamily):
                     resources=resources,
                     metrics=base_metrics,
                 )
+            check = trial_check(self, req.shape, req.config, req.dtype, req.backend)
+            if check is not None:
+                resources["compiled_check"] = check
+                if check.get("problems"):
+                    return TrialOutcome(
+                        status=TrialStatus.PRUNED,
+                        error="pruned: " + "; ".join(check["problems"]),
+                        resources=resources,
+                        metrics=base_metrics,
+                    )
         elif req.backend == "deep_gemm":
             resources["model"] = {"deepgemm_choice": deepgemm_choice(m, n, k).to_dict()}
 

@@ -3,10 +3,13 @@
 Shared memory (bytes; operands are fp8, 1 byte per element; scales fp32):
   per stage      A tile block_m x block_k + B tile block_n x block_k
                  + A scales block_m x 4 + B scales ceil(block_n / 128) x 4
-  triton style   pipeline = num_stages x per stage (one buffer per stage: the conservative count);
+  triton style   the A and B tiles are buffered in shared memory, the scales go to registers; Triton
+                 keeps num_stages buffers when the dot is a wgmma (block_m >= 64) and num_stages - 1
+                 with mma.sync (smaller block_m), so pipeline = buffers x (A tile + B tile);
                  epilogue = block_m x block_n x 2 (the bf16 output tile's layout-conversion scratch),
                  which Triton's liveness-based allocator overlaps with the dead pipeline buffers, so
-                 total = max(pipeline, epilogue)
+                 total = max(pipeline, epilogue). Within 2% of sm_90a compiles of the shipped configs
+                 (tests/kernels/test_compiled.py keeps it within 10%).
   deepgemm style pipeline (A, B, A scales) + the bf16 D tile block_m x block_n x 2 + all of B's K scales
                  (ceil(K / 128) x 4, doubled when block_n does not divide 128 evenly into the scale
                  blocks) + 2 mbarriers (8 B each) per stage; all live together
@@ -14,11 +17,14 @@ Shared memory (bytes; operands are fp8, 1 byte per element; scales fp32):
 Waves (one CTA per SM, the DeepGEMM view): tiles = ceil(M/block_m) x ceil(N/block_n), waves =
   ceil(tiles / SMs), last-wave utilisation = tiles in the last wave / SMs; `waves_at_occupancy` counts
   SMs x resident CTAs per SM (from kernels.measure.resources.occupancy) instead.
-Registers (an estimate, not a compiler result): the fp32 accumulator is block_m x block_n / threads
-  per thread; promoting a 128-wide partial sum into it needs a second tile of that size live at once,
-  plus REG_OVERHEAD for addresses, masks, scales and loop state. Above 255 it will spill ("spill_risk").
-Pruned (cannot run, with the reasons): shared memory over 227 KB, a block over 1024 threads, or a single
-  accumulator tile over 255 registers per thread.
+Registers (an estimate, not a compiler result): the fp32 accumulator is acc = block_m x block_n /
+  threads per thread; promoting a 128-wide partial sum into it keeps a second tile of that size live and
+  the wgmma operands and scales add about half as much again: 3.5 x acc + REG_OVERHEAD, fitted to sm_90a
+  compiles of the shipped wgmma configs (within 10%). The mma.sync tiles (block_m < 64) hold their
+  operands in registers and need more than this says. Above 255 it spills ("spill_risk"): every
+  shipped config over 255 here spills when compiled. kernels.compiled has the compiler's own figures.
+Pruned (cannot run, with the reasons): shared memory over 227 KB, a block over 1024 threads, or an
+  estimate over 255 registers per thread (it would spill).
 """
 
 from __future__ import annotations
@@ -34,7 +40,8 @@ from kernels.measure.resources import H100, SMLimits, occupancy
 NUM_SMS = HOPPER_SMS
 SMEM_LIMIT = H100.max_smem_per_block  # 227 KB
 MAX_REGS = H100.max_regs_per_thread  # 255
-REG_OVERHEAD = 40  # addresses, masks, scales, loop counters (a rough, documented constant)
+REG_OVERHEAD = 16  # addresses, masks, loop counters (fitted with REG_PER_ACC, see the docstring)
+REG_PER_ACC = 3.5  # registers per accumulator register: partial sum, operands, scales
 BARRIER_BYTES = 8
 
 
@@ -133,7 +140,8 @@ def estimate(
     if style not in ("triton", "deepgemm"):
         raise ValueError(f"style must be 'triton' or 'deepgemm' (got {style!r})")
     parts = stage_bytes(cfg.block_m, cfg.block_n, cfg.block_k)
-    pipeline = cfg.num_stages * parts["stage"]
+    buffers = cfg.num_stages if cfg.block_m >= 64 else max(cfg.num_stages - 1, 1)
+    pipeline = buffers * (parts["a"] + parts["b"])
     epilogue = cfg.block_m * cfg.block_n * 2
     if style == "triton":
         total = max(pipeline, epilogue)
@@ -141,20 +149,21 @@ def estimate(
         total = deepgemm_smem(cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_stages, k)["total"]
     threads = cfg.num_warps * limits.warp_size
     acc = cfg.block_m * cfg.block_n / threads
-    regs = int(2 * acc + REG_OVERHEAD)
+    regs = int(REG_PER_ACC * acc + REG_OVERHEAD)
     reasons = []
     extra = "" if style == "triton" else " + D tile, B scales, barriers"
     if total > limits.max_smem_per_block:
         reasons.append(
-            f"shared memory {total} B ({cfg.num_stages} stages x {parts['stage']} B{extra}) "
+            f"shared memory {total} B ({cfg.num_stages} stages of {parts['a'] + parts['b']} B tiles{extra}) "
             f"> {limits.max_smem_per_block} B (227 KB per block)"
         )
     if threads > limits.max_threads_per_block:
         reasons.append(f"{threads} threads per block > {limits.max_threads_per_block}")
-    if acc > limits.max_regs_per_thread:
+    if regs > limits.max_regs_per_thread:
         reasons.append(
-            f"the fp32 accumulator alone needs {acc:g} registers per thread "
-            f"({cfg.block_m}x{cfg.block_n} over {threads} threads) > {limits.max_regs_per_thread}"
+            f"an estimated {regs} registers per thread (a {acc:g}-register fp32 accumulator, "
+            f"{cfg.block_m}x{cfg.block_n} over {threads} threads) > {limits.max_regs_per_thread}: "
+            "it would spill"
         )
     occ: dict[str, Any] | None = None
     waves_occ: int | None = None

@@ -66,6 +66,11 @@ class TileConfig:
             v = getattr(self, key)
             if not _is_pow2(v) or v < 16:
                 raise ValueError(f"config.{key} must be a power of two >= 16 (tl.arange, tl.dot) (got {v})")
+        if self.block_k < 32:
+            raise ValueError(
+                f"config.block_k must be >= 32: an fp8 tl.dot needs K >= 32 and fails to compile below "
+                f"(got {self.block_k})"
+            )
         if GROUP % self.block_k:
             raise ValueError(
                 f"config.block_k must divide the scale group {GROUP} so one K step has one scale "

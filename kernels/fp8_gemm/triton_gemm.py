@@ -163,6 +163,17 @@ def prepare(
     return out, lambda: kernel(*args, **meta)
 
 
+def meta_launch(m: int, n: int, k: int, cfg: TileConfig) -> Callable[[], Any]:
+    """The launch of `prepare` on meta tensors of the real shapes and layouts (no storage): what
+    kernels.compiled captures to compile this config exactly as the JIT would for the trial."""
+    meta = torch.device("meta")
+    a = torch.empty((m, k), dtype=FP8, device=meta)
+    b = torch.empty((n, k), dtype=FP8, device=meta)
+    a_scales = torch.empty((m, cdiv(k, GROUP)), dtype=torch.float32, device=meta)
+    b_scales = torch.empty((cdiv(n, GROUP), cdiv(k, GROUP)), dtype=torch.float32, device=meta)
+    return prepare(a, a_scales, b, b_scales, cfg)[1]
+
+
 def fp8_gemm(
     a: torch.Tensor,
     a_scales: torch.Tensor,

@@ -50,13 +50,20 @@ from kernels.measure.timing import measure
 from kernels.paged_mla import flash_mla_adapter
 from kernels.paged_mla.check import check_decode
 from kernels.paged_mla.cost import mla_decode_cost
-from kernels.paged_mla.inputs import SEQLEN_DISTS, DecodeInputs, build_decode_inputs, sample_seqlens
+from kernels.paged_mla.inputs import (
+    SEQLEN_DISTS,
+    DecodeInputs,
+    build_decode_inputs,
+    pages_needed,
+    sample_seqlens,
+)
 from kernels.paged_mla.layout import (
     D_QK,
     INVALID_BLOCK_ID,
     PAGE_SIZES,
     elem_size,
     is_fp8,
+    kv_torch_dtype,
     scale_bytes_per_token,
 )
 from kernels.paged_mla.reference import mla_decode_reference
@@ -121,10 +128,36 @@ class PagedMLAFamily(KernelFamily):
             n = config["num_splits"]
             if n != "auto" and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
                 raise ValueError(f"config.num_splits must be a positive integer or 'auto' (got {n!r})")
+        _check_kernel_options(config)
         if "_overread" in config:
             n = config["_overread"]
             if isinstance(n, bool) or not isinstance(n, int) or n < 0:
                 raise ValueError(f"config._overread must be an integer >= 0 (got {n!r})")
+
+    def meta_launch(
+        self, shape: dict[str, Any], config: dict[str, Any], dtype: str, backend: str
+    ) -> Callable[[], Any] | None:
+        """The triton backend's two launches on meta tensors of the trial's shapes (no storage)."""
+        if backend != "triton":
+            return None
+        from kernels.paged_mla import triton_decode as td
+
+        meta = torch.device("meta")
+        b, page = shape["batch"], shape["page_size"]
+        seqlens = shape_seqlens(shape)
+        pages = pages_needed(seqlens, page, shape.get("shared_prefix", 0)) + 1
+        q = torch.empty(b, shape["s_q"], shape["h_q"], D_QK, dtype=torch.bfloat16, device=meta)
+        kv = torch.empty(pages, page, 1, D_QK, dtype=kv_torch_dtype(shape["kv_dtype"]), device=meta)
+        scales = torch.empty(pages, page, dtype=torch.float32, device=meta) if is_fp8(kv.dtype) else None
+        table = torch.empty(b, -(-shape["seqlen"] // page) + 1, dtype=torch.int32, device=meta)
+        lens = torch.empty(b, dtype=torch.int32, device=meta)
+        rows = shape["s_q"] * shape["h_q"]
+        tiles = kernel_options(config)
+        n = config.get("num_splits", "auto")
+        if n == "auto":
+            bm = tiles["block_m"] or td.default_block_m(rows)
+            n = td.choose_num_splits(seqlens, rows=rows, block_m=bm, page_size=page)
+        return lambda: td.mla_decode_triton(q, kv, table, lens, num_splits=n, kv_scales=scales, **tiles)
 
     def cost(self, shape: dict[str, Any], dtype: str) -> Cost:
         return mla_decode_cost(
@@ -234,7 +267,7 @@ def _torch_ref(
 @_decode_backend(
     "triton",
     "Triton split-KV decode + combine (num_splits: int or auto)",
-    config_keys=("num_splits", "_overread"),
+    config_keys=("num_splits", "num_warps", "num_stages", "block_m", "block_n", "_overread"),
     requires=needs_triton,
 )
 def _triton(inp: DecodeInputs, config: dict[str, Any], device: torch.device) -> tuple[Decode, dict[str, Any]]:
@@ -250,6 +283,7 @@ def _triton(inp: DecodeInputs, config: dict[str, Any], device: torch.device) -> 
             inp.seqlens, rows=rows, block_m=td.default_block_m(rows), page_size=page, num_sms=sms
         )
     overread = int(config.get("_overread", 0))
+    tiles = kernel_options(config)
 
     def call() -> tuple[torch.Tensor, torch.Tensor]:
         return td.mla_decode_triton(
@@ -260,9 +294,32 @@ def _triton(inp: DecodeInputs, config: dict[str, Any], device: torch.device) -> 
             d_v=inp.d_v,
             num_sms=sms,
             _overread=overread,
+            **tiles,
         )
 
-    return call, {"num_splits": n, "num_sms": sms}
+    return call, {"num_splits": n, "num_sms": sms, **tiles}
+
+
+# The split kernel's launch options a spec can sweep; the defaults compile for sm_90a without spills
+# for bf16 and fp8 caches at every page size (tests/kernels/test_compiled.py).
+KERNEL_DEFAULTS = {"num_warps": 8, "num_stages": 2, "block_m": None, "block_n": None}
+
+
+def kernel_options(config: dict[str, Any]) -> dict[str, Any]:
+    return {key: config.get(key, default) for key, default in KERNEL_DEFAULTS.items()}
+
+
+def _check_kernel_options(config: dict[str, Any]) -> None:
+    allowed = {"num_warps": (1, 2, 4, 8, 16), "num_stages": tuple(range(1, 9))}
+    for key, values in allowed.items():
+        if key in config and (isinstance(config[key], bool) or config[key] not in values):
+            raise ValueError(
+                f"config.{key} must be one of {', '.join(map(str, values))} (got {config[key]!r})"
+            )
+    for key in ("block_m", "block_n"):
+        v = config.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 16 or v & (v - 1)):
+            raise ValueError(f"config.{key} must be a power of two >= 16 (tl.dot) (got {v!r})")
 
 
 def _flash_mla_shape(shape: dict[str, Any], config: dict[str, Any]) -> None:

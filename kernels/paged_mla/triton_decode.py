@@ -247,8 +247,8 @@ def mla_decode_triton(
     num_sms: int = DEFAULT_NUM_SMS,
     block_m: int | None = None,
     block_n: int | None = None,
-    num_warps: int = 4,
-    num_stages: int = 1,
+    num_warps: int = 8,
+    num_stages: int = 2,
     out_dtype: torch.dtype | None = None,
     _overread: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:

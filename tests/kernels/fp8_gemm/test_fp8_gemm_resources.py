@@ -23,20 +23,21 @@ def test_hand_computed_config_on_a_deepseek_shape():
     # per stage: A 64*128 + B 128*128 + A scales 64*4 + B scales 1*4 = 8192 + 16384 + 256 + 4
     assert e.smem_per_stage == 24836
     assert e.smem_stage_parts == {"a": 8192, "b": 16384, "a_scales": 256, "b_scales": 4}
-    assert e.smem_pipeline == 3 * 24836 == 74508
+    # a wgmma tile (block_m >= 64): 3 buffers of the A and B tiles; the scales live in registers
+    assert e.smem_pipeline == 3 * (8192 + 16384) == 73728
     assert e.smem_epilogue == 64 * 128 * 2
-    assert e.smem_total == 74508 and e.fits_smem and e.smem_limit == 227 * 1024
+    assert e.smem_total == 73728 and e.fits_smem and e.smem_limit == 227 * 1024
     # 64 x 56 = 3584 tiles; 27 full waves of 132 = 3564, so 28 waves with 20 tiles in the last
     assert e.waves["tiles"] == 3584 and e.waves["waves"] == 28
     assert e.waves["last_wave_tiles"] == 20 and e.waves["last_wave_util"] == pytest.approx(20 / 132)
-    # accumulator 64*128 fp32 over 128 threads = 64 regs; estimate 2*64 + 40
-    assert e.threads == 128 and e.acc_regs_per_thread == 64 and e.regs_estimate == 168
+    # accumulator 64*128 fp32 over 128 threads = 64 regs; estimate 3.5*64 + 16 (sm_90a compiles it to 238)
+    assert e.threads == 128 and e.acc_regs_per_thread == 64 and e.regs_estimate == 240
     assert not e.spill_risk and not e.pruned
-    # occupancy from the measurement core: smem 74508 -> 74752 + 1024 per block, 3 fit in 228 KB;
-    # registers 168 x 32 = 5376 per warp, 65536 // 5376 = 12 warps = 3 blocks of 4: a tie
-    assert e.occupancy["blocks_per_sm"] == 3
-    assert e.occupancy["blocks_by"]["shared_memory"] == 3 and e.occupancy["blocks_by"]["registers"] == 3
-    assert e.waves_at_occupancy == 10  # ceil(3584 / (132 * 3))
+    # occupancy from the measurement core: smem 73728 + 1024 per block, 3 fit in 228 KB;
+    # registers 240 x 32 = 7680 per warp, 65536 // 7680 = 8 warps = 2 blocks of 4
+    assert e.occupancy["blocks_per_sm"] == 2
+    assert e.occupancy["blocks_by"]["shared_memory"] == 3 and e.occupancy["blocks_by"]["registers"] == 2
+    assert e.waves_at_occupancy == 14  # ceil(3584 / (132 * 2))
 
 
 def test_small_m_shape_is_one_partial_wave():
@@ -46,16 +47,16 @@ def test_small_m_shape_is_one_partial_wave():
 
 
 def test_triton_epilogue_overlaps_the_pipeline():
-    # 1 stage of 128x256: pipeline 16384 + 32768 + 512 + 8 = 49672 < epilogue 128*256*2 = 65536
+    # 1 stage of 128x256: pipeline 16384 + 32768 = 49152 < epilogue 128*256*2 = 65536
     e = estimate(TileConfig(128, 256, 128, num_warps=8, num_stages=1), 128, 256, 128)
-    assert e.smem_pipeline == 49672 and e.smem_epilogue == 65536 and e.smem_total == 65536
+    assert e.smem_pipeline == 49152 and e.smem_epilogue == 65536 and e.smem_total == 65536
 
 
 def test_shared_memory_pruning_reason():
     e = estimate(TileConfig(128, 256, 128, num_warps=8, num_stages=5), 4096, 7168, 2048)
-    assert e.pruned and e.smem_total == 5 * 49672 == 248360
-    assert e.prune_message() == (
-        "pruned: shared memory 248360 B (5 stages x 49672 B) > 232448 B (227 KB per block)"
+    assert e.pruned and e.smem_total == 5 * 49152 == 245760
+    assert e.prune_message().startswith(
+        "pruned: shared memory 245760 B (5 stages of 49152 B tiles) > 232448 B (227 KB per block)"
     )
     assert e.occupancy is None
 
@@ -63,10 +64,13 @@ def test_shared_memory_pruning_reason():
 def test_register_pruning_reason_and_spill_risk():
     big = estimate(TileConfig(256, 256, 128, num_warps=4, num_stages=1), 4096, 4096, 128)
     assert big.acc_regs_per_thread == 512 and big.pruned
-    assert any("accumulator alone needs 512 registers per thread" in r for r in big.reasons)
-    # 128x128 over 4 warps: one accumulator (128 regs) fits, two of them do not: runs, but spills
+    assert any("estimated 1808 registers per thread" in r and "spill" in r for r in big.reasons)
+    # 128x128 over 4 warps: one accumulator (128 regs) fits, the promotion's second does not: sm_90a
+    # compiles it to 255 registers and 296 B of spills, so the model prunes it
     risky = estimate(TileConfig(128, 128, 128, num_warps=4, num_stages=3), 4096, 4096, 1024)
-    assert not risky.pruned and risky.spill_risk and risky.regs_estimate == 296
+    assert risky.pruned and risky.spill_risk and risky.regs_estimate == 464
+    fine = estimate(TileConfig(128, 128, 128, num_warps=8, num_stages=3), 4096, 4096, 1024)
+    assert not fine.pruned and fine.regs_estimate == 240  # compiled: 226, no spills
 
 
 def test_prune_splits_a_space_and_keeps_every_reason():
@@ -127,7 +131,7 @@ def test_case_stores_a_pruned_config_with_the_model_numbers():
         "fp8_gemm", "triton", {"m": 64, "n": 2112, "k": 7168}, config, "float8_e4m3fn", MeasurePolicy()
     )
     o = case.FAMILY.run(req)  # never launches: the model rules it out first
-    assert o.status == "pruned" and o.error.startswith("pruned: shared memory 248360 B")
-    assert o.resources["model"]["pruned"] and o.resources["model"]["smem_total"] == 248360
+    assert o.status == "pruned" and o.error.startswith("pruned: shared memory 245760 B")
+    assert o.resources["model"]["pruned"] and o.resources["model"]["smem_total"] == 245760
     assert o.resources["model"]["waves"]["waves"] == 1 and not o.samples_ns
     assert o.metrics["flops"] == 2 * 64 * 2112 * 7168

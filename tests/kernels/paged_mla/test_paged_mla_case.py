@@ -166,7 +166,7 @@ def test_cost_uses_the_shape_seqlens():
         ("triton", SHAPE, {"num_splits": 0}, "bfloat16", r"config\.num_splits must be"),
         ("triton", SHAPE, {"num_splits": "many"}, "bfloat16", r"config\.num_splits must be"),
         ("triton", SHAPE, {"_overread": -1}, "bfloat16", r"config\._overread"),
-        ("triton", SHAPE, {"block_n": 32}, "bfloat16", r"config\.block_n does not apply"),
+        ("triton", SHAPE, {"block_k": 32}, "bfloat16", r"config\.block_k does not apply"),
         ("flash_mla", SHAPE, {}, "bfloat16", r"shape\.page_size must be 64 for flash_mla"),
         (
             "flash_mla",

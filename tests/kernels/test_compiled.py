@@ -1,0 +1,126 @@
+"""Compiled evidence (kernels.compiled): every Triton config of the shipped GPU specs compiles for sm_90a
+on this CPU-only machine, specialised as the JIT would at launch, and what the compiler reports keeps
+the hand-written models honest. The compiles run in one subprocess (the test session sets
+TRITON_INTERPRET, which replaces @triton.jit with the interpreter); distinct launches compile once and
+Triton's on-disk cache makes reruns fast."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from kernels.fp8_gemm.tiles import TileConfig
+
+GPU_SPECS = ["jobs/specs/fp8_gemm.yaml", "jobs/specs/paged_mla.yaml"]
+
+SCRIPT = """
+import json, sys
+from jobs.spec.sweep import load_spec
+from kernels.compiled import evidence_of, trial_check
+from kernels.registry import get_family
+
+rows = []
+for path in sys.argv[1:]:
+    for t in load_spec(path).trials():
+        family = get_family(t.family)
+        call = family.meta_launch(dict(t.shape), dict(t.config), t.dtype, t.backend)
+        if call is None:
+            continue
+        try:
+            found = [e.to_dict() for e in evidence_of(call)]
+            error = None
+        except Exception as exc:  # reported, the test fails on it
+            found, error = [], f"{type(exc).__name__}: {exc}"
+        rows.append({"spec": path, "shape": t.shape, "config": t.config, "evidence": found, "error": error})
+spilling = {"block_m": 128, "block_n": 128, "block_k": 128, "group_m": 8, "num_warps": 4, "num_stages": 3}
+shape = {"m": 4096, "n": 7168, "k": 2048}
+check = trial_check(get_family("fp8_gemm"), shape, spilling, "float8_e4m3fn", "triton")
+print(json.dumps({"rows": rows, "check": check}))
+"""
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_INTERPRET"] = "0"  # set, so kernels.paged_mla.triton_decode leaves it alone
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, *GPU_SPECS], capture_output=True, text=True, env=env, timeout=900
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_every_config_of_the_shipped_gpu_specs_compiles_for_sm90(compiled):
+    rows = compiled["rows"]
+    assert {r["spec"] for r in rows} == set(GPU_SPECS)
+    failed = [(r["shape"], r["config"], r["error"]) for r in rows if r["error"]]
+    assert not failed, failed[:5]
+    assert all(r["evidence"] for r in rows)
+
+
+@pytest.mark.slow
+def test_launch_specialisation_matches_the_jit(compiled):
+    gemm = next(r for r in compiled["rows"] if r["spec"].endswith("fp8_gemm.yaml"))
+    ev = gemm["evidence"][0]
+    # unit strides become constants, sizes and leading strides divisible by 16 are marked so
+    assert ev["specialised"]["stride_ak"] == "1" and ev["specialised"]["stride_am"] == "D"
+    assert ev["specialised"]["a_ptr"] == "D"
+
+
+@pytest.mark.slow
+def test_fp8_gemm_hand_model_within_ten_percent_of_the_compiler(compiled):
+    from kernels.fp8_gemm.resources import estimate
+
+    off = []
+    for r in compiled["rows"]:
+        if not r["spec"].endswith("fp8_gemm.yaml"):
+            continue
+        cfg = TileConfig.from_dict(r["config"])
+        est = estimate(cfg, r["shape"]["m"], r["shape"]["n"], r["shape"]["k"])
+        ev = r["evidence"][0]
+        assert ev["wgmma"] == (cfg.block_m >= 64), cfg.label()  # SM90 tensor cores where the tile allows
+        if abs(est.smem_total - ev["shared"]) > 0.1 * ev["shared"]:
+            off.append(("smem", cfg.label(), est.smem_total, ev["shared"]))
+        # every config the model says would spill does spill, and every spilling one is pruned
+        assert est.spill_risk == ev["spills"], (cfg.label(), est.regs_estimate, ev["regs"], ev["stack"])
+        assert not ev["spills"] or est.pruned
+        # registers: the model is fitted to the wgmma tiles; the mma.sync tiles (block_m < 64) hold
+        # their operands in registers and are left to the compiled check
+        if cfg.block_m >= 64 and not ev["spills"] and abs(est.regs_estimate - ev["regs"]) > 0.1 * ev["regs"]:
+            off.append(("regs", cfg.label(), est.regs_estimate, ev["regs"]))
+    assert not off, off
+
+
+@pytest.mark.slow
+def test_compiled_check_finds_the_spilling_fp8_config(compiled):
+    check = compiled["check"]
+    assert check["checked"] and check["target"] == "sm_90a"
+    assert check["problems"] and "spills" in check["problems"][0] and "num_warps=4" in check["problems"][0]
+
+
+@pytest.mark.slow
+def test_paged_mla_bf16_default_compiles_without_spills(compiled):
+    rows = [r for r in compiled["rows"] if r["spec"].endswith("paged_mla.yaml")]
+    bf16 = [e for r in rows if r["shape"]["kv_dtype"] == "bf16" for e in r["evidence"]]
+    assert bf16 and not [e for e in bf16 if e["spills"]]
+    assert all(e["shared"] <= e["smem_limit"] for e in bf16)
+    split = [e for e in bf16 if e["kernel"] == "_split_kernel"]
+    assert all(e["num_warps"] == 8 and e["num_stages"] == 2 for e in split)
+
+
+def test_fp8_gemm_block_k_below_32_is_a_named_validation_error():
+    with pytest.raises(ValueError, match=r"config.block_k must be >= 32.*got 16"):
+        TileConfig.from_dict({"block_m": 64, "block_n": 64, "block_k": 16})
+
+
+def test_compiling_under_the_interpreter_is_refused_with_the_reason():
+    from kernels.compiled import capturing, interpreter_reason
+
+    assert "TRITON_INTERPRET" in (interpreter_reason() or "")
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET"), capturing():
+        pass
