@@ -6,6 +6,8 @@ import os
 import shutil
 import tempfile
 
+import pytest
+
 # Triton kernels run in the interpreter on CPU; this must be set before triton is imported.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 # Ray: no telemetry, no auth tokens on the local test cluster, temp files in a folder we remove.
@@ -20,3 +22,17 @@ os.environ["RAY_TMPDIR"] = _RAY_TMP
 
 def pytest_sessionfinish(session, exitstatus):  # noqa: ARG001
     shutil.rmtree(_RAY_TMP, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """One real PostgreSQL server for the whole session (tests/pgserver.py), shared by tests/jobs and
+    tests/gateway; a skip saying why where none can be started. Tests make their own databases on it."""
+    from pgserver import Unavailable, start_server
+
+    try:
+        server = start_server()
+    except Unavailable as e:
+        pytest.skip(str(e))
+    yield server
+    server.stop()

@@ -10,7 +10,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from jobs.cli.common import address_option, db_option, echo, store_for
+from jobs.cli.common import address_option, db_option, echo, require_job, store_for, writable_output
 from jobs.settings import FarmSettings
 from jobs.spec.sweep import SpecError
 from jobs.store.repository import Store
@@ -62,7 +62,10 @@ def accept_cmd(
     from jobs.run.runner import RunOptions
     from jobs.spec.cards import CardError
 
+    if junit is not None:
+        writable_output(junit)
     store = store_for(db)
+    require_job(store, job_id)
     options = RunOptions(address=address or FarmSettings().ray_address, show_progress=False, echo=echo)
     try:
         acc = accept(

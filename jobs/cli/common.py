@@ -2,14 +2,40 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
+from jobs.errors import InfrastructureError as InfrastructureError  # noqa: PLC0414 - raised by the CLI's verbs
+from jobs.errors import NoSuchJob
 from jobs.settings import FarmSettings
-from jobs.store.repository import Store
+from jobs.store.repository import Job, Store
+
+STORE_URL = "farm.store_url"  # click context meta: the store the command opened (for error messages)
+FILE_FIX = "check that the folder exists and is writable (create it first), or choose another path"
 
 
 def store_for(db: str | None) -> Store:
-    return Store(db or FarmSettings().db)
+    url = db or FarmSettings().db
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:
+        ctx.meta[STORE_URL] = url
+    return Store(url)
+
+
+def require_job(store: Store, job_id: int) -> Job:
+    """The job, or NoSuchJob: the same message and exit code (2) from every command."""
+    job = store.get_job(job_id)
+    if job is None:
+        raise NoSuchJob(job_id, store.url)
+    return job
+
+
+def writable_output(path: Path) -> Path:
+    """Check before any work that an output file can be written there (its folder exists)."""
+    if not path.parent.is_dir():
+        raise InfrastructureError(f"cannot write {path}: the folder {path.parent} does not exist; {FILE_FIX}")
+    return path
 
 
 def echo(message: str) -> None:

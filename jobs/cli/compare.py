@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from jobs.cli.common import db_option, store_for
+from jobs.cli.common import db_option, require_job, store_for, writable_output
 from jobs.report.ab import Selector, compare_jobs, render
 from jobs.report.export import best_configs, port_file_name
 
@@ -24,6 +24,13 @@ from jobs.report.export import best_configs, port_file_name
 @click.option("--alpha", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.002)
 @click.option("--json", "as_json", is_flag=True, help="print the comparison as JSON")
 @click.option("--fail-on-slower", is_flag=True, help="exit 1 when B is slower than A on any shape")
+@click.option(
+    "--html",
+    "html_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="also write the A/B view as an interactive HTML file",
+)
 def compare(
     job_a: int,
     job_b: int | None,
@@ -34,9 +41,13 @@ def compare(
     alpha: float,
     as_json: bool,
     fail_on_slower: bool,
+    html_path: Path | None,
 ) -> None:
     """A/B per shape: two tile configs from two jobs, or two configs inside one job."""
     store = store_for(db)
+    for job_id in (job_a, job_b):
+        if job_id is not None:
+            require_job(store, job_id)
     try:
         result = compare_jobs(
             store,
@@ -55,6 +66,11 @@ def compare(
         click.echo(json.dumps(result.to_dict(), indent=2, default=str))
     else:
         render(result, Console(width=200))
+    if html_path:
+        from jobs.report.html import render_compare
+
+        html_path.write_text(render_compare(result))
+        click.echo(f"wrote {html_path}", err=True)
     if fail_on_slower and result.verdicts().get("slower"):
         sys.exit(1)
 
@@ -79,7 +95,10 @@ def export_best_configs(
     job: int, db: str | None, output: Path | None, backend: str, split_dir: Path | None
 ) -> None:
     """The fastest correct config per (N, K) and M, as Triton ports key their tuned configs."""
+    if output is not None:
+        writable_output(output)
     store = store_for(db)
+    require_job(store, job)
     try:
         table, missing = best_configs(store, job, backend)
         envs = store.environments(job)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 
 from jobs.cli.common import db_option
+from jobs.errors import StoreError
 from jobs.settings import FarmSettings
-from jobs.store.schema import StoreSchemaError
 
 
 @click.group("db")
@@ -28,17 +28,14 @@ def db_upgrade(db: str | None) -> None:
     from jobs.store.schema import display_url, upgrade_schema
 
     url = db or FarmSettings().db
-    try:
-        engine = make_engine(url, check_schema=False)
-    except (OSError, SQLAlchemyError) as err:
-        raise click.ClickException(f"cannot open the farm store {url}: {_first_line(err)}") from None
+    engine = make_engine(url, check_schema=False)  # StoreError (exit 4): cannot be opened
     where = display_url(str(engine.url))
     try:
         before, after = upgrade_schema(engine, Base.metadata)
-    except StoreSchemaError as err:
-        raise click.ClickException(str(err)) from None
+    except StoreError:  # StoreSchemaError: a revision this code does not know
+        raise
     except (OSError, SQLAlchemyError, RuntimeError) as err:  # RuntimeError: a table it cannot adopt
-        raise click.ClickException(f"cannot upgrade the farm store {where}: {_first_line(err)}") from None
+        raise StoreError(f"cannot upgrade the farm store {where}: {_first_line(err)}") from None
     finally:
         engine.dispose()
     if before.up_to_date:

@@ -6,7 +6,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from jobs.cli.common import db_option, store_for
+from jobs.cli.common import db_option, require_job, store_for
 from kernels.base import NOT_FAILED, TrialStatus
 
 
@@ -47,9 +47,7 @@ def jobs_list(db: str | None, limit: int) -> None:
 def jobs_show(job_id: int, db: str | None) -> None:
     """One job: spec, cluster, status counts and every trial."""
     store = store_for(db)
-    job = store.get_job(job_id)
-    if job is None:
-        raise click.ClickException(f"no job {job_id} in {store.url}")
+    job = require_job(store, job_id)
     console = Console()
     console.print(f"[bold]job {job.id}[/bold] {job.name} family {job.family} status {job.status}")
     console.print(f"created {job.created_at}  started {job.started_at}  finished {job.finished_at}")

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from jobs.cli.common import db_option, echo, store_for
+from jobs.cli.common import db_option, echo, require_job, store_for, writable_output
 
 
 @click.command("report")
@@ -34,9 +34,11 @@ def report(job_id: int, db: str | None, fmt: str, html_path: Path | None, output
     """Per shape and backend: median time, spread, speedup over baseline, throughput, correctness."""
     from jobs.report import render as rep
 
+    for path in (output, html_path):
+        if path is not None:
+            writable_output(path)
     store = store_for(db)
-    if store.get_job(job_id) is None:
-        raise click.ClickException(f"no job {job_id} in {store.url}")
+    require_job(store, job_id)
     if fmt == "table":
         rep.render_terminal(store, job_id, Console())
     else:

@@ -15,7 +15,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from jobs.store.repository import Baseline, Environment, Store, TrialRow
+from jobs.errors import BadInput, NoSuchJob
+from jobs.store.repository import Baseline, BaselineMoved, Environment, Store, TrialRow
 from kernels.base import TrialStatus
 
 
@@ -60,15 +61,45 @@ def env_of(t: TrialRow, envs: dict[int, Environment]) -> Environment | None:
 @dataclass
 class SetResult:
     baseline: Baseline
-    replaced: bool
+    previous_job: int | None  # the job the name pointed at before (None: a new name)
     points: int
     skipped: list[str]  # trials not taken, with why
 
+    @property
+    def replaced(self) -> bool:
+        return self.previous_job is not None
 
-def set_from_job(store: Store, job_id: int, name: str | None = None) -> SetResult:
+
+class BaselineRefused(BadInput):
+    """A move of a named baseline that would lose the team's reference: without --force, or to a job of
+    another family or spec. Exit 2, nothing changed."""
+
+
+def set_from_job(store: Store, job_id: int, name: str | None = None, *, force: bool = False) -> SetResult:
+    """Take the job's ok trials as the points of the baseline `name` (default: the job's spec name).
+
+    A name already on another job moves only with `force`, and never to a job of another family or
+    spec (the spec's name): one mistyped job id must not replace the team's baseline. Setting a name to
+    the job it is on already refreshes its points. Every setting is kept in the baseline's history."""
     job = store.get_job(job_id)
     if job is None:
-        raise LookupError(f"no job {job_id} in {store.url}")
+        raise NoSuchJob(job_id, store.url)
+    name = name or job.name
+    current = store.get_baseline(name)
+    if current is not None and current.job_id != job_id:
+        old = store.get_job(current.job_id)
+        old_spec = old.name if old is not None else "?"
+        if (current.family, old_spec) != (job.family, job.name):
+            raise BaselineRefused(
+                f"baseline {name} is on job {current.job_id} (family {current.family}, spec {old_spec}); "
+                f"job {job_id} is family {job.family}, spec {job.name}: a baseline moves only to a job of "
+                "its own family and spec; name a new one with --name"
+            )
+        if not force:
+            raise BaselineRefused(
+                f"baseline {name} is on job {current.job_id}; moving it to job {job_id} needs --force "
+                f"(`farm baseline list --history` shows its moves)"
+            )
     envs = trial_envs(store, job_id)
     points: list[tuple[str, str, int]] = []
     seen: set[str] = set()
@@ -86,9 +117,13 @@ def set_from_job(store: Store, job_id: int, name: str | None = None) -> SetResul
         seen.add(key)
         points.append((key, cls, t.id))
     if not points:
-        raise ValueError(f"job {job_id} has no ok trial to take as a baseline")
-    row, replaced = store.set_baseline(name or job.name, job, points)
-    return SetResult(row, replaced, len(points), skipped)
+        raise BadInput(f"job {job_id} has no ok trial to take as a baseline")
+    expect = current.job_id if current is not None else None
+    try:
+        row, previous = store.set_baseline(name, job, points, expect_job_id=expect, forced=force)
+    except BaselineMoved as err:
+        raise BaselineRefused(str(err)) from None
+    return SetResult(row, previous, len(points), skipped)
 
 
 def matches(store: Store, baseline: Baseline, job_id: int) -> dict[int, int]:

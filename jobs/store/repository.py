@@ -9,11 +9,14 @@ running the rows that are not finished.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
-from collections.abc import Iterable, Sequence
+import os
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from sqlalchemy import (
     JSON,
@@ -35,11 +38,13 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.exc import NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
+from jobs.errors import StoreError
 from jobs.store.schema import StoreSchemaError as StoreSchemaError  # Store() on an out-of-date store
-from jobs.store.schema import ensure_schema
+from jobs.store.schema import display_url, ensure_schema
 from kernels.base import FINISHED, NOT_FAILED, TrialStatus  # noqa: F401 - NOT_FAILED is re-exported
 
 DEFAULT_DB = ".farm/farm.db"
@@ -49,7 +54,7 @@ DEFAULT_DB = ".farm/farm.db"
 PENDING = TrialStatus.PENDING
 
 
-# The Trial columns a finished result may set.
+# The trial columns a finished result may set.
 _RESULT_COLUMNS = (
     "status",
     "attempt",
@@ -139,9 +144,6 @@ class TrialRow(Base):
     resources: Mapped[dict | None] = mapped_column(JSON)
 
 
-Trial = TrialRow  # the ORM class's old name, kept for imports written before the rename
-
-
 class Sample(Base):
     __tablename__ = "samples"
     trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"), primary_key=True)
@@ -162,6 +164,24 @@ class Baseline(Base):
     family: Mapped[str] = mapped_column(String(64))
     git_commit: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(DateTime, default=now)
+
+
+class BaselineMove(Base):
+    """Every setting of a named baseline, oldest first (`farm baseline list --history`): which job it was
+    set to, from which job (None: the name was new), and whether `--force` moved it. Kept by name, so the
+    history outlives the jobs it names."""
+
+    __tablename__ = "baseline_history"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), index=True)
+    job_id: Mapped[int] = mapped_column(Integer)
+    previous_job_id: Mapped[int | None] = mapped_column(Integer)
+    family: Mapped[str] = mapped_column(String(64))
+    spec_name: Mapped[str] = mapped_column(String(200))
+    git_commit: Mapped[str | None] = mapped_column(String(64))
+    points: Mapped[int] = mapped_column(Integer)
+    forced: Mapped[bool] = mapped_column(Boolean, default=False)
+    set_at: Mapped[datetime] = mapped_column(DateTime, default=now)
 
 
 class BaselineTrial(Base):
@@ -235,7 +255,7 @@ class DraftRun(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime, default=now)
 
 
-class Draft(Base):
+class DraftRow(Base):
     """A draft an engineer edits; `fingerprints` names the anomalies it explains (stable across runs)."""
 
     __tablename__ = "drafts"
@@ -253,6 +273,9 @@ class Draft(Base):
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA busy_timeout=10000")  # first: the statements below may wait for a lock
+    if cur.execute("PRAGMA query_only").fetchone()[0]:  # opened read-only (mode=ro): nothing to set
+        cur.close()
+        return
     # WAL + NORMAL: a commit costs no fsync of the main file, and readers never block the writer.
     try:
         cur.execute("PRAGMA journal_mode=WAL")  # kept by the file: set by its first connection
@@ -272,22 +295,102 @@ def make_engine(url: str | None = None, *, check_schema: bool = True) -> Engine:
     `check_schema=False` is for that command, which migrates it."""
     url = url or DEFAULT_DB
     if "://" not in url:
-        Path(url).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            Path(url).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise store_error(err, url) from err
         url = f"sqlite:///{url}"
-    engine = create_engine(url)
+    try:
+        engine = create_engine(_read_only_if_unwritable(url))
+    except (SQLAlchemyError, ImportError, ValueError) as err:
+        raise store_error(err, url) from err
     if engine.dialect.name == "sqlite":
         event.listen(engine, "connect", _sqlite_pragmas)
     if check_schema:
         try:
             ensure_schema(engine, Base.metadata)
+        except (SQLAlchemyError, OSError) as err:
+            engine.dispose()
+            raise store_error(err, url) from err
         except BaseException:
             engine.dispose()
             raise
     return engine
 
 
+def _read_only_if_unwritable(url: str) -> str:
+    """An SQLite file this process cannot write (a results file on a read-only share) is opened read-only,
+    so the commands that only read it work; one in a folder it cannot write either, with no WAL file
+    beside it, is opened as immutable (SQLite could not make the WAL index it needs to read)."""
+    parsed = make_url(url)
+    path = parsed.database
+    if not parsed.drivername.startswith("sqlite") or not path or path == ":memory:" or parsed.query:
+        return url
+    file = Path(path)
+    if not file.is_file() or (os.access(file, os.W_OK) and os.access(file.parent, os.W_OK)):
+        return url
+    query = "mode=ro"
+    if not os.access(file.parent, os.W_OK) and not Path(f"{path}-wal").exists():
+        query += "&immutable=1"
+    return f"sqlite:///file:{quote(str(file.resolve()))}?{query}&uri=true"
+
+
+def store_error(err: BaseException, url: str) -> StoreError:
+    """What the database or its driver raised, as one line naming the store, the problem and the fix."""
+    where = display_url(url)
+    text = str(getattr(err, "orig", None) or err).strip().splitlines()
+    first = text[0] if text else err.__class__.__name__
+    low = first.lower()
+    if isinstance(err, NoSuchModuleError) or "can't load plugin" in low:
+        scheme = url.split("://", 1)[0]
+        return StoreError(
+            f"unknown database URL scheme {scheme!r} in {where}: use a file path, sqlite:///PATH or "
+            "postgresql+psycopg://USER@HOST/DB (--db or FARM_DB)"
+        )
+    if isinstance(err, ImportError):
+        return StoreError(
+            f"no database driver for {where} ({first}): for PostgreSQL use postgresql+psycopg://... "
+            "(`pip install 'psycopg[binary]'`, which `make` installs)"
+        )
+    if "file is not a database" in low or "malformed" in low:
+        return StoreError(
+            f"the farm store {where} is not a readable SQLite database ({first}): it is damaged or not a "
+            "store; restore it from a copy or point --db (FARM_DB) at another file"
+        )
+    if "readonly" in low or "read-only" in low or "read only" in low:
+        return StoreError(
+            f"the farm store {where} is read-only ({first}): only reading commands (jobs list, report, "
+            "compare, baseline list) work on it; copy it somewhere writable, or point --db at another store"
+        )
+    if "unable to open database file" in low or isinstance(err, OSError):
+        return StoreError(
+            f"cannot open the farm store {where} ({first}): check that its folder exists and is "
+            "writable, or point --db (FARM_DB) at another store"
+        )
+    return StoreError(f"the farm store {where} failed: {first} (rerun with `farm --debug` for details)")
+
+
+class BaselineMoved(RuntimeError):
+    """A named baseline moved between reading it and moving it (another `farm baseline set`)."""
+
+
+def _insert_or_ignore(conn: Connection, table: Any):
+    """INSERT ... ON CONFLICT DO NOTHING, on the databases the store runs on."""
+    if conn.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        return pg_insert(table).on_conflict_do_nothing()
+    if conn.dialect.name == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+        return sqlite_insert(table).on_conflict_do_nothing()
+    return insert(table)
+
+
 class Store:
     """All reads and writes of the farm's results. One per process; cheap to construct."""
+
+    CREATE_BATCH = 2000  # trial rows per INSERT when a job is created
 
     def __init__(self, url: str | None = None):
         self.url = url or DEFAULT_DB
@@ -305,7 +408,7 @@ class Store:
         family: str,
         spec_yaml: str,
         spec_hash: str,
-        trials: Sequence[Any],
+        trials: Iterable[Any],
         git_commit: str | None,
     ) -> int:
         """Create the job and one pending row per trial, in one transaction."""
@@ -313,7 +416,7 @@ class Store:
             job = Job(name=name, family=family, spec=spec_yaml, spec_hash=spec_hash, git_commit=git_commit)
             s.add(job)
             s.flush()
-            rows = [
+            rows = (
                 dict(
                     job_id=job.id,
                     key=t.key,
@@ -328,9 +431,10 @@ class Store:
                     attempt=0,
                 )
                 for i, t in enumerate(trials)
-            ]
-            if rows:
-                s.execute(insert(Trial), rows)
+            )
+            # in batches: a large grid (an iterable of trials) streams into the store in flat memory
+            while batch := list(itertools.islice(rows, self.CREATE_BATCH)):
+                s.execute(insert(TrialRow), batch)
             return job.id
 
     def get_job(self, job_id: int) -> Job | None:
@@ -353,9 +457,9 @@ class Store:
         if not job_ids:
             return out
         q = (
-            select(Trial.job_id, Trial.status, func.count())
-            .where(Trial.job_id.in_(job_ids))
-            .group_by(Trial.job_id, Trial.status)
+            select(TrialRow.job_id, TrialRow.status, func.count())
+            .where(TrialRow.job_id.in_(job_ids))
+            .group_by(TrialRow.job_id, TrialRow.status)
         )
         for job_id, status, n in s.execute(q):
             out.setdefault(job_id, {})[status] = n
@@ -378,14 +482,35 @@ class Store:
             s.execute(update(Job).where(Job.id == job_id).values(**values))
 
     # ---- trials ---------------------------------------------------------------------------------
-    def unfinished_trials(self, job_id: int) -> list[Trial]:
+    def unfinished_trials(self, job_id: int) -> list[TrialRow]:
         with Session(self.engine, expire_on_commit=False) as s:
-            q = select(Trial).where(Trial.job_id == job_id, Trial.status.not_in(FINISHED)).order_by(Trial.seq)
+            q = (
+                select(TrialRow)
+                .where(TrialRow.job_id == job_id, TrialRow.status.not_in(FINISHED))
+                .order_by(TrialRow.seq)
+            )
             return list(s.scalars(q))
 
-    def trials(self, job_id: int) -> list[Trial]:
+    def iter_unfinished_trials(self, job_id: int, page: int = 2000) -> Iterator[TrialRow]:
+        """The unfinished trials in seq order, read a page at a time (flat memory for a large job)."""
+        after = -1
+        while True:
+            with Session(self.engine, expire_on_commit=False) as s:
+                q = (
+                    select(TrialRow)
+                    .where(TrialRow.job_id == job_id, TrialRow.status.not_in(FINISHED), TrialRow.seq > after)
+                    .order_by(TrialRow.seq)
+                    .limit(page)
+                )
+                rows = list(s.scalars(q))
+            yield from rows
+            if len(rows) < page:
+                return
+            after = rows[-1].seq
+
+    def trials(self, job_id: int) -> list[TrialRow]:
         with Session(self.engine, expire_on_commit=False) as s:
-            return list(s.scalars(select(Trial).where(Trial.job_id == job_id).order_by(Trial.seq)))
+            return list(s.scalars(select(TrialRow).where(TrialRow.job_id == job_id).order_by(TrialRow.seq)))
 
     def samples(self, trial_id: int) -> list[int]:
         with Session(self.engine) as s:
@@ -397,14 +522,14 @@ class Store:
         (summary["discarded"], e.g. taken while the GPU was throttled). Comparisons use these."""
         samples = self.samples(trial_id)
         with Session(self.engine) as s:
-            summary = s.scalar(select(Trial.summary).where(Trial.id == trial_id)) or {}
+            summary = s.scalar(select(TrialRow.summary).where(TrialRow.id == trial_id)) or {}
         dropped = set(summary.get("discarded") or ())
         return [v for i, v in enumerate(samples) if i not in dropped] if dropped else samples
 
     def record_results(self, results: Iterable[dict[str, Any]]) -> None:
         """Write finished trials (and their raw samples) in one transaction.
 
-        Each item has `trial_id`, `status` and any Trial column, plus `samples_ns` and `environment`.
+        Each item has `trial_id`, `status` and any TrialRow column, plus `samples_ns` and `environment`.
         A trial already finished is left as it is: a late duplicate result can never overwrite it.
         Rows go out as one executemany UPDATE and one executemany INSERT, so a flush of many short
         trials costs about as much as one.
@@ -412,7 +537,7 @@ class Store:
         results = list(results)
         if not results:
             return
-        table = Trial.__table__
+        table = TrialRow.__table__
         with self.engine.begin() as conn:
             ids = [r["trial_id"] for r in results]
             open_ids = set(
@@ -452,8 +577,8 @@ class Store:
         """A worker died under this trial: count the attempt and keep it pending for a retry."""
         with Session(self.engine) as s, s.begin():
             s.execute(
-                update(Trial)
-                .where(Trial.id == trial_id, Trial.status.not_in(FINISHED))
+                update(TrialRow)
+                .where(TrialRow.id == trial_id, TrialRow.status.not_in(FINISHED))
                 .values(attempt=attempt, error=error, status=PENDING)
             )
 
@@ -471,33 +596,45 @@ class Store:
                 "device_name": env.get("device_name", "?"),
                 "data": env,
             }
-            found = conn.execute(insert(table).values(**row)).inserted_primary_key[0]
+            # Another sweep may be inserting the same environment right now: its row wins (this insert
+            # waits for its transaction, then does nothing) and is read back below.
+            conn.execute(_insert_or_ignore(conn, table).values(**row))
+            found = conn.scalar(select(table.c.id).where(table.c.fingerprint == fp))
         self._env_ids[fp] = found
         return found
 
     def environments(self, job_id: int) -> list[Environment]:
         with Session(self.engine, expire_on_commit=False) as s:
-            q = (
-                select(Environment)
-                .join(Trial, Trial.environment_id == Environment.id)
-                .where(Trial.job_id == job_id)
-                .distinct()
-            )
+            # an IN over the ids, not a DISTINCT over the rows: PostgreSQL has no equality for JSON
+            used = select(TrialRow.environment_id).where(TrialRow.job_id == job_id)
+            q = select(Environment).where(Environment.id.in_(used)).order_by(Environment.id)
             return list(s.scalars(q))
 
-    def get_trial(self, trial_id: int) -> Trial | None:
+    def get_trial(self, trial_id: int) -> TrialRow | None:
         with Session(self.engine, expire_on_commit=False) as s:
-            return s.get(Trial, trial_id)
+            return s.get(TrialRow, trial_id)
 
     # ---- baselines ------------------------------------------------------------------------------
     def set_baseline(
-        self, name: str, job: Job, points: Sequence[tuple[str, str, int]]
-    ) -> tuple[Baseline, bool]:
-        """Point the baseline `name` at `job` with `points` (match_key, env_class, trial_id); a name
-        already in use is moved to the new job (its old points are dropped). Returns (row, replaced)."""
+        self,
+        name: str,
+        job: Job,
+        points: Sequence[tuple[str, str, int]],
+        *,
+        expect_job_id: int | None = None,
+        forced: bool = False,
+    ) -> tuple[Baseline, int | None]:
+        """Point the baseline `name` at `job` with `points` (match_key, env_class, trial_id), and keep the
+        setting in its history. A name in use moves (its old points are dropped) only while it still
+        points at `expect_job_id` (checked in this transaction): another `baseline set` that moved it
+        since raises BaselineMoved. Returns (row, the job it pointed at before, None for a new name)."""
         with Session(self.engine, expire_on_commit=False) as s, s.begin():
-            row = s.scalar(select(Baseline).where(Baseline.name == name))
-            replaced = row is not None
+            row = s.scalar(select(Baseline).where(Baseline.name == name).with_for_update())
+            previous = row.job_id if row is not None else None
+            if previous != expect_job_id:
+                raise BaselineMoved(
+                    f"baseline {name} was moved to job {previous} while this command ran; run it again"
+                )
             if row is None:
                 row = Baseline(name=name, job_id=job.id, family=job.family, git_commit=job.git_commit)
                 s.add(row)
@@ -515,7 +652,21 @@ class Store:
                         for k, e, t in points
                     ],
                 )
-            return row, replaced
+            s.add(
+                BaselineMove(
+                    name=name, job_id=job.id, previous_job_id=previous, family=job.family,
+                    spec_name=job.name, git_commit=job.git_commit, points=len(points), forced=forced,
+                )
+            )  # fmt: skip
+            return row, previous
+
+    def baseline_history(self, name: str | None = None) -> list[BaselineMove]:
+        """Every setting of the baselines (or of one), oldest first."""
+        with Session(self.engine, expire_on_commit=False) as s:
+            q = select(BaselineMove).order_by(BaselineMove.id)
+            if name is not None:
+                q = q.where(BaselineMove.name == name)
+            return list(s.scalars(q))
 
     def get_baseline(self, name: str) -> Baseline | None:
         with Session(self.engine, expire_on_commit=False) as s:
@@ -580,16 +731,16 @@ class Store:
         """Store one drafting of the job (replacing the previous); returns the run id."""
         with Session(self.engine) as s, s.begin():
             s.execute(delete(DraftRun).where(DraftRun.job_id == job_id))
-            s.execute(delete(Draft).where(Draft.job_id == job_id))
+            s.execute(delete(DraftRow).where(DraftRow.job_id == job_id))
             row = DraftRun(job_id=job_id, **run)
             s.add(row)
             s.flush()
             if drafts:
-                s.execute(insert(Draft), [{"run_id": row.id, "job_id": job_id, **d} for d in drafts])
+                s.execute(insert(DraftRow), [{"run_id": row.id, "job_id": job_id, **d} for d in drafts])
             return row.id
 
-    def drafts(self, job_id: int) -> tuple[DraftRun | None, list[Draft]]:
+    def drafts(self, job_id: int) -> tuple[DraftRun | None, list[DraftRow]]:
         with Session(self.engine, expire_on_commit=False) as s:
             run = s.scalar(select(DraftRun).where(DraftRun.job_id == job_id).order_by(DraftRun.id.desc()))
-            rows = list(s.scalars(select(Draft).where(Draft.job_id == job_id).order_by(Draft.id)))
+            rows = list(s.scalars(select(DraftRow).where(DraftRow.job_id == job_id).order_by(DraftRow.id)))
             return run, rows

@@ -25,14 +25,17 @@ from typing import Any
 from sqlalchemy import MetaData, inspect, text
 from sqlalchemy.engine import Connection, Dialect, Engine, make_url
 
+from jobs.errors import StoreError
+
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 VERSION_TABLE = "farm_alembic_version"
 UPGRADE_COMMAND = "farm db upgrade"
 _PG_LOCK_KEY = 0x6B66_6172  # pg_advisory_xact_lock key held while migrating ("kfar")
 
 
-class StoreSchemaError(RuntimeError):
-    """The store's schema is not the one this code needs; the message (one line) says what to run."""
+class StoreSchemaError(StoreError, RuntimeError):
+    """The store's schema is not the one this code needs; the message (one line) says what to run.
+    The CLI exits 4 on it (an infrastructure error: jobs/errors.py)."""
 
 
 @dataclass(frozen=True)

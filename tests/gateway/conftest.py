@@ -2,7 +2,8 @@
 
 A gateway's database is a fresh SQLite file, or, in a test module that overrides ``db_backend`` with
 ``pg.DB_BACKENDS`` as params (e.g. test_sdk_endpoints.py), also a fresh database on the session's
-PostgreSQL server (tests/gateway/pg.py; those cases skip with the reason where none can be started)."""
+PostgreSQL server (tests/gateway/pg.py on tests/pgserver.py; those cases skip with the reason where none
+can be started)."""
 
 from __future__ import annotations
 
@@ -121,16 +122,15 @@ async def fake():
 
 
 @pytest.fixture(scope="session")
-def pg_server():
-    """One PostgreSQL server for the session (tests/gateway/pg.py), or a skip saying why there is none."""
-    from pg import Unavailable, start_server
+def pg_server(postgres):
+    """The gateway's databases on the session's PostgreSQL server (tests/conftest.py ``postgres``, shared
+    with the farm's tests; tests/gateway/pg.py), or a skip saying why there is none."""
+    from pg import Unavailable, gateway_pg
 
     try:
-        server = start_server()
+        return gateway_pg(postgres)
     except Unavailable as e:
         pytest.skip(str(e))
-    yield server
-    server.stop()
 
 
 @pytest.fixture

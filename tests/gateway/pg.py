@@ -1,55 +1,23 @@
-"""A real PostgreSQL server for the gateway tests: one per test session, from Debian's postgresql binaries
-(/usr/lib/postgresql/<version>/bin, which `make test` installs through scripts/debian-deps.sh), started as
-the ``postgres`` user when the tests run as root (the server refuses root), on 127.0.0.1 with trust
-authentication, no fsync. A template database is migrated to the newest schema once; each test gets a
-fresh copy of it (CREATE DATABASE ... TEMPLATE: milliseconds). Where no server can be started,
-``start_server`` raises ``Unavailable`` with the reason, and the tests that need one skip with it.
+"""The gateway's databases on the session's one PostgreSQL server (tests/pgserver.py, started by the
+``postgres`` fixture of tests/conftest.py and shared with the farm's store tests). A template database is
+migrated to the gateway's newest schema once; each test gets a fresh copy of it (CREATE DATABASE ...
+TEMPLATE: milliseconds). Where no server can be started, the tests that need one skip with the reason.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import glob
-import itertools
-import os
-import pwd
-import shutil
-import socket
-import subprocess
-import tempfile
-from pathlib import Path
 
 import pytest
+from pgserver import PgServer, Unavailable
 
 DB_BACKENDS = ["sqlite", "postgresql"]  # params for a test module's own ``db_backend`` fixture
 # a test of such a module that needs SQLite (a file next to the database, sqlite3 itself)
 SQLITE_ONLY = pytest.mark.parametrize("db_backend", ["sqlite"])
 TEMPLATE = "gw_template"
-_SUPERUSER = "postgres"
 
-
-class Unavailable(Exception):
-    """Why no PostgreSQL server can be started here (the skip reason)."""
-
-
-def _bindir() -> Path:
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(p.split("/")[4]))
-    if found:
-        return Path(found[-1]).parent
-    initdb = shutil.which("initdb")
-    if initdb:
-        return Path(initdb).parent
-    raise Unavailable(
-        "PostgreSQL server binaries not found (/usr/lib/postgresql/*/bin/initdb): `make test` installs "
-        "Debian's postgresql (scripts/debian-deps.sh), or run `apt-get install postgresql`"
-    )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+__all__ = ["DB_BACKENDS", "SQLITE_ONLY", "TEMPLATE", "GatewayPg", "Unavailable", "gateway_pg"]
 
 
 def _run_sync(coro):
@@ -58,97 +26,28 @@ def _run_sync(coro):
         return pool.submit(asyncio.run, coro).result()
 
 
-class PgServer:
-    def __init__(self, bindir: Path, root: Path, as_user: str | None) -> None:
-        self.bindir = bindir
-        self.root = root
-        self.data = root / "data"
-        self.as_user = as_user  # run the server binaries as this user (we are root), else as ourselves
-        self.port = 0
-        self._names = itertools.count()
+class GatewayPg:
+    """The gateway's view of the shared server: asyncpg URLs, databases copied from its template."""
 
-    # --- lifecycle -------------------------------------------------------------------------------
-    def _cmd(self, *args: str) -> list[str]:
-        cmd = [str(self.bindir / args[0]), *args[1:]]
-        return ["runuser", "-u", self.as_user, "--", *cmd] if self.as_user else cmd
-
-    def _check(self, what: str, *args: str, timeout: float = 60) -> None:
-        try:
-            res = subprocess.run(self._cmd(*args), capture_output=True, text=True, timeout=timeout)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise Unavailable(f"PostgreSQL {what} failed: {e}") from None
-        if res.returncode != 0:
-            log = self.root / "server.log"
-            tail = log.read_text(errors="replace")[-800:] if log.exists() else ""
-            out = (res.stderr or res.stdout).strip()[-800:]
-            raise Unavailable(f"PostgreSQL {what} failed (exit {res.returncode}): {out} {tail}".strip())
-
-    def start(self) -> None:
-        self._check(
-            "initdb",
-            "initdb", "-D", str(self.data), "-U", _SUPERUSER, "-A", "trust", "-E", "UTF8", "--locale=C",
-            "--no-sync", "--no-instructions",
-        )  # fmt: skip
-        for attempt in range(3):  # the port is free when chosen; another process could take it first
-            self.port = _free_port()
-            opts = (
-                f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off "
-                "-c synchronous_commit=off -c full_page_writes=off -c max_connections=300 "
-                "-c shared_buffers=32MB -c timezone=Pacific/Kiritimati "  # not UTC: the engine must set it
-                # no background work: the server lives until the session ends, and autovacuum going over
-                # dozens of test databases would take CPU from the farm's timing tests that run later
-                "-c autovacuum=off"
-            )
-            try:
-                self._check(
-                    "start", "pg_ctl", "-D", str(self.data), "-l", str(self.root / "server.log"), "-w",
-                    "-t", "30", "-o", opts, "start",
-                )  # fmt: skip
-                return
-            except Unavailable:
-                if attempt == 2:
-                    raise
-
-    def stop(self) -> None:
-        subprocess.run(
-            self._cmd("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop"),
-            capture_output=True,
-            timeout=60,
-        )
-        shutil.rmtree(self.root, ignore_errors=True)
-
-    # --- databases -------------------------------------------------------------------------------
-    @property
-    def admin_dsn(self) -> str:
-        return f"postgresql://{_SUPERUSER}@127.0.0.1:{self.port}/postgres"
+    def __init__(self, server: PgServer) -> None:
+        self.server = server
 
     def url(self, database: str) -> str:
-        """The gateway's URL (SQLAlchemy, asyncpg) of one of this server's databases."""
-        return f"postgresql+asyncpg://{_SUPERUSER}@127.0.0.1:{self.port}/{database}"
+        """The gateway's URL (SQLAlchemy, asyncpg) of one of the server's databases."""
+        return self.server.url(database, driver="asyncpg")
 
     async def create_database(self, template: str | None = TEMPLATE) -> str:
         """A new database, a copy of ``template`` (default: the one at the newest schema; None: an empty
         one); returns its URL."""
-        import asyncpg
-
-        name = f"gw_{os.getpid()}_{next(self._names)}"
-        conn = await asyncpg.connect(self.admin_dsn)
-        try:
-            await conn.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
-        finally:
-            await conn.close()
-        return self.url(name)
+        return self.url(self.server.create_database("gw", template))
 
     async def _make_template(self) -> None:
-        import asyncpg
+        import psycopg
 
         from gateway.db import create_engine, upgrade_schema
 
-        conn = await asyncpg.connect(self.admin_dsn)
-        try:
-            await conn.execute(f'CREATE DATABASE "{TEMPLATE}"')
-        finally:
-            await conn.close()
+        with psycopg.connect(self.server.admin_dsn, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{TEMPLATE}"')
         engine = create_engine(self.url(TEMPLATE))
         try:
             await upgrade_schema(engine)
@@ -156,54 +55,15 @@ class PgServer:
             await engine.dispose()  # a template must have no connections when it is copied
 
 
-def _stop_orphans(bindir: Path, as_user: str | None) -> None:
-    """Stop the servers of test sessions that were killed before their teardown (pg_ctl's server
-    outlives them)."""
-    for owner in Path("/tmp").glob("kfpg-*/owner"):
-        try:
-            os.kill(int(owner.read_text()), 0)
-            continue  # its session still runs
-        except ProcessLookupError:
-            pass
-        except (OSError, ValueError):
-            continue
-        PgServer(bindir, owner.parent, as_user).stop()
-
-
-def start_server() -> PgServer:
-    """Start a server with a template database at the newest schema; Unavailable says why not."""
+def gateway_pg(server: PgServer) -> GatewayPg:
+    """The gateway's template database on ``server``; Unavailable says why it cannot be made."""
     try:
         import asyncpg  # noqa: F401
     except ImportError:
         raise Unavailable("asyncpg is not installed (`.venv/bin/pip install asyncpg`)") from None
-    bindir = _bindir()
-    as_user = None
-    if os.geteuid() == 0:
-        try:
-            pwd.getpwnam(_SUPERUSER)
-        except KeyError:
-            raise Unavailable(
-                "running as root and there is no `postgres` user to run the PostgreSQL server as "
-                "(Debian's postgresql package creates it)"
-            ) from None
-        if shutil.which("runuser") is None:
-            raise Unavailable(
-                "running as root and `runuser` (util-linux) is missing: cannot run the server as postgres"
-            )
-        as_user = _SUPERUSER
-    _stop_orphans(bindir, as_user)
-    root = Path(tempfile.mkdtemp(prefix="kfpg-", dir="/tmp"))
-    (root / "owner").write_text(str(os.getpid()))
-    if as_user:
-        pw = pwd.getpwnam(as_user)
-        os.chown(root, pw.pw_uid, pw.pw_gid)
-    server = PgServer(bindir, root, as_user)
+    gw = GatewayPg(server)
     try:
-        server.start()
-        _run_sync(server._make_template())
-    except BaseException as e:
-        server.stop()
-        if isinstance(e, Unavailable):
-            raise
+        _run_sync(gw._make_template())
+    except Exception as e:
         raise Unavailable(f"PostgreSQL server started but not usable: {e.__class__.__name__}: {e}") from e
-    return server
+    return gw

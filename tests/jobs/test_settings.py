@@ -111,8 +111,8 @@ def test_a_bad_value_is_named(monkeypatch, tmp_path, name, value, says):
     assert f"{name}: " in message and says in message and repr(value) in message and "\n" not in message
     with pytest.raises(FarmSettingsError, match=name):
         FarmSettings.load({name: value})
-    res = CliRunner().invoke(main, ["jobs", "list"])  # a command reading its settings: one line, exit 1
-    assert res.exit_code == 1 and name in res.output and "Traceback" not in res.output, res.output
+    res = CliRunner().invoke(main, ["jobs", "list"])  # a command reading its settings: one line, exit 2
+    assert res.exit_code == 2 and name in res.output and "Traceback" not in res.output, res.output
 
 
 # a read of an environment variable whose name starts with FARM_ (os.environ.get, os.environ[...], getenv)

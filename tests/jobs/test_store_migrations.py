@@ -81,7 +81,7 @@ def test_a_new_store_is_created_at_the_newest_revision_as_store_py_has_it(tmp_pa
     store = Store(str(path))  # zero setup: no command needed
     try:
         state = schema_state(store.engine, Base.metadata)
-        assert state.up_to_date and state.current == head_revision() == "0001"
+        assert state.up_to_date and state.current == head_revision() == "0002"
         assert state.tables == TABLES
         assert _differences(store.engine) == []  # the migrations make exactly these tables
         names = set(inspect(store.engine).get_table_names())
@@ -92,7 +92,8 @@ def test_a_new_store_is_created_at_the_newest_revision_as_store_py_has_it(tmp_pa
         store.close()
     Store(str(path)).close()  # a second open changes nothing
     res = _farm("db", "upgrade", "--db", str(path))
-    assert res.exit_code == 0 and "already at the newest revision, 0001" in res.output, res.output
+    assert res.exit_code == 0, res.output
+    assert f"already at the newest revision, {head_revision()}" in res.output, res.output
 
 
 def test_an_old_style_store_is_refused_until_db_upgrade_adopts_it(tmp_path):
@@ -103,15 +104,15 @@ def test_an_old_style_store_is_refused_until_db_upgrade_adopts_it(tmp_path):
     message = str(ei.value)
     assert "`farm db upgrade`" in message and "before schema migrations" in message and "\n" not in message
     res = _farm("jobs", "list", "--db", str(path))  # every command on the store says so, in one line
-    assert res.exit_code == 1 and "farm db upgrade" in res.output, res.output
+    assert res.exit_code == 4 and "farm db upgrade" in res.output, res.output
     assert "Traceback" not in res.output and len(res.output.strip().splitlines()) == 1
     assert "resources" not in _columns(path, "trials")  # the refusals changed nothing
 
     res = _farm("db", "upgrade", "--db", str(path))
     assert res.exit_code == 0, res.output
-    assert "schema upgraded from tables from before migrations to 0001" in res.output
+    assert f"schema upgraded from tables from before migrations to {head_revision()}" in res.output
     res = _farm("db", "upgrade", "--db", str(path))
-    assert res.exit_code == 0 and "already at the newest revision, 0001" in res.output
+    assert res.exit_code == 0 and f"already at the newest revision, {head_revision()}" in res.output
 
     store = Store(str(path))
     try:
@@ -147,7 +148,7 @@ def test_a_store_from_a_newer_release_is_refused(tmp_path):
     finally:
         engine.dispose()
     res = _farm("db", "upgrade", "--db", str(path))
-    assert res.exit_code == 1 and "does not know" in res.output and "Traceback" not in res.output
+    assert res.exit_code == 4 and "does not know" in res.output and "Traceback" not in res.output
 
 
 def test_first_starts_at_once_in_threads_create_the_tables_once(tmp_path):
@@ -170,7 +171,7 @@ def test_first_starts_at_once_in_threads_create_the_tables_once(tmp_path):
     assert errors == []
     engine = make_engine(url, check_schema=False)
     try:
-        assert _versions(engine) == [("0001",)] and _differences(engine) == []
+        assert _versions(engine) == [(head_revision(),)] and _differences(engine) == []
     finally:
         engine.dispose()
 
@@ -209,7 +210,7 @@ def test_first_starts_at_once_in_processes_create_the_tables_once(tmp_path):
         assert p.returncode == 0 and out.strip() == "opened", err
     engine = make_engine(url, check_schema=False)
     try:
-        assert _versions(engine) == [("0001",)] and _differences(engine) == []
+        assert _versions(engine) == [(head_revision(),)] and _differences(engine) == []
     finally:
         engine.dispose()
 

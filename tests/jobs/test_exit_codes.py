@@ -1,0 +1,159 @@
+"""Errors CI can trust (issue 18): infrastructure errors (store, cluster, file system) exit 4 with one
+line naming the problem and the fix, never a traceback (that only with `farm --debug`); "no such job"
+exits 2 with the same message from every command; reading commands work on a read-only store."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from jobs.cli import main
+from jobs.spec.sweep import loads_spec
+from jobs.store.repository import Store
+
+SPEC = """
+name: codes
+family: probe
+backends: [{name: noop, baseline: true}, {name: spin, configs: {grid: {ms: [1]}}}]
+shapes: {grid: {n: [0, 1]}}
+"""
+ENV = {"host": "h", "device_kind": "cpu", "device_name": "Some CPU"}
+
+
+def _store_with_a_job(path: Path) -> int:
+    store = Store(str(path))
+    spec = loads_spec(SPEC)
+    job = store.create_job(
+        name=spec.name, family=spec.family, spec_yaml=SPEC, spec_hash=spec.spec_hash(),
+        trials=spec.trials(), git_commit="abc",
+    )  # fmt: skip
+    store.record_results(
+        [
+            {"trial_id": t.id, "status": "ok", "attempt": 1, "summary": {"median": 10.0 + t.seq},
+             "samples_ns": [10, 11], "environment": ENV}
+            for t in store.trials(job)
+        ]
+    )  # fmt: skip
+    store.set_job_status(job, "completed")
+    store.close()
+    return job
+
+
+def farm(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+def _one_line_4(res, *words: str) -> None:
+    assert res.exit_code == 4, res.output
+    assert "Traceback" not in res.output, res.output
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert len(lines) == 1, res.output
+    for w in words:
+        assert w in lines[0], res.output
+
+
+def test_a_corrupt_sqlite_file_is_one_line_and_exit_4(tmp_path):
+    db = tmp_path / "farm.db"
+    db.write_bytes(b"this is not a database, it is a text file of sixty-four bytes.....")
+    for args in (["jobs", "list"], ["report", "1"], ["baseline", "list"]):
+        _one_line_4(farm(*args, "--db", str(db)), str(db), "not a readable SQLite database", "--db")
+    # the traceback only with --debug; the code stays 4
+    res = farm("--debug", "jobs", "list", "--db", str(db))
+    assert res.exit_code == 4 and "Traceback" in res.output, res.output
+
+
+def test_an_unknown_url_scheme_is_one_line_and_exit_4():
+    _one_line_4(farm("jobs", "list", "--db", "mysqlx://farm/db"), "unknown database URL scheme 'mysqlx'")
+
+
+def test_a_missing_output_folder_is_one_line_and_exit_4(tmp_path):
+    db = str(tmp_path / "farm.db")
+    job = str(_store_with_a_job(tmp_path / "farm.db"))
+    missing = tmp_path / "no" / "such"
+    cases = [
+        ["report", job, "--format", "csv", "-o", str(missing / "job.csv")],
+        ["report", job, "--html", str(missing / "job.html")],
+        ["export", "best-configs", job, "--backend", "spin", "-o", str(missing / "best.json")],
+    ]
+    for args in cases:
+        _one_line_4(farm(*args, "--db", db), str(missing), "does not exist")
+    assert not missing.exists()
+
+
+def test_no_such_job_is_exit_2_with_one_message_everywhere(tmp_path):
+    db = str(tmp_path / "farm.db")
+    job = str(_store_with_a_job(tmp_path / "farm.db"))
+    cases = [
+        ["jobs", "show", "999"],
+        ["report", "999"],
+        ["compare", "999", job],
+        ["compare", job, "999"],
+        ["export", "best-configs", "999"],
+        ["baseline", "set", "999", "--name", "main"],
+        ["accept", "999"],
+        ["sweep", "resume", "999"],
+    ]
+    for args in cases:
+        res = farm(*args, "--db", db)
+        assert res.exit_code == 2, (args, res.output)
+        assert "no job 999 in the farm store" in res.output and "Traceback" not in res.output, (
+            args,
+            res.output,
+        )
+
+
+def _read_only(share: Path) -> list[str] | None:
+    """A command prefix under which ``share`` is read-only for the command: a read-only bind mount in a
+    mount namespace of its own when we are root (root writes any file whatever its mode), else the
+    folder's and file's modes; None when neither is possible here."""
+    if os.geteuid() != 0:
+        for path in (*share.iterdir(), share):
+            path.chmod(0o555 if path.is_dir() else 0o444)
+        return []
+    prefix = ["unshare", "-m", "--propagation", "private", "sh", "-c",
+              'mount --bind -o ro "$0" "$0" && exec "$@"', str(share)]  # fmt: skip
+    probe = subprocess.run([*prefix, "touch", str(share / "probe")], capture_output=True, text=True)
+    if probe.returncode == 0 or "Read-only" not in probe.stderr:
+        return None
+    return prefix
+
+
+def test_reading_commands_work_on_a_read_only_store():
+    share = Path(tempfile.mkdtemp(prefix="kf-ro-", dir="/tmp"))
+    try:
+        db = share / "farm.db"
+        job = str(_store_with_a_job(db))
+        assert not Path(f"{db}-wal").exists()  # the last connection folded the WAL back into the file
+        prefix = _read_only(share)
+        if prefix is None:
+            pytest.skip(
+                "cannot make a folder read-only for a child process here (root without unshare/mount)"
+            )
+        env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+        env.pop("FARM_DB", None)
+
+        def run(*args: str) -> subprocess.CompletedProcess:
+            cmd = [*prefix, sys.executable, "-m", "jobs.cli", *args, "--db", str(db)]
+            return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+
+        for args in (["jobs", "list"], ["report", job], ["compare", job, job], ["baseline", "list"]):
+            res = run(*args)
+            assert res.returncode == 0, (args, res.stderr[-2000:])
+        # writing is refused in one line naming the problem, and the file is unchanged
+        before = db.read_bytes()
+        res = run("baseline", "set", job, "--name", "main")
+        assert res.returncode == 4, res.stderr[-2000:]
+        assert "read-only" in res.stderr and "Traceback" not in res.stderr, res.stderr
+        assert db.read_bytes() == before
+        assert sorted(p.name for p in share.iterdir()) == ["farm.db"]
+    finally:
+        for path in (share, *share.iterdir()):
+            path.chmod(0o755)
+        shutil.rmtree(share, ignore_errors=True)
