@@ -46,7 +46,8 @@ gateway: $(STAMP)
 	$(BIN)/farm gateway serve --config gateway/example-config.yaml
 
 # Debian's prometheus (tests/observability, `make monitor`), redis-server and postgresql (the gateway's
-# shared-state and PostgreSQL tests start their own servers from them): installed when missing (as root,
+# shared-state and PostgreSQL tests start their own servers from them) and chromium (the report and site
+# tests load their pages in it headless): installed when missing (as root,
 # or with passwordless sudo), a no-op once there. A machine that cannot install them gets a warning and
 # those tests skip with the reason; an apt failure as root fails the build.
 deps-debian:

@@ -20,6 +20,7 @@ BENCHES = {
     "acceptance": "benchmarks.acceptance_bench",
     "soak": "benchmarks.soak",
     "shared": "benchmarks.shared_limits_bench",
+    "site": "benchmarks.site_bench",
 }
 
 

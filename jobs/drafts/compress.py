@@ -286,7 +286,7 @@ def compress(facts: list[AnomalyFacts], cap_bytes: int = LOG_CAP_BYTES) -> Compr
 
 
 # ---- the adapter from stored anomaly rows ------------------------------------------------------------
-LogSource = Callable[[Any], str | None]  # Trial -> its log text (None: none kept)
+LogSource = Callable[[Any], str | None]  # TrialRow -> its log text (None: none kept)
 
 
 def facts_from_job(

@@ -1,4 +1,5 @@
-"""Reports of a job: a terminal table per shape, JSON/CSV exports, and an HTML file with plots.
+"""Reports of a job: a terminal table per shape, JSON/CSV exports, and an interactive HTML file
+(jobs.report.html, Plotly).
 
 Every row is one trial: median time and spread (IQR over median), speedup over the baseline backend
 on the same shape and dtype (same config when the baseline has it), throughput from the family's
@@ -8,9 +9,7 @@ device is a known GPU; CPU timings are labelled as such.
 
 from __future__ import annotations
 
-import base64
 import csv
-import html
 import io
 import json
 from dataclasses import asdict, dataclass, field
@@ -21,7 +20,6 @@ from rich.table import Table
 
 from jobs.store.repository import Store
 from kernels.base import NOT_FAILED, TrialStatus
-from kernels.hardware import limits_for
 from kernels.registry import get_family
 
 
@@ -51,6 +49,8 @@ class Row:
     timer: str | None
     error: str | None
     extra: dict[str, Any] = field(default_factory=dict)  # the family's report_metrics
+    p10_ms: float | None = None
+    p90_ms: float | None = None
 
 
 def _family_view(family: str) -> tuple[tuple, tuple]:
@@ -114,6 +114,8 @@ def build_rows(store: Store, job_id: int) -> list[Row]:
                 timer=t.timer,
                 error=(t.error or "").strip().splitlines()[-1][:200] if t.error else None,
                 extra={k: m[k] for k in extra_keys if k in m},
+                p10_ms=s["p10"] / 1e6 if s.get("p10") is not None else None,
+                p90_ms=s["p90"] / 1e6 if s.get("p90") is not None else None,
             )
         )
     return rows
@@ -221,199 +223,8 @@ def to_csv(store: Store, job_id: int) -> str:
 # ---- HTML ------------------------------------------------------------------------------------------
 
 
-def _png(fig: Any) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    return base64.b64encode(buf.getvalue()).decode()
-
-
-def _timeseries_plots(plt: Any, series: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, str]]:
-    """One figure per trial that recorded metrics["timeseries"] = {xlabel, x, series: {name: ys}, title}."""
-    out = []
-    for label, ts in series:
-        fig, ax = plt.subplots(figsize=(9, 3.5))
-        for name, ys in ts.get("series", {}).items():
-            ax.plot(ts["x"][: len(ys)], ys, label=name)
-        ax.set_xlabel(ts.get("xlabel", ""))
-        ax.legend(fontsize=7)
-        out.append((f"{ts.get('title', 'Time series')} ({label})", _png(fig)))
-        plt.close(fig)
-    return out
-
-
-def _scaling_plots(plt: Any, scaling: list[tuple[str, str, list[Any]]]) -> list[tuple[str, str]]:
-    """One figure per declared (shape key, metric): a line per backend/config and other shape keys."""
-    out = []
-    for x_key, metric, trials in scaling:
-        lines: dict[str, list[tuple[float, float]]] = {}
-        for t in trials:
-            y = (t.metrics or {}).get(metric)
-            if t.status != TrialStatus.OK or x_key not in t.shape or not isinstance(y, int | float):
-                continue
-            rest = " ".join(f"{k}={v}" for k, v in t.shape.items() if k != x_key)
-            label = f"{t.backend} {_fmt_point(t.config) if t.config else ''} {rest}".strip()
-            lines.setdefault(label, []).append((t.shape[x_key], y))
-        lines = {k: sorted(v) for k, v in lines.items() if len(v) > 1}
-        if not lines:
-            continue
-        fig, ax = plt.subplots(figsize=(9, 4))
-        for label, points in lines.items():
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel(x_key)
-        ax.set_ylabel(metric)
-        ax.legend(fontsize=6)
-        out.append((f"{metric} against {x_key}", _png(fig)))
-        plt.close(fig)
-    return out
-
-
-def _plots(
-    rows: list[Row],
-    device_name: str | None,
-    trials_series: list[tuple[str, dict[str, Any]]],
-    scaling: list[tuple[str, str, list[Any]]] = (),
-) -> list[tuple[str, str]]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    timed = [r for r in rows if r.median_ms]
-    out: list[tuple[str, str]] = []
-    if not timed:
-        return _timeseries_plots(plt, trials_series) + _scaling_plots(plt, list(scaling))
-    shapes = list(dict.fromkeys(r.shape for r in timed))
-
-    fig, ax = plt.subplots(figsize=(9, 0.35 * len(timed) + 1.5))
-    labels = [f"{r.shape} | {r.backend} {r.config if r.config != '-' else ''}" for r in timed]
-    err = [(r.spread_pct or 0) / 100 * r.median_ms / 2 for r in timed]
-    ax.barh(
-        labels,
-        [r.median_ms for r in timed],
-        xerr=err,
-        color=["#888" if r.baseline else "#36c" for r in timed],
-    )
-    ax.set_xlabel("median time (ms), bar = IQR")
-    ax.invert_yaxis()
-    out.append(("Time per config", _png(fig)))
-    plt.close(fig)
-
-    others = [r for r in timed if not r.baseline and r.speedup]
-    if others:
-        fig, ax = plt.subplots(figsize=(9, 3.5))
-        backends = list(dict.fromkeys(f"{r.backend} {r.config}" for r in others))
-        width = 0.8 / len(backends)
-        for i, b in enumerate(backends):
-            ys = [
-                next((r.speedup for r in others if r.shape == s and f"{r.backend} {r.config}" == b), 0)
-                for s in shapes
-            ]
-            ax.bar([x + i * width for x in range(len(shapes))], ys, width, label=b)
-        ax.axhline(1.0, color="k", lw=0.8)
-        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(shapes))], shapes, rotation=30, ha="right")
-        ax.set_ylabel("speedup over baseline")
-        ax.legend(fontsize=7)
-        out.append(("Speedup per shape", _png(fig)))
-        plt.close(fig)
-
-    for title, png in _timeseries_plots(plt, trials_series):
-        out.append((title, png))
-    for title, png in _scaling_plots(plt, scaling):
-        out.append((title, png))
-
-    with_tp = [r for r in timed if r.tflops is not None]
-    if with_tp:
-        fig, ax = plt.subplots(figsize=(9, 3.5))
-        ax.scatter(range(len(with_tp)), [r.tflops for r in with_tp])
-        ax.set_xticks(
-            range(len(with_tp)), [f"{r.backend}\n{r.shape}" for r in with_tp], fontsize=6, rotation=60
-        )
-        ax.set_ylabel("TFLOPS")
-        lim = limits_for(device_name)
-        if lim:
-            for dtype, peak in lim.dense_tflops.items():
-                ax.axhline(peak, ls="--", lw=0.8, label=f"{lim.name} {dtype} dense peak {peak:g}")
-            ax.legend(fontsize=7)
-            title = f"Throughput against {lim.name} limits"
-        else:
-            title = f"Throughput (device limits unknown for {device_name or 'this device'})"
-        out.append((title, _png(fig)))
-        plt.close(fig)
-    return out
-
-
 def render_html(store: Store, job_id: int) -> str:
-    job = store.get_job(job_id)
-    if job is None:
-        raise LookupError(f"no job {job_id} in {store.url}")
-    rows = build_rows(store, job_id)
-    envs = store.environments(job_id)
-    device = next((e.device_name for e in envs if e.device_kind == "gpu"), None)
-    timing = "GPU timings" if device else "CPU timings (not GPU numbers)"
-    esc = html.escape
-    head = [
-        "trial",
-        "shape",
-        "backend",
-        "config",
-        "dtype",
-        "status",
-        "median ms",
-        "spread %",
-        "stop",
-        "speedup",
-        "TFLOPS",
-        "GB/s",
-    ]
-    extra = [
-        (k, label, fmt) for k, label, fmt in _family_view(job.family)[0] if any(k in r.extra for r in rows)
-    ]
-    head += [label for _k, label, _fmt in extra] + ["correct", "node"]
-    body = []
-    for r in rows:
-        vals = [
-            r.trial,
-            r.shape,
-            r.backend + (" (baseline)" if r.baseline else ""),
-            r.config,
-            r.dtype,
-            r.status,
-            _num(r.median_ms, ".4f"),
-            _num(r.spread_pct, ".1f"),
-            (r.stop_reason or "-") + (f" ({r.flags})" if r.flags else ""),
-            _num(r.speedup, ".2f"),
-            _num(r.tflops, ".3f"),
-            _num(r.gbps, ".2f"),
-            *(_value(r.extra.get(k), fmt) for k, _label, fmt in extra),
-            {True: "pass", False: "FAIL", None: "-"}[r.correct],
-            r.node or "-",
-        ]
-        cls = "" if r.status in NOT_FAILED else ' class="bad"'
-        body.append(f"<tr{cls}>" + "".join(f"<td>{esc(str(v))}</td>" for v in vals) + "</tr>")
-    series = [
-        (f"{t.backend} {_fmt_point(t.shape)}", t.metrics["timeseries"])
-        for t in store.trials(job_id)
-        if t.metrics and isinstance(t.metrics.get("timeseries"), dict)
-    ]
-    trials = store.trials(job_id)
-    scaling = [(x, metric, trials) for x, metric in _family_view(job.family)[1]]
-    plots = "".join(
-        f"<h2>{esc(t)}</h2><img src='data:image/png;base64,{p}'/>"
-        for t, p in _plots(rows, device, series, scaling)
-    )
-    env_items = "".join(
-        f"<li>{esc(e.host)}: {esc(e.device_name)} ({esc(e.device_kind)}), torch "
-        f"{esc(str(e.data.get('torch')))}</li>"
-        for e in envs
-    )
-    return f"""<!doctype html><html><head><meta charset="utf-8"><title>KernelFarm job {job.id}</title>
-<style>body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse;font-size:13px}}
-td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}} tr.bad{{background:#fdd}}</style></head><body>
-<h1>Job {job.id}: {esc(job.name)} ({esc(job.family)})</h1>
-<p>Status {esc(job.status)}; kernels at {esc(job.git_commit or "unknown commit")}; {timing}.</p>
-<ul>{env_items}</ul>
-<table><tr>{"".join(f"<th>{h}</th>" for h in head)}</tr>{"".join(body)}</table>
-{plots}
-</body></html>
-"""
+    """The job's interactive report, one self-contained file (jobs.report.html)."""
+    from jobs.report.html import render_job
+
+    return render_job(store, job_id)

@@ -81,7 +81,9 @@ def test_html_report_plots_a_recorded_time_series(tmp_path):
     store.record_results([_result(trial.id, [10, 11, 12], metrics={"timeseries": series})])
     page = report.render_html(store, job)
     assert "cache over the trace (noop n=0)" in page
-    assert page.count("<img") == 2  # the time per config, and the series
+    # interactive plots (Plotly): the time per shape, the trial's samples, and the series
+    assert all(f'id="{d}"' in page for d in ("plot-time", "plot-samples", "plot-series-0"))
+    assert page.count("Plotly.newPlot(") == 3
 
 
 def test_family_report_columns_and_scaling_plot(tmp_path):

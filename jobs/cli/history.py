@@ -1,0 +1,93 @@
+"""`farm history`: one point's (or a spec's) median across jobs in commit order, with change points."""
+
+from __future__ import annotations
+
+import json
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from jobs.cli.common import db_option, store_for
+from jobs.history.series import Selection, Series, collect, parse_point
+
+
+def _fmt(v: float | None, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def render_series(series: Series, console: Console) -> None:
+    changes = {c.job_id: c for c in series.changes}
+    table = Table(title=f"{series.key.label} on {series.key.env}", title_justify="left")
+    for col in ("job", "commit", "created", "median ms", "spread", "p10 ms", "p90 ms", "n", "change"):
+        table.add_column(col, justify="left" if col in ("commit", "created", "change") else "right")
+    for p in series.points:
+        c = changes.get(p.job_id)
+        mark = f"[bold red]{c.magnitude:+.1%}[/bold red] (p={c.p_value:.3f})" if c else ""
+        table.add_row(
+            str(p.job_id),
+            (p.commit or "-")[:12],
+            p.created_at.strftime("%Y-%m-%d %H:%M"),
+            _fmt(p.median_ns / 1e6, ".4f"),
+            _fmt(p.spread_pct, ".1f") + ("%" if p.spread_pct is not None else ""),
+            _fmt(p.p10_ns / 1e6 if p.p10_ns is not None else None, ".4f"),
+            _fmt(p.p90_ns / 1e6 if p.p90_ns is not None else None, ".4f"),
+            _fmt(p.n, "d"),
+            mark,
+        )
+    console.print(table)
+    if not series.changes:
+        console.print("  no change point")
+    for c in series.changes:
+        console.print(
+            f"  change point at job {c.job_id} (commit {c.commit or 'unknown'}): "
+            f"{c.before_ns / 1e6:.4f} -> {c.after_ns / 1e6:.4f} ms, {c.magnitude:+.1%}"
+        )
+
+
+@click.command("history")
+@db_option
+@click.option("--family", default=None, help="kernel family (e.g. fp8_gemm)")
+@click.option("--backend", default=None, help="backend name")
+@click.option("--shape", default=None, help="K=V,... the whole shape")
+@click.option("--config", "config", default=None, help="K=V,... the whole config (`_` knobs ignored)")
+@click.option("--dtype", default=None)
+@click.option("--spec", default=None, help="only jobs of this spec name (all its points)")
+@click.option("--json", "as_json", is_flag=True, help="print the series and change points as JSON")
+def history(
+    db: str | None,
+    family: str | None,
+    backend: str | None,
+    shape: str | None,
+    config: str | None,
+    dtype: str | None,
+    spec: str | None,
+    as_json: bool,
+) -> None:
+    """Median and spread per job in commit order; change points (E-divisive means) with their size."""
+    if not (family or spec):
+        raise click.UsageError("name a --family (with --backend/--shape/--config to narrow) or a --spec")
+    try:
+        selection = Selection(
+            family=family,
+            backend=backend,
+            shape=parse_point(shape, "--shape"),
+            config=parse_point(config, "--config"),
+            dtype=dtype,
+            spec=spec,
+        )
+    except ValueError as err:
+        raise click.UsageError(str(err)) from None
+    store = store_for(db)
+    try:
+        found = collect(store, selection)
+    finally:
+        store.close()
+    if not found:
+        raise click.ClickException("no finished trial matches that selection")
+    if as_json:
+        click.echo(json.dumps([s.to_dict() for s in found], indent=2, default=str))
+        return
+    console = Console(width=max(Console().width, 120))
+    for series in found:
+        render_series(series, console)

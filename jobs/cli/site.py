@@ -1,0 +1,31 @@
+"""`farm site -o DIR`: the store as a static site (index with sparklines, kernel history pages, job pages)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+
+from jobs.cli.common import db_option, echo, store_for
+
+
+@click.command("site")
+@db_option
+@click.option(
+    "-o", "--output", type=click.Path(file_okay=False, path_type=Path), required=True, help="folder to write"
+)
+def site(db: str | None, output: Path) -> None:
+    """Write a static site of every job and every kernel's history, which opens offline."""
+    from jobs.report.site import build_site
+
+    store = store_for(db)
+    try:
+        start = time.perf_counter()
+        result = build_site(store, output)
+    finally:
+        store.close()
+    echo(
+        f"wrote {result.pages} pages ({result.kernels} kernels, {result.jobs} jobs) to {output} "
+        f"in {time.perf_counter() - start:.1f} s; open {output / 'index.html'}"
+    )

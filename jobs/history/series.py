@@ -1,0 +1,226 @@
+"""One point's history across jobs: its median and spread per job, in commit order, with change points.
+
+A point is what jobs.judge.baselines matches across jobs: family, backend, shape, config (without `_`
+test knobs) and dtype, plus the environment class (a GPU model, or the CPU model for CPU timings), so
+CPU and GPU numbers never share a series. Jobs are taken in the order they were created, which is the
+order of the commits they measured (each job stores its kernels' commit, jobs.run.runner.kernels_commit).
+Only trials that finished `ok` with a median count. The change points are E-divisive means
+(jobs.history.changepoints) over the per-job medians; each is attributed to the first job after it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from jobs.history.changepoints import ChangePoint, e_divisive
+from jobs.judge.baselines import env_class, point_config
+from jobs.store.repository import Environment, Job, Store, TrialRow
+from kernels.base import TrialStatus
+
+
+@dataclass(frozen=True)
+class PointKey:
+    family: str
+    backend: str
+    shape: tuple[tuple[str, Any], ...]
+    config: tuple[tuple[str, Any], ...]
+    dtype: str
+    env: str
+
+    @property
+    def label(self) -> str:
+        shape = " ".join(f"{k}={v}" for k, v in self.shape) or "-"
+        config = " ".join(f"{k}={v}" for k, v in self.config)
+        return " ".join(p for p in (self.family, self.backend, shape, config, self.dtype) if p)
+
+    @property
+    def slug(self) -> str:
+        """A file name for the point (the site's kernel pages)."""
+        raw = f"{self.label} {self.env}"
+        return "".join(c if c.isalnum() or c in "=-." else "_" for c in raw).strip("_")[:180]
+
+
+@dataclass
+class HistoryPoint:
+    job_id: int
+    job_name: str
+    commit: str | None
+    created_at: datetime
+    trial_id: int
+    median_ns: float
+    p10_ns: float | None
+    p90_ns: float | None
+    iqr_ns: float | None
+    n: int | None
+
+    @property
+    def spread_pct(self) -> float | None:
+        return 100 * self.iqr_ns / self.median_ns if self.iqr_ns is not None and self.median_ns else None
+
+
+@dataclass
+class Change:
+    job_id: int  # the first job after the change
+    commit: str | None
+    index: int
+    before_ns: float
+    after_ns: float
+    magnitude: float  # after / before - 1 (+0.2: 20% slower)
+    p_value: float
+
+
+@dataclass
+class Series:
+    key: PointKey
+    points: list[HistoryPoint] = field(default_factory=list)
+    changes: list[Change] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "point": {
+                "family": self.key.family,
+                "backend": self.key.backend,
+                "shape": dict(self.key.shape),
+                "config": dict(self.key.config),
+                "dtype": self.key.dtype,
+                "environment": self.key.env,
+            },
+            "jobs": [
+                {
+                    "job": p.job_id,
+                    "commit": p.commit,
+                    "created_at": p.created_at.isoformat(),
+                    "median_ms": p.median_ns / 1e6,
+                    "spread_pct": p.spread_pct,
+                    "n": p.n,
+                }
+                for p in self.points
+            ],
+            "changes": [
+                {
+                    "job": c.job_id,
+                    "commit": c.commit,
+                    "before_ms": c.before_ns / 1e6,
+                    "after_ms": c.after_ns / 1e6,
+                    "magnitude": c.magnitude,
+                    "p_value": c.p_value,
+                }
+                for c in self.changes
+            ],
+        }
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which points: any field left None matches every value. `spec` is a job (spec) name."""
+
+    family: str | None = None
+    backend: str | None = None
+    shape: dict[str, Any] | None = None
+    config: dict[str, Any] | None = None
+    dtype: str | None = None
+    spec: str | None = None
+
+    def matches(self, key: PointKey) -> bool:
+        return (
+            (self.family is None or key.family == self.family)
+            and (self.backend is None or key.backend == self.backend)
+            and (self.shape is None or dict(key.shape) == self.shape)
+            and (self.config is None or dict(key.config) == self.config)
+            and (self.dtype is None or key.dtype == self.dtype)
+        )
+
+
+def _key(t: TrialRow, env: Environment | None) -> PointKey:
+    return PointKey(
+        family=t.family,
+        backend=t.backend,
+        shape=tuple(sorted(t.shape.items())),
+        config=tuple(sorted(point_config(t.config).items())),
+        dtype=t.dtype,
+        env=env_class(env),
+    )
+
+
+def collect(store: Store, selection: Selection | None = None, *, detect: bool = True) -> list[Series]:
+    """Every selected point's series (one query over the store), with its change points when `detect`."""
+    selection = selection or Selection()
+    q = (
+        select(TrialRow, Job, Environment)
+        .join(Job, Job.id == TrialRow.job_id)
+        .outerjoin(Environment, Environment.id == TrialRow.environment_id)
+        .where(TrialRow.status == TrialStatus.OK, TrialRow.median_ns.is_not(None))
+        .order_by(Job.created_at, Job.id, TrialRow.seq)
+    )
+    if selection.family is not None:
+        q = q.where(TrialRow.family == selection.family)
+    if selection.backend is not None:
+        q = q.where(TrialRow.backend == selection.backend)
+    if selection.spec is not None:
+        q = q.where(Job.name == selection.spec)
+    by_key: dict[PointKey, Series] = {}
+    with Session(store.engine, expire_on_commit=False) as s:
+        rows = list(s.execute(q))
+    for t, job, env in rows:
+        key = _key(t, env)
+        if not selection.matches(key):
+            continue
+        series = by_key.setdefault(key, Series(key))
+        if series.points and series.points[-1].job_id == job.id:
+            continue  # the same point twice in one job (it differs only in `_` knobs): the first counts
+        summary = t.summary or {}
+        series.points.append(
+            HistoryPoint(
+                job_id=job.id,
+                job_name=job.name,
+                commit=job.git_commit,
+                created_at=job.created_at,
+                trial_id=t.id,
+                median_ns=float(t.median_ns),
+                p10_ns=summary.get("p10"),
+                p90_ns=summary.get("p90"),
+                iqr_ns=summary.get("iqr"),
+                n=summary.get("n"),
+            )
+        )
+    out = list(by_key.values())
+    if detect:
+        for series in out:
+            series.changes = changes_of(series.points)
+    return out
+
+
+def changes_of(points: list[HistoryPoint]) -> list[Change]:
+    found: list[ChangePoint] = e_divisive([p.median_ns for p in points]) if len(points) >= 6 else []
+    return [
+        Change(
+            job_id=points[c.index].job_id,
+            commit=points[c.index].commit,
+            index=c.index,
+            before_ns=c.before,
+            after_ns=c.after,
+            magnitude=c.magnitude,
+            p_value=c.p_value,
+        )
+        for c in found
+    ]
+
+
+def parse_point(text: str | None, what: str) -> dict[str, Any] | None:
+    """`m=64,n=128` -> {"m": 64, "n": 128} (YAML scalars: 64 is an int, true a bool); None stays None."""
+    if text is None:
+        return None
+    import yaml
+
+    out: dict[str, Any] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, raw = part.partition("=")
+        if not sep or not key.strip() or not raw.strip():
+            raise ValueError(f"{what}: expected K=V[,K=V...] (got {part!r} in {text!r})")
+        out[key.strip()] = yaml.safe_load(raw.strip())
+    return out

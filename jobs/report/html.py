@@ -1,0 +1,612 @@
+"""Interactive HTML: a job's report, the A/B view and the pieces of the static site, with Plotly.
+
+Every page is one file that opens offline: plotly.js is written into it (`plotly_src=None`), or, on the
+site, loaded once from a file beside the pages (`plotly_src="plotly.min.js"`). Times are on log axes
+(a 0.03 ms baseline next to a 100 ms candidate stays visible); every timed trial's raw samples are
+plotted, so the page shows the data, not only a summary of it.
+
+A job's report holds: the acceptance verdict with each failed or ambiguous assertion (as `farm accept`
+stored them), the table of jobs.report.render.build_rows, time per shape with the backends side by side
+(bar = median, whisker = p10..p90), a shape x config heatmap for every backend with several configs
+(tile sweeps), the speedup against the baseline with a bootstrap confidence interval, the geometric-mean
+speedup and fast_p (KernelBench: the fraction of shapes faster than the baseline by more than p), the
+pruned configs with their reason, the samples of every trial, and on a known GPU a roofline chart.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.utils import PlotlyJSONEncoder
+
+from jobs.report.render import Row, build_rows
+from jobs.store.repository import Store
+from kernels.base import NOT_FAILED, TrialStatus
+from kernels.hardware import limits_for
+from kernels.measure.stats import bootstrap_ratio_ci
+
+esc = html.escape
+WIDTH = 1300  # figures fit a 1400 px window
+FAST_P = (0.0, 0.1, 0.5)  # the fast_p thresholds shown
+
+STYLE = """body{font-family:system-ui,sans-serif;margin:1.5em;max-width:1360px;color:#222}
+table{border-collapse:collapse;font-size:13px;margin:.5em 0}
+td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f4f4f4}
+td.l,th.l{text-align:left}tr.bad{background:#fdd}.pass{color:#176f2c;font-weight:bold}
+.fail{color:#b00020;font-weight:bold}.ambiguous{color:#a65e00;font-weight:bold}
+.verdict{font-size:1.3em;padding:.4em .8em;border:2px solid;display:inline-block;margin:.3em 0}
+nav a{margin-right:1em}.spark{display:inline-block}"""
+
+
+@cache
+def plotly_js() -> str:
+    from plotly.offline import get_plotlyjs
+
+    return get_plotlyjs()
+
+
+def page(title: str, body: str, plotly_src: str | None = None) -> str:
+    """A whole HTML page; plotly.js inline when `plotly_src` is None, else a <script src> to it."""
+    script = (
+        f"<script>{plotly_js()}</script>"
+        if plotly_src is None
+        else f'<script src="{esc(plotly_src)}"></script>'
+    )
+    return (
+        f'<!doctype html><html><head><meta charset="utf-8"><title>{esc(title)}</title>'
+        f"<style>{STYLE}</style>{script}</head><body>\n{body}\n</body></html>\n"
+    )
+
+
+def figure(fig: go.Figure, div_id: str, height: int | None = None) -> str:
+    """The figure as a <div> and the script that draws it (plotly.js must be on the page). The page's
+    look is set here as plain layout keys: a Plotly template is merged on every figure, which is slow."""
+    spec = fig.to_plotly_json()
+    layout = spec["layout"]
+    layout.pop("template", None)
+    layout.update(
+        width=WIDTH,
+        height=height or layout.get("height") or 420,
+        font={"size": 13},
+        margin={"l": 70, "r": 30, "t": 50, "b": 60},
+        plot_bgcolor="white",
+        legend={"orientation": "h", "y": -0.2},
+    )
+    for axis in ("xaxis", "yaxis"):
+        layout[axis] = {
+            "gridcolor": "#e5e5e5",
+            "zerolinecolor": "#ccc",
+            "automargin": True,
+            **layout.get(axis, {}),
+        }
+    data = json.dumps(spec["data"], cls=PlotlyJSONEncoder)
+    return (
+        f'<div id="{div_id}" class="plot"></div><script>Plotly.newPlot("{div_id}", {data}, '
+        f"{json.dumps(layout, cls=PlotlyJSONEncoder)}, {{responsive: true}});</script>"
+    )
+
+
+def table(head: list[str], rows: list[list[Any]], classes: list[str] | None = None, left: int = 1) -> str:
+    th = "".join(
+        f'<th class="l">{esc(h)}</th>' if i < left else f"<th>{esc(h)}</th>" for i, h in enumerate(head)
+    )
+    body = []
+    for n, r in enumerate(rows):
+        cls = f' class="{classes[n]}"' if classes and classes[n] else ""
+        tds = "".join(
+            f'<td class="l">{esc(str(v))}</td>' if i < left else f"<td>{esc(str(v))}</td>"
+            for i, v in enumerate(r)
+        )
+        body.append(f"<tr{cls}>{tds}</tr>")
+    return f"<table><tr>{th}</tr>{''.join(body)}</table>"
+
+
+def _num(v: float | None, fmt: str) -> str:
+    return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, fmt)
+
+
+def _label(r: Row) -> str:
+    return r.backend + ("" if r.config == "-" else f" {r.config}")
+
+
+# ---- the pieces of a job's report ----------------------------------------------------------------------
+
+
+@dataclass
+class Speedup:
+    shape: str
+    label: str
+    speedup: float
+    low: float
+    high: float
+
+
+def speedups(store: Store, job_id: int, rows: list[Row]) -> list[Speedup]:
+    """Each timed non-baseline trial against the baseline on its shape (same config when the baseline
+    has it), with a 95% bootstrap interval over both trials' kept samples."""
+    trials = {t.seq: t for t in store.trials(job_id)}
+    base: dict[tuple[str, str], dict[str, int]] = {}
+    for r in rows:
+        if r.baseline and r.status == TrialStatus.OK and r.median_ms:
+            base.setdefault((r.shape, r.dtype), {})[r.config] = r.trial
+    out = []
+    for r in rows:
+        if r.baseline or r.status != TrialStatus.OK or not r.median_ms:
+            continue
+        cands = base.get((r.shape, r.dtype), {})
+        ref = (
+            cands.get(r.config)
+            if r.config in cands
+            else (next(iter(cands.values())) if len(cands) == 1 else None)
+        )
+        if ref is None:
+            continue
+        a = np.asarray(store.kept_samples(trials[ref].id), dtype=float)
+        b = np.asarray(store.kept_samples(trials[r.trial].id), dtype=float)
+        if len(a) == 0 or len(b) == 0:
+            continue
+        speed = float(np.median(a) / np.median(b))
+        lo, hi = bootstrap_ratio_ci(a, b, n_boot=400, confidence=0.95, seed=0)  # of b/a: invert
+        out.append(Speedup(r.shape, _label(r), speed, 1 / hi if hi else math.nan, 1 / lo if lo else math.nan))
+    return out
+
+
+def speedup_summary(items: list[Speedup]) -> list[list[Any]]:
+    """Per backend/config: shapes, geometric-mean speedup, and fast_p for each p in FAST_P."""
+    out = []
+    for label in dict.fromkeys(s.label for s in items):
+        mine = [s.speedup for s in items if s.label == label]
+        geo = math.exp(sum(math.log(v) for v in mine) / len(mine))
+        fast = [sum(v > 1 + p for v in mine) / len(mine) for p in FAST_P]
+        out.append([label, len(mine), f"{geo:.3f}x", *(f"{f:.0%}" for f in fast)])
+    return out
+
+
+def verdict_html(store: Store, job_id: int) -> str:
+    """The acceptance verdict `farm accept` stored for the job: each failed or ambiguous assertion."""
+    failures = [f for f in store.failures() if f.job_id == job_id]
+    anomalies = store.anomalies(job_id)
+    if not failures:
+        if anomalies:
+            text = f"no failed assertion stored; {len(anomalies)} anomalies (below)"
+            return f'<p class="verdict pass">Acceptance: {esc(text)}</p>'
+        return '<p class="verdict">Acceptance: not judged yet (run <code>farm accept JOB</code>)</p>'
+    worst = "fail" if any(f.outcome == "fail" for f in failures) else "ambiguous"
+    rows = [[f.outcome.upper(), f.assertion, f.label, f.message] for f in failures]
+    classes = ["bad" if f.outcome == "fail" else "" for f in failures]
+    n_fail = sum(f.outcome == "fail" for f in failures)
+    counts = f"{n_fail} failed, {len(failures) - n_fail} ambiguous"
+    return (
+        f'<p class="verdict {worst}">Acceptance: {worst.upper()} ({counts}; card {esc(failures[0].card)})</p>'
+        + table(["outcome", "assertion", "point", "message"], rows, classes, left=4)
+    )
+
+
+def anomalies_html(store: Store, job_id: int) -> str:
+    found = store.anomalies(job_id)
+    if not found:
+        return ""
+    rows = [[a.severity, a.kind, a.message] for a in found]
+    return "<h2>Anomalies</h2>" + table(["severity", "kind", "message"], rows, left=3)
+
+
+def trials_table(rows: list[Row]) -> str:
+    head = ["trial", "shape", "backend", "config", "dtype", "status", "median ms", "spread %", "n", "stop"]
+    head += ["speedup", "TFLOPS", "GB/s", "correct", "node"]
+    body = [
+        [
+            r.trial,
+            r.shape,
+            r.backend + (" (baseline)" if r.baseline else ""),
+            r.config,
+            r.dtype,
+            r.status,
+            _num(r.median_ms, ".4f"),
+            _num(r.spread_pct, ".1f"),
+            _num(r.n, "d"),
+            (r.stop_reason or "-") + (f" ({r.flags})" if r.flags else ""),
+            _num(r.speedup, ".3f"),
+            _num(r.tflops, ".3f"),
+            _num(r.gbps, ".2f"),
+            {True: "pass", False: "FAIL", None: "-"}[r.correct],
+            r.node or "-",
+        ]
+        for r in rows
+    ]
+    classes = ["" if r.status in NOT_FAILED else "bad" for r in rows]
+    return table(head, body, classes, left=6)
+
+
+def time_per_shape(rows: list[Row]) -> go.Figure | None:
+    timed = [r for r in rows if r.median_ms]
+    if not timed:
+        return None
+    fig = go.Figure()
+    for label in dict.fromkeys(_label(r) for r in timed):
+        mine = [r for r in timed if _label(r) == label]
+        fig.add_bar(
+            name=label + (" (baseline)" if mine[0].baseline else ""),
+            x=[r.shape for r in mine],
+            y=[r.median_ms for r in mine],
+            error_y={
+                "type": "data",
+                "symmetric": False,
+                "array": [max(r.p90_ms - r.median_ms, 0) if r.p90_ms else 0 for r in mine],
+                "arrayminus": [max(r.median_ms - r.p10_ms, 0) if r.p10_ms else 0 for r in mine],
+            },
+            hovertemplate="%{x}<br>%{y:.4g} ms<extra>" + esc(label) + "</extra>",
+        )
+    fig.update_layout(
+        title="Time per shape (median, whisker p10..p90), log axis",
+        barmode="group",
+        yaxis={"type": "log", "title": "median time (ms)"},
+        xaxis={"title": "shape"},
+    )
+    return fig
+
+
+def heatmaps(rows: list[Row]) -> list[tuple[str, go.Figure]]:
+    """A shape x config heatmap of log10(median ms) for every backend with more than one config."""
+    out = []
+    for backend in dict.fromkeys(r.backend for r in rows):
+        mine = [r for r in rows if r.backend == backend]
+        configs = list(dict.fromkeys(r.config for r in mine))
+        if len(configs) < 2:
+            continue
+        shapes = list(dict.fromkeys(r.shape for r in mine))
+        cell = {(r.shape, r.config): r for r in mine}
+        z, text = [], []
+        for s in shapes:
+            zr, tr = [], []
+            for c in configs:
+                r = cell.get((s, c))
+                ok = r is not None and r.median_ms
+                zr.append(math.log10(r.median_ms) if ok else None)
+                tr.append(f"{r.median_ms:.4g} ms" if ok else (r.status if r else "-"))
+            z.append(zr)
+            text.append(tr)
+        fig = go.Figure(
+            go.Heatmap(
+                z=z,
+                x=configs,
+                y=shapes,
+                text=text,
+                texttemplate="%{text}",
+                colorscale="Viridis",
+                colorbar={"title": "log10 ms"},
+                hovertemplate="%{y}<br>%{x}<br>%{text}<extra></extra>",
+            )
+        )
+        fig.update_layout(title=f"{backend}: median time per shape x config (blank: not timed)")
+        out.append((backend, fig))
+    return out
+
+
+def speedup_figure(items: list[Speedup]) -> go.Figure | None:
+    if not items:
+        return None
+    fig = go.Figure()
+    for label in dict.fromkeys(s.label for s in items):
+        mine = [s for s in items if s.label == label]
+        fig.add_scatter(
+            name=label,
+            mode="markers",
+            x=[s.shape for s in mine],
+            y=[s.speedup for s in mine],
+            error_y={
+                "type": "data",
+                "symmetric": False,
+                "array": [max(s.high - s.speedup, 0) for s in mine],
+                "arrayminus": [max(s.speedup - s.low, 0) for s in mine],
+            },
+            marker={"size": 10},
+        )
+    fig.add_hline(y=1.0, line_dash="dash", annotation_text="baseline")
+    fig.update_layout(
+        title="Speedup over the baseline (95% bootstrap interval), log axis",
+        yaxis={"type": "log", "title": "baseline median / median"},
+        xaxis={"title": "shape"},
+    )
+    return fig
+
+
+def samples_figure(store: Store, job_id: int, rows: list[Row]) -> go.Figure | None:
+    trials = {t.seq: t for t in store.trials(job_id)}
+    fig = go.Figure()
+    for r in rows:
+        if not r.median_ms:
+            continue
+        samples = store.kept_samples(trials[r.trial].id)
+        if not samples:
+            continue
+        fig.add_box(
+            name=f"#{r.trial} {_label(r)} | {r.shape}",
+            y=[v / 1e6 for v in samples],
+            boxpoints="all",
+            jitter=0.4,
+            pointpos=0,
+            marker={"size": 4},
+        )
+    if not fig.data:
+        return None
+    fig.update_layout(
+        title="Every trial's samples (ms), log axis",
+        yaxis={"type": "log", "title": "time (ms)"},
+        showlegend=False,
+        xaxis={"tickangle": -30, "automargin": True},
+    )
+    return fig
+
+
+def roofline_figure(rows: list[Row], device: str | None) -> go.Figure | None:
+    lim = limits_for(device)
+    points = [r for r in rows if r.tflops and r.gbps]
+    if lim is None or not points:
+        return None
+    ai = [r.tflops * 1e3 / r.gbps for r in points]  # FLOP per byte
+    xs = np.logspace(math.log10(min(ai) / 4), math.log10(max(ai) * 4), 100)
+    fig = go.Figure()
+    for dtype, peak in lim.dense_tflops.items():
+        fig.add_scatter(
+            name=f"{lim.name} roof ({dtype} {peak:g} TFLOPS, {lim.hbm_gbps:g} GB/s)",
+            x=xs,
+            y=np.minimum(peak, lim.hbm_gbps * xs / 1e3),
+            mode="lines",
+            line={"dash": "dash"},
+        )
+    for label in dict.fromkeys(_label(r) for r in points):
+        mine = [(a, r) for a, r in zip(ai, points, strict=True) if _label(r) == label]
+        fig.add_scatter(
+            name=label,
+            x=[a for a, _ in mine],
+            y=[r.tflops for _, r in mine],
+            text=[r.shape for _, r in mine],
+            mode="markers",
+            marker={"size": 10},
+        )
+    fig.update_layout(
+        title=f"Roofline on {lim.name}",
+        xaxis={"type": "log", "title": "arithmetic intensity (FLOP/byte)"},
+        yaxis={"type": "log", "title": "achieved TFLOPS"},
+    )
+    return fig
+
+
+def timeseries_figures(trials: list[Any]) -> list[go.Figure]:
+    """One figure per trial that recorded metrics["timeseries"] = {title, xlabel, x, series: {name: ys}}."""
+    out = []
+    for t in trials:
+        ts = (t.metrics or {}).get("timeseries")
+        if not isinstance(ts, dict):
+            continue
+        fig = go.Figure()
+        for name, ys in (ts.get("series") or {}).items():
+            fig.add_scatter(name=name, x=ts.get("x", [])[: len(ys)], y=ys, mode="lines")
+        shape = " ".join(f"{k}={v}" for k, v in t.shape.items())
+        fig.update_layout(
+            title=f"{ts.get('title', 'Time series')} ({t.backend} {shape})",
+            xaxis={"title": ts.get("xlabel", "")},
+        )
+        out.append(fig)
+    return out
+
+
+def _family_scaling(family: str) -> tuple[tuple[str, str], ...]:
+    from jobs.report.render import _family_view
+
+    return _family_view(family)[1]
+
+
+def scaling_figures(trials: list[Any], scaling: tuple[tuple[str, str], ...]) -> list[go.Figure]:
+    """One figure per (shape key, metric) the family declares: a line per backend/config and other keys."""
+    out = []
+    for x_key, metric in scaling:
+        lines: dict[str, list[tuple[float, float]]] = {}
+        for t in trials:
+            y = (t.metrics or {}).get(metric)
+            if t.status != TrialStatus.OK or x_key not in t.shape or not isinstance(y, int | float):
+                continue
+            rest = " ".join(f"{k}={v}" for k, v in {**t.config, **t.shape}.items() if k != x_key)
+            lines.setdefault(f"{t.backend} {rest}".strip(), []).append((t.shape[x_key], y))
+        lines = {k: sorted(v) for k, v in lines.items() if len(v) > 1}
+        if not lines:
+            continue
+        fig = go.Figure()
+        for label, pts in lines.items():
+            fig.add_scatter(name=label, x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers")
+        fig.update_layout(
+            title=f"{metric} against {x_key}", xaxis={"type": "log", "title": x_key}, yaxis={"title": metric}
+        )
+        out.append(fig)
+    return out
+
+
+def job_body(store: Store, job_id: int, *, links: str = "") -> str:
+    job = store.get_job(job_id)
+    if job is None:
+        raise LookupError(f"no job {job_id} in {store.url}")
+    rows = build_rows(store, job_id)
+    trials = store.trials(job_id)
+    envs = store.environments(job_id)
+    device = next((e.device_name for e in envs if e.device_kind == "gpu"), None)
+    timing = "GPU timings" if device else "CPU timings (not GPU numbers)"
+    parts = [
+        links,
+        f"<h1>Job {job.id}: {esc(job.name)} ({esc(job.family)})</h1>",
+        f"<p>Status {esc(job.status)}; kernels at {esc(job.git_commit or 'unknown commit')}; {timing}.</p>",
+        "<ul>"
+        + "".join(f"<li>{esc(e.host)}: {esc(e.device_name)} ({esc(e.device_kind)})</li>" for e in envs)
+        + "</ul>",
+        verdict_html(store, job_id),
+    ]
+    figs: list[tuple[str, go.Figure | None, int | None]] = [("time", time_per_shape(rows), None)]
+    figs += [(f"heatmap-{b}", f, 150 + 45 * len(f.data[0].y)) for b, f in heatmaps(rows)]
+    items = speedups(store, job_id, rows)
+    figs.append(("speedup", speedup_figure(items), None))
+    figs.append(("samples", samples_figure(store, job_id, rows), 520))
+    figs.append(("roofline", roofline_figure(rows, device), 520))
+    figs += [(f"series-{i}", f, None) for i, f in enumerate(timeseries_figures(trials))]
+    scaling = _family_scaling(job.family)
+    figs += [(f"scaling-{i}", f, None) for i, f in enumerate(scaling_figures(trials, scaling))]
+    if items:
+        head = ["backend / config", "shapes", "geomean speedup"] + [f"fast_{p:g}" for p in FAST_P]
+        parts.append("<h2>Speedup over the baseline</h2>" + table(head, speedup_summary(items)))
+        parts.append(
+            "<p>fast_p: the fraction of shapes faster than the baseline by more than p"
+            " (fast_0.1: more than 10% faster).</p>"
+        )
+    for name, fig, height in figs:
+        if fig is not None:
+            parts.append(figure(fig, f"plot-{name}", height))
+    pruned = [r for r in rows if r.status == TrialStatus.PRUNED]
+    if pruned:
+        parts.append("<h2>Pruned configs</h2>")
+        parts.append(
+            table(
+                ["shape", "backend", "config", "reason"],
+                [[r.shape, r.backend, r.config, r.error or "-"] for r in pruned],
+                left=4,
+            )
+        )
+    parts.append(anomalies_html(store, job_id))
+    parts.append("<h2>Trials</h2>" + trials_table(rows))
+    return "\n".join(p for p in parts if p)
+
+
+def render_job(store: Store, job_id: int, plotly_src: str | None = None, links: str = "") -> str:
+    job = store.get_job(job_id)
+    if job is None:
+        raise LookupError(f"no job {job_id} in {store.url}")
+    return page(f"KernelFarm job {job_id}", job_body(store, job_id, links=links), plotly_src)
+
+
+# ---- history (farm history --html, the site's kernel pages) -------------------------------------------
+
+
+def history_figure(series: Any) -> go.Figure:
+    """A jobs.history.series.Series: median per job (p10..p90 band) in commit order, change points marked."""
+    pts = series.points
+    x = [f"#{p.job_id} {(p.commit or '?')[:8]}" for p in pts]
+    fig = go.Figure()
+    fig.add_scatter(
+        name="p90",
+        x=x,
+        y=[(p.p90_ns or p.median_ns) / 1e6 for p in pts],
+        mode="lines",
+        line={"width": 0},
+        showlegend=False,
+        hoverinfo="skip",
+    )
+    fig.add_scatter(
+        name="p10..p90",
+        x=x,
+        y=[(p.p10_ns or p.median_ns) / 1e6 for p in pts],
+        mode="lines",
+        line={"width": 0},
+        fill="tonexty",
+        fillcolor="rgba(54,108,204,0.2)",
+    )
+    fig.add_scatter(name="median", x=x, y=[p.median_ns / 1e6 for p in pts], mode="lines+markers")
+    for c in series.changes:
+        fig.add_vline(x=c.index - 0.5, line_dash="dash", line_color="#b00020")
+        fig.add_annotation(
+            x=x[c.index],
+            y=c.after_ns / 1e6,
+            text=f"{c.magnitude:+.1%}",
+            showarrow=True,
+            font={"color": "#b00020"},
+        )
+    fig.update_layout(
+        title=f"{series.key.label} on {series.key.env}: median per job (commit order)",
+        yaxis={"type": "log", "title": "median time (ms)"},
+        xaxis={"title": "job / commit", "type": "category"},
+    )
+    return fig
+
+
+def sparkline(values: list[float], width: int = 160, height: int = 32, marks: tuple[int, ...] = ()) -> str:
+    """An inline SVG line of `values` (no script), with change points as red dots."""
+    if not values:
+        return ""
+    lo, hi = min(values), max(values)
+    span = (hi - lo) or 1.0
+    step = width / max(len(values) - 1, 1)
+    xy = [(i * step, height - 2 - (v - lo) / span * (height - 4)) for i, v in enumerate(values)]
+    line = " ".join(f"{x:.1f},{y:.1f}" for x, y in xy)
+    dots = "".join(f'<circle cx="{xy[i][0]:.1f}" cy="{xy[i][1]:.1f}" r="2.5" fill="#b00020"/>' for i in marks)
+    return (
+        f'<svg class="spark" width="{width}" height="{height}" viewBox="0 0 {width} {height}">'
+        f'<polyline points="{line}" fill="none" stroke="#366ccc" stroke-width="1.5"/>{dots}</svg>'
+    )
+
+
+# ---- the A/B view (farm compare A B --html) ------------------------------------------------------------
+
+
+def render_compare(result: Any, plotly_src: str | None = None) -> str:
+    """A jobs.report.ab.CompareResult: per shape A and B side by side, and B/A with its interval."""
+    shapes = [" ".join(f"{k}={v}" for k, v in r.shape.items()) + f" {r.dtype}" for r in result.rows]
+    fig = go.Figure()
+    for side in ("a", "b"):
+        sides = [getattr(r, side) for r in result.rows]
+        name = f"{side.upper()}: job {getattr(result, 'job_' + side)} {getattr(result, 'select_' + side)}"
+        fig.add_bar(name=name, x=shapes, y=[s.median_ns / 1e6 if s and s.median_ns else None for s in sides])
+    fig.update_layout(
+        title="Median time per shape, A and B (log axis)",
+        barmode="group",
+        yaxis={"type": "log", "title": "median time (ms)"},
+    )
+    judged = [(s, r.comparison) for s, r in zip(shapes, result.rows, strict=True) if r.comparison]
+    ratio = go.Figure()
+    if judged:
+        ratio.add_scatter(
+            name="B / A",
+            mode="markers",
+            x=[s for s, _ in judged],
+            y=[c["ratio"] for _, c in judged],
+            text=[c["verdict"] for _, c in judged],
+            error_y={
+                "type": "data",
+                "symmetric": False,
+                "array": [max((c["ci_high"] or c["ratio"]) - c["ratio"], 0) for _, c in judged],
+                "arrayminus": [max(c["ratio"] - (c["ci_low"] or c["ratio"]), 0) for _, c in judged],
+            },
+            marker={"size": 11},
+        )
+        ratio.add_hline(y=1.0, line_dash="dash")
+    ratio.update_layout(
+        title="B / A median ratio with its confidence interval (> 1: B slower), log axis",
+        yaxis={"type": "log", "title": "median ratio B / A"},
+    )
+    rows = []
+    for s, r in zip(shapes, result.rows, strict=True):
+        c = r.comparison or {}
+        rows.append(
+            [
+                s,
+                _num(r.a.median_ns / 1e6 if r.a and r.a.median_ns else None, ".4f"),
+                _num(r.b.median_ns / 1e6 if r.b and r.b.median_ns else None, ".4f"),
+                _num(c.get("ratio"), ".3f"),
+                f"{_num(c.get('ci_low'), '.3f')}..{_num(c.get('ci_high'), '.3f')}",
+                _num(c.get("p_value"), ".2g"),
+                c.get("verdict", "n/a"),
+                r.note or c.get("reason", ""),
+            ]
+        )
+    verdicts = ", ".join(f"{k}: {v}" for k, v in result.verdicts().items())
+    body = (
+        f"<h1>A/B: job {result.job_a} {esc(result.select_a)} vs "
+        f"job {result.job_b} {esc(result.select_b)}</h1>"
+        f'<p class="verdict">Verdicts per shape: {esc(verdicts)}</p>'
+        + table(["shape", "A ms", "B ms", "B/A", "interval", "p", "verdict", "note"], rows)
+        + figure(fig, "plot-ab-time")
+        + figure(ratio, "plot-ab-ratio")
+    )
+    return page(f"KernelFarm A/B {result.job_a} vs {result.job_b}", body, plotly_src)

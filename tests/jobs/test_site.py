@@ -1,0 +1,57 @@
+"""`farm site -o DIR`: the static site of a 30-job store with a slowdown from job 20 on (benchmarks/
+history_store.py, written through the Store API; tests/jobs/test_history.py runs real sweeps into it),
+its pages, and the index, a kernel page and a job page loaded in headless chromium."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+from click.testing import CliRunner
+from test_report_html import chromium_dom
+
+from benchmarks.history_store import build_history_store
+from jobs.cli import main
+from jobs.store.repository import Store
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    root = tmp_path_factory.mktemp("site")
+    store = Store(str(root / "farm.db"))
+    built = build_history_store(store, jobs=30, slow_from=20)
+    start = time.perf_counter()
+    out = CliRunner().invoke(main, ["site", "--db", store.url, "-o", str(root / "site")])
+    print(f"site of 30 jobs built in {time.perf_counter() - start:.2f} s")  # the target (< 10 s): benchmarks/
+    assert out.exit_code == 0, out.output
+    yield root / "site", built
+    store.close()
+
+
+def test_site_has_index_kernel_and_job_pages(site):
+    out, built = site
+    assert (out / "plotly.min.js").stat().st_size > 1_000_000  # once for the whole site
+    assert len(list((out / "jobs").glob("*.html"))) == 30
+    kernels = sorted((out / "kernels").glob("*.html"))
+    assert len(kernels) == 4  # noop and spin x 2 shapes
+    index = (out / "index.html").read_text()
+    assert index.count('<svg class="spark"') == 4 and index.count('fill="#b00020"') == 2  # 2 change points
+    assert f"job {built.slow_job}: +" in index
+    spin = next(p for p in kernels if "spin" in p.name and "n=0" in p.name).read_text()
+    m = re.search(rf"<li>job {built.slow_job} \(commit [0-9a-f]{{40}}\): .* <b>\+(\d+\.\d)%</b></li>", spin)
+    assert m and abs(float(m.group(1)) - 20) <= 5
+    assert '<script src="../plotly.min.js">' in spin and '<a href="../jobs/1.html">1</a>' in spin
+
+
+def test_site_pages_render_in_chromium(site):
+    out, built = site
+    dom, console = chromium_dom(out / "index.html")
+    assert console == [] and "history-probe" in dom and dom.count('class="spark"') == 4
+    kernel = next(p for p in (out / "kernels").glob("*.html") if "spin" in p.name)
+    dom, console = chromium_dom(kernel)
+    assert console == []
+    assert re.search(r'id="plot-history"[^>]*class="[^"]*js-plotly-plot', dom)
+    assert "median" in dom and f"#{built.slow_job} " in dom  # the jobs are on the drawn x axis
+    dom, console = chromium_dom(out / "jobs" / f"{built.slow_job}.html")
+    assert console == [] and dom.count('class="main-svg"') >= 4
