@@ -17,8 +17,22 @@ class DeviceLimits:
     l2_mb: int
 
 
-H100 = DeviceLimits("H100/H800 SXM", 3350.0, {"bf16": 989.0, "fp8": 1979.0}, 132, 228, 227, 50)
-H200 = DeviceLimits("H200 SXM", 4800.0, {"bf16": 989.0, "fp8": 1979.0}, 132, 228, 227, 60)
+# Dense peaks per precision: tensor-core bf16/fp16/fp8 and TF32; "fp32" is the non-tensor FP32 rate
+# (IEEE fp32 dots, as the Triton kernels run float32 inputs, do not use the tensor cores).
+HOPPER_TFLOPS = {"bf16": 989.0, "fp16": 989.0, "fp8": 1979.0, "tf32": 494.5, "fp32": 67.0}
+H100 = DeviceLimits("H100/H800 SXM", 3350.0, dict(HOPPER_TFLOPS), 132, 228, 227, 50)
+H200 = DeviceLimits("H200 SXM", 4800.0, dict(HOPPER_TFLOPS), 132, 228, 227, 60)
+
+# torch dtype names -> the precision keys of DeviceLimits.dense_tflops
+PRECISIONS = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float8_e4m3fn": "fp8"}
+
+
+def precision_of(dtype: str) -> str:
+    """The peak-table key of a trial dtype ("float32" -> "fp32"); a dtype with no entry is an error, so
+    no trial is silently held against another precision's peak."""
+    if dtype not in PRECISIONS:
+        raise ValueError(f"no peak TFLOPS entry for dtype {dtype!r} (known: {sorted(PRECISIONS)})")
+    return PRECISIONS[dtype]
 
 
 # The SM count the split heuristics and wave counts assume when no device is at hand (H100/H800/H200).

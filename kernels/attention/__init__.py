@@ -1,8 +1,8 @@
 """The model's main attention, for regression: dense causal prefill, GQA decode, the MLA latent decode
 form, top-k sparse attention (DeepSeek sparse attention), and a paged decode step.
 
-  reference      fp32 torch references (run anywhere): attention_reference, sparse_attention_reference,
-                 mla_decode_reference, the causal rule and the sparse-index semantics
+  reference      torch references (run anywhere; fp64 for correctness): attention_reference,
+                 sparse_attention_reference, mla_decode_reference, the causal rule, sparse-index semantics
   inputs         seeded input builders (NaN-poisoned memory a kernel must not read)
   cost           FLOPs and bytes per mode
   triton_common  shared Triton helpers (head-dim split, tile loads, online softmax, split-KV merge and
@@ -14,7 +14,9 @@ form, top-k sparse attention (DeepSeek sparse attention), and a paged decode ste
   shapes         the spec's shape keys, per-mode defaults and validation
   case           the farm's FAMILY
   profile        the program ncu profiles for a trial (GPU only)
-  aot            compile the kernels for SM90 without a GPU: shared memory, registers, spills, occupancy
+  sdpa           the dense baseline: torch scaled_dot_product_attention on these layouts
+Compiled evidence (registers, spills, shared memory, wgmma, as the JIT builds each trial's kernels for
+sm_90a, on any machine): kernels.compiled through `case.FAMILY.meta_launch`.
 Layouts: q [b, s_q, h_q, d], k [b, s_k, h_kv, d], v [b, s_k, h_kv, d_v], out [b, s_q, h_q, d_v],
 lse [b, h_q, s_q] fp32 (natural log). This file imports nothing, so the references work without triton.
 """

@@ -1,19 +1,29 @@
 """The attention family as the farm runs it (see kernels.attention.shapes for the shape keys and modes).
 
 Backends:
-  torch_ref  the fp32-math torch reference (the baseline; for decode_step, kernels.paged_mla's reference)
+  sdpa       torch scaled_dot_product_attention (the baseline of the GPU spec): flash / memory-efficient
+             backends on a GPU, math on a CPU (kernels.attention.sdpa); for decode_step the pages are
+             gathered, then SDPA. It returns no lse, so only its output is checked.
+  torch_ref  the same masked softmax as the reference, computed in fp32 (for decode_step, kernels.
+             paged_mla's fp32 reference)
   triton     the Triton kernel of the mode (config: block_m, block_n, num_warps, num_stages, and
              num_splits for the split-KV decode modes)
-A trial: for each correctness seed, build seeded inputs (unused memory NaN-poisoned), run the backend
-and the reference, check out and lse by FlashMLA's rule (kernels.paged_mla.check: out abs 8e-4 or rel
+The correctness reference is an fp64 computation (kernels.attention.reference), never a backend's own
+code path at the backend's precision. Work that is not the kernel (deduplicating sparse indices, SDPA
+masks) is done once when the inputs are prepared, outside the timed call.
+A trial: for each correctness seed, build seeded inputs (unused memory NaN-poisoned, except for sdpa:
+its math backend multiplies masked rows by 0), run the backend and the reference, check out and lse
+by FlashMLA's rule (kernels.paged_mla.check: out abs 8e-4 or rel
 2.01/128 with cos diff <= 5e-6, lse abs 1e-6 or rel 8.01/65536, NaN/inf positions exact); then time the
 backend on the last seed's inputs with kernels.measure.
 
 Metrics: latency_us, tflops, gbps, flops, bytes; max_abs_err / max_rel_err / cos_diff of out and
-lse_max_abs_err / lse_max_rel_err; for decode modes tokens, latency_per_token_us and tokens_per_s (the
-decode-batch sweep compares these across batch sizes); on a GPU with known limits, roofline_us and
-pct_of_roofline; for triton on a GPU, occupancy (theoretical, from the compile metadata, in
-`resources`), and l2_hit_rate_pct when the policy asks for ncu and it is installed.
+lse_max_abs_err / lse_max_rel_err; for sdpa sdpa_backends (and sdpa_fallback when the fast ones were
+refused); for decode modes tokens, latency_per_token_us and tokens_per_s (the decode-batch sweep
+compares these across batch sizes); on a GPU with known limits, roofline_us and pct_of_roofline
+(against the peak of the trial's dtype, kernels.hardware.precision_of); for triton on a GPU, occupancy
+(theoretical, from the compile metadata, in `resources`), and l2_hit_rate_pct when the policy asks
+for ncu and it is installed.
 """
 
 from __future__ import annotations
@@ -22,14 +32,15 @@ import json
 import math
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
 
 from kernels.attention import reference as ref
-from kernels.attention.cost import AttentionCost, dense_cost, sparse_cost
+from kernels.attention.cost import AttentionCost, dense_cost, distinct_positions, sparse_cost
 from kernels.attention.inputs import build_dense, build_sparse
+from kernels.attention.sdpa import Sdpa
 from kernels.attention.shapes import OPTIONAL_KEYS, REQUIRED_KEYS, Shape, parse_shape
 from kernels.base import (
     Backends,
@@ -42,12 +53,12 @@ from kernels.base import (
     derive_rates,
     needs_triton,
 )
-from kernels.hardware import device_limits
-from kernels.measure.correctness import combine_seeds, seed_list
+from kernels.hardware import device_limits, precision_of
+from kernels.measure.correctness import CorrectnessReport, combine_seeds, seed_list
 from kernels.measure.resources import collect_ncu, triton_resources
 from kernels.measure.timing import measure
 
-Pair = tuple[torch.Tensor, torch.Tensor]
+Pair = tuple[torch.Tensor, torch.Tensor | None]  # (out, lse); lse None where a backend gives none
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 _TILE_KEYS = {"block_m", "block_n", "num_warps", "num_stages"}
 CONFIG_KEYS: dict[str, set[str]] = {
@@ -62,7 +73,7 @@ CONFIG_KEYS: dict[str, set[str]] = {
 
 @dataclass
 class Prepared:
-    """One mode's inputs bound to a backend: `run` is the timed call, `reference` the fp32 answer to the
+    """One mode's inputs bound to a backend: `run` is the timed call, `reference` the fp64 answer to the
     last `run` (decode_step changes the cache on every run)."""
 
     run: Callable[[list | None], Pair]
@@ -93,41 +104,56 @@ def prepare(
     if shape.mode == "decode_step":
         return _prepare_step(shape, backend, config, dtype, seed, device)
     elem = elem_size(dtype)
+    poison = backend != "sdpa"
+    sdpa: Sdpa | None = None
     if shape.is_sparse:
         x = build_sparse(
             shape.batch, shape.s_q, shape.s_k, shape.h_q, shape.h_kv, shape.d, shape.d_v, shape.topk,
-            dtype=dtype, seed=seed, device=device, shared_kv=shape.shared_kv,
+            dtype=dtype, seed=seed, device=device, shared_kv=shape.shared_kv, poison=poison,
         )  # fmt: skip
-        assert x.indices is not None
-        selected = int((x.indices >= 0).sum())
+        indices = x.indices
+        assert indices is not None
         cost = sparse_cost(
-            selected, batch=shape.batch, s_q=shape.s_q, topk=shape.topk, h_q=shape.h_q, h_kv=shape.h_kv,
-            d=shape.d, d_v=shape.d_v, elem=elem, shared_kv=shape.shared_kv,
+            int((indices >= 0).sum()), distinct=distinct_positions(indices), batch=shape.batch,
+            s_q=shape.s_q, topk=shape.topk, h_q=shape.h_q, h_kv=shape.h_kv, d=shape.d, d_v=shape.d_v,
+            elem=elem, shared_kv=shape.shared_kv,
         )  # fmt: skip
 
-        def reference() -> Pair:
-            return ref.sparse_attention_reference(x.q, x.k, x.v, x.indices, softmax_scale=x.softmax_scale)
+        def reference(dtype: torch.dtype = torch.float64) -> Pair:
+            return ref.sparse_attention_reference(
+                x.q, x.k, x.v, indices, softmax_scale=x.softmax_scale, dtype=dtype
+            )
+
+        if backend == "triton":
+            from kernels.attention.triton_sparse import unique_indices
+
+            indices = unique_indices(indices)  # once, here: the timed call runs the kernel only
 
         def triton_call(launches: list | None) -> Pair:
             from kernels.attention.triton_sparse import sparse_attention_triton
 
             return sparse_attention_triton(
-                x.q, x.k, x.v, x.indices, softmax_scale=x.softmax_scale, launches=launches, **config
-            )
+                x.q, x.k, x.v, indices, softmax_scale=x.softmax_scale, indices_unique=True,
+                launches=launches, **config,
+            )  # fmt: skip
+
+        if backend == "sdpa":
+            sdpa = Sdpa.sparse(x.q, x.k, x.v, x.softmax_scale, indices)
 
     else:
         x = build_dense(
             shape.batch, shape.s_q, shape.s_k, shape.h_q, shape.h_kv, shape.d, shape.d_v,
             dtype=dtype, seed=seed, device=device, shared_kv=shape.shared_kv, seqlens=_seqlens(shape),
+            poison=poison,
         )  # fmt: skip
         cost = dense_cost(
             x.lens, s_q=shape.s_q, h_q=shape.h_q, h_kv=shape.h_kv, d=shape.d, d_v=shape.d_v, elem=elem,
             shared_kv=shape.shared_kv,
         )  # fmt: skip
 
-        def reference() -> Pair:
+        def reference(dtype: torch.dtype = torch.float64) -> Pair:
             return ref.attention_reference(
-                x.q, x.k, x.v, causal=True, softmax_scale=x.softmax_scale, seqlens_k=x.seqlens_k
+                x.q, x.k, x.v, causal=True, softmax_scale=x.softmax_scale, seqlens_k=x.seqlens_k, dtype=dtype
             )
 
         def triton_call(launches: list | None) -> Pair:
@@ -140,23 +166,41 @@ def prepare(
 
             return decode_attention_triton(x.q, x.k, x.v, **kw)
 
+        if backend == "sdpa":
+            sdpa = Sdpa.dense(x.q, x.k, x.v, x.softmax_scale, x.seqlens_k)
+
+    if sdpa is not None:
+        call = sdpa
+        return Prepared(lambda _launches: call(), reference, cost, call.describe)
     if BACKENDS[backend].reference:
-        return Prepared(lambda _launches: reference(), reference, cost)
+        return Prepared(lambda _launches: reference(torch.float32), reference, cost)
     return Prepared(triton_call, reference, cost)
 
 
 def _prepare_step(
     shape: Shape, backend: str, config: dict[str, Any], dtype: torch.dtype, seed: int, device: torch.device
 ) -> Prepared:
-    from kernels.attention.decode_step import DecodeStepper, reference_attend, triton_attend
+    from kernels.attention.decode_step import (
+        DecodeStepper,
+        exact_attend,
+        reference_attend,
+        sdpa_attend,
+        triton_attend,
+    )
     from kernels.paged_mla.cost import mla_decode_cost
     from kernels.paged_mla.layout import D_QK
 
     stepper = DecodeStepper(
         shape.batch, shape.s_k, shape.h_q, page_size=shape.page_size, dtype=dtype, device=device, seed=seed
     )
-    ref_attend = reference_attend(stepper.softmax_scale)
-    attend = ref_attend if BACKENDS[backend].reference else triton_attend(stepper.softmax_scale, **config)
+    ref_attend = exact_attend(stepper.softmax_scale)
+    sdpa_used: dict[str, str] = {}
+    if backend == "sdpa":
+        attend, sdpa_used = sdpa_attend(stepper.softmax_scale)
+    elif BACKENDS[backend].reference:
+        attend = reference_attend(stepper.softmax_scale)
+    else:
+        attend = triton_attend(stepper.softmax_scale, **config)
     kv = "bf16" if dtype == torch.bfloat16 else "fp16"
     lens = [shape.s_k + 1] * shape.batch  # the context the step attends over
     c = mla_decode_cost(lens, h_q=shape.h_q, kv_dtype=kv, q_dtype=kv, out_dtype=kv)
@@ -176,14 +220,21 @@ def _prepare_step(
             "cache_hits": st.hits,
             "cache_pages_in_use": st.pages_in_use,
             "cache_fragmentation": st.fragmentation,
+            **sdpa_used,
         }
 
     return Prepared(lambda _launches: stepper.step(attend), reference, cost, extra)
 
 
-def _check(out: torch.Tensor, lse: torch.Tensor, ref_out: torch.Tensor, ref_lse: torch.Tensor):
+def _check(out: torch.Tensor, lse: torch.Tensor | None, ref_out: torch.Tensor, ref_lse: torch.Tensor):
+    """FlashMLA's rule on out and lse; a backend that returns no lse (SDPA) is checked on out only and
+    its lse report says so (passed, nothing compared)."""
     from kernels.paged_mla.check import check_decode
 
+    if lse is None:
+        check = check_decode(out, ref_lse.float(), ref_out, ref_lse)
+        none = CorrectnessReport(True, "none", math.nan, math.nan, 0, None, 0, message="no lse returned")
+        return replace(check, lse=none)
     return check_decode(out, lse, ref_out, ref_lse)
 
 
@@ -233,9 +284,69 @@ def _json_number(value: Any) -> Any:
     return str(value) if isinstance(value, float) and not math.isfinite(value) else value
 
 
+def _meta_launch(s: Shape, config: dict[str, Any], dtype: torch.dtype) -> Callable[[], Any]:
+    """What `prepare` launches for the triton backend, on meta tensors: same shapes, strides, dtypes and
+    keyword arguments, so kernels.compiled sees the JIT's specialisation. K and V are carved out of one
+    meta buffer so that their addresses differ, as two allocations' do (the kernels tell "V inside K"
+    from the pointers)."""
+    meta = torch.device("meta")
+    b, s_q, s_k = s.batch, s.s_q, s.s_k
+    if s.mode == "decode_step":
+        return _meta_step(s, config, dtype)
+    q = torch.empty(b, s_q, s.h_q, s.d, dtype=dtype, device=meta)
+    k_shape, v_shape = (b, s_k, s.h_kv, s.d), (b, s_k, s.h_kv, s.d_v)
+    if s.shared_kv:
+        k = torch.empty(k_shape, dtype=dtype, device=meta)
+        v = k[..., : s.d_v]
+    else:
+        nk = math.prod(k_shape)
+        buf = torch.empty(nk + math.prod(v_shape), dtype=dtype, device=meta)
+        k, v = buf[:nk].view(k_shape), buf[nk:].view(v_shape)
+    scale = 1.0 / math.sqrt(s.d)
+    if s.is_sparse:
+        from kernels.attention.triton_sparse import sparse_attention_triton
+
+        idx = torch.empty(b, s_q, s.topk, dtype=torch.int32, device=meta)
+        return lambda: sparse_attention_triton(
+            q, k, v, idx, softmax_scale=scale, indices_unique=True, **config
+        )
+    lens = torch.empty(b, dtype=torch.int32, device=meta) if s.seqlens != "fixed" else None
+    if s.mode == "prefill":
+        from kernels.attention.triton_prefill import flash_attention_triton as fn
+    else:
+        from kernels.attention.triton_decode import decode_attention_triton as fn
+    return lambda: fn(q, k, v, softmax_scale=scale, seqlens_k=lens, **config)
+
+
+def _meta_step(s: Shape, config: dict[str, Any], dtype: torch.dtype) -> Callable[[], Any]:
+    """decode_step's attention (kernels.paged_mla's kernel) on meta tensors laid out as DecodeStepper's
+    cache; the split count is chosen from the step's lengths as the kernel would on the host."""
+    from kernels.attention.decode_step import DEFAULT_WINDOW
+    from kernels.paged_mla import triton_decode as td
+    from kernels.paged_mla.layout import D_QK, D_V
+
+    meta = torch.device("meta")
+    b, page = s.batch, s.page_size
+    per_seq = -(-(s.s_k + DEFAULT_WINDOW) // page) + 1
+    q = torch.empty(b, 1, s.h_q, D_QK, dtype=dtype, device=meta)
+    kv = torch.empty(2 * b * per_seq, page, 1, D_QK, dtype=dtype, device=meta)
+    table = torch.empty(b, per_seq, dtype=torch.int32, device=meta)
+    lens = torch.empty(b, dtype=torch.int32, device=meta)
+    tiles = {k: v for k, v in config.items() if k != "num_splits"}
+    n = config.get("num_splits")
+    if n is None:
+        bm = tiles.get("block_m") or td.default_block_m(s.h_q)
+        n = td.choose_num_splits([s.s_k + 1] * b, rows=s.h_q, block_m=bm, page_size=page)
+    scale = 1.0 / math.sqrt(D_QK)
+    return lambda: td.mla_decode_triton(
+        q, kv, table, lens, softmax_scale=scale, d_v=D_V, num_splits=n, **tiles
+    )
+
+
 # The mode's Triton kernel takes the tile keys of CONFIG_KEYS[mode]; the reference takes none.
 BACKENDS = Backends("attention")
-BACKENDS.add("torch_ref", "fp32-math torch reference (baseline)", reference=True)
+BACKENDS.add("torch_ref", "fp32-math torch reference (checked against the fp64 one)", reference=True)
+BACKENDS.add("sdpa", "torch scaled_dot_product_attention (flash/efficient on a GPU, math on a CPU)")
 BACKENDS.add(
     "triton",
     "Triton kernels: flash-attention forward, split-KV decode, top-k sparse gather",
@@ -280,6 +391,15 @@ class AttentionFamily(KernelFamily):
         if config.get("block_m", 16) < 16 or config.get("block_n", 16) < 16:
             raise ValueError("config.block_m and config.block_n must be >= 16 (tl.dot tiles)")
 
+    def meta_launch(
+        self, shape: dict[str, Any], config: dict[str, Any], dtype: str, backend: str
+    ) -> Callable[[], Any] | None:
+        """The triton backend's launches on meta tensors of the trial's shapes and layouts (no storage),
+        for kernels.compiled; None for the torch backends."""
+        if backend != "triton":
+            return None
+        return _meta_launch(parse_shape(shape), dict(config), DTYPES[dtype])
+
     def cost(self, shape: dict[str, Any], dtype: str) -> Cost:
         s = parse_shape(shape)
         elem = elem_size(DTYPES[dtype])
@@ -287,6 +407,7 @@ class AttentionFamily(KernelFamily):
             sel = s.batch * s.s_q * min(s.topk, s.s_k)
             c = sparse_cost(
                 sel,
+                distinct=s.batch * min(s.s_k, s.s_q * s.topk),
                 batch=s.batch,
                 s_q=s.s_q,
                 topk=s.topk,
@@ -331,7 +452,7 @@ class AttentionFamily(KernelFamily):
         }
         resources = _resources(req, shape, prep, device)
         timed = measure(lambda: prep.run(None), req.policy, device=device)
-        rates = derive_rates(prep.cost, timed.summary.median, device_limits(device))
+        rates = derive_rates(prep.cost, timed.summary.median, device_limits(device), precision_of(req.dtype))
         seconds = rates.seconds
         metrics: dict[str, Any] = {
             "mode": shape.mode,

@@ -5,8 +5,11 @@ Dense (prefill, decode, MLA latent decode):
           causal prefill counts about half the square; no extra for softmax).
   bytes = q + K rows read + V rows read + out + lse, with K/V counted once per KV head and only up to
           each sequence's length; with shared K/V (MLA) V lives inside K and is not counted again.
-Sparse: flops = 2 x h_q x (d + d_v) x selected positions; bytes = the gathered K (and V) rows, once per
-  query token per KV head (a gather does not reuse across tokens; L2 may), + q + out + lse + indices.
+Sparse: flops = 2 x h_q x (d + d_v) x selected positions (per query token: each token's scores are
+  computed); bytes = the distinct K (and V) rows the batch names, once per KV head (the least HBM
+  traffic that can produce the answer: rows named by several tokens are read once, so the fraction of
+  roofline cannot exceed 100%), + q + out + lse + indices. Without the indices at hand (the spec-level
+  `cost`), the distinct rows of a sequence are bounded by min(s_k, s_q x topk).
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ def dense_cost(
 def sparse_cost(
     selected: int,
     *,
+    distinct: int,
     batch: int,
     s_q: int,
     topk: int,
@@ -75,10 +79,18 @@ def sparse_cost(
     elem: int,
     shared_kv: bool = False,
 ) -> AttentionCost:
-    """`selected`: positions attended, summed over every query token of the batch."""
+    """`selected`: positions attended, summed over every query token of the batch; `distinct`: distinct
+    (sequence, position) pairs among them, the K/V rows actually read."""
+    if distinct > selected:
+        raise ValueError(f"distinct positions ({distinct}) cannot exceed selected ones ({selected})")
     row = d + (0 if shared_kv else d_v)
-    kv = float(selected * h_kv * row * elem)
+    kv = float(distinct * h_kv * row * elem)
     flops = 2.0 * h_q * (d + d_v) * selected
     idx = float(batch * s_q * topk * 4)
     read = kv + idx + _q_bytes(batch, s_q, h_q, d, elem)
     return AttentionCost(flops, read, _written_bytes(batch, s_q, h_q, d_v, elem), kv)
+
+
+def distinct_positions(indices: Sequence) -> int:
+    """Distinct valid (>= 0) positions per sequence of `indices [b, s_q, topk]`, summed over the batch."""
+    return sum(int(row[row >= 0].unique().numel()) for row in indices)

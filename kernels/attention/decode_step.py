@@ -23,6 +23,7 @@ import torch
 from kernels.paged_mla.cache import KernelTensors, PagedKVCache
 from kernels.paged_mla.layout import D_QK, D_V
 
+DEFAULT_WINDOW = 64  # steps between rewinds
 Attend = Callable[[torch.Tensor, KernelTensors], tuple[torch.Tensor, torch.Tensor]]
 KV_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -43,7 +44,7 @@ class DecodeStepper:
         h_q: int,
         *,
         page_size: int = 64,
-        window: int = 64,
+        window: int = DEFAULT_WINDOW,
         dtype: torch.dtype = torch.bfloat16,
         device: str | torch.device = "cpu",
         seed: int = 0,
@@ -96,6 +97,60 @@ class DecodeStepper:
     @property
     def seqlens(self) -> list[int]:
         return [self.cache.seqlen(i) for i in range(self.batch)]
+
+
+def exact_attend(softmax_scale: float) -> Attend:
+    """The correctness reference of a step: every sequence's cached rows gathered (exact: the cache holds
+    bf16/fp16) and attended in fp64 by kernels.attention.reference."""
+    from kernels.attention.reference import masked_attention
+    from kernels.paged_mla.reference import gather_kv
+
+    def attend(q: torch.Tensor, t: KernelTensors) -> tuple[torch.Tensor, torch.Tensor]:
+        b, s_q, h_q, _ = q.shape
+        out = torch.zeros(b, s_q, h_q, D_V, dtype=torch.float64, device=q.device)
+        lse = torch.full((b, h_q, s_q), float("-inf"), dtype=torch.float64, device=q.device)
+        for i, n in enumerate(t.cache_seqlens.tolist()):
+            if n <= 0:
+                continue
+            kv = gather_kv(t.kv_cache, t.block_table, n, i).to(q.device)[None, :, None, :]
+            mask = torch.ones(1, s_q, n, dtype=torch.bool, device=q.device)
+            o, row_lse = masked_attention(q[i : i + 1], kv, kv[..., :D_V], mask, softmax_scale, torch.float64)
+            out[i], lse[i] = o[0], row_lse[0]
+        return out, lse
+
+    return attend
+
+
+def sdpa_attend(softmax_scale: float) -> tuple[Attend, dict[str, str]]:
+    """The torch baseline of a step: gather the block table's pages into a contiguous [b, S, 1, 576]
+    (zeroed past each length) and run SDPA with a length mask. Returns the attend function and a dict
+    that names the SDPA backends it ended up using (filled after the first call)."""
+    from kernels.attention.sdpa import Sdpa
+
+    used: dict[str, str] = {}
+
+    def attend(q: torch.Tensor, t: KernelTensors):
+        b = q.shape[0]
+        pages = t.block_table.long().clamp(0, t.kv_cache.shape[0] - 1)  # unused entries are sentinels
+        kv = t.kv_cache[pages].reshape(b, -1, 1, D_QK)
+        present = torch.arange(kv.shape[1], device=q.device)[None, :] < t.cache_seqlens.to(q.device)[:, None]
+        kv = torch.where(present[:, :, None, None], kv, 0)
+        call = Sdpa(q, kv, kv[..., :D_V], softmax_scale, mask=present[:, None, None, :])
+        call.backends = used_backends(q.device, used)
+        result = call()
+        used.update(call.describe())
+        return result
+
+    return attend, used
+
+
+def used_backends(device: torch.device, used: dict[str, str]) -> list:
+    """The SDPA backends a step starts from: the preferred ones, or math once they were refused."""
+    from torch.nn.attention import SDPBackend
+
+    from kernels.attention.sdpa import preferred_backends
+
+    return [SDPBackend.MATH] if used.get("sdpa_fallback") else preferred_backends(device)
 
 
 def reference_attend(softmax_scale: float) -> Attend:

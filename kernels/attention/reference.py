@@ -1,4 +1,8 @@
-"""fp32 torch references for the attention family. They run anywhere (CPU included).
+"""Torch references for the attention family. They run anywhere (CPU included).
+
+Precision: the correctness reference computes in fp64 (`dtype=torch.float64`, the default), so no
+backend is ever checked against itself: the `torch_ref` backend runs the same code in fp32 and is
+checked against the fp64 answer like every other backend.
 
 Causal rule (bottom-right aligned, as in decode and FlashMLA): with s_q queries over s_k keys, query i
 sees keys 0 .. s_k - s_q + i. For s_q == s_k this is the usual lower triangle; for s_q == 1 the query
@@ -68,12 +72,17 @@ def _lens(seqlens_k: torch.Tensor | None, s_k: int, batch: int, device) -> torch
 
 
 def masked_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, softmax_scale: float | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    softmax_scale: float | None = None,
+    dtype: torch.dtype = torch.float64,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Softmax attention restricted to `mask [b, s_q, s_k]`, fp32 math, GQA without expanding K/V.
+    """Softmax attention restricted to `mask [b, s_q, s_k]`, math in `dtype`, GQA without expanding K/V.
 
     Keys no query may see are zeroed first, so NaN poison in unused K/V memory cannot leak through a
-    0 x NaN product. Returns out [b, s_q, h_q, d_v] fp32 and lse [b, h_q, s_q] fp32.
+    0 x NaN product. Returns out [b, s_q, h_q, d_v] and lse [b, h_q, s_q], both in `dtype`.
     """
     b, s_q, h_q, d = q.shape
     _, s_k, h_kv, d_k = k.shape
@@ -84,9 +93,9 @@ def masked_attention(
     group = h_q // h_kv
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale
     used = mask.any(dim=1)[:, :, None, None]  # [b, s_k, 1, 1]: keys some query sees
-    kf = torch.where(used, k.float(), 0.0)
-    vf = torch.where(used, v.float(), 0.0)
-    qf = q.float().reshape(b, s_q, h_kv, group, d)
+    kf = torch.where(used, k.to(dtype), 0.0)
+    vf = torch.where(used, v.to(dtype), 0.0)
+    qf = q.to(dtype).reshape(b, s_q, h_kv, group, d)
     scores = torch.einsum("bqhgd,bkhd->bhgqk", qf, kf) * scale
     scores = scores.masked_fill(~mask[:, None, None], float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)  # [b, h_kv, group, s_q], -inf for empty rows
@@ -104,11 +113,12 @@ def attention_reference(
     causal: bool = True,
     softmax_scale: float | None = None,
     seqlens_k: torch.Tensor | None = None,
+    dtype: torch.dtype = torch.float64,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dense attention (prefill or decode), causal bottom-right aligned, GQA."""
     b, s_q = q.shape[:2]
     make = causal_mask if causal else length_mask
-    return masked_attention(q, k, v, make(s_q, k.shape[1], seqlens_k, b, q.device), softmax_scale)
+    return masked_attention(q, k, v, make(s_q, k.shape[1], seqlens_k, b, q.device), softmax_scale, dtype)
 
 
 def sparse_attention_reference(
@@ -119,11 +129,13 @@ def sparse_attention_reference(
     *,
     softmax_scale: float | None = None,
     seqlens_k: torch.Tensor | None = None,
+    dtype: torch.dtype = torch.float64,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k sparse attention: each query token attends to the set of positions in indices[b, i]."""
     if indices.shape[:2] != q.shape[:2]:
         raise ValueError(f"indices {tuple(indices.shape)} must be [b, s_q, topk] for q {tuple(q.shape)}")
-    return masked_attention(q, k, v, sparse_mask(indices, k.shape[1], seqlens_k), softmax_scale)
+    mask = sparse_mask(indices, k.shape[1], seqlens_k)
+    return masked_attention(q, k, v, mask, softmax_scale, dtype)
 
 
 def mla_decode_reference(

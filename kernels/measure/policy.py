@@ -3,7 +3,7 @@
 Defaults follow the reference anchors (../shared/REFERENCE.md, "Timing methodology"): at least 10 samples,
 stop when the relative standard deviation is below 0.5% after 0.5 s of measured time or when the noise
 stops improving, a 15 s wall-clock cap, L2 flushed before every sample, samples taken while the SM clock
-is below 75% of its default flagged, correctness on at least two seeds.
+fell more than 5% below the clock the run started with flagged, correctness on at least two seeds.
 """
 
 from __future__ import annotations
@@ -43,7 +43,9 @@ class MeasurePolicy(BaseModel):
 
     # -- GPU timer -------------------------------------------------------------------------------------
     flush_l2: bool = Field(True, description="flush the L2 cache (write >= 2x its size) before every sample")
-    cuda_graph: bool = Field(False, description="time a CUDA-graph replay of the callable (short kernels)")
+    cuda_graph: bool = Field(
+        False, description="always time a CUDA-graph replay (by default, kernels under ~100 us are replayed)"
+    )
     kernel_only: bool = Field(False, description="kernel time from the torch profiler (CUPTI)")
     kernel_name: str | None = Field(
         None, min_length=1, description="substring of the kernel names that kernel-only timing sums"
@@ -53,8 +55,12 @@ class MeasurePolicy(BaseModel):
     )
 
     # -- clocks ----------------------------------------------------------------------------------------
-    throttle_clock_fraction: float = Field(
-        0.75, gt=0, le=1, description="a sample is throttled when the SM clock is below this x default clock"
+    throttle_max_drop: float = Field(
+        0.05,
+        gt=0,
+        lt=1,
+        description="a sample is throttled when the SM clock fell more than this fraction below the SM clock "
+        "the run started with",
     )
     discard_throttled: bool = Field(
         True, description="leave throttled samples out of the summary and the stopping rule (kept raw)"

@@ -1,19 +1,33 @@
 """Measure a zero-argument callable on the device where it runs: raw samples, summary, stop reason.
 
-Timers (the `timer` label of a Measurement):
+Timers (the `timer` label of a Measurement: the method actually used, per trial; `timer_reason` says
+why it was chosen):
   cpu_perf_counter  time.perf_counter_ns around each call (CPU timings, labelled so);
-  cuda_event        CUDA events around each call, L2 flushed before each sample;
-  cuda_graph        CUDA events around a replay of a CUDA graph captured from the callable;
+  cuda_event        CUDA events around each call, L2 flushed before each sample (flush, start event,
+                    call, end event): for calls of ~100 us and more, whose host launch time the flush and
+                    the kernel itself cover;
+  cuda_graph        CUDA events around a replay of a CUDA graph captured from the callable, the flush
+                    launched before the start event: one launch, so the call's host overhead (Python,
+                    argument handling) is not timed. The GPU default for calls under ~100 us;
+  cuda_event_back_to_back  for calls under ~100 us that cannot be captured in a graph (host work,
+                    synchronisation): flush, start event, `reps` calls back to back, end event; the
+                    sample is the mean per call, so host overhead overlaps the queued kernels;
   cupti             kernel-only time from the torch profiler (CUPTI), summed over the kernels whose name
                     contains the filter, per call. The filter must not match the L2 flush (a memset /
                     fill of a byte buffer) nor memcpy/memset records.
+A measurement whose samples drift (`drift`: the last third's median far from the first third's, or a
+short run that rises or falls all the way) or, on the CPU, whose process got far less CPU time than
+the wall time of its timed loop (`contended`: another process had the cores) is also flagged `noisy`:
+its median describes the machine's load, not the kernel.
 Warm-up is by time (`warmup_ms`, after one first call that absorbs JIT compilation). The stopping rule
-(kernels.measure.stopping) decides when to stop. On a GPU, the SM clock is read after each batch of
-samples and samples taken while throttled are flagged (and left out of the summary if the policy says so).
+(kernels.measure.stopping) decides when to stop. On a GPU, the SM clock is read when measuring starts and
+after each batch of samples (kernels.measure.clocks); a batch whose clock fell more than 5% below the
+starting one is flagged throttled (and left out of the summary if the policy says so).
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +43,30 @@ from kernels.measure.summary import SampleStats, summarize
 
 DEFAULT_FLUSH_BYTES = 256 * 1024 * 1024  # when the device does not report its L2 size
 CUPTI_MIN_BATCH = 50  # calls per profiler session: starting one costs far more than a kernel
+SHORT_CALL_NS = 100_000  # under this, host launch overhead is a visible part of an event-timed call
+PROBE_CALLS = 5
+DRIFT_LIMIT = 0.10  # last third's median vs the first third's (relative): beyond it, the samples drift
+SHORT_RUN_DRIFT = 0.20  # fewer than 6 samples, all rising or all falling, by more than this end to end
+MIN_CPU_RATIO = 0.5  # process CPU time / wall time of a CPU timing loop: below it, the cores were shared
+
+
+def choose_gpu_timer(requested: str, probe_ns: float | None, graph_error: str | None) -> tuple[str, str]:
+    """The GPU timing method and why: the policy's explicit choice (cuda_graph, cupti) stands; the
+    default (cuda_event) becomes a graph replay for calls under SHORT_CALL_NS, or back-to-back launches
+    when the call cannot be captured (`graph_error`)."""
+    if requested != "cuda_event":
+        return requested, "set by the measure policy"
+    if probe_ns is None or probe_ns >= SHORT_CALL_NS:
+        return "cuda_event", "call of >= 100 us: events around each call"
+    short = f"call of {probe_ns / 1e3:.1f} us < 100 us"
+    if graph_error is None:
+        return "cuda_graph", f"{short}: CUDA-graph replay keeps host overhead out"
+    return "cuda_event_back_to_back", f"{short}, not capturable ({graph_error}): back-to-back launches"
+
+
+def back_to_back_reps(probe_ns: float) -> int:
+    """Calls per back-to-back sample: enough to cover ~100 us of GPU time."""
+    return max(1, min(1000, int(SHORT_CALL_NS // max(probe_ns, 1.0))))
 
 
 @dataclass
@@ -38,6 +76,7 @@ class Measurement:
     stop_reason: str
     timer: str
     device: str
+    timer_reason: str | None = None
     throttled: list[bool] = field(default_factory=list)
     kept: list[bool] = field(default_factory=list)  # False where a throttled sample was discarded
     clocks: dict[str, Any] = field(default_factory=dict)
@@ -62,6 +101,7 @@ class Measurement:
             "summary": self.summary.to_dict(),
             "stop_reason": self.stop_reason,
             "timer": self.timer,
+            "timer_reason": self.timer_reason,
             "device": self.device,
             "throttled": [bool(t) for t in self.throttled],
             "kept": [bool(k) for k in self.kept],
@@ -118,6 +158,7 @@ def _measure_cpu(fn: Callable[[], object], policy: MeasurePolicy) -> Measurement
     rule = StoppingRule(policy)
     samples: list[int] = []
     start = time.perf_counter()
+    cpu_start = time.process_time()
     while True:
         t0 = time.perf_counter_ns()
         fn()
@@ -125,6 +166,8 @@ def _measure_cpu(fn: Callable[[], object], policy: MeasurePolicy) -> Measurement
         samples.append(t1 - t0)
         if rule.add(t1 - t0, wall_s=time.perf_counter() - start):
             break
+    wall = time.perf_counter() - start
+    cpu_ratio = (time.process_time() - cpu_start) / wall if wall > 0 else 1.0
     return _finish(
         samples,
         [False] * len(samples),
@@ -132,9 +175,13 @@ def _measure_cpu(fn: Callable[[], object], policy: MeasurePolicy) -> Measurement
         policy,
         timer="cpu_perf_counter",
         device="cpu",
-        clocks={"available": False, "reason": "CPU timing: no SM clock"},
+        clocks={
+            "available": False,
+            "reason": "CPU timing: no SM clock",
+            "cpu_time_ratio": round(cpu_ratio, 3),
+        },
         warmup=(warmup_iters, warmup_ms),
-        wall_s=time.perf_counter() - start,
+        wall_s=wall,
     )
 
 
@@ -151,6 +198,7 @@ def _finish(
     wall_s: float,
     l2_flush_bytes: int | None = None,
     kernel_name: str | None = None,
+    timer_reason: str | None = None,
 ) -> Measurement:
     keep = [not (t and policy.discard_throttled) for t in throttled]
     kept = [s for s, k in zip(samples, keep, strict=True) if k] or samples
@@ -165,12 +213,20 @@ def _finish(
         flags.append("step")
     if summary.n < policy.min_samples:
         flags.append("few_samples")
+    if drifts(kept):
+        flags.append("drift")
+    ratio = clocks.get("cpu_time_ratio")
+    if ratio is not None and ratio < MIN_CPU_RATIO:
+        flags.append("contended")
+    if {"drift", "contended"} & set(flags) and "noisy" not in flags:
+        flags.insert(0, "noisy")
     return Measurement(
         samples_ns=samples,
         summary=summary,
         stop_reason=rule.reason or "max_samples",
         timer=timer,
         device=device,
+        timer_reason=timer_reason,
         throttled=throttled,
         kept=keep,
         clocks=clocks,
@@ -182,6 +238,22 @@ def _finish(
         kernel_name=kernel_name,
         wall_s=wall_s,
     )
+
+
+def drifts(samples: list[int]) -> bool:
+    """Whether the samples move across the run rather than scatter around one value: from 6 samples on,
+    the median of the last third differs from the first third's by more than DRIFT_LIMIT; below that,
+    every sample is above (or below) the one before and the run moves more than SHORT_RUN_DRIFT."""
+    n = len(samples)
+    if n < 3 or min(samples) <= 0:
+        return False
+    if n < 6:
+        pairs = list(zip(samples, samples[1:], strict=False))
+        monotone = all(b > a for a, b in pairs) or all(b < a for a, b in pairs)
+        return monotone and abs(samples[-1] - samples[0]) / min(samples[0], samples[-1]) > SHORT_RUN_DRIFT
+    third = n // 3
+    first, last = statistics.median(samples[:third]), statistics.median(samples[-third:])
+    return abs(last - first) / min(first, last) > DRIFT_LIMIT
 
 
 # -- CUDA --------------------------------------------------------------------------------------------------
@@ -208,9 +280,24 @@ def _measure_cuda(
             flush_buf.zero_()
 
     warmup = _warm_up(fn, policy.warmup_ms, stream.synchronize)
-    call = _capture_graph(fn, stream).replay if timer == "cuda_graph" else fn  # replay keeps the graph
+    probe_ns: float | None = None
+    graph = None
+    graph_error = None
+    if timer == "cuda_event":
+        probe = sorted(_event_times(fn, flush, PROBE_CALLS, stream))
+        probe_ns = float(probe[len(probe) // 2])
+    if timer == "cuda_graph" or (probe_ns is not None and probe_ns < SHORT_CALL_NS):
+        try:
+            graph = _capture_graph(fn, stream)
+        except Exception as exc:  # host work or a sync inside the call: it cannot be captured
+            if timer == "cuda_graph":
+                raise
+            graph_error = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+    timer, timer_reason = choose_gpu_timer(timer, probe_ns, graph_error)
+    call = graph.replay if timer == "cuda_graph" and graph is not None else fn  # replay keeps the graph
+    reps = back_to_back_reps(probe_ns or SHORT_CALL_NS)
 
-    clock = ClockSampler.open(index, policy.throttle_clock_fraction)
+    clock = ClockSampler.open(index, policy.throttle_max_drop)
     rule = StoppingRule(policy)
     samples: list[int] = []
     throttled: list[bool] = []
@@ -220,6 +307,8 @@ def _measure_cuda(
         batch = min(per_sync, policy.max_samples - rule.n_raw)
         if timer == "cupti":
             times = _kernel_times(call, flush, batch, kernel_name or "", stream)
+        elif timer == "cuda_event_back_to_back":
+            times = _event_times(call, flush, batch, stream, reps=reps)
         else:
             times = _event_times(call, flush, batch, stream)
         hot = clock.sample()
@@ -240,23 +329,30 @@ def _measure_cuda(
         wall_s=time.perf_counter() - start,
         l2_flush_bytes=flush_bytes,
         kernel_name=kernel_name if timer == "cupti" else None,
+        timer_reason=timer_reason,
     )
 
 
 def _event_times(
-    call: Callable[[], object], flush: Callable[[], None], batch: int, stream: torch.cuda.Stream
+    call: Callable[[], object],
+    flush: Callable[[], None],
+    batch: int,
+    stream: torch.cuda.Stream,
+    reps: int = 1,
 ) -> list[int]:
-    """Enqueue `batch` samples (flush, start event, call, end event) and synchronise once."""
+    """Enqueue `batch` samples (flush launched, start event, `reps` calls, end event) and synchronise
+    once; a sample is the time per call."""
     events = [
         (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(batch)
     ]
     for begin, end in events:
         flush()
         begin.record(stream)
-        call()
+        for _ in range(reps):
+            call()
         end.record(stream)
     stream.synchronize()
-    return [int(round(begin.elapsed_time(end) * 1e6)) for begin, end in events]
+    return [int(round(begin.elapsed_time(end) * 1e6 / reps)) for begin, end in events]
 
 
 def _capture_graph(fn: Callable[[], object], stream: torch.cuda.Stream) -> torch.cuda.CUDAGraph:

@@ -15,7 +15,7 @@ import pytest
 
 from kernels.fp8_gemm.tiles import TileConfig
 
-GPU_SPECS = ["jobs/specs/fp8_gemm.yaml", "jobs/specs/paged_mla.yaml"]
+GPU_SPECS = ["jobs/specs/fp8_gemm.yaml", "jobs/specs/paged_mla.yaml", "jobs/specs/attention.yaml"]
 
 SCRIPT = """
 import json, sys
@@ -124,3 +124,17 @@ def test_compiling_under_the_interpreter_is_refused_with_the_reason():
     assert "TRITON_INTERPRET" in (interpreter_reason() or "")
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET"), capturing():
         pass
+
+
+@pytest.mark.slow
+def test_attention_kernels_of_the_shipped_spec_compile_clean_for_sm90(compiled):
+    rows = [r for r in compiled["rows"] if r["spec"].endswith("attention.yaml")]
+    kernels = {e["kernel"] for r in rows for e in r["evidence"]}
+    # every Triton kernel the spec runs: prefill, split-KV decode + combine, sparse, paged decode step
+    want = {"_flash_fwd_kernel", "_decode_split_kernel", "_decode_combine_kernel", "_sparse_kernel"}
+    assert want <= kernels
+    found = [e for r in rows for e in r["evidence"]]
+    assert not [e for e in found if e["spills"]], [e for e in found if e["spills"]][:3]
+    assert all(e["shared"] <= e["smem_limit"] for e in found)
+    prefill = [e for e in found if e["kernel"] == "_flash_fwd_kernel"]
+    assert prefill and all(e["wgmma"] for e in prefill)  # 64-row tiles reach the SM90 tensor cores

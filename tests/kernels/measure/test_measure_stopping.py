@@ -93,14 +93,14 @@ def test_policy_validation_names_the_problem() -> None:
         MeasurePolicy(seeds=0)
     with pytest.raises(ValidationError, match="target_rel_stdev"):
         MeasurePolicy(target_rel_stdev=0)
-    with pytest.raises(ValidationError, match="throttle_clock_fraction"):
-        MeasurePolicy(throttle_clock_fraction=1.5)
+    with pytest.raises(ValidationError, match="throttle_max_drop"):
+        MeasurePolicy(throttle_max_drop=1.5)
     with pytest.raises(ValidationError, match="extra"):
         MeasurePolicy.model_validate({"warmup_ms": 10, "bogus": 1})
     p = MeasurePolicy.model_validate({"kernel_only": True, "kernel_name": "fmha", "min_time_s": 0.01})
     assert p.timer_name(on_gpu=True) == "cupti" and p.timer_name(on_gpu=False) == "cpu_perf_counter"
     d = MeasurePolicy()
-    assert (d.seeds, d.target_rel_stdev, d.min_time_s, d.throttle_clock_fraction) == (2, 0.005, 0.5, 0.75)
+    assert (d.seeds, d.target_rel_stdev, d.min_time_s, d.throttle_max_drop) == (2, 0.005, 0.5, 0.05)
 
 
 def test_short_kernel_converges_on_default_policy() -> None:

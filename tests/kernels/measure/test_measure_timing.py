@@ -67,7 +67,9 @@ def test_cpu_peak_memory_sees_a_64mb_allocation() -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["cuda_event", "cuda_graph"])
 def test_gpu_event_and_graph_timers(mode: str) -> None:
-    a = torch.randn(1024, 1024, device="cuda")
+    # events around each call for a call of >= 100 us (a 4096^2 fp32 matmul takes milliseconds)
+    n = 4096 if mode == "cuda_event" else 1024
+    a = torch.randn(n, n, device="cuda")
     policy = FAST.model_copy(update={"cuda_graph": mode == "cuda_graph"})
     m = measure(lambda: a @ a, policy, device="cuda")
     assert m.timer == mode and len(m.samples_ns) >= policy.min_samples
