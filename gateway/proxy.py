@@ -186,11 +186,14 @@ class Proxy:
             opts = body.get("stream_options")
             if not (isinstance(opts, dict) and opts.get("include_usage")):
                 strip_usage = True  # the client did not ask for the usage chunk: the gateway does
+        bodies: dict[str, bytes] = {}
         if strip_usage:
             opts = body.get("stream_options")
             body["stream_options"] = {**(opts if isinstance(opts, dict) else {}), "include_usage": True}
-        bodies: dict[str, bytes] = {}
-        if not strip_usage:
+            if opts is None:  # appended to the client's bytes (an object with a "model"): no re-encoding
+                end = raw.rstrip().rfind(b"}")
+                bodies[head.model] = raw[:end] + b',"stream_options":{"include_usage":true}}'
+        else:
             bodies[head.model] = raw  # sent as it came when the upstream id is the public one
         translated: dict[tuple[str, str], tuple[str, bytes, dict[str, str]]] = {}
 

@@ -168,3 +168,30 @@ async def test_body_over_client_max_size_is_a_413_in_the_callers_format(start_ga
     assert fake.requests == 0
     rows = await gw.rows()
     assert [(r["http_status"], r["error_class"]) for r in rows] == [(413, "body_too_large")] * 2
+
+
+async def test_chat_stream_usage_request_is_appended_to_the_clients_own_bytes(gateway, fake):
+    """A chat stream whose client did not ask for usage, on a model whose upstream id is its public name:
+    the gateway appends `stream_options` to the body as the client wrote it (no re-encoding), and the
+    upstream gets every field of it; the usage chunk it asked for is not passed on."""
+    import json
+
+    import aiohttp
+
+    raw = (
+        b'{"model": "gpt-beta",\n "stream": true, "temperature": 0.25, "x_extra": {"k": [1, 2.5, null]},'
+        b' "messages": [{"role": "user", "content": "caf\\u00e9 \\"quoted\\""}]}\n  \t'
+    )
+    headers = {"Authorization": f"Bearer {gateway.keys['beta']}", "Content-Type": "application/json"}
+    async with aiohttp.ClientSession() as s:
+        async with s.post(f"{gateway.url}/v1/chat/completions", data=raw, headers=headers) as r:
+            assert r.status == 200, await r.text()
+            text = (await r.read()).decode()
+    events = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]" and all(json.loads(e).get("usage") is None for e in events[:-1])
+    seen = fake.seen[-1]
+    assert seen.body == {**json.loads(raw), "stream_options": {"include_usage": True}}
+    (row,) = await gateway.rows()
+    assert (row["input_tokens"], row["output_tokens"]) == fake.usage_log[-1][2:] and not row[
+        "tokens_estimated"
+    ]
