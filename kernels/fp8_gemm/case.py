@@ -6,10 +6,12 @@ Backends:
   triton      kernels.fp8_gemm.triton_gemm with the trial's tile config (block_m, block_n, block_k,
               group_m, num_warps, num_stages)
   deep_gemm   the DeepGEMM library, when importable on a GPU host (skipped, saying why, otherwise)
-Every trial: correctness on policy.seeds seeds (calc_diff against the bf16 reference, pass below 1e-3),
-then timing with kernels.measure. Metrics: time_ns, TFLOPS, GB/s, calc_diff, spread (cv, and IQR over
-the median). Resources of a triton trial: the static model (`model`, kernels.fp8_gemm.resources) and the
-compiled kernel's registers / spills / shared memory (`compiled`, on a GPU), and Nsight Compute metrics
+Every trial: correctness on policy.seeds seeds against the bf16 reference (kernels.fp8_gemm.check:
+calc_diff below 1e-3 and every 128x128 output tile's max error, relative to the tile's largest reference
+value, at most 0.15, so one wrong tile fails), then timing with kernels.measure. Metrics: time_ns,
+TFLOPS, GB/s, calc_diff, tile_err (the worst tile's error), spread (cv, and IQR over the median).
+Resources of a triton trial: the static model (`model`, kernels.fp8_gemm.resources) and the compiled
+kernel's registers / spills / shared memory (`compiled`, on a GPU), and Nsight Compute metrics
 (bank conflicts, `ncu`) when the policy asks. A config the model prunes is not run: the trial is
 `pruned`, its error text starts "pruned: " with the reasons, and the model numbers are stored with it.
 Where Triton compiles (not the interpreter), a config the model passes is then compiled for the host's
@@ -39,18 +41,18 @@ from kernels.base import (
 )
 from kernels.compiled import trial_check
 from kernels.fp8_gemm import deep_gemm_adapter
+from kernels.fp8_gemm.check import CALC_DIFF_THRESHOLD, check_fp8_gemm, worst_tile_error
 from kernels.fp8_gemm.cost import gemm_cost
 from kernels.fp8_gemm.inputs import GemmInputs, build_inputs
 from kernels.fp8_gemm.reference import gemm_bf16, gemm_dequant_fp32
 from kernels.fp8_gemm.resources import estimate
 from kernels.fp8_gemm.tiles import CONFIG_KEYS, TileConfig, deepgemm_choice
 from kernels.hardware import device_limits
-from kernels.measure.correctness import check_calc_diff, combine_seeds, seed_list
+from kernels.measure.correctness import combine_seeds, seed_list
 from kernels.measure.resources import collect_ncu, triton_resources
 from kernels.measure.timing import measure
 
 DTYPE = "float8_e4m3fn"
-CALC_DIFF_THRESHOLD = 1e-3
 
 # A backend builds, for one set of inputs and the trial's tile config (triton only), a zero-argument
 # callable writing D (after one call that compiles), plus the compiled Triton kernel when there is one.
@@ -187,12 +189,14 @@ class Fp8GemmFamily(KernelFamily):
         device = torch.device(req.device)
         build = self.backends.impl(req.backend)
         seeds = seed_list(req.policy.seeds)
-        reports, compiled = [], None
+        reports, tile_errs, compiled = [], [], None
         for seed in seeds:
             x = build_inputs(m, n, k, seed, device)
             call, compiled = build(x, cfg)
             out = call()
-            reports.append(check_calc_diff(out, gemm_bf16(x.a, x.b), threshold=CALC_DIFF_THRESHOLD))
+            ref = gemm_bf16(x.a, x.b)
+            reports.append(check_fp8_gemm(out, ref, threshold=CALC_DIFF_THRESHOLD))
+            tile_errs.append(worst_tile_error(out, ref))
         correctness = combine_seeds(reports, seeds).to_dict()
         if cfg is not None:
             resources["compiled"] = triton_resources(compiled)
@@ -207,6 +211,7 @@ class Fp8GemmFamily(KernelFamily):
             "tflops": rates.tflops,
             "gbps": rates.gbps,
             "calc_diff": max(r.calc_diff for r in reports),
+            "tile_err": max(tile_errs),
             "spread_cv": s.cv,
             "spread_iqr": s.iqr / s.median if s.median else None,
         }

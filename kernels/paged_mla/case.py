@@ -9,8 +9,18 @@ Backends
 Shape keys (one grid for every backend): batch, seqlen (the longest sequence), dist (fixed | uniform |
 skewed | boundary), h_q, s_q, page_size (16 | 32 | 64 | 128), kv_dtype (bf16 | fp8); optional
 shared_prefix (tokens every sequence shares, default 0). The spec dtype is q's and out's: bfloat16.
-Config: triton takes num_splits (a positive integer or "auto") and the test-only `_overread` (read that
-many slots past every sequence's end); cache_trace takes the trace keys of trace_bench; the others none.
+Config: triton takes
+  num_splits   a positive integer or "auto" (choose_num_splits, from the shape's lengths)
+  num_warps    1 | 2 | 4 | 8 | 16 (default 8) and num_stages 1-8 (default 2): the split kernel's launch
+  block_m      query rows (s_q x h_q pairs) per program, a power of two >= 16 (default 16 for <= 16
+               rows, else 32); 64 and more use wgmma on sm_90a
+  block_n      cached tokens per step, a power of two >= 16 (default min(64, page) for a bf16 cache;
+               for fp8 32 at page >= 64, else 16: those compile for sm_90a without spills)
+  _overread    test only: read that many slots past every sequence's end
+and before it runs, where Triton compiles (a GPU host, or TRITON_INTERPRET=0 set), the trial is compiled
+for the host's target as the JIT would launch it (kernels.compiled); a config that spills or needs more
+shared memory than a block gets is `pruned` with the compiler's reason, and the verdict is stored as
+resources.compiled_check. cache_trace takes the trace keys of trace_bench; the others no config.
 
 A decode trial: the sequence lengths depend on the shape only (sample_seqlens with SEQLEN_SEED), so every
 backend and every seed decodes the same lengths and cost() knows them. For each of policy.seeds seeds it
@@ -43,6 +53,7 @@ from kernels.base import (
     derive_rates,
     needs_triton,
 )
+from kernels.compiled import trial_check
 from kernels.hardware import device_limits
 from kernels.measure.correctness import combine_seeds, seed_list
 from kernels.measure.memory import peak_memory
@@ -165,7 +176,22 @@ class PagedMLAFamily(KernelFamily):
         )
 
     def execute(self, req: TrialRequest) -> TrialOutcome:
-        return self.backends.impl(req.backend)(req)
+        """A triton trial is first compiled for the host's target where Triton compiles (a GPU host, or
+        TRITON_INTERPRET=0 asked for explicitly): one that spills or needs more shared memory than a
+        block gets is `pruned` with the compiler's reason, without running."""
+        check = trial_check(self, req.shape, req.config, req.dtype, req.backend)
+        if check is not None and check.get("problems"):
+            cost = self.cost(req.shape, req.dtype)
+            return TrialOutcome(
+                status=TrialStatus.PRUNED,
+                error="pruned: " + "; ".join(check["problems"]),
+                resources={"compiled_check": check},
+                metrics={"flops": cost.flops, "bytes": cost.bytes},
+            )
+        outcome = self.backends.impl(req.backend)(req)
+        if check is not None:
+            outcome.resources = {**outcome.resources, "compiled_check": check}
+        return outcome
 
 
 # -- validation --------------------------------------------------------------------------------------------

@@ -10,8 +10,10 @@ Unused slots carry a NaN scale (and NaN fp8 bytes), so any read past a sequence'
 output.
 
 Empty rows: a query row that sees no key (cache_seqlens == 0, or s_q > seqlen and the causal rule hides
-every key from an early query) has out = 0 and lse = EMPTY_ROW_LSE (-inf, the log-sum-exp of an empty
-set). Partial results of empty splits use the same convention, so the combine weights them by zero.
+every key from an early query) has out = 0 and lse = EMPTY_ROW_LSE, +inf as FlashMLA returns it (its
+kernels write +inf where the softmax sum is 0). Inside the Triton kernel the partial lse of an empty split
+stays -inf (the log-sum-exp of an empty set), so the combine weights it by zero; only the final lse of a
+row that no split saw becomes +inf.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ DEFAULT_PAGE_SIZE = 64
 PAGE_SIZES = (16, 32, 64, 128)
 # Unused block-table entries: far outside any pool, so an unmasked read through one faults on a GPU.
 INVALID_BLOCK_ID = 2**31 - 1
-EMPTY_ROW_LSE = float("-inf")
+EMPTY_ROW_LSE = float("inf")
 FP8_MAX = 448.0
 
 KV_DTYPES: dict[str, torch.dtype] = {

@@ -3,7 +3,7 @@
 It gathers exactly the first cache_seqlens[b] slots of each sequence through the block table (never an
 unused slot or block-table entry), dequantises fp8 with the per-token scales, and applies the causal rule
 inside the query block: query i of s_q sees keys 0 .. seqlen - s_q + i. Rows that see no key get
-out = 0 and lse = EMPTY_ROW_LSE (-inf); see kernels.paged_mla.layout.
+out = 0 and lse = EMPTY_ROW_LSE (+inf, as FlashMLA); see kernels.paged_mla.layout.
 """
 
 from __future__ import annotations

@@ -1,18 +1,25 @@
 """Triton split-KV MLA decode over a paged KV cache, plus the combine kernel.
 
-Stage 1, `_split_kernel`, grid (batch, num_splits, row blocks). The query rows of one sequence are the
+Stage 1, `_split_kernel`, a 1-D grid of batch x num_splits x row blocks with the row block fastest:
+program id = (b * num_splits + split) * row_blocks + row_block. Blocks are dispatched in id order, so
+the row blocks that read one KV range (one split of one sequence) run side by side and share it through
+L2 instead of each pulling it from HBM at a different time. The query rows of one sequence are the
 s_q x h_q (token, head) pairs, all attending to the same single KV head. Each program takes BLOCK_M rows
 and one split: split s of a sequence with P = cdiv(seqlen, page_size) pages covers pages
 [s * cdiv(P, num_splits), (s + 1) * cdiv(P, num_splits)), clipped to seqlen. It walks those tokens
 BLOCK_N at a time, looks each token's page up in the block table, loads the 576-channel rows (the first
-512 reused as V), dequantises fp8 with the per-token scale, and runs an online softmax (base 2). It
-writes a partial output (normalised, fp32) and a partial lse (natural log, fp32); a split with no
-visible key writes out 0 and lse -inf. Every load is masked by the token's position < seqlen, so no slot
-past a sequence's length and no unused block-table entry is ever dereferenced.
+512 reused as V) and runs an online softmax (base 2). An fp8 cache is converted to bf16 as it is (exact:
+every e4m3 value is a bf16 value) and its per-token scale applied after the dots, to the scores
+(q . k_j x scale_j) and to P's columns before P @ V (sum_j p_ij scale_j v_j): the tile never exists
+dequantised in fp32, which is what made the fp8 kernel spill. It writes a partial output (normalised,
+fp32) and a partial lse (natural log, fp32); a split with no visible key writes out 0 and lse -inf.
+Every load is masked by the token's position < seqlen, so no slot past a sequence's length and no unused
+block-table entry is ever dereferenced.
 
 Stage 2, `_combine_kernel`, grid (batch, rows): merges the splits by their lse
 (out = sum_s exp(lse_s - lse) out_s, lse = log sum_s exp(lse_s)), writes out [b, s_q, h_q, d_v] in
-q's dtype and lse [b, h_q, s_q] fp32; a row with no key anywhere gets out 0 and lse -inf.
+q's dtype and lse [b, h_q, s_q] fp32; a row with no key anywhere gets out 0 and lse +inf (FlashMLA's
+value; kernels.paged_mla.layout.EMPTY_ROW_LSE).
 
 Causal rule for s_q > 1 (multi-token prediction): query token i sees keys 0 .. seqlen - s_q + i.
 
@@ -69,6 +76,16 @@ def default_block_m(rows: int) -> int:
     return 16 if rows <= 16 else 32
 
 
+def default_block_n(page_size: int, fp8: bool) -> int:
+    """Cached tokens per step when the caller does not choose: min(64, page) for a bf16 cache. An fp8
+    cache sits at the 255-register edge on sm_90a (8 warps, 2 stages): 64-token steps spill at page >= 64
+    and 32-token steps at page 32 (8-32 B of stack), so it takes 32 at page >= 64 and 16 below, which
+    compile clean (tests/kernels/paged_mla/test_paged_mla_compiled.py)."""
+    if fp8:
+        return 32 if page_size >= 64 else 16
+    return max(16, min(64, page_size))
+
+
 def choose_num_splits(
     cache_seqlens: torch.Tensor | list[int],
     *,
@@ -89,6 +106,19 @@ def choose_num_splits(
         return 1
     programs = len(lens) * triton.cdiv(rows, block_m)
     return split_count(programs, sum(lens) / len(lens), triton.cdiv(max(lens), page_size), num_sms)
+
+
+@triton.jit
+def _scaled_v_step(s, visible, m_i, l_i, acc, v, v_scale, F32: tl.constexpr):
+    """softmax_step with V's rows scaled by v_scale: l sums p, acc sums (p x v_scale) @ v."""
+    s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.math.exp2(m_i - m_safe)
+    p = tl.math.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    pv = dot((p * v_scale[None, :]).to(v.dtype), v, F32)
+    return m_new, l_i, alpha[:, None] * acc + pv
 
 
 @triton.jit
@@ -127,10 +157,12 @@ def _split_kernel(
     F32: tl.constexpr,
     OVERREAD: tl.constexpr,  # test-only: pretend every sequence is this many tokens longer
 ):
-    b = tl.program_id(0)
-    split = tl.program_id(1)
-    mb = tl.program_id(2)
     rows = S_Q * H_Q
+    row_blocks = tl.cdiv(rows, BLOCK_M)
+    pid = tl.program_id(0)
+    mb = pid % row_blocks  # fastest: the row blocks of one (sequence, split) run together
+    split = (pid // row_blocks) % NUM_SPLITS
+    b = pid // (row_blocks * NUM_SPLITS)
     offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
     m_ok = offs_m < rows
     tok = offs_m // H_Q  # query token index inside the s_q block
@@ -167,18 +199,17 @@ def _split_kernel(
         k_r = tl.load(
             kv_rows[:, None] + D_NOPE + offs_dr[None, :], mask=n_ok[:, None] & dr_ok[None, :], other=0.0
         )
-        k_n = k_n.to(tl.float32)
-        k_r = k_r.to(tl.float32)
-        if IS_FP8:
-            sc = tl.load(scale_ptr + blk * stride_sb + offs_n % PAGE, mask=n_ok, other=0.0)
-            k_n = k_n * sc[:, None]
-            k_r = k_r * sc[:, None]
-        k_n = k_n.to(q_n.dtype)  # bf16 for the tensor cores, or fp32 (F32)
+        k_n = k_n.to(q_n.dtype)  # bf16 for the tensor cores (exact from fp8), or fp32 (F32)
         k_r = k_r.to(q_r.dtype)
         s = dot(q_n, tl.trans(k_n), F32) + dot(q_r, tl.trans(k_r), F32)
-        s = s * sm_scale_log2
         visible = n_ok[None, :] & (offs_n[None, :] < limit[:, None])
-        m_i, l_i, acc = softmax_step(s, visible, m_i, l_i, acc, k_n, F32)  # V = the first D_NOPE channels
+        if IS_FP8:  # per-token scale on the scores and on P's columns (V = the first D_NOPE channels)
+            sc = tl.load(scale_ptr + blk * stride_sb + offs_n % PAGE, mask=n_ok, other=0.0)
+            s = s * (sc * sm_scale_log2)[None, :]
+            m_i, l_i, acc = _scaled_v_step(s, visible, m_i, l_i, acc, k_n, sc, F32)
+        else:
+            s = s * sm_scale_log2
+            m_i, l_i, acc = softmax_step(s, visible, m_i, l_i, acc, k_n, F32)
 
     out, lse = finish(m_i, l_i, acc)
     store_rows(
@@ -229,6 +260,7 @@ def _combine_kernel(
         acc += w * o
         total += w
     out, lse = merge_splits(acc, total, shift)
+    lse = tl.where(total > 0.0, lse, float("inf"))  # a row no split saw: +inf, as FlashMLA
     o_ptr = out_ptr + b * stride_ob + tok * stride_os + head * stride_oh + offs_d
     tl.store(o_ptr, out.to(out_ptr.dtype.element_ty), mask=d_ok)
     tl.store(lse_ptr + b * stride_lb + head * stride_lh + tok, lse)
@@ -281,7 +313,7 @@ def mla_decode_triton(
         raise ValueError("q and kv_cache must be contiguous in the head dimension")
     rows = s_q * h_q
     bm = block_m or default_block_m(rows)
-    bn = block_n or max(16, min(64, page))
+    bn = block_n or default_block_n(page, fp8)
     if num_splits is None:
         lens = cache_seqlens.tolist()
         if lens and max(lens) > block_table.shape[1] * page:
@@ -291,6 +323,11 @@ def mla_decode_triton(
         num_splits = choose_num_splits(lens, rows=rows, block_m=bm, page_size=page, num_sms=num_sms)
     if num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    programs = b * num_splits * triton.cdiv(rows, bm)
+    if programs > 2**31 - 1:
+        raise ValueError(
+            f"batch {b} x num_splits {num_splits} x row blocks is {programs} programs (> 2^31 - 1)"
+        )
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale
     dev = q.device
     block_table = block_table.to(torch.int32)
@@ -300,7 +337,7 @@ def mla_decode_triton(
     scales = kv_scales if fp8 else part_lse  # any pointer; never read unless IS_FP8
     assert scales is not None
     d_rope = d - d_v
-    _split_kernel[(b, num_splits, triton.cdiv(rows, bm))](
+    _split_kernel[(programs,)](
         q, kv_cache, scales, block_table, cache_seqlens, part_out, part_lse,
         scale * LOG2E,
         q.stride(0), q.stride(1), q.stride(2),

@@ -71,6 +71,11 @@ def test_decode_trial_metrics(backend, config, shape):
         assert m["page_hit_rate"] == 0.0
     if backend == "triton":
         assert m["num_splits"] == (2 if config["num_splits"] == 2 else 1)
+        # the compiled check ran and said why it could not compile here (the interpreter)
+        check = o.resources["compiled_check"]
+        assert check["checked"] is False and "TRITON_INTERPRET" in check["reason"]
+    else:
+        assert "compiled_check" not in o.resources
     assert o.memory["method"] == "torch_profiler_cpu" and o.memory["peak_bytes"] > 0
     assert o.memory["working_set_bytes"] == cost.bytes
 

@@ -15,7 +15,7 @@ def naive_attention(q, dense_kv, seqlens, d_v, scale):
     """Plain loops in float64 over a dense (unpaged) KV per sequence."""
     b, s_q, h_q, _ = q.shape
     out = torch.zeros(b, s_q, h_q, d_v, dtype=torch.float64)
-    lse = torch.full((b, h_q, s_q), float("-inf"), dtype=torch.float64)
+    lse = torch.full((b, h_q, s_q), float("inf"), dtype=torch.float64)  # FlashMLA's empty-row lse
     for i in range(b):
         kv = dense_kv[i].double()
         for s in range(s_q):
@@ -64,11 +64,11 @@ def test_reference_matches_naive_dense(kv_dtype, page, s_q):
     assert out.dtype == lse.dtype == torch.float32
     assert out.shape == (len(seqlens), s_q, h_q, D_V) and lse.shape == (len(seqlens), h_q, s_q)
     torch.testing.assert_close(out.double(), want_out, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(lse.double(), want_lse, atol=1e-5, rtol=1e-5)  # -inf positions equal
-    # Empty rows (seqlen 0; queries hidden by the causal rule): out 0, lse -inf.
-    assert (out[-1] == 0).all() and torch.isneginf(lse[-1]).all()
+    torch.testing.assert_close(lse.double(), want_lse, atol=1e-5, rtol=1e-5)  # +inf positions equal
+    # Empty rows (seqlen 0; queries hidden by the causal rule): out 0, lse +inf (as FlashMLA returns)
+    assert (out[-1] == 0).all() and torch.isposinf(lse[-1]).all()
     if s_q > 1:
-        assert torch.isneginf(lse[0, :, : s_q - 1]).all() and (out[0, : s_q - 1] == 0).all()
+        assert torch.isposinf(lse[0, :, : s_q - 1]).all() and (out[0, : s_q - 1] == 0).all()
     assert torch.isfinite(out).all()  # NaN-poisoned slots were never read
 
 
@@ -77,7 +77,7 @@ def test_reference_real_dims_default_scale():
     assert inp.cache.stats().hits == 1  # the 65-token sequence reuses the 64-token one's page
     out, lse = mla_decode_reference(inp.q, inp.kv_cache, inp.block_table, inp.cache_seqlens)
     assert out.shape == (4, 2, 2, 512) and torch.isfinite(out).all()
-    assert torch.isneginf(lse[0, :, 0]).all() and torch.isfinite(lse[1:]).all()
+    assert torch.isposinf(lse[0, :, 0]).all() and torch.isfinite(lse[1:]).all()
     # softmax_scale default is 1/sqrt(576): passing it explicitly changes nothing.
     out2, _ = mla_decode_reference(
         inp.q, inp.kv_cache, inp.block_table, inp.cache_seqlens, softmax_scale=1 / 24
