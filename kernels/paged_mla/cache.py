@@ -23,7 +23,8 @@ pages), bytes per token = bytes of in-use pages / live tokens (below the raw per
 prefixes are shared).
 
 With `store=True` the cache owns the data tensors the kernels read (`kv_cache [num_pages, page_size, 1,
-head_dim]`, and for fp8 `kv_scales [num_pages, page_size]`); every freshly allocated page is poisoned with
+head_dim]`, and for fp8 `kv_scales [num_pages, page_size]`; for fp8_flashmla `kv_cache [num_pages, page_size,
+1, 656]` in FlashMLA's layout, kernels.paged_mla.layout); every freshly allocated page is poisoned with
 NaN before use, so unused slots are always NaN. With `store=False` it is bookkeeping only (trace replay).
 """
 
@@ -39,11 +40,13 @@ import torch
 
 from kernels.paged_mla.layout import (
     D_QK,
+    FLASHMLA_FP8_BYTES,
     INVALID_BLOCK_ID,
-    elem_size,
+    kv_bytes_per_token,
     kv_torch_dtype,
+    poison_flashmla,
+    quantize_flashmla,
     quantize_fp8_per_token,
-    scale_bytes_per_token,
 )
 
 _ROOT_HASH = b"\x00" * 16
@@ -149,7 +152,8 @@ class PagedKVCache:
         self.head_dim = head_dim
         self.kv_dtype = kv_dtype
         self.store = store
-        self.page_bytes = page_size * (head_dim * elem_size(kv_dtype) + scale_bytes_per_token(kv_dtype))
+        self.page_bytes = page_size * kv_bytes_per_token(kv_dtype, head_dim)
+        self._flashmla = kv_dtype == "fp8_flashmla"
         order = list(range(num_pages)) if page_order is None else list(page_order)
         if sorted(order) != list(range(num_pages)):
             raise ValueError("page_order must be a permutation of range(num_pages)")
@@ -173,7 +177,10 @@ class PagedKVCache:
         if store:
             dtype = kv_torch_dtype(kv_dtype)
             shape = (num_pages, page_size, 1, head_dim)
-            if kv_dtype == "fp8":  # 0x7F is e4m3fn's NaN
+            if self._flashmla:  # FlashMLA's 656-byte tokens (kernels.paged_mla.layout)
+                self.kv = torch.empty(shape[:3] + (FLASHMLA_FP8_BYTES,), dtype=dtype, device=device)
+                poison_flashmla(self.kv)
+            elif kv_dtype == "fp8":  # 0x7F is e4m3fn's NaN
                 self.kv = torch.full(shape, 0x7F, dtype=torch.uint8, device=device).view(dtype)
                 self.scales = torch.full((num_pages, page_size), float("nan"), device=device)
             else:
@@ -375,7 +382,10 @@ class PagedKVCache:
         self._fill[page] = 0
         self._in_use += 1
         if self.kv is not None and self._dirty[page]:
-            self.kv[page] = float("nan")
+            if self._flashmla:
+                poison_flashmla(self.kv[page])
+            else:
+                self.kv[page] = float("nan")
             if self.scales is not None:
                 self.scales[page] = float("nan")
             self._dirty[page] = False
@@ -386,8 +396,10 @@ class PagedKVCache:
         dev = self.kv.device
         src = kv[torch.tensor(rows, device=kv.device)].to(dev)
         idx = torch.tensor(slots, device=dev)
-        flat = self.kv.view(-1, self.head_dim)
-        if self.scales is not None:
+        flat = self.kv.view(-1, self.kv.shape[-1])
+        if self._flashmla:
+            flat[idx] = quantize_flashmla(src)
+        elif self.scales is not None:
             q, scale = quantize_fp8_per_token(src)
             flat[idx] = q
             self.scales.view(-1)[idx] = scale

@@ -7,10 +7,12 @@ Backends
   cache_trace  a synthetic multi-turn serving trace replayed through the cache manager at the trial's
                page size (kernels.paged_mla.trace_bench); no kernel runs, nothing is timed
 Shape keys (one grid for every backend): batch, seqlen (the longest sequence), dist (fixed | uniform |
-skewed | boundary), h_q, s_q, page_size (16 | 32 | 64 | 128), kv_dtype (bf16 | fp8); optional
+skewed | boundary), h_q, s_q, page_size (16 | 32 | 64 | 128), kv_dtype (bf16 | fp8 | fp8_flashmla: fp8
+with one fp32 scale per token, or FlashMLA's 656 B/token layout, kernels.paged_mla.layout); optional
 shared_prefix (tokens every sequence shares, default 0). The spec dtype is q's and out's: bfloat16.
 Config: triton takes
-  num_splits   a positive integer or "auto" (choose_num_splits, from the shape's lengths)
+  num_splits   "auto" (default): FlashMLA-style balanced split plan over about one unit per SM, or a
+               positive integer: that many page-aligned splits per sequence (kernels.paged_mla.split_plan)
   num_warps    1 | 2 | 4 | 8 | 16 (default 8) and num_stages 1-8 (default 2): the split kernel's launch
   block_m      query rows (s_q x h_q pairs) per program, a power of two >= 16 (default 16 for <= 16
                rows, else 32); 64 and more use wgmma on sm_90a
@@ -70,12 +72,15 @@ from kernels.paged_mla.inputs import (
 )
 from kernels.paged_mla.layout import (
     D_QK,
+    FLASHMLA_FP8_BYTES,
+    FLASHMLA_ROPE_OFFSET,
+    FLASHMLA_SCALE_OFFSET,
     INVALID_BLOCK_ID,
     PAGE_SIZES,
-    elem_size,
+    is_flashmla_fp8,
     is_fp8,
+    kv_bytes_per_token,
     kv_torch_dtype,
-    scale_bytes_per_token,
 )
 from kernels.paged_mla.reference import mla_decode_reference
 from kernels.paged_mla.trace_bench import (
@@ -87,7 +92,7 @@ from kernels.paged_mla.trace_bench import (
 
 SHAPE_KEYS = ("batch", "seqlen", "dist", "h_q", "s_q", "page_size", "kv_dtype")
 OPTIONAL_SHAPE_KEYS = ("shared_prefix",)
-KV_DTYPES = ("bf16", "fp8")
+KV_DTYPES = ("bf16", "fp8", "fp8_flashmla")
 DTYPE = "bfloat16"
 SEQLEN_SEED = 0
 MAX_S_Q = 16
@@ -158,17 +163,19 @@ class PagedMLAFamily(KernelFamily):
         seqlens = shape_seqlens(shape)
         pages = pages_needed(seqlens, page, shape.get("shared_prefix", 0)) + 1
         q = torch.empty(b, shape["s_q"], shape["h_q"], D_QK, dtype=torch.bfloat16, device=meta)
-        kv = torch.empty(pages, page, 1, D_QK, dtype=kv_torch_dtype(shape["kv_dtype"]), device=meta)
-        scales = torch.empty(pages, page, dtype=torch.float32, device=meta) if is_fp8(kv.dtype) else None
+        width = FLASHMLA_FP8_BYTES if shape["kv_dtype"] == "fp8_flashmla" else D_QK
+        kv = torch.empty(pages, page, 1, width, dtype=kv_torch_dtype(shape["kv_dtype"]), device=meta)
+        scales = (
+            torch.empty(pages, page, dtype=torch.float32, device=meta) if shape["kv_dtype"] == "fp8" else None
+        )
         table = torch.empty(b, -(-shape["seqlen"] // page) + 1, dtype=torch.int32, device=meta)
         lens = torch.empty(b, dtype=torch.int32, device=meta)
         rows = shape["s_q"] * shape["h_q"]
         tiles = kernel_options(config)
-        n = config.get("num_splits", "auto")
-        if n == "auto":
-            bm = tiles["block_m"] or td.default_block_m(rows)
-            n = td.choose_num_splits(seqlens, rows=rows, block_m=bm, page_size=page)
-        return lambda: td.mla_decode_triton(q, kv, table, lens, num_splits=n, kv_scales=scales, **tiles)
+        plan = _plan(
+            td, seqlens, config, tiles, rows=rows, page=page, fp8=is_fp8(kv.dtype), sms=td.DEFAULT_NUM_SMS
+        )
+        return lambda: td.mla_decode_triton(q, kv, table, lens, plan=plan, kv_scales=scales, **tiles)
 
     def cost(self, shape: dict[str, Any], dtype: str) -> Cost:
         return mla_decode_cost(
@@ -254,7 +261,12 @@ def _inputs(shape: dict[str, Any], seqlens: list[int], seed: int, device: str, p
 
 def _unpoison(inp: DecodeInputs) -> None:
     """Zero the NaN slots and point unused block-table entries at page 0 (policy.poison_unused off)."""
-    if is_fp8(inp.kv_cache.dtype):
+    if is_flashmla_fp8(inp.kv_cache):  # only the fp8 NoPE bytes and the fp32 scales can be NaN
+        raw = inp.kv_cache.view(torch.uint8)
+        nope = raw[..., :FLASHMLA_SCALE_OFFSET]
+        nope[(nope & 0x7F) == 0x7F] = 0
+        raw[..., FLASHMLA_SCALE_OFFSET:FLASHMLA_ROPE_OFFSET].view(torch.float32).nan_to_num_(0.0)
+    elif is_fp8(inp.kv_cache.dtype):
         raw = inp.kv_cache.view(torch.uint8)
         raw[(raw & 0x7F) == 0x7F] = 0  # e4m3fn's NaN is S.1111.111
     else:
@@ -303,18 +315,15 @@ def _triton(inp: DecodeInputs, config: dict[str, Any], device: torch.device) -> 
     rows = inp.q.shape[1] * inp.q.shape[2]
     page = inp.kv_cache.shape[1]
     sms = _num_sms(device) or td.DEFAULT_NUM_SMS
-    n = config.get("num_splits", "auto")
-    if n == "auto":
-        n = td.choose_num_splits(
-            inp.seqlens, rows=rows, block_m=td.default_block_m(rows), page_size=page, num_sms=sms
-        )
     overread = int(config.get("_overread", 0))
     tiles = kernel_options(config)
+    lens = [n + overread for n in inp.seqlens]
+    plan = _plan(td, lens, config, tiles, rows=rows, page=page, fp8=is_fp8(inp.kv_cache.dtype), sms=sms)
 
     def call() -> tuple[torch.Tensor, torch.Tensor]:
         return td.mla_decode_triton(
             *args,
-            num_splits=n,
+            plan=plan,
             softmax_scale=inp.softmax_scale,
             kv_scales=inp.kv_scales,
             d_v=inp.d_v,
@@ -323,7 +332,24 @@ def _triton(inp: DecodeInputs, config: dict[str, Any], device: torch.device) -> 
             **tiles,
         )
 
-    return call, {"num_splits": n, "num_sms": sms, **tiles}
+    n = config.get("num_splits", "auto")
+    splits = n if n != "auto" else plan.max_chunks_per_seq()  # the most partials any sequence combines
+    return call, {"num_splits": splits, "num_sms": sms, **plan.describe(), **tiles}
+
+
+def _plan(td: Any, seqlens: list[int], config: dict[str, Any], tiles: dict[str, Any], **at: Any) -> Any:
+    """The trial's split plan, built once from the shape's lengths before anything is timed: config
+    num_splits an int gives the uniform plan, "auto" (the default) the balanced one."""
+    rows, page = at["rows"], at["page"]
+    return td.plan_for(
+        seqlens,
+        config.get("num_splits", "auto"),
+        rows=rows,
+        block_m=tiles["block_m"] or td.default_block_m(rows),
+        block_n=tiles["block_n"] or td.default_block_n(page, at["fp8"]),
+        page_size=page,
+        num_sms=at["sms"],
+    )
 
 
 # The split kernel's launch options a spec can sweep; the defaults compile for sm_90a without spills
@@ -420,7 +446,7 @@ def _cache_metrics(inp: DecodeInputs, kv_dtype: str) -> dict[str, Any]:
         "fragmentation_pct": 100.0 * s.fragmentation / s.allocated_slots if s.allocated_slots else 0.0,
         "cache_bytes_in_use": s.bytes_in_use,
         "bytes_per_token": s.bytes_per_token,
-        "bytes_per_token_raw": D_QK * elem_size(kv_dtype) + scale_bytes_per_token(kv_dtype),
+        "bytes_per_token_raw": kv_bytes_per_token(kv_dtype),
     }
 
 

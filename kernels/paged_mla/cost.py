@@ -1,6 +1,7 @@
 """Cost model for paged MLA decode (FlashMLA's accounting).
 
-bytes = KV actually read (sum of seqlen x d_qk x elem size, plus the per-token fp32 scales for fp8)
+bytes = KV actually read (sum of seqlen x bytes per token: d_qk x elem size, plus the per-token fp32 scale
+        for fp8; 656 for fp8_flashmla, as FlashMLA counts it)
         + q + out. The block table, seqlens and lse are not counted (negligible).
 flops = sum over batch of 2 x h_q x s_q x seqlen x (d_qk + d_v). The causal mask inside an s_q > 1 block
         is ignored, as FlashMLA does.
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.base import Cost
-from kernels.paged_mla.layout import D_QK, D_V, elem_size, scale_bytes_per_token
+from kernels.paged_mla.layout import D_QK, D_V, elem_size, kv_bytes_per_token
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ def mla_decode_cost(
     lens = cache_seqlens.tolist() if isinstance(cache_seqlens, torch.Tensor) else list(cache_seqlens)
     batch = len(lens)
     total = sum(int(n) for n in lens)
-    kv_bytes = total * (d_qk * elem_size(kv_dtype) + scale_bytes_per_token(kv_dtype))
+    kv_bytes = total * kv_bytes_per_token(kv_dtype, d_qk)
     q_bytes = batch * s_q * h_q * d_qk * elem_size(q_dtype)
     out_bytes = batch * s_q * h_q * d_v * elem_size(out_dtype)
     flops = 2.0 * h_q * s_q * total * (d_qk + d_v)

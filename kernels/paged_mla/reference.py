@@ -1,7 +1,8 @@
 """The torch reference MLA decode over a paged KV cache: fp32 math, runs anywhere (CPU included).
 
 It gathers exactly the first cache_seqlens[b] slots of each sequence through the block table (never an
-unused slot or block-table entry), dequantises fp8 with the per-token scales, and applies the causal rule
+unused slot or block-table entry), dequantises fp8 with the per-token scales (or FlashMLA's 656-byte
+tokens with their per-128-channel scales), and applies the causal rule
 inside the query block: query i of s_q sees keys 0 .. seqlen - s_q + i. Rows that see no key get
 out = 0 and lse = EMPTY_ROW_LSE (+inf, as FlashMLA); see kernels.paged_mla.layout.
 """
@@ -12,7 +13,7 @@ import math
 
 import torch
 
-from kernels.paged_mla.layout import D_V, EMPTY_ROW_LSE
+from kernels.paged_mla.layout import D_V, EMPTY_ROW_LSE, dequantize_flashmla, is_flashmla_fp8
 
 
 def gather_kv(
@@ -26,7 +27,8 @@ def gather_kv(
     page = kv_cache.shape[1]
     n_pages = -(-seqlen // page)
     pages = block_table[batch_index, :n_pages].long()
-    kv = kv_cache[pages].reshape(n_pages * page, -1)[:seqlen].float()
+    kv = kv_cache[pages].reshape(n_pages * page, -1)[:seqlen]
+    kv = dequantize_flashmla(kv) if is_flashmla_fp8(kv_cache) else kv.float()
     if kv_scales is not None:
         kv = kv * kv_scales[pages].reshape(-1)[:seqlen, None].float()
     return kv
@@ -51,7 +53,7 @@ def mla_decode_reference(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q [b, s_q, h_q, d] -> (out [b, s_q, h_q, d_v] fp32, lse [b, h_q, s_q] fp32)."""
     b, s_q, h_q, d = q.shape
-    if kv_cache.shape[-1] != d:
+    if kv_cache.shape[-1] != d and not is_flashmla_fp8(kv_cache):
         raise ValueError(f"q head dim {d} != cache head dim {kv_cache.shape[-1]}")
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale
     out = torch.zeros(b, s_q, h_q, d_v, dtype=torch.float32, device=q.device)

@@ -1,22 +1,24 @@
 """Triton split-KV MLA decode over a paged KV cache, plus the combine kernel.
 
-Stage 1, `_split_kernel`, a 1-D grid of batch x num_splits x row blocks with the row block fastest:
-program id = (b * num_splits + split) * row_blocks + row_block. Blocks are dispatched in id order, so
-the row blocks that read one KV range (one split of one sequence) run side by side and share it through
-L2 instead of each pulling it from HBM at a different time. The query rows of one sequence are the
-s_q x h_q (token, head) pairs, all attending to the same single KV head. Each program takes BLOCK_M rows
-and one split: split s of a sequence with P = cdiv(seqlen, page_size) pages covers pages
-[s * cdiv(P, num_splits), (s + 1) * cdiv(P, num_splits)), clipped to seqlen. It walks those tokens
-BLOCK_N at a time, looks each token's page up in the block table, loads the 576-channel rows (the first
-512 reused as V) and runs an online softmax (base 2). An fp8 cache is converted to bf16 as it is (exact:
-every e4m3 value is a bf16 value) and its per-token scale applied after the dots, to the scores
-(q . k_j x scale_j) and to P's columns before P @ V (sum_j p_ij scale_j v_j): the tile never exists
-dequantised in fp32, which is what made the fp8 kernel spill. It writes a partial output (normalised,
-fp32) and a partial lse (natural log, fp32); a split with no visible key writes out 0 and lse -inf.
+Stage 1, `_split_kernel`, a 1-D grid of chunks x row blocks with the row block fastest: program id =
+chunk * row_blocks + row_block. The chunks come from a split plan (kernels.paged_mla.split_plan, built on
+the host from the lengths, outside the timed call): each is one token range [start, end) of one sequence,
+and the chunks of one work unit of the plan are consecutive, so one unit's work runs as neighbouring
+programs. Blocks are dispatched in id order, so the row blocks that read one KV range run side by side
+and share it through L2 instead of each pulling it from HBM at a different time. The query rows of one
+sequence are the s_q x h_q (token, head) pairs, all attending to the same single KV head. A program
+walks its chunk BLOCK_N tokens at a time, looks each token's page up in the block table, loads the
+576-channel rows (the first 512 reused as V) and runs an online softmax (base 2). An fp8 cache with
+per-token scales is converted to bf16 as it is (exact: every e4m3 value is a bf16 value) and its scale
+applied after the dots, to the scores (q . k_j x scale_j) and to P's columns before P @ V
+(sum_j p_ij scale_j v_j). FlashMLA's fp8 layout (656 B/token: fp8 NoPE with one fp32 scale per 128
+channels, bf16 RoPE) is read through three views of the same bytes and its NoPE dequantised to bf16 with
+its tile's scale, as FlashMLA does. It writes a partial output (normalised, fp32) and a partial lse
+(natural log, fp32) per chunk; a chunk with no visible key writes out 0 and lse -inf.
 Every load is masked by the token's position < seqlen, so no slot past a sequence's length and no unused
 block-table entry is ever dereferenced.
 
-Stage 2, `_combine_kernel`, grid (batch, rows): merges the splits by their lse
+Stage 2, `_combine_kernel`, grid (batch, rows): merges a sequence's chunks by their lse
 (out = sum_s exp(lse_s - lse) out_s, lse = log sum_s exp(lse_s)), writes out [b, s_q, h_q, d_v] in
 q's dtype and lse [b, h_q, s_q] fp32; a row with no key anywhere gets out 0 and lse +inf (FlashMLA's
 value; kernels.paged_mla.layout.EMPTY_ROW_LSE).
@@ -38,7 +40,16 @@ import sys
 import torch
 
 from kernels.hardware import HOPPER_SMS, triton_interpreting
-from kernels.paged_mla.layout import D_V, is_fp8
+from kernels.paged_mla.layout import (
+    D_QK,
+    D_V,
+    FLASHMLA_FP8_BYTES,
+    FLASHMLA_ROPE_OFFSET,
+    FLASHMLA_SCALE_OFFSET,
+    is_flashmla_fp8,
+    is_fp8,
+)
+from kernels.paged_mla.split_plan import SplitPlan, balanced_plan, default_num_units, uniform_plan
 
 # No GPU (a CPU worker, a laptop): the kernels can only run in the interpreter. Triton reads the variable
 # when a function is decorated, its own tl.* helpers included, so this works only if triton was not
@@ -56,7 +67,6 @@ from kernels.attention.triton_common import (  # noqa: E402
     LOG2E,
     dot,
     finish,
-    lse_shift,
     merge_splits,
     softmax_init,
     softmax_step,
@@ -126,8 +136,12 @@ def _split_kernel(
     q_ptr,
     kv_ptr,
     scale_ptr,
+    rope_ptr,
     bt_ptr,
     seqlens_ptr,
+    chunk_seq_ptr,
+    chunk_start_ptr,
+    chunk_end_ptr,
     po_ptr,
     pl_ptr,
     sm_scale_log2,
@@ -137,15 +151,15 @@ def _split_kernel(
     stride_kvb,
     stride_kvp,
     stride_sb,
+    stride_sp,
+    stride_rb,
+    stride_rp,
     stride_btb,
-    stride_pob,
-    stride_pos,
+    stride_poc,
     stride_pom,
-    stride_plb,
-    stride_pls,
+    stride_plc,
     H_Q,
     S_Q,
-    NUM_SPLITS,
     PAGE: tl.constexpr,
     D_NOPE: tl.constexpr,
     D_ROPE: tl.constexpr,
@@ -153,16 +167,16 @@ def _split_kernel(
     BLOCK_DR: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    IS_FP8: tl.constexpr,
+    KV_FORMAT: tl.constexpr,  # 0 plain, 1 fp8 + per-token scale, 2 FlashMLA's fp8 (per-128 scales)
+    SCALE_OFF: tl.constexpr,  # where a token's scales start in scale_ptr's elements (format 2)
+    ROPE_OFF: tl.constexpr,  # where a token's RoPE part starts in rope_ptr's elements
     F32: tl.constexpr,
     OVERREAD: tl.constexpr,  # test-only: pretend every sequence is this many tokens longer
 ):
     rows = S_Q * H_Q
     row_blocks = tl.cdiv(rows, BLOCK_M)
     pid = tl.program_id(0)
-    mb = pid % row_blocks  # fastest: the row blocks of one (sequence, split) run together
-    split = (pid // row_blocks) % NUM_SPLITS
-    b = pid // (row_blocks * NUM_SPLITS)
+    mb = pid % row_blocks  # fastest: the row blocks of one chunk run together
     offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
     m_ok = offs_m < rows
     tok = offs_m // H_Q  # query token index inside the s_q block
@@ -172,6 +186,10 @@ def _split_kernel(
     dn_ok = offs_dn < D_NOPE
     dr_ok = offs_dr < D_ROPE
 
+    c = pid // row_blocks  # one chunk of the plan; a unit's chunks are consecutive programs
+    b = tl.load(chunk_seq_ptr + c)
+    start = tl.load(chunk_start_ptr + c)
+    end = tl.load(chunk_end_ptr + c)
     q_rows = q_ptr + b * stride_qb + tok * stride_qs + head * stride_qh
     q_n = tl.load(q_rows[:, None] + offs_dn[None, :], mask=m_ok[:, None] & dn_ok[None, :], other=0.0)
     q_r = tl.load(q_rows[:, None] + D_NOPE + offs_dr[None, :], mask=m_ok[:, None] & dr_ok[None, :], other=0.0)
@@ -181,12 +199,7 @@ def _split_kernel(
     else:
         q_n = q_n.to(tl.bfloat16)
         q_r = q_r.to(tl.bfloat16)
-
     seqlen = tl.load(seqlens_ptr + b) + OVERREAD
-    n_pages = tl.cdiv(seqlen, PAGE)
-    pages_per_split = tl.cdiv(n_pages, NUM_SPLITS)
-    start = split * pages_per_split * PAGE
-    end = tl.minimum((split + 1) * pages_per_split * PAGE, seqlen)
     limit = seqlen - S_Q + tok + 1  # keys visible to each row: [0, limit)
 
     m_i, l_i, acc = softmax_init(BLOCK_M, BLOCK_DN)
@@ -194,17 +207,24 @@ def _split_kernel(
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < end
         blk = tl.load(bt_ptr + b * stride_btb + offs_n // PAGE, mask=n_ok, other=0).to(tl.int64)
-        kv_rows = kv_ptr + blk * stride_kvb + (offs_n % PAGE) * stride_kvp
+        slot = offs_n % PAGE
+        kv_rows = kv_ptr + blk * stride_kvb + slot * stride_kvp
         k_n = tl.load(kv_rows[:, None] + offs_dn[None, :], mask=n_ok[:, None] & dn_ok[None, :], other=0.0)
-        k_r = tl.load(
-            kv_rows[:, None] + D_NOPE + offs_dr[None, :], mask=n_ok[:, None] & dr_ok[None, :], other=0.0
-        )
-        k_n = k_n.to(q_n.dtype)  # bf16 for the tensor cores (exact from fp8), or fp32 (F32)
+        rope_rows = rope_ptr + blk * stride_rb + slot * stride_rp + ROPE_OFF
+        k_r = tl.load(rope_rows[:, None] + offs_dr[None, :], mask=n_ok[:, None] & dr_ok[None, :], other=0.0)
+        if KV_FORMAT == 2:  # NoPE dequantised with its 128-channel tile's scale, to bf16 (as FlashMLA)
+            sc_rows = scale_ptr + blk * stride_sb + slot * stride_sp + SCALE_OFF
+            sc = tl.load(
+                sc_rows[:, None] + offs_dn[None, :] // 128, mask=n_ok[:, None] & dn_ok[None, :], other=0.0
+            )
+            k_n = (k_n.to(tl.float32) * sc).to(q_n.dtype)
+        else:
+            k_n = k_n.to(q_n.dtype)  # bf16 for the tensor cores (exact from fp8), or fp32 (F32)
         k_r = k_r.to(q_r.dtype)
         s = dot(q_n, tl.trans(k_n), F32) + dot(q_r, tl.trans(k_r), F32)
         visible = n_ok[None, :] & (offs_n[None, :] < limit[:, None])
-        if IS_FP8:  # per-token scale on the scores and on P's columns (V = the first D_NOPE channels)
-            sc = tl.load(scale_ptr + blk * stride_sb + offs_n % PAGE, mask=n_ok, other=0.0)
+        if KV_FORMAT == 1:  # per-token scale on the scores and on P's columns (V = the NoPE channels)
+            sc = tl.load(scale_ptr + blk * stride_sb + slot * stride_sp, mask=n_ok, other=0.0)
             s = s * (sc * sm_scale_log2)[None, :]
             m_i, l_i, acc = _scaled_v_step(s, visible, m_i, l_i, acc, k_n, sc, F32)
         else:
@@ -212,58 +232,75 @@ def _split_kernel(
             m_i, l_i, acc = softmax_step(s, visible, m_i, l_i, acc, k_n, F32)
 
     out, lse = finish(m_i, l_i, acc)
-    store_rows(
-        po_ptr + b * stride_pob + split * stride_pos + offs_m * stride_pom, out, m_ok, D_NOPE, BLOCK_DN
-    )
-    tl.store(pl_ptr + b * stride_plb + split * stride_pls + offs_m, lse, mask=m_ok)
+    store_rows(po_ptr + c * stride_poc + offs_m * stride_pom, out, m_ok, D_NOPE, BLOCK_DN)
+    tl.store(pl_ptr + c * stride_plc + offs_m, lse, mask=m_ok)
 
 
 @triton.jit
 def _combine_kernel(
     po_ptr,
     pl_ptr,
+    seq_chunks_ptr,
     out_ptr,
     lse_ptr,
-    stride_pob,
-    stride_pos,
+    stride_poc,
     stride_pom,
-    stride_plb,
-    stride_pls,
+    stride_plc,
     stride_ob,
     stride_os,
     stride_oh,
     stride_lb,
     stride_lh,
     H_Q,
-    NUM_SPLITS,
     D_NOPE: tl.constexpr,
     BLOCK_DN: tl.constexpr,
-    BLOCK_S: tl.constexpr,
 ):
+    """Sequence b's partials are the chunks seq_chunks[b] .. seq_chunks[b + 1] - 1 of the plan."""
     b = tl.program_id(0)
     r = tl.program_id(1)
     tok = r // H_Q
     head = r % H_Q
-    offs_s = tl.arange(0, BLOCK_S)
-    lses = tl.load(
-        pl_ptr + b * stride_plb + offs_s * stride_pls + r, mask=offs_s < NUM_SPLITS, other=float("-inf")
-    )
-    shift = lse_shift(lses)
+    c_lo = tl.load(seq_chunks_ptr + b)
+    c_hi = tl.load(seq_chunks_ptr + b + 1)
+    top = tl.full([], float("-inf"), tl.float32)
+    for c in range(c_lo, c_hi):
+        top = tl.maximum(top, tl.load(pl_ptr + c * stride_plc + r))
+    shift = tl.where(top == float("-inf"), 0.0, top)  # lse_shift of the sequence's partials
     offs_d = tl.arange(0, BLOCK_DN)
     d_ok = offs_d < D_NOPE
     acc = tl.zeros([BLOCK_DN], tl.float32)
     total = tl.full([], 0.0, tl.float32)
-    for s in range(0, NUM_SPLITS):
-        lse_s = tl.load(pl_ptr + b * stride_plb + s * stride_pls + r)
-        w = tl.exp(lse_s - shift)  # 0 for an empty split
-        o = tl.load(po_ptr + b * stride_pob + s * stride_pos + r * stride_pom + offs_d, mask=d_ok, other=0.0)
+    for c in range(c_lo, c_hi):
+        w = tl.exp(tl.load(pl_ptr + c * stride_plc + r) - shift)  # 0 for an empty chunk
+        o = tl.load(po_ptr + c * stride_poc + r * stride_pom + offs_d, mask=d_ok, other=0.0)
         acc += w * o
         total += w
     out, lse = merge_splits(acc, total, shift)
-    lse = tl.where(total > 0.0, lse, float("inf"))  # a row no split saw: +inf, as FlashMLA
+    lse = tl.where(total > 0.0, lse, float("inf"))  # a row no chunk saw: +inf, as FlashMLA
     o_ptr = out_ptr + b * stride_ob + tok * stride_os + head * stride_oh + offs_d
     tl.store(o_ptr, out.to(out_ptr.dtype.element_ty), mask=d_ok)
     tl.store(lse_ptr + b * stride_lb + head * stride_lh + tok, lse)
+
+
+def plan_for(
+    cache_seqlens: torch.Tensor | list[int],
+    num_splits: int | str | None,
+    *,
+    rows: int,
+    block_m: int,
+    block_n: int,
+    page_size: int,
+    num_sms: int = DEFAULT_NUM_SMS,
+) -> SplitPlan:
+    """The split plan of a batch (reads the lengths on the host: build it outside the timed call).
+    num_splits an int: the uniform plan with that many splits per sequence; "auto" or None: the balanced
+    plan over SMs // row blocks units of block_n-token blocks."""
+    if num_splits is None or num_splits == "auto":
+        units = default_num_units(num_sms, triton.cdiv(rows, block_m))
+        return balanced_plan(cache_seqlens, num_units=units, block=block_n)
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
+        raise ValueError(f"num_splits must be a positive integer or 'auto', got {num_splits!r}")
+    return uniform_plan(cache_seqlens, num_splits=num_splits, page_size=page_size)
 
 
 def mla_decode_triton(
@@ -272,7 +309,8 @@ def mla_decode_triton(
     block_table: torch.Tensor,
     cache_seqlens: torch.Tensor,
     *,
-    num_splits: int | None = None,
+    num_splits: int | str | None = None,
+    plan: SplitPlan | None = None,
     softmax_scale: float | None = None,
     kv_scales: torch.Tensor | None = None,
     d_v: int = D_V,
@@ -284,12 +322,14 @@ def mla_decode_triton(
     out_dtype: torch.dtype | None = None,
     _overread: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Paged MLA decode. q [b, s_q, h_q, d], kv_cache [blocks, page, 1, d] (bf16/fp16, or fp8 e4m3 with
-    kv_scales [blocks, page] fp32 per token), block_table [b, max_blocks] int32, cache_seqlens [b] int32.
+    """Paged MLA decode. q [b, s_q, h_q, d], block_table [b, max_blocks] int32, cache_seqlens [b] int32;
+    kv_cache [blocks, page, 1, d] bf16/fp16, or fp8 e4m3 with kv_scales [blocks, page] fp32 per token, or
+    FlashMLA's fp8 layout [blocks, page, 1, 656] (kernels.paged_mla.layout; d = 576, no kv_scales).
     Returns out [b, s_q, h_q, d_v] (q's dtype unless out_dtype) and lse [b, h_q, s_q] fp32.
 
-    num_splits None picks `choose_num_splits` (reads cache_seqlens on the host). `_overread` is for tests
-    only: it makes the kernel read that many slots past every sequence's end.
+    The work split is `plan` (kernels.paged_mla.split_plan, built beforehand so the timed call reads
+    nothing on the host), else built here from cache_seqlens with `num_splits` (see plan_for).
+    `_overread` is for tests only: it makes the kernel read that many slots past every sequence's end.
     """
     if _INTERPRET_TOO_LATE:
         raise RuntimeError(
@@ -297,13 +337,17 @@ def mla_decode_triton(
             "environment (or before the first `import triton`) to run the Triton kernels in the interpreter"
         )
     b, s_q, h_q, d = q.shape
-    if kv_cache.dim() != 4 or kv_cache.shape[2] != 1 or kv_cache.shape[3] != d:
-        raise ValueError(f"kv_cache must be [blocks, page, 1, {d}], got {tuple(kv_cache.shape)}")
+    flashmla = is_flashmla_fp8(kv_cache)
+    width = FLASHMLA_FP8_BYTES if flashmla else d
+    if kv_cache.dim() != 4 or kv_cache.shape[2] != 1 or kv_cache.shape[3] != width:
+        raise ValueError(f"kv_cache must be [blocks, page, 1, {width}], got {tuple(kv_cache.shape)}")
+    if flashmla and (d, d_v) != (D_QK, D_V):
+        raise ValueError(f"FlashMLA's fp8 layout holds d_qk {D_QK} / d_v {D_V}, got q dim {d} and d_v {d_v}")
     if not 0 < d_v <= d:
         raise ValueError(f"d_v must be in (0, {d}], got {d_v}")
     if block_table.shape[0] != b or cache_seqlens.shape != (b,):
         raise ValueError("block_table and cache_seqlens must have the batch size of q")
-    fp8 = is_fp8(kv_cache.dtype)
+    fp8 = is_fp8(kv_cache.dtype) and not flashmla
     page = kv_cache.shape[1]
     if fp8 and (kv_scales is None or kv_scales.shape != kv_cache.shape[:2]):
         raise ValueError(f"an fp8 cache needs kv_scales of shape {tuple(kv_cache.shape[:2])}")
@@ -313,58 +357,76 @@ def mla_decode_triton(
         raise ValueError("q and kv_cache must be contiguous in the head dimension")
     rows = s_q * h_q
     bm = block_m or default_block_m(rows)
-    bn = block_n or default_block_n(page, fp8)
-    if num_splits is None:
+    bn = block_n or default_block_n(page, is_fp8(kv_cache.dtype))
+    if plan is None and cache_seqlens.is_meta:  # compile evidence only: every block table full
+        plan = plan_for(
+            [block_table.shape[1] * page] * b, num_splits, rows=rows, block_m=bm, block_n=bn,
+            page_size=page, num_sms=num_sms,
+        )  # fmt: skip
+    if plan is None:
         lens = cache_seqlens.tolist()
         if lens and max(lens) > block_table.shape[1] * page:
             raise ValueError(
                 f"a seqlen of {max(lens)} needs more than the block table's {block_table.shape[1]} pages"
             )
-        num_splits = choose_num_splits(lens, rows=rows, block_m=bm, page_size=page, num_sms=num_sms)
-    if num_splits < 1:
-        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
-    programs = b * num_splits * triton.cdiv(rows, bm)
-    if programs > 2**31 - 1:
-        raise ValueError(
-            f"batch {b} x num_splits {num_splits} x row blocks is {programs} programs (> 2^31 - 1)"
-        )
-    scale = 1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale
+        lens = [n + _overread for n in lens]
+        plan = plan_for(lens, num_splits, rows=rows, block_m=bm, block_n=bn, page_size=page, num_sms=num_sms)
+    if plan.batch != b:
+        raise ValueError(f"the split plan is for a batch of {plan.batch}, q has {b}")
     dev = q.device
+    plan = plan.to(dev)
+    programs = plan.num_chunks * triton.cdiv(rows, bm)
+    if programs > 2**31 - 1:
+        raise ValueError(f"{plan.num_chunks} chunks x row blocks is {programs} programs (> 2^31 - 1)")
+    scale = 1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale
     block_table = block_table.to(torch.int32)
     cache_seqlens = cache_seqlens.to(torch.int32)
-    part_out = torch.empty(b, num_splits, rows, d_v, dtype=torch.float32, device=dev)
-    part_lse = torch.empty(b, num_splits, rows, dtype=torch.float32, device=dev)
-    scales = kv_scales if fp8 else part_lse  # any pointer; never read unless IS_FP8
-    assert scales is not None
+    chunks = max(plan.num_chunks, 1)
+    part_out = torch.empty(chunks, rows, d_v, dtype=torch.float32, device=dev)
+    part_lse = torch.empty(chunks, rows, dtype=torch.float32, device=dev)
     d_rope = d - d_v
-    _split_kernel[(programs,)](
-        q, kv_cache, scales, block_table, cache_seqlens, part_out, part_lse,
-        scale * LOG2E,
-        q.stride(0), q.stride(1), q.stride(2),
-        kv_cache.stride(0), kv_cache.stride(1),
-        scales.stride(0) if fp8 else 0,
-        block_table.stride(0),
-        part_out.stride(0), part_out.stride(1), part_out.stride(2),
-        part_lse.stride(0), part_lse.stride(1),
-        h_q, s_q, num_splits,
-        PAGE=page, D_NOPE=d_v, D_ROPE=d_rope,
-        BLOCK_DN=triton.next_power_of_2(d_v), BLOCK_DR=max(16, triton.next_power_of_2(max(d_rope, 1))),
-        BLOCK_M=bm, BLOCK_N=bn, IS_FP8=fp8, F32=interpreting(), OVERREAD=_overread,
-        num_warps=num_warps, num_stages=num_stages,
-    )  # fmt: skip
+    if flashmla:  # the same bytes seen as fp32 (scales) and bf16 (RoPE); strides in those elements
+        kv = kv_cache.view(torch.float8_e4m3fn)
+        scales, rope = kv_cache.view(torch.float32), kv_cache.view(torch.bfloat16)
+        fmt, scale_off, rope_off = 2, FLASHMLA_SCALE_OFFSET // 4, FLASHMLA_ROPE_OFFSET // 2
+    else:
+        kv, rope, rope_off = kv_cache, kv_cache, d_v
+        scales = kv_scales if fp8 else part_lse  # any pointer; never read unless fp8
+        fmt, scale_off = (1 if fp8 else 0), 0
+    assert scales is not None
+    if programs:
+        _split_kernel[(programs,)](
+            q, kv, scales, rope, block_table, cache_seqlens,
+            plan.chunk_seq, plan.chunk_start, plan.chunk_end,
+            part_out, part_lse,
+            scale * LOG2E,
+            q.stride(0), q.stride(1), q.stride(2),
+            kv.stride(0), kv.stride(1),
+            scales.stride(0), scales.stride(1) if scales.dim() > 1 else 0,
+            rope.stride(0), rope.stride(1),
+            block_table.stride(0),
+            part_out.stride(0), part_out.stride(1),
+            part_lse.stride(0),
+            h_q, s_q,
+            PAGE=page, D_NOPE=d_v, D_ROPE=d_rope,
+            BLOCK_DN=triton.next_power_of_2(d_v), BLOCK_DR=max(16, triton.next_power_of_2(max(d_rope, 1))),
+            BLOCK_M=bm, BLOCK_N=bn, KV_FORMAT=fmt, SCALE_OFF=scale_off, ROPE_OFF=rope_off,
+            F32=interpreting(), OVERREAD=_overread,
+            num_warps=num_warps, num_stages=num_stages,
+        )  # fmt: skip
     want = out_dtype or q.dtype
     # The interpreter's fp32 -> bf16/fp16 cast truncates instead of rounding to nearest: there the kernel
     # stores fp32 and torch rounds. On a GPU the kernel stores `want` directly (round to nearest even).
     out = torch.empty(b, s_q, h_q, d_v, dtype=store_dtype(want), device=dev)
     lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=dev)
     _combine_kernel[(b, rows)](
-        part_out, part_lse, out, lse,
-        part_out.stride(0), part_out.stride(1), part_out.stride(2),
-        part_lse.stride(0), part_lse.stride(1),
+        part_out, part_lse, plan.seq_chunks, out, lse,
+        part_out.stride(0), part_out.stride(1),
+        part_lse.stride(0),
         out.stride(0), out.stride(1), out.stride(2),
         lse.stride(0), lse.stride(1),
-        h_q, num_splits,
-        D_NOPE=d_v, BLOCK_DN=triton.next_power_of_2(d_v), BLOCK_S=triton.next_power_of_2(num_splits),
+        h_q,
+        D_NOPE=d_v, BLOCK_DN=triton.next_power_of_2(d_v),
         num_warps=4,
     )  # fmt: skip
     return out.to(want), lse

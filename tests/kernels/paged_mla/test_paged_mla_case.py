@@ -70,7 +70,11 @@ def test_decode_trial_metrics(backend, config, shape):
     else:
         assert m["page_hit_rate"] == 0.0
     if backend == "triton":
-        assert m["num_splits"] == (2 if config["num_splits"] == 2 else 1)
+        if config["num_splits"] == 2:
+            assert m["num_splits"] == 2 and m["split_plan"] == "uniform"
+        else:  # auto: the balanced plan, its work per unit within one block
+            assert m["split_plan"] == "balanced" and m["num_splits"] >= 1
+            assert m["plan_max_unit_blocks"] - m["plan_min_unit_blocks"] <= 1
         # the compiled check ran and said why it could not compile here (the interpreter)
         check = o.resources["compiled_check"]
         assert check["checked"] is False and "TRITON_INTERPRET" in check["reason"]
