@@ -15,7 +15,7 @@ import collections
 import math
 import pickle
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -48,6 +48,7 @@ class _Call:
 
 class Listener(Protocol):
     def worker_ready(self, slot: str, info: dict[str, Any]) -> None: ...
+    def dispatch_started(self, ready: int, wanted: int, waited_s: float) -> None: ...
     def worker_lost(self, slot: str, reason: str, retired: bool) -> None: ...
     def trial_started(self, item: WorkItem, slot: str) -> None: ...
     def trial_finished(self, item: WorkItem, slot: str, result: WorkerResult) -> None: ...
@@ -117,6 +118,10 @@ class DispatchOptions:
     batch_target_s: float = 0.05  # short trials are batched into calls of about this long
     max_batch: int = 64
     start_timeout_s: float = 180.0
+    # Trials are handed out once every worker is up, so that the first trials are not timed on one
+    # worker while the others still start (and load the machine); after this long, with those ready.
+    ready_wait_s: float = 60.0
+    lookahead: int = 1024  # trials read ahead of the workers from the (possibly very long) source
     threads_per_worker: int | None = None
     name_prefix: str = "kf"
     namespace: str = "kernelfarm"
@@ -128,6 +133,9 @@ class Dispatcher:
         self.listener = listener
         self.slots = [_Slot(name=f"w{i}") for i in range(options.workers)]
         self.queue: collections.deque[WorkItem] = collections.deque()
+        self._source: Iterator[WorkItem] = iter(())
+        self._source_left = 0  # trials the source still holds (when its length was given)
+        self._dispatching = False
         self._ref_owner: dict[Any, _Slot] = {}
         # running mean of a trial's time on a worker, per (family, backend): what batch sizes are cut from
         self._trial_s: dict[tuple[str, str], float] = {}
@@ -148,7 +156,20 @@ class Dispatcher:
                     gpu_id=info.get("gpu_id"),
                 )
             )
-        return DispatchSnapshot(queued=len(self.queue), slots=tuple(slots))
+        return DispatchSnapshot(queued=self._queued(), slots=tuple(slots))
+
+    def _queued(self) -> int:
+        return len(self.queue) + self._source_left
+
+    def _refill(self) -> None:
+        """Read trials from the source until `lookahead` are queued (retries go to the queue's front)."""
+        while len(self.queue) < self.opt.lookahead:
+            item = next(self._source, None)
+            if item is None:
+                self._source_left = 0
+                return
+            self.queue.append(item)
+            self._source_left = max(0, self._source_left - 1)
 
     # ---- actors ---------------------------------------------------------------------------------
     def _start(self, slot: _Slot) -> None:
@@ -194,10 +215,16 @@ class Dispatcher:
             self._kill(slot)
 
     # ---- the loop -------------------------------------------------------------------------------
-    def run(self, items: Iterable[WorkItem]) -> None:
-        self.queue.extend(items)
+    def run(self, items: Iterable[WorkItem], total: int | None = None) -> None:
+        """Run every item. `items` is read lazily, `lookahead` at a time; `total` (its length, when
+        known) only feeds the queued count of snapshots."""
+        self._source = iter(items)
+        self._source_left = total or 0
+        self._refill()
         if not self.queue:
             return
+        self._dispatching = False
+        started = time.monotonic()
         for slot in self.slots:
             self._start(slot)
         try:
@@ -205,18 +232,32 @@ class Dispatcher:
                 if all(s.retired for s in self.slots):
                     raise NoWorkersLeft(
                         f"every worker slot was retired after {self.opt.max_worker_deaths} deaths in a row; "
-                        f"{len(self.queue)} trials not run"
+                        f"{self._queued()} trials not run"
                     )
-                self._fill()
+                if not self._dispatching:
+                    self._open_when_ready(started)
+                if self._dispatching:
+                    self._fill()
                 self._wait_and_handle()
                 self._enforce_deadlines()
+                self._refill()
         finally:
             self.shutdown()
+
+    def _open_when_ready(self, started: float) -> None:
+        """Start handing out trials when every live slot is ready, or `ready_wait_s` after the start
+        with those that are (the listener is told how many are missing)."""
+        live = [s for s in self.slots if not s.retired]
+        ready = sum(s.ready for s in live)
+        waited = time.monotonic() - started
+        if ready and (ready == len(live) or waited >= self.opt.ready_wait_s):
+            self._dispatching = True
+            self.listener.dispatch_started(ready, len(self.slots), waited)
 
     def _fill(self) -> None:
         ready = [s for s in self.slots if s.ready]
         # Queue a second call per actor only while there is plenty left, so the tail stays balanced.
-        depth = self.opt.pipeline if len(self.queue) >= 2 * max(1, len(ready)) else 1
+        depth = self.opt.pipeline if self._queued() >= 2 * max(1, len(ready)) else 1
         for slot in ready:
             while self.queue and len(slot.inflight) < depth:
                 items = self._take_batch(slot, len(ready))
@@ -235,7 +276,7 @@ class Dispatcher:
         if trial_s is None:
             return 1
         active = sum(not s.retired for s in self.slots)  # starting workers will want their share too
-        fair = math.ceil(len(self.queue) / (2 * max(1, active, ready)))
+        fair = math.ceil(self._queued() / (2 * max(1, active, ready)))
         fill = int(min(self.opt.batch_target_s, self.opt.timeout_s / 4) / max(trial_s, 1e-6))
         return max(1, min(fill, self.opt.max_batch, fair))
 
@@ -266,6 +307,8 @@ class Dispatcher:
         now = time.monotonic()
         deadlines = [s.head_started + self.opt.timeout_s for s in self.slots if s.inflight]
         deadlines += [s.start_deadline for s in self.slots if s.ready_ref is not None and s.info is None]
+        if not self._dispatching:
+            deadlines.append(now + 0.2)  # look again at the ready gate soon
         return max(0.0, min(deadlines, default=now + 1.0) - now)
 
     def _wait_and_handle(self) -> None:

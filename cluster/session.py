@@ -1,12 +1,36 @@
-"""Connecting to Ray: start a local one (the embedded default) or join an existing cluster."""
+"""Connecting to Ray: start a local one (the embedded default) or join an existing cluster.
+
+Joining checks the address first (a TCP connect bounded by `PROBE_S`), so an unreachable head fails in
+seconds with one line naming it instead of Ray's two-minute retry loop. Ray 2.60 clusters started with
+`ray start --head` use token authentication when a token exists; the farm then sends the token it can
+find (`RAY_AUTH_TOKEN`, the file `RAY_AUTH_TOKEN_PATH`, or `~/.ray/auth_token`), as `ray.init()` does for
+a local cluster. `RAY_AUTH_MODE` set explicitly (`token` or `disabled`) always wins. Every failure to
+connect is a `ClusterConnectError` (the job runner turns it into the farm's InfrastructureError).
+"""
 
 from __future__ import annotations
 
 import os
+import socket
+import tempfile
+import threading
+import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import ray
+
+PROBE_S = 5.0  # the TCP check of a joined head's address
+AUTH_MODE = "RAY_AUTH_MODE"
+TOKEN_FIX = (
+    "set RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token) to the cluster's token "
+    "(`ray get-auth-token` on the head prints it)"
+)
+
+
+class ClusterConnectError(RuntimeError):
+    """Ray could not be started or joined; the message is one line that names the address and the fix."""
 
 
 @dataclass
@@ -16,7 +40,7 @@ class ClusterPlan:
     address: str  # "local" or the address joined
     gpu: bool  # True: one actor per GPU (num_gpus=1). False: CPU slots.
     workers: int
-    cuda: bool  # a real CUDA device is visible to this driver (logical GPUs on a CPU box are not)
+    cuda: bool  # the cluster's GPUs are real devices (logical GPUs declared on a CPU box are not)
     nodes: list[dict[str, Any]]
     threads_per_worker: int | None
     note: str
@@ -39,27 +63,44 @@ def _init_kwargs() -> dict[str, Any]:
     return {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
 
 
-def connect(address: str | None = None, gpus: int | None = None) -> ClusterPlan:
+def connect(
+    address: str | None = None,
+    gpus: int | None = None,
+    *,
+    oversubscribe: bool = False,
+    timeout_s: float = 25.0,
+) -> ClusterPlan:
     """Start or join Ray and decide the worker layout.
 
     Local: `gpus` logical GPUs are declared (default: the CUDA devices present). With GPUs (real or
     logical) one worker is pinned to each; with none, `gpus` (default: the CPU count) CPU workers.
     Joined: one worker per GPU in the cluster, at most `gpus`; CPU workers if it has no GPUs.
+    Without real GPUs the workers time on CPU cores: more workers than the cluster's cores would time
+    each other's contention, so they are cut to the core count (and the note says so) unless
+    `oversubscribe`. Joining a cluster that does not answer within `timeout_s` (or refuses the token)
+    raises ClusterConnectError.
     """
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    cuda = _cuda_count()
     if ray.is_initialized():
         where = "existing"
+        cuda = _cluster_has_real_gpus() or _cuda_count() > 0
     elif address:
-        ray.init(address=address, **_init_kwargs())
+        _join(address, timeout_s)
         where = address
+        cuda = _cluster_has_real_gpus()
     else:
+        local_cuda = _cuda_count()
         ray.init(
-            num_gpus=cuda if gpus is None else (min(gpus, cuda) if cuda else gpus),
+            num_gpus=local_cuda if gpus is None else (min(gpus, local_cuda) if local_cuda else gpus),
             num_cpus=os.cpu_count(),
             **_init_kwargs(),
         )
         where = "local"
+        cuda = local_cuda > 0
+    return _plan(where, gpus, cuda, oversubscribe)
+
+
+def _plan(where: str, gpus: int | None, cuda: bool, oversubscribe: bool) -> ClusterPlan:
     resources = ray.cluster_resources()
     nodes = [
         {
@@ -73,23 +114,141 @@ def connect(address: str | None = None, gpus: int | None = None) -> ClusterPlan:
     ]
     total_gpus = int(resources.get("GPU", 0))
     total_cpus = int(resources.get("CPU", 0)) or (os.cpu_count() or 1)
-    if total_gpus:
+    if total_gpus and cuda:
         workers = min(total_gpus, gpus) if gpus else total_gpus
-        threads = None if cuda else max(1, total_cpus // workers)
-        note = (
-            f"{workers} GPU workers (one per GPU) on {len(nodes)} node(s)"
-            if cuda
-            else f"no CUDA device: {workers} logical GPU workers run on the CPU, "
-            f"{len(nodes)} node(s), {threads} torch thread(s) each; timings are CPU timings"
-        )
-        return ClusterPlan(where, True, workers, bool(cuda), nodes, threads, note)
-    workers = gpus or total_cpus
+        note = f"{workers} GPU workers (one per GPU) on {len(nodes)} node(s)"
+        return ClusterPlan(where, True, workers, True, nodes, None, note)
+    wanted = (min(total_gpus, gpus) if gpus else total_gpus) if total_gpus else (gpus or total_cpus)
+    workers = wanted if oversubscribe else min(wanted, total_cpus)
     threads = max(1, total_cpus // workers)
+    kind = "logical GPU workers run on the CPU" if total_gpus else "CPU workers"
+    why = "no CUDA device" if total_gpus else "no GPU in the cluster"
     note = (
-        f"no GPU in the cluster: {workers} CPU workers on {len(nodes)} node(s), "
-        f"{threads} torch thread(s) each; timings are CPU timings"
+        f"{why}: {workers} {kind}, {len(nodes)} node(s), {threads} torch thread(s) each; "
+        "timings are CPU timings"
     )
-    return ClusterPlan(where, False, workers, False, nodes, threads, note)
+    if workers < wanted:
+        note += (
+            f" (asked for {wanted} workers, the cluster has {total_cpus} CPU core(s): more timing "
+            "workers than cores would time each other; --oversubscribe to run them all)"
+        )
+    elif workers > total_cpus:
+        note += f" (oversubscribed: {workers} workers share {total_cpus} CPU core(s); timings are contended)"
+    return ClusterPlan(where, bool(total_gpus), workers, False, nodes, threads, note)
+
+
+def _cluster_has_real_gpus() -> bool:
+    """Ray declares `accelerator_type:<model>` on nodes whose GPUs it detected; `--num-gpus N` on a
+    CPU-only node (logical GPUs) declares none. Decided by the cluster, not by this driver's devices."""
+    return any(key.startswith("accelerator_type:") for key in ray.cluster_resources())
+
+
+# ---- joining a cluster ------------------------------------------------------------------------------
+def _join(address: str, timeout_s: float) -> None:
+    if address != "auto" and not address.startswith("ray://"):
+        _probe(address)
+    token = _use_token_if_available()
+    box: dict[str, BaseException | None] = {}
+
+    def init() -> None:
+        try:
+            ray.init(address=address, **_init_kwargs())
+            box["error"] = None
+        except BaseException as err:  # noqa: BLE001 - handed to the waiting thread (SystemExit included)
+            box["error"] = err
+
+    # ray.init retries in C++ for minutes and prints a line per retry: it runs in a thread so that this
+    # one stays free to take SIGTERM and to give up at the deadline, with its output kept aside.
+    deadline = time.monotonic() + timeout_s
+    refused = False
+    with _stderr_kept() as kept:
+        thread = threading.Thread(target=init, name="ray-join", daemon=True)
+        thread.start()
+        while thread.is_alive() and time.monotonic() < deadline:
+            thread.join(0.2)
+            refused = "InvalidAuthToken" in kept.text()  # Ray would retry it for 20 s: no need
+            if refused:
+                break
+    if refused:
+        box["error"] = ConnectionError("InvalidAuthToken")
+    elif thread.is_alive():
+        raise ClusterConnectError(
+            f"cannot join the Ray cluster at {address}: no answer within {timeout_s:g} s; "
+            "check the address and that the head's GCS port is open"
+        )
+    error = box.get("error")
+    if error is None:
+        return
+    text = kept.text()
+    if "InvalidAuthToken" in text or "uthenticat" in type(error).__name__ + str(error):
+        tried = f"the token from {token} was refused" if token else "no token found"
+        raise ClusterConnectError(
+            f"cannot join the Ray cluster at {address}: it requires token authentication and {tried}; "
+            f"{TOKEN_FIX}"
+        )
+    raise ClusterConnectError(f"cannot join the Ray cluster at {address}: {_first_line(error)}")
+
+
+def _probe(address: str) -> None:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ClusterConnectError(
+            f"bad Ray address {address!r}: expected HOST:PORT (e.g. 10.0.0.5:6379) or auto"
+        )
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_S):
+            pass
+    except OSError as err:
+        reason = "timed out" if isinstance(err, TimeoutError) else (err.strerror or str(err))
+        raise ClusterConnectError(
+            f"cannot reach the Ray cluster at {address}: {reason}; "
+            "check the address and that `ray start --head` runs there"
+        ) from None
+
+
+def _use_token_if_available() -> str | None:
+    """Where the token comes from, when one is found and RAY_AUTH_MODE is unset (then set to `token`, as
+    Ray does for a local cluster); None when there is no token or the mode is set explicitly."""
+    if os.environ.get(AUTH_MODE) is not None:
+        return None
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        source = "RAY_AUTH_TOKEN"
+    elif os.environ.get("RAY_AUTH_TOKEN_PATH") and Path(os.environ["RAY_AUTH_TOKEN_PATH"]).is_file():
+        source = os.environ["RAY_AUTH_TOKEN_PATH"]
+    elif (Path.home() / ".ray" / "auth_token").is_file():
+        source = str(Path.home() / ".ray" / "auth_token")
+    else:
+        return None
+    os.environ[AUTH_MODE] = "token"
+    from ray._raylet import Config  # Ray caches its config: re-read it so this process sees token mode
+
+    Config.initialize("")
+    return source
+
+
+class _stderr_kept:
+    """Send file descriptor 2 (Ray's C++ logging and Python's alike) to a temp file while inside."""
+
+    def __enter__(self) -> _stderr_kept:
+        self.file = tempfile.TemporaryFile(mode="w+b")
+        self.saved = os.dup(2)
+        os.dup2(self.file.fileno(), 2)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        os.dup2(self.saved, 2)
+        os.close(self.saved)
+
+    def text(self) -> str:
+        """What was written so far (the file stays open: a thread may still write to it)."""
+        with open(self.file.fileno(), "rb", closefd=False) as f:
+            f.seek(0)
+            return f.read().decode(errors="replace")
+
+
+def _first_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    return lines[0] if lines else type(err).__name__
 
 
 def disconnect() -> None:

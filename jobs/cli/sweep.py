@@ -1,8 +1,14 @@
-"""`farm sweep validate|run|resume`: check a spec, run it as a job, resume a stopped job."""
+"""`farm sweep validate|run|resume`: check a spec, run it as a job, resume a stopped job.
+
+A grid of more than `--max-trials` trials (default 10,000) is refused by `validate` and `run` unless
+`--yes` is given: a typo in an axis can turn a sweep into a million trials."""
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
@@ -11,7 +17,7 @@ from rich.console import Console
 from jobs.cli.accept import send_drafts
 from jobs.cli.common import address_option, db_option, echo, gpus_option, quiet_option, store_for
 from jobs.settings import FarmSettings
-from jobs.spec.sweep import SpecError, load_spec
+from jobs.spec.sweep import SpecError, SweepSpec, load_spec
 from jobs.spec.sweep import loads_spec as load_spec_text
 from jobs.store.repository import Store
 
@@ -21,30 +27,88 @@ def sweep() -> None:
     """Validate, run and resume sweep jobs."""
 
 
+MAX_TRIALS = 10_000
+SHOWN = 5  # trials listed at each end of the grid by `validate`
+
+yes_option = click.option("--yes", is_flag=True, help="accept a grid larger than --max-trials")
+max_trials_option = click.option(
+    "--max-trials", type=click.IntRange(min=1), default=MAX_TRIALS, show_default=True,
+    help="the largest grid accepted without --yes",
+)  # fmt: skip
+oversubscribe_option = click.option(
+    "--oversubscribe", is_flag=True,
+    help="on CPU, run more timing workers than the cluster has cores (timings then contend)",
+)  # fmt: skip
+
+
 @sweep.command("validate")
 @click.argument("spec_path", type=click.Path(dir_okay=False, path_type=Path))
-def sweep_validate(spec_path: Path) -> None:
-    """Check a spec and print the trials it expands to, without running anything."""
-    spec = _load(spec_path)
-    trials = spec.trials()
-    click.echo(f"{spec_path}: ok, family {spec.family}, baseline {spec.baseline}, {len(trials)} trials")
-    for t in trials:
-        click.echo(f"  {t.label()}")
+@yes_option
+@max_trials_option
+def sweep_validate(spec_path: Path, yes: bool, max_trials: int) -> None:
+    """Check a spec and summarise the trials it expands to (counts per backend and axis, the first
+    and last few), without running anything."""
+    spec = _load(spec_path, yes, max_trials)
+    total = spec.count_trials()
+    click.echo(f"{spec_path}: ok, family {spec.family}, baseline {spec.baseline}, {total} trials")
+    for line in grid_summary(spec, total):
+        click.echo(line)
 
 
-def _load(path: Path):
+def grid_summary(spec: SweepSpec, total: int) -> list[str]:
+    """Per backend its trial count, each axis with its number of values, then the first and last
+    SHOWN trials (every trial when there are no more than 2 * SHOWN); read in one pass, flat memory."""
+    per_backend: dict[str, int] = {}
+    axes: dict[str, set[str]] = {}
+    first: list[str] = []
+    last: collections.deque[str] = collections.deque(maxlen=SHOWN)
+    for i, t in enumerate(spec.iter_trials()):
+        per_backend[t.backend] = per_backend.get(t.backend, 0) + 1
+        for where, point in (("shape", t.shape), ("config", t.config), ("", {"dtype": t.dtype})):
+            for key, value in point.items():
+                name = f"{where}.{key}" if where else key
+                if len(axes.setdefault(name, set())) < 1000:  # bounded: enough to count an axis
+                    axes[name].add(repr(value))
+        label = f"  {t.label()}"
+        if i < SHOWN:
+            first.append(label)
+        else:
+            last.append(label)
+    lines = ["backends: " + ", ".join(f"{b} {n}" for b, n in per_backend.items())]
+    lines.append(
+        "axes: " + ", ".join(f"{a} ({len(v)}{'+' if len(v) >= 1000 else ''})" for a, v in axes.items())
+    )
+    lines += first
+    if total > len(first) + len(last):
+        lines.append(f"  ... {total - len(first) - len(last)} more ...")
+    return lines + list(last)
+
+
+def _load(path: Path, yes: bool = True, max_trials: int = MAX_TRIALS) -> SweepSpec:
     try:
-        return load_spec(path)
+        spec = load_spec(path)
     except SpecError as err:
         click.echo(str(err), err=True)
         sys.exit(2)
+    total = spec.count_trials()
+    if total > max_trials and not yes:
+        click.echo(
+            f"{path}: the grid expands to {total:,} trials, more than --max-trials {max_trials:,}; "
+            "check the axes, or pass --yes to accept it",
+            err=True,
+        )
+        sys.exit(2)
+    return spec
 
 
-def _finish(result, store: Store, report: bool, accept: bool | None, ambiguous: str) -> None:
+def _finish(result, store: Store, report: bool, accept: bool | None, ambiguous: str | None) -> None:
     """Report, then judge the job by its card (when the spec names one) and exit with the worse code."""
     from jobs.report.render import render_terminal
     from jobs.run.runner import EXIT_INTERRUPTED
 
+    if not result.resumed:  # a finished job: nothing ran, nothing is judged or changed again
+        echo(result.note)
+        sys.exit(result.exit_code)
     if report:
         render_terminal(store, result.job_id, Console())
     counts = " ".join(f"{k} {v}" for k, v in sorted(result.counts.items()))
@@ -71,8 +135,9 @@ accept_option = click.option(
     help="judge the job by its metric card when it finishes (default: when the spec names a card)",
 )  # fmt: skip
 ambiguous_option = click.option(
-    "--ambiguous", type=click.Choice(["fail", "warn"]), default="fail", show_default=True,
-    help="whether an ambiguous assertion (too noisy to call) fails the verdict or only warns",
+    "--ambiguous", type=click.Choice(["fail", "warn"]), default=None,
+    help="whether an ambiguous assertion (too noisy to call) fails the verdict or only warns "
+    "(default: fail; on CPU timings the card's cpu.ambiguous, warn unless it says fail)",
 )  # fmt: skip
 
 
@@ -85,6 +150,9 @@ ambiguous_option = click.option(
 @click.option("--no-report", is_flag=True, help="do not print the report table at the end")
 @accept_option
 @ambiguous_option
+@oversubscribe_option
+@yes_option
+@max_trials_option
 def sweep_run(
     spec_path: Path,
     address: str | None,
@@ -93,17 +161,34 @@ def sweep_run(
     quiet: bool,
     no_report: bool,
     accept: bool | None,
-    ambiguous: str,
+    ambiguous: str | None,
+    oversubscribe: bool,
+    yes: bool,
+    max_trials: int,
 ) -> None:
     """Run the sweep in SPEC_PATH: expand the grid, dispatch trials to one worker per GPU, store results."""
     from jobs.run.runner import RunOptions, run_sweep
 
-    spec = _load(spec_path)
+    spec = _load(spec_path, yes, max_trials)
     settings = FarmSettings()
     store = store_for(db)
     options = RunOptions(address or settings.ray_address, gpus or settings.gpus, not quiet, echo)
-    result = run_sweep(spec, store, options)
+    options.oversubscribe = oversubscribe
+    with _no_job_on_interrupt():
+        result = run_sweep(spec, store, options)
     _finish(result, store, not no_report, accept, ambiguous)
+
+
+@contextlib.contextmanager
+def _no_job_on_interrupt() -> Iterator[None]:
+    """Ctrl-C or SIGTERM while connecting to Ray (before a job exists): one line, exit 130."""
+    from jobs.run.runner import EXIT_INTERRUPTED
+
+    try:
+        yield
+    except KeyboardInterrupt:
+        echo("interrupted while connecting to Ray; nothing was stored")
+        sys.exit(EXIT_INTERRUPTED)
 
 
 @sweep.command("resume")
@@ -115,6 +200,7 @@ def sweep_run(
 @click.option("--no-report", is_flag=True)
 @accept_option
 @ambiguous_option
+@oversubscribe_option
 def sweep_resume(
     job_id: int,
     address: str | None,
@@ -123,16 +209,19 @@ def sweep_resume(
     quiet: bool,
     no_report: bool,
     accept: bool | None,
-    ambiguous: str,
+    ambiguous: str | None,
+    oversubscribe: bool,
 ) -> None:
-    """Run only the trials of JOB_ID that have not finished."""
+    """Run only the trials of JOB_ID that have not finished (a finished job is left as it is)."""
     from jobs.run.runner import RunOptions, resume_job
 
     settings = FarmSettings()
     store = store_for(db)
+    options = RunOptions(address or settings.ray_address, gpus or settings.gpus, not quiet, echo)
+    options.oversubscribe = oversubscribe
     try:
-        options = RunOptions(address or settings.ray_address, gpus or settings.gpus, not quiet, echo)
-        result = resume_job(job_id, store, options)
-    except (LookupError, SpecError) as err:
+        with _no_job_on_interrupt():
+            result = resume_job(job_id, store, options)
+    except SpecError as err:
         raise click.ClickException(str(err)) from None
     _finish(result, store, not no_report, accept, ambiguous)

@@ -23,7 +23,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from jobs.judge import baselines
-from jobs.judge.anomalies import Found, throttling
+from jobs.judge.anomalies import Found, contamination, throttling
 from jobs.judge.checks import AMBIGUOUS, FAIL, PASS, SKIP, Context, Outcome, run_check
 from jobs.run.runner import RunOptions
 from jobs.spec.cards import Card, load_card
@@ -130,13 +130,13 @@ def accept(
     *,
     card: str | None = None,
     baseline: str | None = None,
-    ambiguous: str = "fail",
+    ambiguous: str | None = "fail",
     confirm: bool = False,
     rounds: int = 3,
     tag: str | None = None,
     options: RunOptions | None = None,
 ) -> Acceptance:
-    if ambiguous not in AMBIGUOUS_MODES:
+    if ambiguous is not None and ambiguous not in AMBIGUOUS_MODES:
         raise ValueError(f"ambiguous must be one of {AMBIGUOUS_MODES} (got {ambiguous!r})")
     the_card = card_for(store, job_id, card)
     job = store.get_job(job_id)
@@ -167,6 +167,9 @@ def accept(
         )
         for t in trials
     }
+    if ambiguous is None:  # not given: "fail", except on CPU timings, where the card decides (warn)
+        on_cpu = any(c.on_cpu for c in contexts.values())
+        ambiguous = the_card.cpu.ambiguous if on_cpu else "fail"
     acc = Acceptance(job_id, the_card, ambiguous, base.name if base else None, base.job_id if base else None)
     for check in the_card.assertions:
         for t in trials:
@@ -183,6 +186,8 @@ def accept(
         for r in acc.results
         if r.result.anomaly
     ] + throttling(trials)
+    flagged = {(a.trial.id, a.kind) for a in acc.anomalies}
+    acc.anomalies += [a for a in contamination(trials) if (a.trial.id, a.kind) not in flagged]
     store.replace_anomalies(job_id, [a.row() for a in acc.anomalies])
     store.replace_failures(
         job_id,

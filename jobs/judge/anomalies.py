@@ -96,6 +96,25 @@ def throttled_samples(t: TrialRow) -> int | None:
     return None
 
 
+CONTAMINATION = {
+    "drift": "its samples drift across the run (last third's median far from the first third's)",
+    "contended": "its process got far less CPU time than the wall time of its timing loop",
+}
+
+
+def contamination(trials: list[TrialRow]) -> list[Found]:
+    """`noisy` for each ok trial whose measurement flagged it drifting or contended (kernels.measure):
+    its median describes the machine's load, not the kernel."""
+    out = []
+    for t in trials:
+        summary = t.summary or {}
+        why = [CONTAMINATION[f] for f in summary.get("flags") or () if f in CONTAMINATION]
+        if why:
+            ratio = (summary.get("clocks") or {}).get("cpu_time_ratio")
+            out.append(Found("noisy", t, "timing not trusted: " + "; ".join(why), {"cpu_time_ratio": ratio}))
+    return out
+
+
 def throttling(trials: list[TrialRow]) -> list[Found]:
     out = []
     for t in trials:

@@ -280,6 +280,9 @@ class _MetricsListener:
         self.metrics.workers_lost.labels(node)  # a zero series per node, so the first loss is an increase
         self.inner.worker_ready(slot, info)
 
+    def dispatch_started(self, ready: int, wanted: int, waited_s: float) -> None:
+        self.inner.dispatch_started(ready, wanted, waited_s)
+
     def worker_lost(self, slot: str, reason: str, retired: bool) -> None:
         self.metrics.workers_lost.labels(self.nodes.get(slot, "unknown")).inc()
         self.inner.worker_lost(slot, reason, retired)

@@ -1,9 +1,11 @@
 """Running a sweep: spec -> job rows -> Ray workers -> results streamed into the store.
 
-`run_sweep` creates a job with one pending row per trial and runs it; `resume_job` runs the rows of
-an existing job that are not finished. Both go through `_execute`, which connects to Ray, builds the
-dispatcher and turns its callbacks into store writes and progress output. Ctrl-C (or SIGTERM) stops
-the workers, keeps every finished result and leaves the job resumable.
+`run_sweep` connects to Ray first (a cluster that cannot be reached leaves no job behind), then
+creates a job with one pending row per trial (streamed into the store in batches) and runs it;
+`resume_job` runs the rows of an existing job that are not finished (a finished job is left as it
+is). Both go through `_execute`, which builds the dispatcher, feeds it the pending rows a page at a
+time and turns its callbacks into store writes and progress output. Ctrl-C (or SIGTERM) at any stage
+stops the workers, keeps every finished result and leaves the job `interrupted` and resumable.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from typing import Any
 
 from cluster import session
 from cluster.dispatch import Dispatcher, DispatchOptions, NoWorkersLeft, WorkerResult, WorkItem
+from cluster.session import ClusterConnectError, ClusterPlan
+from jobs.errors import InfrastructureError
 from jobs.run.farm_metrics import FarmMetrics
 from jobs.run.progress import ProgressView
 from jobs.spec.sweep import SweepSpec, dump_spec, loads_spec
@@ -40,6 +44,7 @@ class RunResult:
     counts: dict[str, int]
     exit_code: int
     note: str = ""
+    resumed: bool = True  # False: `resume_job` found nothing to run and changed nothing
 
 
 def kernels_commit() -> str | None:
@@ -71,7 +76,7 @@ def create_job(store: Store, spec: SweepSpec) -> int:
         family=spec.family,
         spec_yaml=dump_spec(spec),
         spec_hash=spec.spec_hash(),
-        trials=spec.trials(),
+        trials=spec.iter_trials(),
         git_commit=kernels_commit(),
     )
 
@@ -85,21 +90,52 @@ class RunOptions:
     observer: Observer | None = None
     metrics: FarmMetrics | None = None  # Prometheus exporter; None: from FARM_METRICS_* (off when unset)
     threads_per_worker: int | None = None  # torch threads per CPU worker; None: the CPUs shared out
+    oversubscribe: bool = False  # on CPU, run more timing workers than the cluster has cores
+    ready_wait_s: float = 60.0  # dispatch waits this long for every worker to be up
+
+
+def connect(options: RunOptions) -> ClusterPlan:
+    """Start or join Ray; a cluster that cannot be reached or refuses us is an InfrastructureError."""
+    try:
+        plan = session.connect(options.address, options.gpus, oversubscribe=options.oversubscribe)
+    except ClusterConnectError as err:
+        raise InfrastructureError(str(err)) from None
+    options.echo(f"ray: {plan.address}; {plan.note}")
+    return plan
 
 
 def run_sweep(spec: SweepSpec, store: Store, options: RunOptions | None = None) -> RunResult:
+    """Connect, create the job, run it. A KeyboardInterrupt (or SIGTERM) before the job exists
+    propagates, and nothing is stored."""
     options = options or RunOptions()
-    job_id = create_job(store, spec)
-    options.echo(f"job {job_id}: {spec.name} ({spec.family}), {len(spec.trials())} trials, store {store.url}")
-    return _execute(job_id, spec, store, options)
+    with _Interrupt():
+        plan = connect(options)
+        job_id = create_job(store, spec)  # one transaction: interrupted, it leaves no job
+    trials = spec.count_trials()
+    options.echo(f"job {job_id}: {spec.name} ({spec.family}), {trials} trials, store {store.url}")
+    return _execute(job_id, spec, store, options, plan)
 
 
 def resume_job(job_id: int, store: Store, options: RunOptions | None = None) -> RunResult:
     job = store.get_job(job_id)
     if job is None:
-        raise LookupError(f"no job {job_id} in {store.url}")
+        from jobs.errors import NoSuchJob  # exit 2 from the CLI, the message every command gives
+
+        raise NoSuchJob(job_id, store.url)
     spec = loads_spec(job.spec, source=f"job {job_id} spec")
-    return _execute(job_id, spec, store, options or RunOptions())
+    options = options or RunOptions()
+    counts = store.status_counts(job_id)
+    if not counts.get(TrialStatus.PENDING):
+        # A finished job is not touched: status, finish time and verdict stay as they are.
+        if job.status not in ("completed", "failed"):  # stopped right after its last trial finished
+            store.set_job_status(job_id, "completed")
+            job = store.get_job(job_id)
+        when = f" at {job.finished_at:%Y-%m-%d %H:%M:%S}" if job.finished_at else ""
+        note = f"nothing to resume: job {job_id} already finished ({job.status}{when}); left as it is"
+        return RunResult(job_id, job.status, counts, _exit_code(counts), note, resumed=False)
+    with _Interrupt():
+        plan = connect(options)
+    return _execute(job_id, spec, store, options, plan)
 
 
 class _StoreListener:
@@ -145,6 +181,13 @@ class _StoreListener:
     def worker_ready(self, slot: str, info: dict[str, Any]) -> None:
         self.workers[slot] = info
         self.progress.worker(slot, info)
+
+    def dispatch_started(self, ready: int, wanted: int, waited_s: float) -> None:
+        if ready < wanted:
+            self.progress.log(
+                f"dispatching on {ready} of {wanted} workers: {wanted - ready} not ready after "
+                f"{waited_s:.0f} s (trials go to the ready ones)"
+            )
 
     def worker_lost(self, slot: str, reason: str, retired: bool) -> None:
         self.progress.log(f"worker {slot} {'retired' if retired else 'replaced'}: {reason}")
@@ -201,11 +244,17 @@ def _dt(ts: float | None) -> datetime | None:
 
 @dataclass
 class _Interrupt:
+    """SIGTERM raises KeyboardInterrupt once; a second signal while the first is being handled (workers
+    stopped, results flushed, the job marked) is ignored, so that clean-up is never cut short."""
+
     previous: dict[int, Any] = field(default_factory=dict)
+    fired: bool = False
 
     def __enter__(self) -> _Interrupt:
         def raise_interrupt(signum: int, frame: Any) -> None:
-            raise KeyboardInterrupt
+            if not self.fired:
+                self.fired = True
+                raise KeyboardInterrupt
 
         try:
             self.previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, raise_interrupt)
@@ -218,19 +267,13 @@ class _Interrupt:
             signal.signal(sig, handler)
 
 
-def _execute(job_id: int, spec: SweepSpec, store: Store, options: RunOptions) -> RunResult:
-    todo = store.unfinished_trials(job_id)
-    if not todo:
-        counts = store.status_counts(job_id)
-        store.set_job_status(job_id, "completed")
-        return RunResult(job_id, "completed", counts, _exit_code(counts), "nothing left to run")
-    plan = session.connect(options.address, options.gpus)
-    options.echo(f"ray: {plan.address}; {plan.note}")
-    items = [_work_item(t, spec) for t in todo]
+def _execute(job_id: int, spec: SweepSpec, store: Store, options: RunOptions, plan: ClusterPlan) -> RunResult:
+    counts = store.status_counts(job_id)
+    total, todo = sum(counts.values()), counts.get(TrialStatus.PENDING, 0)
+    items = (_work_item(t, spec) for t in store.iter_unfinished_trials(job_id))
     store.set_job_status(job_id, "running", cluster=plan.to_dict(), message=None)
-    total = len(store.trials(job_id))
     progress = ProgressView(
-        total=total, already=total - len(todo), enabled=options.show_progress, echo=options.echo
+        total=total, already=total - todo, enabled=options.show_progress, echo=options.echo
     )
     listener = _StoreListener(store, progress, options.observer)
     metrics = options.metrics or FarmMetrics.from_env(echo=options.echo)
@@ -241,6 +284,7 @@ def _execute(job_id: int, spec: SweepSpec, store: Store, options: RunOptions) ->
             timeout_s=spec.timeout_s,
             max_attempts=spec.max_attempts,
             threads_per_worker=options.threads_per_worker or plan.threads_per_worker,
+            ready_wait_s=options.ready_wait_s,
             name_prefix=f"kf-job{job_id}-{int(time.time() * 1000) % 10**8}",
         ),
         metrics.listen(listener) if metrics else listener,
@@ -251,7 +295,7 @@ def _execute(job_id: int, spec: SweepSpec, store: Store, options: RunOptions) ->
     watch = metrics.job(spec.family, backends, dispatcher) if metrics else nullcontext()
     with _Interrupt(), progress, watch:
         try:
-            dispatcher.run(items)
+            dispatcher.run(items, total=todo)
         except KeyboardInterrupt:
             status, code = "interrupted", EXIT_INTERRUPTED
             note = f"interrupted; finished trials are stored. Resume with: farm sweep resume {job_id}"

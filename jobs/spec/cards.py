@@ -15,7 +15,10 @@ and an `assertions` list naming the checks the CI step runs, in order. Every che
   resources    register spills and occupancy against the limits / the baseline   resources
 
 CPU timings are labelled as such and are noisier than a GPU's: the `cpu` section overrides max_slowdown
-and max_cv when the trial ran on a CPU. `trim_outliers` (never | cpu | always; default cpu) drops far
+and max_cv when the trial ran on a CPU, and `cpu.ambiguous` (warn | fail; default warn) says what an
+ambiguous assertion does to the verdict of a job timed on a CPU when the command does not say
+(`--ambiguous`): on a shared CPU, "too noisy to call" is the common case, not a failure.
+`trim_outliers` (never | cpu | always; default cpu) drops far
 outliers, samples above Q3 + 3 IQR (a call the OS preempted), before the regression comparison and the
 stability check; the medians barely move, the dispersion stops being one preemption's, and the number
 dropped is reported with the numbers (above MAX_TRIMMED of the samples, stability is not accepted).
@@ -96,6 +99,7 @@ class Resources(_Strict):
 class CpuOverrides(_Strict):
     max_slowdown: float | None = Field(None, gt=0, lt=1)
     max_cv: float | None = Field(None, gt=0, lt=1)
+    ambiguous: Literal["warn", "fail"] = "warn"  # on CPU timings, unless the command says otherwise
 
 
 _NEEDS: dict[str, str] = {

@@ -61,15 +61,38 @@ class Grid(_Strict):
     exclude: list[Point] = Field(default_factory=list)
 
     def points(self) -> list[Point]:
+        return list(self.iter_points())
+
+    def iter_points(self) -> Iterator[Point]:
+        """The points one at a time (a large grid is never held in memory): the product of the axes
+        (each axis's repeated values once) minus the excluded, then the included not already there."""
         keys = list(self.grid)
-        product = [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*self.grid.values())]
-        if not keys:  # no axes: one empty point, unless the points are all given by include
-            product = [] if self.include else [{}]
-        kept = [p for p in product if not any(_matches(p, rule) for rule in self.exclude)]
-        out: dict[str, Point] = {}  # keyed by content: duplicates drop in linear time
-        for p in kept + list(self.include):
-            out.setdefault(json.dumps(p, sort_keys=True), p)
-        return list(out.values())
+        axes = [list(dict.fromkeys(values)) for values in self.grid.values()]
+        if keys or not self.include:  # no axes: one empty point, unless the points are all given by include
+            for combo in itertools.product(*axes):
+                point = dict(zip(keys, combo, strict=True))
+                if not self._excluded(point):
+                    yield point
+        seen: set[str] = set()
+        for point in self.include:
+            ident = json.dumps(point, sort_keys=True)
+            if ident not in seen and not (keys and self._in_product(point)):
+                seen.add(ident)
+                yield point
+
+    def count(self) -> int:
+        return sum(1 for _ in self.iter_points())
+
+    def _excluded(self, point: Point) -> bool:
+        return any(_matches(point, rule) for rule in self.exclude)
+
+    def _in_product(self, point: Point) -> bool:
+        """Whether the product part of iter_points already yields this point."""
+        return (
+            set(point) == set(self.grid)
+            and all(point[k] in self.grid[k] for k in self.grid)
+            and not self._excluded(point)
+        )
 
 
 def _matches(point: Point, rule: Point) -> bool:
@@ -133,10 +156,22 @@ class SweepSpec(_Strict):
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
     def trials(self) -> list[TrialSpec]:
-        """The grid's points in order, expanded once per spec (a spec is not changed after loading)."""
+        """The grid's points in order, expanded once per spec (a spec is not changed after loading).
+        A large grid is better walked with `iter_trials`, which holds one point at a time."""
         if self._trials is None:
             self._trials = tuple(_expand(self))
         return list(self._trials)
+
+    def iter_trials(self) -> Iterator[TrialSpec]:
+        return iter(self._trials) if self._trials is not None else _expand(self)
+
+    def count_trials(self) -> int:
+        if self._trials is not None:
+            return len(self._trials)
+        total = 0
+        for b in self.backends:
+            total += (b.shapes or self.shapes).count() * (b.configs or self.configs).count()
+        return total * len(self.dtypes)
 
 
 @dataclass(frozen=True)
@@ -172,10 +207,10 @@ class TrialSpec:
 
 def _expand(spec: SweepSpec) -> Iterator[TrialSpec]:
     for backend in spec.backends:
-        shapes = (backend.shapes or spec.shapes).points()
-        configs = (backend.configs or spec.configs).points()
-        for shape, config, dtype in itertools.product(shapes, configs, spec.dtypes):
-            yield TrialSpec(spec.family, backend.name, shape, config, dtype, backend.baseline)
+        configs = (backend.configs or spec.configs).points()  # the smaller grid, held; shapes stream
+        for shape in (backend.shapes or spec.shapes).iter_points():
+            for config, dtype in itertools.product(configs, spec.dtypes):
+                yield TrialSpec(spec.family, backend.name, shape, config, dtype, backend.baseline)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -211,11 +246,11 @@ def _check_against_family(spec: SweepSpec, source: str) -> None:
             )
     for i, b in enumerate(spec.backends):
         where = f"backends[{i}].shapes" if b.shapes is not None else "shapes"
-        if not (b.shapes or spec.shapes).points():
+        if next((b.shapes or spec.shapes).iter_points(), None) is None:
             problems.append(f"{where}: the grid expands to no points after exclude")
     for i, b in enumerate(spec.backends):
         where = f"backends[{i}].configs" if b.configs is not None else "configs"
-        if not (b.configs or spec.configs).points():
+        if next((b.configs or spec.configs).iter_points(), None) is None:
             problems.append(f"{where}: the grid expands to no points after exclude")
     if spec.card is not None:
         from jobs.spec.cards import (  # jobs.spec.cards reuses this module's error formatting
@@ -230,7 +265,7 @@ def _check_against_family(spec: SweepSpec, source: str) -> None:
     if problems:
         raise SpecError(source, list(dict.fromkeys(problems)))
     seen: set[str] = set()
-    for t in spec.trials():
+    for t in spec.iter_trials():
         try:
             family.validate(t.shape, t.config, t.dtype, t.backend)
         except ValueError as err:
@@ -254,9 +289,32 @@ def load_spec(path: str | Path) -> SweepSpec:
     return loads_spec(text, source)
 
 
+class _DuplicateKey(yaml.MarkedYAMLError):
+    pass
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, except that a key given twice in one mapping is an error (PyYAML keeps the
+    last value silently, so a typo'd spec would run something else than it says)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, str | int | float | bool) and key in seen:
+                raise _DuplicateKey(
+                    problem=f"duplicate key {key!r} (first on line {seen[key]})",
+                    problem_mark=key_node.start_mark,
+                )
+            if isinstance(key, str | int | float | bool):
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def loads_spec(text: str, source: str = "<spec>") -> SweepSpec:
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""

@@ -19,7 +19,7 @@ from jobs.store.repository import Store
 
 @pytest.fixture(scope="module")
 def plan():
-    p = session.connect(gpus=4)
+    p = session.connect(gpus=4, oversubscribe=True)  # 4 logical GPUs, more than this box's cores
     yield p
     session.disconnect()
 
@@ -32,7 +32,7 @@ def store(tmp_path):
 
 
 def _quiet(**kw) -> RunOptions:
-    return RunOptions(show_progress=False, echo=lambda _msg: None, **kw)
+    return RunOptions(show_progress=False, echo=lambda _msg: None, oversubscribe=True, **kw)
 
 
 def _probe(backends: str, shapes: int, timeout_s: float = 30, max_attempts: int = 3) -> str:
@@ -145,7 +145,7 @@ timeout_s: 60
     assert all(r["speedup"] == pytest.approx(1.0) for r in rows if r["baseline"])
     assert report.to_csv(store, result.job_id).splitlines()[0].startswith("trial,shape,backend")
     page = report.render_html(store, result.job_id)
-    assert page.count("<img") == 3 and "CPU timings" in page and "torch_bf16" in page
+    assert page.count("Plotly.newPlot(") >= 3 and "CPU timings" in page and "torch_bf16" in page
 
 
 def test_one_worker_survives_trials_that_keep_crashing_it(plan, store):

@@ -34,7 +34,10 @@ measure: {warmup_ms: 0, min_samples: 1, max_samples: 2, max_time_s: 0.5}
 timeout_s: 60
 """)
     result = run_sweep(
-        spec, store, RunOptions(address=two_nodes.address, show_progress=False, echo=lambda m: None)
+        spec,
+        store,
+        # 4 logical GPUs on 2 CPU cores: this test is about placement, not timings
+        RunOptions(address=two_nodes.address, show_progress=False, echo=lambda m: None, oversubscribe=True),
     )
     assert result.status == "completed" and result.exit_code == 0
     job = store.get_job(result.job_id)

@@ -1,0 +1,107 @@
+"""Trustworthy CPU timings: dispatch waits for every worker (or says how many are missing after a
+bounded wait), and CPU timing workers are not oversubscribed unless asked."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from ray.cluster_utils import Cluster
+
+from cluster import session
+from cluster.dispatch import Dispatcher, DispatchOptions, WorkItem
+from kernels.base import TrialRequest
+from kernels.measure.policy import MeasurePolicy
+
+
+@pytest.fixture(scope="module")
+def one_core_three_gpus():
+    """A real Ray cluster of one node with 1 CPU core and 3 logical GPUs (no accelerator detected)."""
+    cluster = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 3, "include_dashboard": False}
+    )
+    cluster.wait_for_nodes()
+    session.connect(cluster.address, oversubscribe=True)
+    yield cluster
+    session.disconnect()
+    cluster.shutdown()
+
+
+class Events:
+    """The dispatcher's callbacks, in order."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, Any]] = []
+
+    def worker_ready(self, slot: str, info: dict[str, Any]) -> None:
+        self.log.append(("ready", slot))
+
+    def dispatch_started(self, ready: int, wanted: int, waited_s: float) -> None:
+        self.log.append(("dispatch", (ready, wanted, waited_s)))
+
+    def worker_lost(self, slot: str, reason: str, retired: bool) -> None:
+        self.log.append(("lost", reason))
+
+    def trial_started(self, item: WorkItem, slot: str) -> None:
+        self.log.append(("started", slot))
+
+    def trial_finished(self, item: WorkItem, slot: str, result: Any) -> None:
+        self.log.append(("finished", slot))
+
+    def trial_timed_out(self, item: WorkItem, slot: str, seconds: float) -> None:
+        self.log.append(("timeout", slot))
+
+    def trial_crashed(self, item: WorkItem, slot: str, error: str, final: bool) -> None:
+        self.log.append(("crashed", slot))
+
+    def kinds(self) -> list[str]:
+        return [kind for kind, _ in self.log]
+
+
+def _items(n: int) -> list[WorkItem]:
+    policy = MeasurePolicy(warmup_ms=0, min_samples=1, max_samples=1, max_time_s=0.1)
+    return [
+        WorkItem(i, TrialRequest("probe", "noop", {"n": i}, {}, "float32", policy=policy)) for i in range(n)
+    ]
+
+
+def test_no_trial_is_handed_out_before_every_worker_is_ready(one_core_three_gpus):
+    events = Events()
+    Dispatcher(DispatchOptions(workers=2, gpu=True, timeout_s=60, name_prefix="gate-all"), events).run(
+        _items(12)
+    )
+    kinds = events.kinds()
+    assert kinds.count("finished") == 12
+    first_trial = kinds.index("started")
+    assert kinds[:first_trial].count("ready") == 2
+    [(ready, wanted, _waited)] = [v for k, v in events.log if k == "dispatch"]
+    assert (ready, wanted) == (2, 2)
+
+
+def test_after_the_bounded_wait_dispatch_starts_with_the_ready_workers_and_says_how_many_are_missing(
+    one_core_three_gpus,
+):
+    events = Events()
+    # four GPU workers on a cluster of three GPUs: the fourth can never start
+    options = DispatchOptions(
+        workers=4, gpu=True, timeout_s=60, ready_wait_s=2.0, start_timeout_s=120, name_prefix="gate-miss"
+    )
+    Dispatcher(options, events).run(_items(6))
+    [(ready, wanted, waited)] = [v for k, v in events.log if k == "dispatch"]
+    assert wanted == 4 and 1 <= ready <= 3 and waited >= 2.0
+    assert events.kinds().count("finished") == 6
+
+
+def test_cpu_timing_workers_are_cut_to_the_cores_unless_oversubscribed(one_core_three_gpus):
+    session.disconnect()
+    plan = session.connect(one_core_three_gpus.address)
+    assert plan.workers == 1 and plan.gpu and not plan.cuda
+    assert "asked for 3 workers" in plan.note and "--oversubscribe" in plan.note
+    assert "CPU timings" in plan.note
+    over = session.connect(one_core_three_gpus.address, oversubscribe=True)
+    assert over.workers == 3 and "oversubscribed" in over.note
+
+
+def test_logical_gpus_of_a_joined_cluster_give_cpu_timings_whatever_the_driver_has(one_core_three_gpus):
+    plan = session.connect(one_core_three_gpus.address, gpus=2, oversubscribe=True)
+    assert not plan.cuda and plan.workers == 2 and "no CUDA device" in plan.note

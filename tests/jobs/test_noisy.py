@@ -1,0 +1,114 @@
+"""Timings contaminated by the machine are flagged noisy, not passed as ok: samples that drift
+across the run, and CPU timing loops that got far less CPU time than wall time (contention)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from jobs.judge.anomalies import contamination
+from jobs.run.runner import create_job
+from jobs.spec.sweep import loads_spec
+from jobs.store.repository import Store
+from kernels.base import TrialOutcome, TrialStatus
+from kernels.measure.policy import MeasurePolicy
+from kernels.measure.timing import drifts, measure
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_the_issues_three_rising_samples_are_drift():
+    assert drifts([5_000_000, 10_500_000, 14_300_000])
+    assert not drifts([5_000_000, 5_100_000, 5_050_000])
+    assert not drifts([5_000_000, 5_100_000, 5_200_000])  # rising, but by 4%: within noise
+
+
+def test_a_shift_between_the_first_and_last_third_is_drift_and_scatter_is_not():
+    steady = [100, 104, 98, 101, 99, 103, 97, 102, 100, 101, 99, 98]
+    assert not drifts(steady)
+    assert drifts(steady[:8] + [130, 128, 131, 129])
+
+
+def test_a_measurement_whose_calls_slow_down_is_flagged_drift_and_noisy():
+    durations = iter([0.005, 0.0105, 0.0143])
+    policy = MeasurePolicy(warmup_ms=0, min_samples=3, max_samples=3, max_time_s=5)
+    calls = iter([0.0])  # the first (JIT) call is not a sample
+
+    def fn() -> None:
+        if next(calls, None) is None:
+            _spin(next(durations))
+
+    m = measure(fn, policy, device="cpu")
+    assert len(m.samples_ns) == 3
+    assert "drift" in m.flags and "noisy" in m.flags
+    outcome = TrialOutcome.measured(TrialStatus.OK, m)
+    assert "noisy" in outcome.stored_fields()["summary"]["flags"]
+
+
+def test_a_loop_that_waits_instead_of_computing_is_flagged_contended():
+    policy = MeasurePolicy(warmup_ms=0, min_samples=5, max_samples=5, max_time_s=5)
+    m = measure(lambda: time.sleep(0.003), policy, device="cpu")  # wall time without CPU time
+    assert m.clocks["cpu_time_ratio"] < 0.5
+    assert "contended" in m.flags and "noisy" in m.flags
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs Linux CPU affinity")
+def test_timing_on_a_core_shared_with_busy_processes_is_flagged_contended():
+    core = min(os.sched_getaffinity(0))
+    before = os.sched_getaffinity(0)
+    hogs = [
+        subprocess.Popen(
+            [sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{core}}})\nwhile True: pass"]
+        )
+        for _ in range(2)
+    ]
+    try:
+        os.sched_setaffinity(0, {core})
+        policy = MeasurePolicy(warmup_ms=0, min_samples=20, max_samples=20, max_time_s=10)
+        m = measure(lambda: _spin(0.005), policy, device="cpu")
+    finally:
+        os.sched_setaffinity(0, before)
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    # three processes on one core: this one gets about a third of it
+    assert m.clocks["cpu_time_ratio"] < 0.5, m.clocks
+    assert "contended" in m.flags and "noisy" in m.flags
+
+
+def test_a_contended_trial_stored_ok_is_reported_as_a_noisy_anomaly(tmp_path):
+    store = Store(str(tmp_path / "farm.db"))
+    try:
+        spec = loads_spec("""
+name: probe-noisy
+family: probe
+backends: [{name: noop, baseline: true}]
+shapes: {grid: {n: [0, 1]}}
+""")
+        job_id = create_job(store, spec)
+        policy = MeasurePolicy(warmup_ms=0, min_samples=3, max_samples=3, max_time_s=5)
+        waiting = measure(lambda: time.sleep(0.002), policy, device="cpu")  # contended
+        clean = dataclasses.replace(waiting, flags=[], clocks={})  # the same samples, no flag
+        outcomes = [TrialOutcome.measured(TrialStatus.OK, m) for m in (clean, waiting)]
+        rows = []
+        for trial, outcome in zip(store.trials(job_id), outcomes, strict=True):
+            fields = outcome.stored_fields()
+            rows.append({"trial_id": trial.id, "attempt": 1, **fields})
+        store.record_results(rows)
+        trials = store.trials(job_id)
+        found = contamination(trials)
+        assert [f.trial.id for f in found] == [trials[1].id]
+        assert found[0].kind == "noisy" and found[0].severity == "warning"
+        assert "CPU time" in found[0].message
+        assert all(t.status == "ok" for t in trials)  # still measured, but flagged
+    finally:
+        store.close()

@@ -1,0 +1,147 @@
+"""Large grids: the size guard, the validate summary, job creation in flat memory, SIGTERM on a big
+job, duplicate YAML keys."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import tracemalloc
+
+import pytest
+
+from cluster import session
+from jobs.run.runner import RunOptions, create_job, run_sweep
+from jobs.spec.sweep import SpecError, loads_spec
+from jobs.store.repository import Store
+
+
+def _grid(shapes: int, configs: int) -> str:
+    """shapes x configs spin trials (both axes short lists, so the YAML stays small)."""
+    return f"""
+name: probe-big
+family: probe
+backends: [{{name: spin, baseline: true}}]
+shapes: {{grid: {{n: {list(range(shapes))}}}}}
+configs: {{grid: {{ms: {[round(0.001 * (i + 1), 6) for i in range(configs)]}}}}}
+measure: {{warmup_ms: 0, min_samples: 1, max_samples: 1, max_time_s: 0.05}}
+timeout_s: 60
+"""
+
+
+def _farm(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "jobs.cli", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store(str(tmp_path / "farm.db"))
+    yield s
+    s.close()
+
+
+def test_grid_above_the_limit_needs_yes_and_validate_prints_a_summary(tmp_path):
+    spec = tmp_path / "big.yaml"
+    spec.write_text(_grid(150, 100))  # 15,000 trials: above the default 10,000
+    refused = _farm("sweep", "validate", str(spec))
+    assert refused.returncode == 2
+    assert "15,000 trials" in refused.stderr and "--yes" in refused.stderr
+    run_refused = _farm("sweep", "run", str(spec), "--db", str(tmp_path / "farm.db"), "--quiet")
+    assert run_refused.returncode == 2 and "--yes" in run_refused.stderr
+    assert not (tmp_path / "farm.db").exists() or Store(str(tmp_path / "farm.db")).list_jobs() == []
+
+    shown = _farm("sweep", "validate", str(spec), "--yes")
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert len(lines) < 20, lines  # a summary, not 15,000 lines
+    assert "15000 trials" in lines[0]
+    assert "spin 15000" in shown.stdout
+    assert "shape.n (150)" in shown.stdout and "config.ms (100)" in shown.stdout
+    assert "spin[n0 ms=0.001 float32]" in shown.stdout.replace(",", " ") or "n0" in lines[3]
+    assert "14990 more" in shown.stdout
+    assert "n149" in lines[-1]
+
+    lower = _farm("sweep", "validate", str(spec), "--max-trials", "20000")
+    assert lower.returncode == 0, lower.stderr
+
+
+def test_a_small_grid_is_listed_whole(tmp_path):
+    spec = tmp_path / "small.yaml"
+    spec.write_text(_grid(3, 2))
+    shown = _farm("sweep", "validate", str(spec))
+    assert shown.returncode == 0, shown.stderr
+    assert len([line for line in shown.stdout.splitlines() if line.startswith("  spin[")]) == 6
+    assert "more" not in shown.stdout
+
+
+def _peak_creating(store: Store, shapes: int, configs: int) -> tuple[int, int]:
+    spec = loads_spec(_grid(shapes, configs))
+    tracemalloc.start()
+    try:
+        job_id = create_job(store, spec)
+        _current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return job_id, peak
+
+
+def test_creating_a_job_streams_the_grid_in_flat_memory(store):
+    small_id, small = _peak_creating(store, 50, 100)  # 5,000 trials
+    big_id, big = _peak_creating(store, 400, 100)  # 40,000 trials
+    assert store.status_counts(small_id) == {"pending": 5000}
+    assert store.status_counts(big_id) == {"pending": 40000}
+    # all rows at once would take 8x the memory; in batches the peak is that of one batch
+    assert big < 2 * small, (small, big)
+    seqs = [t.seq for t in store.iter_unfinished_trials(big_id, page=7000)]
+    assert seqs == list(range(40000))
+
+
+def test_duplicate_yaml_key_is_an_error_naming_the_key_and_line():
+    text = _grid(2, 1) + "timeout_s: 5\n"
+    with pytest.raises(SpecError) as err:
+        loads_spec(text, "dup.yaml")
+    message = str(err.value)
+    assert "duplicate key 'timeout_s'" in message
+    first = next(i for i, line in enumerate(text.splitlines(), 1) if line.startswith("timeout_s"))
+    assert f"first on line {first}" in message and f"line {len(text.splitlines())}" in message
+
+
+def test_duplicate_key_inside_a_nested_mapping_is_an_error_too():
+    with pytest.raises(SpecError, match="duplicate key 'n'"):
+        loads_spec(_grid(2, 1).replace("{n: [0, 1]}", "{n: [0, 1], n: [2]}"))
+
+
+@pytest.fixture(scope="module")
+def ray_two_workers():
+    session.connect(gpus=2)
+    yield
+    session.disconnect()
+
+
+def test_sigterm_on_a_big_job_stops_in_seconds_marks_it_interrupted_and_keeps_every_result(
+    ray_two_workers, store
+):
+    spec = loads_spec(_grid(200, 100))  # 20,000 trials
+    observed: list[int] = []
+    sent: list[float] = []
+
+    def observer(row: dict, _worker: dict) -> None:
+        observed.append(row["trial_id"])
+        if len(observed) == 40 and not sent:
+            sent.append(time.monotonic())
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    options = RunOptions(show_progress=False, echo=lambda _m: None, observer=observer)
+    result = run_sweep(spec, store, options)
+    assert sent and time.monotonic() - sent[0] < 10
+    assert result.status == "interrupted" and result.exit_code == 130
+    job = store.get_job(result.job_id)
+    assert job.status == "interrupted" and job.finished_at is not None
+    finished = {t.id for t in store.trials(result.job_id) if t.status != "pending"}
+    assert set(observed) <= finished  # every result the driver saw is stored
+    assert 40 <= len(finished) < 20000
+    assert result.counts["pending"] == 20000 - len(finished)
