@@ -11,7 +11,7 @@ PINS       := $(VENV)/.kernelfarm-pins
 SPEC       ?= jobs/specs/gemm_cpu.yaml
 PYTEST_ARGS ?=
 
-.PHONY: all venv run test bench lint gateway monitor deps-debian clean FORCE
+.PHONY: all venv run test bench gpu-check lint gateway monitor deps-debian clean FORCE
 
 all: test
 
@@ -37,6 +37,12 @@ test: $(STAMP) deps-debian
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks
+
+# On a GPU host: the GPU tests, one small sweep per family and the figures against the hardware, kept in
+# benchmarks/results/gpu-check-<host>-<date>/ (scripts/gpu-check.sh). Pass the host's torch build:
+# make gpu-check FARM_TORCH='torch==2.13.0' (its CUDA index in PIP_EXTRA_INDEX_URL). No GPU: exit 4 at once.
+gpu-check:
+	@FARM_TORCH='$(FARM_TORCH)' FARM_TRITON='$(FARM_TRITON)' scripts/gpu-check.sh
 
 lint: $(STAMP)
 	$(BIN)/ruff check cluster gateway kernels jobs tests benchmarks

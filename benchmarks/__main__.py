@@ -21,6 +21,7 @@ BENCHES = {
     "soak": "benchmarks.soak",
     "shared": "benchmarks.shared_limits_bench",
     "site": "benchmarks.site_bench",
+    "gpu-check": "benchmarks.gpu_check",  # GPU hosts only (make gpu-check); not in the default run
 }
 
 
@@ -33,7 +34,7 @@ def main(argv: list[str]) -> int:
             flags.setdefault(names[-1], []).append(arg)
         else:
             names.append(arg)
-    names = names or list(BENCHES)
+    names = names or [n for n in BENCHES if n != "gpu-check"]
     unknown = [n for n in names if n not in BENCHES]
     if unknown:
         print(f"unknown benchmark(s) {unknown}; known: {', '.join(BENCHES)}", file=sys.stderr)
