@@ -27,9 +27,14 @@ from jobs.store.repository import Store
 @click.option(
     "--rounds", type=click.IntRange(min=1), default=3, show_default=True, help="rounds of --confirm"
 )
-@click.option("--ambiguous", type=click.Choice(["fail", "warn"]), default="fail", show_default=True)
+@click.option(
+    "--ambiguous", type=click.Choice(["fail", "warn"]), default=None,
+    help="whether an ambiguous assertion (too noisy to call) fails the verdict or only warns "
+    "(default: fail; on CPU timings the card's cpu.ambiguous, warn unless it says fail)",
+)  # fmt: skip
 @click.option("--tag", default=None, help="a tag kept with failures in the failure bank (CI build, branch)")
 @click.option("--json", "as_json", is_flag=True, help="print the result as JSON instead of a table")
+@click.option("--verbose", is_flag=True, help="list every assertion, not only those that did not pass")
 @click.option(
     "--drafts",
     "want_drafts",
@@ -47,9 +52,10 @@ def accept_cmd(
     junit: Path | None,
     confirm: bool,
     rounds: int,
-    ambiguous: str,
+    ambiguous: str | None,
     tag: str | None,
     as_json: bool,
+    verbose: bool,
     want_drafts: bool,
     drafts_task: str,
     address: str | None,
@@ -81,7 +87,7 @@ def accept_cmd(
     if as_json:
         click.echo(json.dumps(acc.to_dict(), indent=2, default=str))
     else:
-        render(acc, Console(width=200))
+        render(acc, Console(width=200), verbose=verbose)
     if junit:
         write_junit(acc, junit)
         echo(f"wrote {junit}")

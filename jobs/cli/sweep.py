@@ -101,7 +101,9 @@ def _load(path: Path, yes: bool = True, max_trials: int = MAX_TRIALS) -> SweepSp
     return spec
 
 
-def _finish(result, store: Store, report: bool, accept: bool | None, ambiguous: str | None) -> None:
+def _finish(
+    result, store: Store, report: bool, accept: bool | None, ambiguous: str | None, verbose: bool = False
+) -> None:
     """Report, then judge the job by its card (when the spec names one) and exit with the worse code."""
     from jobs.report.render import render_terminal
     from jobs.run.runner import EXIT_INTERRUPTED
@@ -123,7 +125,7 @@ def _finish(result, store: Store, report: bool, accept: bool | None, ambiguous: 
         from jobs.judge.acceptance import render
 
         acc = judge(store, result.job_id, ambiguous=ambiguous)
-        render(acc, Console(width=200))
+        render(acc, Console(width=200), verbose=verbose)
         code = max(code, acc.exit_code)
         if spec.drafts:
             send_drafts(store, result.job_id, spec.drafts)
@@ -153,6 +155,7 @@ ambiguous_option = click.option(
 @oversubscribe_option
 @yes_option
 @max_trials_option
+@click.option("--verbose", is_flag=True, help="list every assertion of the verdict, not only failures")
 def sweep_run(
     spec_path: Path,
     address: str | None,
@@ -165,6 +168,7 @@ def sweep_run(
     oversubscribe: bool,
     yes: bool,
     max_trials: int,
+    verbose: bool,
 ) -> None:
     """Run the sweep in SPEC_PATH: expand the grid, dispatch trials to one worker per GPU, store results."""
     from jobs.run.runner import RunOptions, run_sweep
@@ -176,7 +180,7 @@ def sweep_run(
     options.oversubscribe = oversubscribe
     with _no_job_on_interrupt():
         result = run_sweep(spec, store, options)
-    _finish(result, store, not no_report, accept, ambiguous)
+    _finish(result, store, not no_report, accept, ambiguous, verbose)
 
 
 @contextlib.contextmanager

@@ -159,9 +159,10 @@ def render_drafts(store: Store, job_id: int, console: Console) -> None:
         return
     where = "offline drafter" if run.offline else f"{run.model} via {run.provider}"
     console.print(
-        f"[bold]drafts[/bold] ({run.task}, {where}{', cached' if run.cached else ''}): {len(drafts)} for "
-        f"{run.anomalies} anomalies ({run.sent} sent), {run.raw_bytes:,} B raw -> "
-        f"{run.compressed_bytes:,} B compressed, tokens in {run.input_tokens:,} out {run.output_tokens:,}"
+        f"[bold]drafts[/bold] ({run.task}, {where}{', cached' if run.cached else ''}): {len(drafts)} drafts; "
+        f"{run.sent} of {run.anomalies} anomalies sent (repeats folded), standing for {run.raw_bytes:,} B "
+        f"of log and evidence, sent as {run.compressed_bytes:,} B of fixed-format summary; tokens "
+        f"{run.input_tokens:,} in, {run.output_tokens:,} out"
     )
     by_fp: dict[str, list[Any]] = {}
     for a in store.anomalies(job_id):

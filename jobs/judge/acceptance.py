@@ -130,7 +130,7 @@ def accept(
     *,
     card: str | None = None,
     baseline: str | None = None,
-    ambiguous: str | None = "fail",
+    ambiguous: str | None = None,
     confirm: bool = False,
     rounds: int = 3,
     tag: str | None = None,
@@ -245,13 +245,16 @@ def _numbers_text(numbers: dict[str, Any], limit: int = 6) -> str:
     return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown)
 
 
-def render(acc: Acceptance, console: Console) -> None:
+def render(acc: Acceptance, console: Console, verbose: bool = False) -> None:
+    """The assertions that did not pass (every one with `verbose`), the counts and the verdict."""
     base = f"baseline {acc.baseline} (job {acc.baseline_job})" if acc.baseline else "no baseline"
     console.print(f"[bold]job {acc.job_id}[/bold] against card {acc.card.name}, {base}")
+    shown = acc.results if verbose else [r for r in acc.results if r.outcome in (FAIL, AMBIGUOUS)]
+    hidden = len(acc.results) - len(shown)
     table = Table()
     for col in ("assertion", "trial", "result", "reason", "numbers"):
         table.add_column(col, overflow="fold")
-    for r in acc.results:
+    for r in shown:
         style = _STYLE[r.outcome]
         table.add_row(
             r.check,
@@ -260,12 +263,22 @@ def render(acc: Acceptance, console: Console) -> None:
             escape(r.result.reason),
             escape(_numbers_text(r.result.numbers)),
         )
-    console.print(table)
+    if shown:
+        console.print(table)
+    if hidden:
+        console.print(f"{hidden} assertions passed or skipped (--verbose lists every assertion)")
     counts = " ".join(f"{k} {v}" for k, v in sorted(acc.counts().items()))
     kinds = Counter(a.kind for a in acc.anomalies)
     console.print(f"assertions: {counts}; anomalies: {dict(kinds) or 'none'}")
     if acc.confirm_job is not None:
         console.print(f"confirmation runs: job {acc.confirm_job}")
+    else:
+        suspects = [r for r in acc.results if r.check == "regression" and r.outcome in (FAIL, AMBIGUOUS)]
+        if suspects:
+            console.print(
+                f"{len(suspects)} regression suspect(s): `farm accept {acc.job_id} --confirm` re-runs "
+                "each interleaved with its baseline (A/B rounds on one worker) before calling it"
+            )
     console.print(
         f"verdict: [{_STYLE.get(acc.verdict, 'yellow')}]{acc.verdict}[/] (ambiguous -> {acc.ambiguous})"
     )

@@ -11,11 +11,11 @@ from typing import Any
 
 import numpy as np
 
+from jobs.judge.runs import RunComparison, compare_runs, prior_drift
 from jobs.spec.cards import Card
 from jobs.store.repository import Environment, TrialRow
 from kernels.base import TrialStatus
 from kernels.hardware import limits_for
-from kernels.measure.stats import Comparison, compare_samples
 
 PASS, FAIL, AMBIGUOUS, SKIP = "pass", "fail", "ambiguous", "skip"
 DEFAULT_MAX_CV = 0.02  # the noise limit of a comparison when the card has no stability section
@@ -112,24 +112,37 @@ def correctness(c: Context) -> Outcome:
     return Outcome(PASS, f"correct ({rep.get('method', 'checked')})", numbers)
 
 
-def comparison(c: Context) -> tuple[Comparison, dict[str, Any]] | str:
-    """The baseline comparison of the trial's raw samples, or why there is none."""
+CONTAMINATED = ("drift", "contended")  # measurement flags (kernels.measure) that make a run suspect
+
+
+def contaminated(t: TrialRow) -> list[str]:
+    return [f for f in (t.summary or {}).get("flags") or () if f in CONTAMINATED]
+
+
+def comparison(c: Context) -> tuple[RunComparison, dict[str, Any]] | str:
+    """The run-level comparison of the trial with its baseline trial (one run each: the run-to-run
+    drift is the prior of jobs.judge.runs), or why there is none."""
     if c.baseline is None:
         return "no baseline point for this trial"
     if c.baseline.status != TrialStatus.OK:
         return f"baseline trial #{c.baseline.id} is {c.baseline.status}"
     perf = c.card.performance
     assert perf is not None
+    # a run whose samples drifted or whose process was starved of CPU (kernels.measure flags) tells
+    # less about the point: its run-to-run drift is taken larger (jobs.judge.runs.CONTAMINATED_DRIFT)
+    flags = {f"#{t.id}": contaminated(t) for t in (c.baseline, c.trial) if contaminated(t)}
     base, base_dropped = c.timings(c.baseline.id)
     cand, cand_dropped = c.timings(c.trial.id)
-    result = compare_samples(
-        base,
-        cand,
+    result = compare_runs(
+        [base],
+        [cand],
         min_effect=c.card.max_slowdown(c.on_cpu),
         alpha=perf.alpha,
         max_cv=c.card.max_cv(c.on_cpu) or DEFAULT_MAX_CV,
+        prior=prior_drift(c.on_cpu, contaminated=bool(flags)),
     )
     numbers = {
+        "contaminated": flags or None,
         "baseline_trial": c.baseline.id,
         "baseline_job": c.baseline.job_id,
         "baseline_median_ns": c.baseline.median_ns,
@@ -140,8 +153,8 @@ def comparison(c: Context) -> tuple[Comparison, dict[str, Any]] | str:
     return result, numbers
 
 
-def verdict_outcome(result: Comparison, numbers: dict[str, Any], prefix: str = "") -> Outcome:
-    text = f"{prefix}{result.verdict}: ratio {result.ratio:.3f} ({result.reason})"
+def verdict_outcome(result: RunComparison, numbers: dict[str, Any], prefix: str = "") -> Outcome:
+    text = f"{prefix}{result.verdict}: ratio {result.run_ratio:.3f} ({result.reason})"
     if result.verdict == "slower":
         return Outcome(FAIL, text, numbers, "slower")
     if result.verdict == "faster":

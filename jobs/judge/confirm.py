@@ -1,5 +1,5 @@
-"""`farm accept --confirm`: re-run the suspicious trials interleaved with their baseline configuration
-before calling a regression.
+"""`farm accept --confirm`: re-run the suspicious trials interleaved with their baseline before calling
+a regression.
 
 For each suspicious trial (a regression verdict of slower or ambiguous), `rounds` rounds of A then B
 are run, A the baseline trial's request (backend, shape, config, dtype) and B the candidate's, all rounds
@@ -9,13 +9,17 @@ other; its rows are created here and run by the farm's runner with one worker th
 torch thread count as the job's workers had (on a CPU, 1 vs 2 threads is a different measurement: the
 runner's threads_per_worker option).
 
-When A and B are the same request (the baseline was taken at another commit and the point did not
-change: the old code cannot be re-run), B alone is re-run and its pooled samples are compared with the
-baseline trial's stored samples: the question is then whether the slowdown reproduces.
+A is re-run whenever re-running it measures the baseline: its request differs from B's, or the baseline
+was taken at the commit being measured now (unchanged code judged against itself). Only when A and B
+are the same request AND the baseline is from another commit (its code cannot be re-run here) is B
+alone re-run, and its runs are compared with the baseline trial's stored run: the question is then
+whether the slowdown reproduces, with the run-to-run spread measured from the re-runs.
 
-The pair is confirmed slower when the pooled comparison (kernels.measure.stats.compare_samples, the card's
-thresholds) says slower AND at least two thirds of the rounds have a median ratio above 1 + max_slowdown;
-"same" or "faster" means the job's verdict did not reproduce (pass); anything else stays ambiguous.
+The verdict is run-level (jobs.judge.runs.compare_runs): interleaved rounds are paired, one log ratio
+per round; the pair is confirmed slower when that says slower AND at least two thirds of the rounds
+have a median ratio above 1 + max_slowdown; "same" or "faster" means the job's verdict did not
+reproduce (pass); anything else stays ambiguous. What ran (job, rounds, each run's trial, role and
+median) is kept in the result's numbers under `ran`.
 """
 
 from __future__ import annotations
@@ -25,12 +29,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from jobs.judge.baselines import digest
-from jobs.judge.checks import AMBIGUOUS, FAIL, Context, Outcome, verdict_outcome
+from jobs.judge.checks import AMBIGUOUS, DEFAULT_MAX_CV, FAIL, Context, Outcome, verdict_outcome
+from jobs.judge.runs import compare_runs, prior_drift
 from jobs.run.runner import RunOptions, kernels_commit, resume_job
 from jobs.spec.sweep import dump_spec, loads_spec
 from jobs.store.repository import Job, Store, TrialRow
 from kernels.base import TrialStatus
-from kernels.measure.stats import compare_samples
 
 
 @dataclass(frozen=True)
@@ -80,7 +84,8 @@ def confirm(
         raise ValueError(f"rounds must be >= 1 (got {rounds})")
     pairs = [c for c in contexts if c.baseline is not None]
     rows: list[_Row] = []
-    rerun_a = [_request(c.baseline) != _request(c.trial) for c in pairs]  # type: ignore[arg-type]
+    now = kernels_commit()
+    rerun_a = [_rerun_baseline(store, c, now) for c in pairs]
     for rnd in range(rounds):
         for i, c in enumerate(pairs):
             if rerun_a[i]:
@@ -94,11 +99,14 @@ def confirm(
         spec_yaml=dump_spec(spec),
         spec_hash=spec.spec_hash(),
         trials=rows,
-        git_commit=kernels_commit(),
+        git_commit=now,
     )
     threads = (pairs[0].env.data or {}).get("torch_threads") if pairs and pairs[0].env else None
     status = _run_one_worker(store, confirm_id, threads, options or RunOptions(show_progress=False))
-    store.set_job_status(confirm_id, status, message=f"confirmation of job {job.id} ({rounds} rounds)")
+    ran = ", ".join(f"#{c.trial.seq} {'A/B' if a else 'B only'}" for c, a in zip(pairs, rerun_a, strict=True))
+    store.set_job_status(
+        confirm_id, status, message=f"confirmation of job {job.id}: {rounds} interleaved rounds ({ran})"
+    )
 
     by_key = {t.key: t for t in store.trials(confirm_id)}
     outcomes: dict[int, Outcome] = {}
@@ -107,6 +115,15 @@ def confirm(
         b_trials = [by_key[_row(c.trial, "B", i, r).key] for r in range(rounds)]
         outcomes[c.trial.id] = _judge(store, c, a_trials, b_trials, confirm_id)
     return Confirmation(confirm_id, outcomes)
+
+
+def _rerun_baseline(store: Store, c: Context, now: str | None) -> bool:
+    """Whether re-running the baseline's request measures the baseline (see the module docstring)."""
+    assert c.baseline is not None
+    if _request(c.baseline) != _request(c.trial):
+        return True
+    base_job = store.get_job(c.baseline.job_id) if c.baseline.job_id is not None else None
+    return base_job is not None and base_job.git_commit is not None and base_job.git_commit == now
 
 
 def _run_one_worker(store: Store, job_id: int, threads: int | None, options: RunOptions) -> str:
@@ -123,36 +140,50 @@ def _judge(store: Store, c: Context, a: list[TrialRow], b: list[TrialRow], confi
         return Outcome(AMBIGUOUS, f"confirmation runs did not finish ok ({statuses}) in job {confirm_id}", {})
     a_runs = [c.timings(t.id)[0] for t in a]
     b_runs = [c.timings(t.id)[0] for t in b]
-    a_pool = [v for run in a_runs for v in run] if a else c.timings(c.baseline.id)[0]
-    b_pool = [v for run in b_runs for v in run]
     min_effect = c.card.max_slowdown(c.on_cpu)
-    result = compare_samples(
-        a_pool,
-        b_pool,
+    result = compare_runs(
+        a_runs if a else [c.timings(c.baseline.id)[0]],
+        b_runs,
         min_effect=min_effect,
         alpha=c.card.performance.alpha,
-        max_cv=c.card.max_cv(c.on_cpu) or 0.02,
+        max_cv=c.card.max_cv(c.on_cpu) or DEFAULT_MAX_CV,
+        prior=prior_drift(c.on_cpu),
+        paired=bool(a),
     )
     if a:
         ratios = [_median(bs) / _median(as_) for as_, bs in zip(a_runs, b_runs, strict=True)]
     else:
-        ratios = [_median(bs) / _median(a_pool) for bs in b_runs]
+        base_median = _median(c.timings(c.baseline.id)[0])
+        ratios = [_median(bs) / base_median for bs in b_runs]
     agreeing = sum(1 for r in ratios if r > 1.0 + min_effect)
+    ran = [
+        {"round": i // 2 if a else i, "role": role, "trial_id": t.id, "config": t.config,
+         "median_ns": _median(c.timings(t.id)[0])}
+        for i, (role, t) in enumerate(_order(a, b))
+    ]  # fmt: skip
     numbers = {
         "confirm_job": confirm_id,
         "rounds": len(b),
         "baseline_rerun": bool(a),
+        "ran": ran,
         "round_ratios": ratios,
         "rounds_slower": agreeing,
         **result.to_dict(),
     }
     prefix = (
-        f"confirmed over {len(b)} interleaved rounds (job {confirm_id}): "
+        f"confirmed over {len(b)} interleaved A/B rounds (job {confirm_id}): "
         if a
-        else (f"re-run {len(b)}x against the stored baseline (job {confirm_id}): ")
+        else f"re-ran the candidate {len(b)}x vs the stored baseline of another commit (job {confirm_id}): "
     )
     out = verdict_outcome(result, numbers, prefix)
     if out.outcome == FAIL and agreeing * 3 < 2 * len(ratios):
-        return Outcome(AMBIGUOUS, f"{prefix}pooled verdict slower but only {agreeing}/{len(ratios)} rounds "
-                       f"slower by > {min_effect:.0%}", numbers, "ambiguous")  # fmt: skip
+        text = f"{prefix}slower, but only {agreeing}/{len(ratios)} rounds slower by > {min_effect:.0%}"
+        return Outcome(AMBIGUOUS, text, numbers, "ambiguous")
     return out
+
+
+def _order(a: list[TrialRow], b: list[TrialRow]) -> list[tuple[str, TrialRow]]:
+    """The runs in the order they ran: A1 B1 A2 B2 ..., or B1 B2 ... when A was not re-run."""
+    if not a:
+        return [("B", t) for t in b]
+    return [(role, t) for pair in zip(a, b, strict=True) for role, t in zip("AB", pair, strict=True)]

@@ -140,6 +140,15 @@ def _num(v: float | None, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
 
+def _sig(v: float | None, digits: int = 3) -> str:
+    """Significant digits, never a bare `0.000` for a small rate (CPU TFLOPS): 0.00123, 45.6, 1234."""
+    if v is None:
+        return "-"
+    if v == 0 or abs(v) >= 10 ** (digits - 1):
+        return f"{v:.0f}"
+    return f"{v:#.{digits}g}".rstrip(".")
+
+
 def render_terminal(store: Store, job_id: int, console: Console | None = None) -> None:
     console = console or Console()
     if not console.is_terminal:
@@ -190,8 +199,8 @@ def render_terminal(store: Store, job_id: int, console: Console | None = None) -
                 "n": _num(r.n, "d"),
                 "stop": (r.stop_reason or "-") + (f" [yellow]{r.flags}[/yellow]" if r.flags else ""),
                 "speedup": _num(r.speedup, ".2f") + ("x" if r.speedup is not None else ""),
-                "TFLOPS": _num(r.tflops, ".3f"),
-                "GB/s": _num(r.gbps, ".2f"),
+                "TFLOPS": _sig(r.tflops),
+                "GB/s": _sig(r.gbps),
                 "correct": {True: "[green]pass[/green]", False: "[red]FAIL[/red]", None: "-"}[r.correct],
                 "node": r.node or "-",
                 **{label: _value(r.extra.get(key), fmt) for key, label, fmt in extra},

@@ -100,7 +100,15 @@ def connect(options: RunOptions) -> ClusterPlan:
         plan = session.connect(options.address, options.gpus, oversubscribe=options.oversubscribe)
     except ClusterConnectError as err:
         raise InfrastructureError(str(err)) from None
-    options.echo(f"ray: {plan.address}; {plan.note}")
+    note = plan.note
+    asked = options.threads_per_worker
+    if asked and plan.threads_per_worker is not None and asked != plan.threads_per_worker:
+        # the header says what the workers will run with, not what the plan would have given them
+        note = note.replace(
+            f"{plan.threads_per_worker} torch thread(s) each",
+            f"{asked} torch thread(s) each (set for this run)",
+        )
+    options.echo(f"ray: {plan.address}; {note}")
     return plan
 
 

@@ -126,10 +126,23 @@ def test_injected_slowdown_and_wrong_result_fail_and_junit_has_one_case_per_asse
 
 def test_confirm_reruns_interleaved_on_one_worker_and_keeps_the_regression(farm):
     store, _db, jobs = farm
-    acc = accept(store, jobs["faulty"], baseline="main", ambiguous="warn", confirm=True, rounds=2)
+    said: list[str] = []
+    options = RunOptions(show_progress=False, echo=said.append)
+    acc = accept(
+        store, jobs["faulty"], baseline="main", ambiguous="warn", confirm=True, rounds=2, options=options
+    )
     assert acc.confirm_job is not None and acc.exit_code == 1
     slow = _by(acc, "regression", "_repeat")
     assert slow.outcome == "fail" and "interleaved" in slow.result.reason, slow.result
+    # what ran is recorded: A (the baseline's request) then B, round by round, run-level and paired
+    ran = slow.result.numbers["ran"]
+    assert [(x["round"], x["role"]) for x in ran] == [(0, "A"), (0, "B"), (1, "A"), (1, "B")]
+    assert [x["config"] for x in ran] == [{}, {"_repeat": 4}] * 2
+    assert slow.result.numbers["paired_rounds"] and slow.result.numbers["baseline_rerun"]
+    # the header names the torch threads the confirmation workers ran with, as their environment does
+    [header] = [line for line in said if line.startswith("ray:")]
+    [env] = store.environments(acc.confirm_job)
+    assert f"{env.data['torch_threads']} torch thread(s) each" in header, (header, env.data)
     # the untouched trial of the same job is not blamed once re-measured (noise alone may flag it first)
     assert _by(acc, "regression", None).outcome in ("pass", "ambiguous"), _by(acc, "regression", None).result
     assert (
@@ -137,8 +150,8 @@ def test_confirm_reruns_interleaved_on_one_worker_and_keeps_the_regression(farm)
     )
     reruns = store.trials(acc.confirm_job)
     # A (the baseline configuration) then B (the slowed one), round by round, on one worker; the other
-    # suspicious trial (if noise made the untouched one ambiguous) is the same request as its baseline:
-    # re-run alone
+    # suspicious trial (if noise made the untouched one ambiguous) is the same request as its baseline,
+    # taken at this commit: its A and B are both re-run too
     slowed = [t for t in reruns if "_repeat" in t.config]
     assert len(slowed) == 2 and all(t.status == "ok" for t in reruns)
     before = [reruns[reruns.index(t) - 1].config for t in slowed]
@@ -157,8 +170,9 @@ def test_the_same_anomaly_has_the_same_fingerprint_in_two_jobs(farm):
     # no two anomalies of different points or kinds share a fingerprint. (The untouched trial is the same
     # point as the slowed one, test knobs aside: if noise flags it slower too, it shares that fingerprint.)
     knobbed = {t.id for t in store.trials(jobs["faulty"]) if t.config}
-    prints = [a.fingerprint for a in store.anomalies(jobs["faulty"]) if a.trial_id in knobbed]
-    assert len(prints) == 2 and len(set(prints)) == 2, prints
+    found = [a for a in store.anomalies(jobs["faulty"]) if a.trial_id in knobbed]
+    prints = [a.fingerprint for a in found]
+    assert len(prints) == 2 and len(set(prints)) == 2, [(a.kind, a.trial_id, a.evidence) for a in found]
     rec = {g.assertion: g for g in recurring(store, min_jobs=2)}
     assert {"regression", "correctness"} <= set(rec)
     for g in rec.values():

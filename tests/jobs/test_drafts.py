@@ -88,7 +88,11 @@ def test_offline_drafts_are_stored_and_shown_next_to_the_anomalies(store):
     console = Console(record=True, width=250)
     render_terminal(store, job_id, console)
     text = console.export_text()
-    assert "drafts (checklist, offline drafter): 5 for 6 anomalies (5 sent)" in text
+    assert "drafts (checklist, offline drafter): 5 drafts; 5 of 6 anomalies sent (repeats folded)" in text
+    # what the line means: the bytes of log and evidence the anomalies stand for, what was sent, tokens
+    assert f"standing for {run.raw_bytes:,} B of log and evidence" in text
+    assert f"sent as {run.compressed_bytes:,} B of fixed-format summary; tokens 0 in, 0 out" in text
+    assert " B raw -> " not in text
     assert "[offline] slower" in text and "slower (error)" in text
 
 

@@ -86,3 +86,36 @@ def test_resume_of_a_finished_job_is_a_no_op_that_says_so(store, tmp_path):
     assert store.status_counts(job_id) == counts
     assert store.anomalies(job_id) == []  # not judged again
     assert "ray:" not in proc.stderr  # no cluster was started for nothing
+
+
+def test_farm_accept_follows_the_same_cpu_rule(store, tmp_path):
+    """`farm accept` without --ambiguous: warn on CPU timings (exit 0), unless the card says fail."""
+    from click.testing import CliRunner
+
+    from jobs.cli import main
+
+    db = str(Path(store.url))
+    job_id = _job_with_scattered_samples(store, "probe")
+    out = CliRunner().invoke(main, ["accept", str(job_id), "--db", db])
+    assert out.exit_code == 0 and "ambiguous -> warn" in out.output, out.output
+    out = CliRunner().invoke(main, ["accept", str(job_id), "--ambiguous", "fail", "--db", db])
+    assert out.exit_code == 1, out.output
+    card = tmp_path / "strict.yaml"
+    card.write_text(CARD)
+    strict = _job_with_scattered_samples(store, str(card))
+    out = CliRunner().invoke(main, ["accept", str(strict), "--db", db])
+    assert out.exit_code == 1 and "ambiguous -> fail" in out.output, out.output
+
+
+def test_accept_lists_only_what_did_not_pass_unless_verbose(store):
+    from click.testing import CliRunner
+
+    from jobs.cli import main
+
+    db = str(Path(store.url))
+    job_id = _job_with_scattered_samples(store, "probe")
+    out = CliRunner().invoke(main, ["accept", str(job_id), "--db", db])
+    assert "stability" in out.output and "finished (ok)" not in out.output, out.output
+    assert "2 assertions passed or skipped (--verbose lists every assertion)" in out.output
+    out = CliRunner().invoke(main, ["accept", str(job_id), "--verbose", "--db", db])
+    assert "finished (ok)" in out.output and "passed or skipped" not in out.output, out.output

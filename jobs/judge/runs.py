@@ -1,0 +1,176 @@
+"""Run-level regression statistics: a verdict that holds across runs, not only within one.
+
+The samples of one run are not independent draws of the point's time: a run shares its clocks,
+temperature, neighbours and memory placement, and those drift between runs. A Mann-Whitney test on the
+samples of one baseline run and one candidate run (kernels.measure.stats.compare_samples) measures how
+sure we are that THESE two runs differ; with thousands of samples it calls a 6% difference between two
+runs of unchanged code "significant" at p=1e-8. So the verdict is taken on run-level numbers:
+
+- each run is reduced to its median; the ratio is exp(mean log median(candidate runs) - mean log
+  median(baseline runs)), or, for interleaved rounds (A then B on one worker), exp(mean of the per-round
+  log ratios): pairing removes the drift the two sides share;
+- the run-to-run spread (standard deviation of a run's log median) is measured from the runs when a
+  side has two or more, and never taken below a prior: `DRIFT_GPU` (2%) on a GPU, `DRIFT_CPU` (10%) on
+  a shared CPU, 25% when a run was flagged drifting or contended. With one run per side the prior is
+  all there is;
+- the interval is the ratio times exp(+-z * standard error), z for `CONFIDENCE`.
+
+Verdict ("slower" shown; "faster" is its mirror):
+  slower     the within-run comparison says slower, the run-level ratio is at least 1 + min_effect (the
+             effect-size threshold), and the run-level interval lies above 1: drift alone does not
+             explain it;
+  same       no run is noisy (robust cv above max_cv) and the run-level ratio is within 1 +- min_effect;
+  ambiguous  everything else, e.g. a shift above the threshold that run-to-run drift could explain:
+             a suspect for `farm accept --confirm` (interleaved A/B rounds), never a failure by itself
+             on CPU timings.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kernels.measure.stats import Comparison, compare_samples
+
+DRIFT_GPU = 0.02  # sd of one run's log median between runs on a dedicated GPU (clocks, temperature)
+DRIFT_CPU = 0.10  # the same on a shared CPU (load, frequency scaling, cache neighbours)
+CONFIDENCE = 0.99
+_Z = {0.95: 1.959964, 0.99: 2.575829}
+
+
+CONTAMINATED_DRIFT = 0.25  # a run flagged drifting or contended: its median may be the machine's load
+
+
+def prior_drift(on_cpu: bool, contaminated: bool = False) -> float:
+    base = DRIFT_CPU if on_cpu else DRIFT_GPU
+    return max(base, CONTAMINATED_DRIFT) if contaminated else base
+
+
+def robust_cv(samples: Sequence[float]) -> float:
+    """1.4826 * MAD / median: the cv of normal noise, robust to one preempted sample."""
+    x = np.asarray(samples, dtype=np.float64)
+    if x.size < 2:
+        return math.inf
+    med = float(np.median(x))
+    return math.inf if med <= 0 else float(1.4826 * np.median(np.abs(x - med)) / med)
+
+
+@dataclass(frozen=True)
+class RunComparison:
+    verdict: str
+    reason: str
+    within: Comparison  # the pooled-sample comparison (its p-value is about these runs only)
+    run_ratio: float
+    run_low: float
+    run_high: float
+    runs_baseline: int
+    runs_candidate: int
+    paired: bool
+    spread: float  # the run-to-run sd of a log median used
+    spread_source: str  # "measured" or "prior"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The within-run figures under their usual names (ratio, ci_low, p_value, ...), then the
+        run-level ones; the verdict is the run-level one."""
+        return {
+            **self.within.to_dict(),
+            "within_verdict": self.within.verdict,
+            "verdict": self.verdict,
+            "run_ratio": self.run_ratio,
+            "run_ci_low": self.run_low,
+            "run_ci_high": self.run_high,
+            "runs_baseline": self.runs_baseline,
+            "runs_candidate": self.runs_candidate,
+            "paired_rounds": self.paired,
+            "run_spread": self.spread,
+            "run_spread_source": self.spread_source,
+        }
+
+
+def _log_medians(runs: Sequence[Sequence[float]]) -> np.ndarray:
+    return np.log(np.asarray([float(np.median(r)) for r in runs], dtype=np.float64))
+
+
+def compare_runs(
+    baseline_runs: Sequence[Sequence[float]],
+    candidate_runs: Sequence[Sequence[float]],
+    *,
+    min_effect: float,
+    alpha: float,
+    max_cv: float,
+    prior: float,
+    paired: bool = False,
+    confidence: float = CONFIDENCE,
+) -> RunComparison:
+    """Compare runs of raw samples (ns; lower is better). `paired`: baseline_runs[i] and
+    candidate_runs[i] were measured as round i, back to back on one worker."""
+    if not baseline_runs or not candidate_runs:
+        raise ValueError("compare_runs needs at least one run on each side")
+    if paired and len(baseline_runs) != len(candidate_runs):
+        raise ValueError("paired rounds need as many baseline runs as candidate runs")
+    pooled_b = [v for r in baseline_runs for v in r]
+    pooled_c = [v for r in candidate_runs for v in r]
+    within = compare_samples(pooled_b, pooled_c, min_effect=min_effect, alpha=alpha, max_cv=max_cv)
+    nb, nc = len(baseline_runs), len(candidate_runs)
+    if any(len(r) < 3 for r in (*baseline_runs, *candidate_runs)) or not math.isfinite(within.ratio):
+        nan = math.nan
+        return RunComparison(
+            "ambiguous", f"a run has too few samples ({within.reason})", within, nan, nan, nan, nb, nc,
+            paired, prior, "prior",
+        )  # fmt: skip
+    lb, lc = _log_medians(baseline_runs), _log_medians(candidate_runs)
+    if paired:
+        diffs = lc - lb
+        shift = float(diffs.mean())
+        measured = float(diffs.std(ddof=1) / math.sqrt(2)) if nb >= 2 else None  # per-run sd
+        n_eff = 2.0 / nb  # var(mean of diffs) = 2 sd^2 / rounds
+    else:
+        shift = float(lc.mean() - lb.mean())
+        dev = [lb - lb.mean()] if nb >= 2 else []
+        dev += [lc - lc.mean()] if nc >= 2 else []
+        df = sum(d.size - 1 for d in dev)
+        measured = math.sqrt(sum(float((d**2).sum()) for d in dev) / df) if df else None
+        n_eff = 1.0 / nb + 1.0 / nc
+    spread = prior if measured is None else max(measured, prior)
+    source = "measured" if measured is not None and measured > prior else "prior"
+    half = _Z.get(confidence, 2.575829) * spread * math.sqrt(n_eff)
+    ratio, low, high = math.exp(shift), math.exp(shift - half), math.exp(shift + half)
+    noise = max(robust_cv(r) for r in (*baseline_runs, *candidate_runs))
+    verdict, reason = _decide(within, ratio, low, high, noise, min_effect, max_cv, spread, nb, nc, paired)
+    return RunComparison(verdict, reason, within, ratio, low, high, nb, nc, paired, spread, source)
+
+
+def _decide(
+    within: Comparison,
+    ratio: float,
+    low: float,
+    high: float,
+    noise: float,
+    min_effect: float,
+    max_cv: float,
+    spread: float,
+    nb: int,
+    nc: int,
+    paired: bool,
+) -> tuple[str, str]:
+    runs = f"{nc} round(s) interleaved" if paired else f"{nb} baseline vs {nc} candidate run(s)"
+    interval = f"run-level interval [{low:.3f}, {high:.3f}] over {runs}, run-to-run drift {spread:.1%}"
+    effect = abs(ratio - 1.0)
+    direction = "slower" if ratio > 1.0 else "faster"
+    clear = low > 1.0 if direction == "slower" else high < 1.0
+    if within.verdict == direction and effect >= min_effect and clear:
+        return direction, f"{effect:.1%} change >= {min_effect:.1%}; {interval}"
+    if within.verdict in ("slower", "faster") and effect >= min_effect:
+        return "ambiguous", (
+            f"{effect:.1%} {direction} within these runs (p={within.p_value:.2g}), but run-to-run drift "
+            f"could explain it: {interval} includes 1"
+        )
+    if noise <= max_cv and effect < min_effect:
+        return "same", f"run-level change {ratio - 1.0:+.1%} within +-{min_effect:.1%}; {interval}"
+    if noise > max_cv:
+        return "ambiguous", f"dispersion too high (cv {noise:.1%} > {max_cv:.1%}): no pass on noisy data"
+    return "ambiguous", f"{within.reason}; {interval}"
