@@ -7,10 +7,9 @@ import sys
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.table import Table
 
-from jobs.cli.common import address_option, db_option, echo, require_job, store_for, writable_output
+from jobs.cli.common import address_option, console, db_option, echo, require_job, store_for, writable_output
 from jobs.settings import FarmSettings
 from jobs.spec.sweep import SpecError
 from jobs.store.repository import Store
@@ -87,7 +86,7 @@ def accept_cmd(
     if as_json:
         click.echo(json.dumps(acc.to_dict(), indent=2, default=str))
     else:
-        render(acc, Console(width=200), verbose=verbose)
+        render(acc, console(), verbose=verbose)
     if junit:
         write_junit(acc, junit)
         echo(f"wrote {junit}")
@@ -108,7 +107,7 @@ def send_drafts(store: Store, job_id: int, task: str) -> None:
     if done.run_id is None:
         echo("drafts: no anomalies to draft")
         return
-    render_drafts(store, job_id, Console(width=200))
+    render_drafts(store, job_id, console())
 
 
 @click.group()
@@ -138,4 +137,4 @@ def failures_list(min_jobs: int, db: str | None) -> None:
             ",".join(g.tags) or "-",
             g.last_message,
         )
-    Console(width=200).print(table)
+    console().print(table)

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import click
-from rich.console import Console
 from rich.table import Table
 
-from jobs.cli.common import db_option, echo, require_job, store_for
+from jobs.cli.common import console, db_option, echo, require_job, store_for
 
 
 @click.group()
@@ -67,7 +66,7 @@ def baseline_list(history: bool, name: str | None, db: str | None) -> None:
                 m.family, m.spec_name, str(m.points), (m.git_commit or "-")[:12],
                 "yes" if m.forced else "-", f"{m.set_at:%Y-%m-%d %H:%M:%S}",
             )  # fmt: skip
-        Console(width=200).print(table)
+        console().print(table)
         return
     for col in ("name", "job", "family", "points", "kernels commit", "set at"):
         table.add_column(col)
@@ -80,4 +79,4 @@ def baseline_list(history: bool, name: str | None, db: str | None) -> None:
             (b.git_commit or "-")[:12],
             f"{b.created_at:%Y-%m-%d %H:%M:%S}",
         )
-    Console().print(table)
+    console().print(table)

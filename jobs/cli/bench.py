@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from jobs.cli.common import console
 from jobs.errors import BadInput
 from jobs.history.series import parse_point
 
@@ -122,9 +122,9 @@ def _compiled(fam: Any, shape: dict, config: dict, dtype: str, backend: str) -> 
 
 
 def _print(label: str, device: str, out: Any, rates: Any, compiled: Any) -> None:
-    console = Console()
+    out_console = console()
     error = f" ({escape(out.error)})" if out.error else ""
-    console.print(f"[bold]{escape(label)}[/bold] on {device}: [bold]{out.status}[/bold]{error}")
+    out_console.print(f"[bold]{escape(label)}[/bold] on {device}: [bold]{out.status}[/bold]{error}")
     table = Table(show_header=False, box=None, pad_edge=False)
     if out.summary is not None:
         s = out.summary
@@ -143,4 +143,4 @@ def _print(label: str, device: str, out: Any, rates: Any, compiled: Any) -> None
             table.add_row(f"correctness.{name}", escape(_fmt(v)))
     if compiled is not None:
         table.add_row("compiled", escape(_fmt(compiled)))
-    console.print(table)
+    out_console.print(table)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
+from rich.console import Console
 
 from jobs.errors import InfrastructureError as InfrastructureError  # noqa: PLC0414 - raised by the CLI's verbs
 from jobs.errors import NoSuchJob
@@ -13,6 +15,15 @@ from jobs.store.repository import Job, Store
 
 STORE_URL = "farm.store_url"  # click context meta: the store the command opened (for error messages)
 FILE_FIX = "check that the folder exists and is writable (create it first), or choose another path"
+
+
+def console() -> Console:
+    """The console command output goes to: the terminal's width, or, when the output is piped (a file, a CI
+    log) and COLUMNS is not set, 200 columns, so rows are not cut at rich's default of 80."""
+    out = Console()
+    if not out.is_terminal and "COLUMNS" not in os.environ:
+        out = Console(width=200)
+    return out
 
 
 def store_for(db: str | None) -> Store:

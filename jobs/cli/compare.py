@@ -7,9 +7,8 @@ import sys
 from pathlib import Path
 
 import click
-from rich.console import Console
 
-from jobs.cli.common import db_option, require_job, store_for, writable_output
+from jobs.cli.common import console, db_option, require_job, store_for, writable_output
 from jobs.report.ab import Selector, compare_jobs, render
 from jobs.report.export import best_configs, port_file_name
 
@@ -65,7 +64,7 @@ def compare(
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2, default=str))
     else:
-        render(result, Console(width=200))
+        render(result, console())
     if html_path:
         from jobs.report.html import render_compare
 

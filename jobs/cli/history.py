@@ -8,7 +8,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from jobs.cli.common import db_option, store_for
+from jobs.cli.common import console, db_option, store_for
 from jobs.history.series import Selection, Series, collect, parse_point
 
 
@@ -16,7 +16,7 @@ def _fmt(v: float | None, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
 
-def render_series(series: Series, console: Console) -> None:
+def render_series(series: Series, out_console: Console) -> None:
     changes = {c.job_id: c for c in series.changes}
     table = Table(title=f"{series.key.label} on {series.key.env}", title_justify="left")
     for col in ("job", "commit", "created", "median ms", "spread", "p10 ms", "p90 ms", "n", "change"):
@@ -35,11 +35,11 @@ def render_series(series: Series, console: Console) -> None:
             _fmt(p.n, "d"),
             mark,
         )
-    console.print(table)
+    out_console.print(table)
     if not series.changes:
-        console.print("  no change point")
+        out_console.print("  no change point")
     for c in series.changes:
-        console.print(
+        out_console.print(
             f"  change point at job {c.job_id} (commit {c.commit or 'unknown'}): "
             f"{c.before_ns / 1e6:.4f} -> {c.after_ns / 1e6:.4f} ms, {c.magnitude:+.1%}"
         )
@@ -88,6 +88,6 @@ def history(
     if as_json:
         click.echo(json.dumps([s.to_dict() for s in found], indent=2, default=str))
         return
-    console = Console(width=max(Console().width, 120))
+    out_console = console()
     for series in found:
-        render_series(series, console)
+        render_series(series, out_console)

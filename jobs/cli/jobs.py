@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import click
-from rich.console import Console
 from rich.table import Table
 
-from jobs.cli.common import db_option, require_job, store_for
+from jobs.cli.common import console, db_option, require_job, store_for
 from kernels.base import NOT_FAILED, TrialStatus
 
 
@@ -38,7 +37,7 @@ def jobs_list(db: str | None, limit: int) -> None:
             f"{job.created_at:%Y-%m-%d %H:%M:%S}",
             (job.git_commit or "-")[:12],
         )
-    Console().print(table)
+    console().print(table)
 
 
 @jobs.command("show")
@@ -48,15 +47,17 @@ def jobs_show(job_id: int, db: str | None) -> None:
     """One job: spec, cluster, status counts and every trial."""
     store = store_for(db)
     job = require_job(store, job_id)
-    console = Console()
-    console.print(f"[bold]job {job.id}[/bold] {job.name} family {job.family} status {job.status}")
-    console.print(f"created {job.created_at}  started {job.started_at}  finished {job.finished_at}")
-    console.print(f"spec hash {job.spec_hash}  kernels commit {job.git_commit or '-'}")
+    out_console = console()
+    out_console.print(f"[bold]job {job.id}[/bold] {job.name} family {job.family} status {job.status}")
+    out_console.print(f"created {job.created_at}  started {job.started_at}  finished {job.finished_at}")
+    out_console.print(f"spec hash {job.spec_hash}  kernels commit {job.git_commit or '-'}")
     if job.cluster:
-        console.print(f"cluster: {job.cluster.get('address')} — {job.cluster.get('note')}")
+        out_console.print(f"cluster: {job.cluster.get('address')} — {job.cluster.get('note')}")
     if job.message:
-        console.print(f"message: {job.message}")
-    console.print("counts: " + " ".join(f"{k} {v}" for k, v in sorted(store.status_counts(job_id).items())))
+        out_console.print(f"message: {job.message}")
+    out_console.print(
+        "counts: " + " ".join(f"{k} {v}" for k, v in sorted(store.status_counts(job_id).items()))
+    )
     table = Table()
     for col in ("#", "backend", "shape", "config", "dtype", "status", "attempt", "node", "worker", "gpu"):
         table.add_column(col)
@@ -73,5 +74,5 @@ def jobs_show(job_id: int, db: str | None) -> None:
             t.worker or "-",
             t.gpu_id or "-",
         )
-    console.print(table)
-    console.print("[bold]spec[/bold]\n" + job.spec)
+    out_console.print(table)
+    out_console.print("[bold]spec[/bold]\n" + job.spec)

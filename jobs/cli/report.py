@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-from rich.console import Console
 
-from jobs.cli.common import db_option, echo, require_job, store_for, writable_output
+from jobs.cli.common import console, db_option, echo, require_job, store_for, writable_output
 
 
 @click.command("report")
@@ -40,7 +39,7 @@ def report(job_id: int, db: str | None, fmt: str, html_path: Path | None, output
     store = store_for(db)
     require_job(store, job_id)
     if fmt == "table":
-        rep.render_terminal(store, job_id, Console())
+        rep.render_terminal(store, job_id, console())
     else:
         text = rep.to_json(store, job_id) if fmt == "json" else rep.to_csv(store, job_id)
         if output:

@@ -12,10 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import click
-from rich.console import Console
 
 from jobs.cli.accept import send_drafts
-from jobs.cli.common import address_option, db_option, echo, gpus_option, quiet_option, store_for
+from jobs.cli.common import address_option, console, db_option, echo, gpus_option, quiet_option, store_for
 from jobs.settings import FarmSettings
 from jobs.spec.sweep import SpecError, SweepSpec, load_spec
 from jobs.spec.sweep import loads_spec as load_spec_text
@@ -112,7 +111,7 @@ def _finish(
         echo(result.note)
         sys.exit(result.exit_code)
     if report:
-        render_terminal(store, result.job_id, Console())
+        render_terminal(store, result.job_id, console())
     counts = " ".join(f"{k} {v}" for k, v in sorted(result.counts.items()))
     echo(f"job {result.job_id} {result.status}: {counts}" + (f"\n{result.note}" if result.note else ""))
     code = result.exit_code
@@ -125,7 +124,7 @@ def _finish(
         from jobs.judge.acceptance import render
 
         acc = judge(store, result.job_id, ambiguous=ambiguous)
-        render(acc, Console(width=200), verbose=verbose)
+        render(acc, console(), verbose=verbose)
         code = max(code, acc.exit_code)
         if spec.drafts:
             send_drafts(store, result.job_id, spec.drafts)

@@ -95,7 +95,8 @@ def build_rows(store: Store, job_id: int) -> list[Row]:
                 backend=t.backend,
                 baseline=t.baseline,
                 config=_fmt_point(t.config),
-                dtype=t.dtype,
+                dtype=(t.metrics or {}).get("compute_dtype")
+                or t.dtype,  # what ran (a bf16 backend on fp32 inputs)
                 status=t.status,
                 attempt=t.attempt,
                 median_ms=median / 1e6 if median else None,

@@ -98,14 +98,16 @@ class GemmFamily(KernelFamily):
         correctness = combine_seeds(reports, seeds).to_dict()
         a, b = a.to(compute), b.to(compute)
         m_ = measure(_backend_call(a, b, req.config), req.policy, device=device)
-        cost = self.cost(req.shape, str(compute).removeprefix("torch."))
+        compute_dtype = str(compute).removeprefix("torch.")  # what ran: the spec's dtype is the inputs'
+        cost = self.cost(req.shape, compute_dtype)
         rates = derive_rates(cost, m_.summary.median, device_limits(device))
         return TrialOutcome.measured(
             TrialStatus.passed(correctness["passed"]),
             m_,
             correctness=correctness,
-            metrics={"flops": cost.flops, "bytes": cost.bytes, "tflops": rates.tflops, "gbps": rates.gbps},
-        )
+            metrics={"flops": cost.flops, "bytes": cost.bytes, "tflops": rates.tflops, "gbps": rates.gbps,
+                     "compute_dtype": compute_dtype},
+        )  # fmt: skip
 
 
 FAMILY = GemmFamily()

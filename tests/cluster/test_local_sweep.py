@@ -139,6 +139,9 @@ timeout_s: 60
     report.render_terminal(store, result.job_id, console)
     text = console.export_text()
     assert "shape m=8 n=16 k=32" in text and "torch_fp32 (base)" in text and "torch_bf16" in text
+    # each row says the dtype that ran: bf16 for the bf16 backend, though the spec's inputs are fp32
+    bf16_rows = [line for line in text.splitlines() if "torch_bf16" in line]
+    assert bf16_rows and all("bfloat16" in line for line in bf16_rows), text
     assert "CPU timings" in text and text.count("pass") == 4
     rows = json.loads(report.to_json(store, result.job_id))
     assert len(rows) == 4 and all(r["median_ms"] > 0 and r["tflops"] > 0 for r in rows)
