@@ -104,7 +104,7 @@ def _finish(
     result, store: Store, report: bool, accept: bool | None, ambiguous: str | None, verbose: bool = False
 ) -> None:
     """Report, then judge the job by its card (when the spec names one) and exit with the worse code."""
-    from jobs.report.render import render_terminal
+    from jobs.report.render import render_summary, render_terminal
     from jobs.run.runner import EXIT_INTERRUPTED
 
     if not result.resumed:  # a finished job: nothing ran, nothing is judged or changed again
@@ -119,6 +119,7 @@ def _finish(
     spec = load_spec_text(job.spec, f"job {job.id} spec")
     if accept is None:
         accept = spec.card is not None
+    acc = None
     if accept and code != EXIT_INTERRUPTED:
         from jobs.judge.acceptance import accept as judge
         from jobs.judge.acceptance import render
@@ -128,6 +129,8 @@ def _finish(
         code = max(code, acc.exit_code)
         if spec.drafts:
             send_drafts(store, result.job_id, spec.drafts)
+    if report:
+        render_summary(store, result.job_id, console(), acc)  # the last thing printed: per shape, one line
     sys.exit(code)
 
 

@@ -238,3 +238,71 @@ def render_html(store: Store, job_id: int) -> str:
     from jobs.report.html import render_job
 
     return render_job(store, job_id)
+
+
+# ---- the compact summary a sweep ends with ------------------------------------------------------------
+
+_WORST = {
+    "fail": 3,
+    "ambiguous": 2,
+    "pass": 1,
+}  # a shape's verdict: its worst assertion outcome (skips aside)
+
+
+def speedup_ci(store: Store, base_trial_id: int, trial_id: int) -> tuple[float, float, float] | None:
+    """(baseline median / median, low, high): a speedup with a 95% bootstrap interval over both trials'
+    kept samples; None when either has none."""
+    import numpy as np
+
+    from kernels.measure.stats import bootstrap_ratio_ci
+
+    a = np.asarray(store.kept_samples(base_trial_id), dtype=float)
+    b = np.asarray(store.kept_samples(trial_id), dtype=float)
+    if len(a) == 0 or len(b) == 0:
+        return None
+    lo, hi = bootstrap_ratio_ci(a, b, n_boot=400, confidence=0.95, seed=0)  # of b/a: inverted below
+    return (
+        float(np.median(a) / np.median(b)),
+        (1 / hi if hi else float("nan")),
+        (1 / lo if lo else float("nan")),
+    )
+
+
+def render_summary(store: Store, job_id: int, console: Console, acc: Any = None) -> None:
+    """One line per shape: the baseline, the fastest correct trial, its speedup with a 95% interval and,
+    when the job was judged (``acc``: a jobs.judge.acceptance result), the shape's worst assertion."""
+    rows = build_rows(store, job_id)
+    ids = {t.seq: t.id for t in store.trials(job_id)}
+    verdicts: dict[str, str] = {}
+    for r in getattr(acc, "results", ()):
+        shape = _fmt_point(r.trial.shape)
+        if _WORST.get(r.outcome, 0) > _WORST.get(verdicts.get(shape, ""), 0):
+            verdicts[shape] = r.outcome
+    table = Table(title=f"summary of job {job_id}", title_justify="left")
+    for col in ("shape", "baseline ms", "best", "best ms", "speedup [95% CI]") + (
+        ("verdict",) if acc else ()
+    ):
+        table.add_column(col, justify="left" if col in ("shape", "best", "verdict") else "right")
+    for shape in dict.fromkeys(r.shape for r in rows):
+        timed = [r for r in rows if r.shape == shape and r.status == TrialStatus.OK and r.median_ms]
+        base = next((r for r in timed if r.baseline), None)
+        best = min(timed, key=lambda r: r.median_ms, default=None)
+        speed = "-"
+        if base is not None and best is not None and best is not base:
+            ci = speedup_ci(store, ids[base.trial], ids[best.trial])
+            if ci is not None:
+                speed = f"{_sig(ci[0])}x [{_sig(ci[1])}, {_sig(ci[2])}]"
+        elif best is base and base is not None:
+            speed = "1x (the baseline is fastest)"
+        cells = [
+            shape,
+            _num(base.median_ms, ".4g") if base else "-",
+            (best.backend + (f" {best.config}" if best.config != "-" else "")) if best else "-",
+            _num(best.median_ms, ".4g") if best else "-",
+            speed,
+        ]
+        if acc:
+            v = verdicts.get(shape, "pass")
+            cells.append({"fail": "[red]fail[/red]", "ambiguous": "[yellow]ambiguous[/yellow]"}.get(v, v))
+        table.add_row(*cells)
+    console.print(table)
