@@ -1,35 +1,54 @@
-"""A store with a history to look at: N jobs of one probe spec, a slowdown injected from one job on.
+"""A store with a history to look at: N jobs of one probe spec, a real slowdown injected from one job on.
 
-The first `real_sweeps` jobs run for real through the runner (local Ray must be connected by the
-caller); the rest are written through the Store API, one job per fake commit, with each trial's raw
-samples drawn from a seeded distribution around the median level the real sweeps measured (or fixed
-levels when none ran). From job `slow_from` on (1-based, in creation order) every `spin` trial is `slowdown`
-slower. Used by tests/jobs/test_history.py, tests/jobs/test_site.py and benchmarks/site_bench.py.
+The spec is tiny: one backend, `spin` (a busy loop of a few ms, whose wall time hardly moves when the
+machine is busy), on two shapes. From job `slow_from` on (1-based, in creation order) its config carries
+the probe's `_slowdown` test knob, so those jobs really run `slowdown` slower; the knob is not part of
+the point (jobs.judge.baselines strips `_` keys), so all 30 jobs are one history per shape.
+
+Jobs whose numbers are in `real` run for real through the runner (the caller connects local Ray); the
+others are written through the Store API, each trial's samples drawn from a seeded distribution around
+the median level the real sweeps of the same phase (before / after the slowdown) measured, or fixed
+levels where none ran. Every job gets a commit of its own (`fake_commit(number)`), as one job per commit
+would: a real sweep's job is stamped after it ran, since the runner records the working tree's commit.
+
+`real=range(1, 31)` is the all-real store (about 4 s a sweep: the runner starts its workers per job;
+benchmarks/site_bench.py builds it); tests/jobs/test_history.py runs jobs 1-3 and 20-22 for real, so the
+slowdown it detects is a measured one, and writes the rest.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import numpy as np
+from sqlalchemy import update
+from sqlalchemy.orm import Session
 
+from jobs.judge.baselines import point_config
 from jobs.spec.sweep import loads_spec
-from jobs.store.repository import Store
+from jobs.store.repository import Job, Store, TrialRow
 
+NAME = "history-probe"
+MS = 3
 SPEC = """
 name: history-probe
 family: probe
 backends:
-  - {name: noop, baseline: true}
-  - {name: spin, configs: {grid: {ms: [2]}}}
+  - {name: spin, baseline: true, configs: {grid: {ms: [%(ms)s]%(knob)s}}}
 shapes: {grid: {n: [0, 1]}}
-measure: {warmup_ms: 0, min_samples: 5, max_samples: 9, max_time_s: 0.5, min_time_s: 0}
+measure: {warmup_ms: 0, min_samples: 7, max_samples: 7, max_time_s: 1, min_time_s: 0}
 timeout_s: 30
 """
-DEFAULT_LEVEL_NS = {"noop": 2_000.0, "spin": 2_050_000.0}
 CPU_ENV = {"host": "history-host", "device_kind": "cpu", "device_name": "Synthetic CPU", "torch": "-"}
+
+
+def spec_yaml(slowdown: float = 0.0) -> str:
+    """The history spec; with `_slowdown` when `slowdown` is not 0."""
+    knob = f", _slowdown: [{slowdown}]" if slowdown else ""
+    return SPEC % {"ms": MS, "knob": knob}
 
 
 @dataclass
@@ -63,74 +82,107 @@ def _summary(samples: np.ndarray) -> dict:
     }
 
 
+def _point(t: TrialRow) -> str:
+    """What a trial measures, without its test knobs: the same in slowed and plain jobs."""
+    return json.dumps([t.backend, t.shape, point_config(t.config)], sort_keys=True)
+
+
+def _stamp_commit(store: Store, job_id: int, commit: str) -> None:
+    with Session(store.engine) as s, s.begin():
+        s.execute(update(Job).where(Job.id == job_id).values(git_commit=commit))
+
+
+def _real_job(store: Store, yaml: str, echo: Callable[[str], None]) -> int:
+    from jobs.run.runner import RunOptions, run_sweep
+
+    result = run_sweep(loads_spec(yaml), store, RunOptions(show_progress=False, echo=echo))
+    if result.exit_code != 0:
+        raise RuntimeError(f"real sweep job {result.job_id} ended {result.status}: {result.counts}")
+    return result.job_id
+
+
+def _written_job(
+    store: Store, yaml: str, number: int, level: Callable[[str], float], env: dict, rng: np.random.Generator
+) -> int:
+    spec = loads_spec(yaml)
+    job_id = store.create_job(
+        name=spec.name,
+        family=spec.family,
+        spec_yaml=yaml,
+        spec_hash=spec.spec_hash(),
+        trials=spec.trials(),
+        git_commit=fake_commit(number),
+    )
+    results = []
+    for t in store.trials(job_id):
+        median = level(_point(t)) * (1 + rng.normal(0, 0.01))
+        samples = median * (1 + rng.normal(0, 0.02, 7))  # about `median`, as the real ones
+        results.append(
+            {
+                "trial_id": t.id,
+                "status": "ok",
+                "attempt": 1,
+                "worker": "w0",
+                "node": env.get("host", "?"),
+                "summary": _summary(samples),
+                "stop_reason": "max_samples",
+                "timer": "perf_counter",
+                "correct": True,
+                "correctness": {"passed": True, "method": "none"},
+                "metrics": {},
+                "samples_ns": [int(v) for v in samples],
+                "environment": env,
+            }
+        )
+    store.record_results(results)
+    store.set_job_status(job_id, "running")
+    store.set_job_status(job_id, "completed")
+    return job_id
+
+
 def build_history_store(
     store: Store,
     *,
     jobs: int = 30,
     slow_from: int = 20,
     slowdown: float = 0.20,
-    real_sweeps: int = 0,
+    real: Collection[int] = (),
     seed: int = 20,
     echo: Callable[[str], None] = lambda _msg: None,
 ) -> HistoryStore:
-    spec = loads_spec(SPEC)
-    if not 0 <= real_sweeps < slow_from <= jobs:
-        raise ValueError("need 0 <= real_sweeps < slow_from <= jobs")
-    job_ids, real = [], []
-    if real_sweeps:
-        from jobs.run.runner import RunOptions, run_sweep
-
-        quiet = RunOptions(show_progress=False, echo=echo)
-        for _ in range(real_sweeps):
-            result = run_sweep(spec, store, quiet)
-            if result.exit_code != 0:
-                raise RuntimeError(f"real sweep job {result.job_id} ended {result.status}: {result.counts}")
-            job_ids.append(result.job_id)
-            real.append(result.job_id)
-    # what each trial key measured in the real sweeps: the synthetic jobs resample those levels
-    measured: dict[str, list[float]] = {}
+    """Jobs 1..`jobs` of the history spec, in order, `slowdown` from job `slow_from` on. The job numbers
+    in `real` run through the runner (local Ray connected by the caller); a written job takes its levels
+    from the real jobs before it in the same phase (before / after the slowdown)."""
+    if not 1 < slow_from <= jobs:
+        raise ValueError(f"need 1 < slow_from <= jobs (got slow_from={slow_from}, jobs={jobs})")
+    if not set(real) <= set(range(1, jobs + 1)):
+        raise ValueError(f"real job numbers must lie in 1..{jobs} (got {sorted(real)})")
+    plain, slowed = spec_yaml(), spec_yaml(slowdown)
+    # what each point measured for real before and after the slowdown: the written jobs resample those
+    measured: dict[tuple[bool, str], list[float]] = {}
     env = CPU_ENV
-    for job_id in real:
-        for t in store.trials(job_id):
-            measured.setdefault(t.key, []).append(float(t.median_ns))
-        env = store.environments(job_id)[0].data
+    job_ids: list[int] = []
+    real_ids: list[int] = []
     rng = np.random.default_rng(seed)
-    for number in range(len(job_ids) + 1, jobs + 1):
-        job_id = store.create_job(
-            name=spec.name,
-            family=spec.family,
-            spec_yaml=SPEC,
-            spec_hash=spec.spec_hash(),
-            trials=spec.trials(),
-            git_commit=fake_commit(number),
-        )
-        results = []
-        for t in store.trials(job_id):
-            # the median of the real levels: one real sweep slowed by a busy machine does not move it
-            levels = measured.get(t.key) or [DEFAULT_LEVEL_NS[t.backend]]
-            level = float(np.median(levels)) * (1 + rng.normal(0, 0.01))
-            if t.backend == "spin" and number >= slow_from:
-                level *= 1 + slowdown
-            samples = level * (1 + rng.normal(0, 0.02, 9))  # median about `level`, as the real ones
-            results.append(
-                {
-                    "trial_id": t.id,
-                    "status": "ok",
-                    "attempt": 1,
-                    "worker": "w0",
-                    "node": env.get("host", "?"),
-                    "summary": _summary(samples),
-                    "stop_reason": "max_samples",
-                    "timer": "perf_counter",
-                    "correct": True,
-                    "correctness": {"passed": True, "method": "none"},
-                    "metrics": {},
-                    "samples_ns": [int(v) for v in samples],
-                    "environment": env,
-                }
-            )
-        store.record_results(results)
-        store.set_job_status(job_id, "running")
-        store.set_job_status(job_id, "completed")
+    default = MS * 1e6 + 5_000  # a busy loop of MS ms plus the timer's overhead, when no real job ran
+
+    def level(slow: bool, point: str) -> float:
+        before, after = measured.get((False, point)), measured.get((True, point))
+        if slow and after:
+            return float(np.median(after))
+        return (float(np.median(before)) if before else default) * (1 + slowdown if slow else 1)
+
+    for number in range(1, jobs + 1):
+        slow = number >= slow_from
+        yaml = slowed if slow else plain
+        if number in real:
+            job_id = _real_job(store, yaml, echo)
+            _stamp_commit(store, job_id, fake_commit(number))
+            real_ids.append(job_id)
+            for t in store.trials(job_id):
+                measured.setdefault((slow, _point(t)), []).append(float(t.median_ns))
+            env = store.environments(job_id)[0].data
+        else:
+            job_id = _written_job(store, yaml, number, lambda p, s=slow: level(s, p), env, rng)
         job_ids.append(job_id)
-    return HistoryStore(job_ids=job_ids, real_jobs=real, slow_job=job_ids[slow_from - 1])
+    return HistoryStore(job_ids=job_ids, real_jobs=real_ids, slow_job=job_ids[slow_from - 1])

@@ -33,8 +33,9 @@ from kernels.hardware import limits_for
 from kernels.measure.stats import bootstrap_ratio_ci
 
 esc = html.escape
-WIDTH = 1300  # figures fit a 1400 px window
 FAST_P = (0.0, 0.1, 0.5)  # the fast_p thresholds shown
+TICK_CHAR_PX = 7.5  # about one character of a 13 px tick label
+SLANT_ABOVE_PX = 900  # category labels longer than this all together are slanted
 
 STYLE = """body{font-family:system-ui,sans-serif;margin:1.5em;max-width:1360px;color:#222}
 table{border-collapse:collapse;font-size:13px;margin:.5em 0}
@@ -42,7 +43,7 @@ td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f4f4
 td.l,th.l{text-align:left}tr.bad{background:#fdd}.pass{color:#176f2c;font-weight:bold}
 .fail{color:#b00020;font-weight:bold}.ambiguous{color:#a65e00;font-weight:bold}
 .verdict{font-size:1.3em;padding:.4em .8em;border:2px solid;display:inline-block;margin:.3em 0}
-nav a{margin-right:1em}.spark{display:inline-block}"""
+nav a{margin-right:1em}.spark{display:inline-block}h3.fig{font-size:15px;margin:1.2em 0 0}"""
 
 
 @cache
@@ -71,14 +72,25 @@ def figure(fig: go.Figure, div_id: str, height: int | None = None) -> str:
     spec = fig.to_plotly_json()
     layout = spec["layout"]
     layout.pop("template", None)
+    layout.pop("width", None)  # responsive: as wide as the page (a 1400 px window, or a phone)
+    # long category labels (a shape's every key) are slanted, and the figure grows by the room they take,
+    # so that the plot area keeps its height; the legend sits at the right, clear of labels and data
+    labels = {str(v) for d in spec["data"] if d.get("type") in ("bar", "scatter") for v in d.get("x") or ()}
+    labels |= {str(d.get("name")) for d in spec["data"] if d.get("type") == "box"}
+    longest = max((len(v) for v in labels), default=0)
+    slanted = len(labels) * longest * TICK_CHAR_PX > SLANT_ABOVE_PX
+    if slanted:
+        layout["xaxis"] = {"tickangle": -30, **layout.get("xaxis", {})}
     layout.update(
-        width=WIDTH,
-        height=height or layout.get("height") or 420,
+        autosize=True,
+        height=(height or layout.get("height") or 420) + (int(longest * TICK_CHAR_PX / 2) if slanted else 0),
         font={"size": 13},
-        margin={"l": 70, "r": 30, "t": 50, "b": 60},
+        margin={"l": 70, "r": 30, "t": 20, "b": 60},
         plot_bgcolor="white",
-        legend={"orientation": "h", "y": -0.2},
+        legend={"orientation": "h", "x": 0, "xanchor": "left", "y": 1.02, "yanchor": "bottom"},
     )
+    title = layout.pop("title", None) or ""  # above the figure, where the legend cannot cover it
+    title = title.get("text", "") if isinstance(title, dict) else str(title)
     for axis in ("xaxis", "yaxis"):
         layout[axis] = {
             "gridcolor": "#e5e5e5",
@@ -86,9 +98,12 @@ def figure(fig: go.Figure, div_id: str, height: int | None = None) -> str:
             "automargin": True,
             **layout.get(axis, {}),
         }
+        # a log axis labels its minor ticks (2, 5) at 3/4 of the tick font: 15 px keeps those at 11 px
+        layout[axis].setdefault("tickfont", {"size": 15 if layout[axis].get("type") == "log" else 13})
     data = json.dumps(spec["data"], cls=PlotlyJSONEncoder)
     return (
-        f'<div id="{div_id}" class="plot"></div><script>Plotly.newPlot("{div_id}", {data}, '
+        (f'<h3 class="fig">{esc(title)}</h3>' if title else "")
+        + f'<div id="{div_id}" class="plot"></div><script>Plotly.newPlot("{div_id}", {data}, '
         f"{json.dumps(layout, cls=PlotlyJSONEncoder)}, {{responsive: true}});</script>"
     )
 
@@ -148,14 +163,55 @@ def speedups(store: Store, job_id: int, rows: list[Row]) -> list[Speedup]:
         )
         if ref is None:
             continue
-        a = np.asarray(store.kept_samples(trials[ref].id), dtype=float)
-        b = np.asarray(store.kept_samples(trials[r.trial].id), dtype=float)
-        if len(a) == 0 or len(b) == 0:
-            continue
-        speed = float(np.median(a) / np.median(b))
-        lo, hi = bootstrap_ratio_ci(a, b, n_boot=400, confidence=0.95, seed=0)  # of b/a: invert
-        out.append(Speedup(r.shape, _label(r), speed, 1 / hi if hi else math.nan, 1 / lo if lo else math.nan))
+        ratio = _ratio(store, trials[ref].id, trials[r.trial].id)
+        if ratio is not None:
+            out.append(Speedup(r.shape, _label(r), *ratio))
     return out
+
+
+def _ratio(store: Store, base_trial: int, trial: int) -> tuple[float, float, float] | None:
+    """(baseline median / median, low, high): a speedup with its 95% bootstrap interval."""
+    a = np.asarray(store.kept_samples(base_trial), dtype=float)
+    b = np.asarray(store.kept_samples(trial), dtype=float)
+    if len(a) == 0 or len(b) == 0:
+        return None
+    lo, hi = bootstrap_ratio_ci(a, b, n_boot=400, confidence=0.95, seed=0)  # of b/a: invert
+    return float(np.median(a) / np.median(b)), 1 / hi if hi else math.nan, 1 / lo if lo else math.nan
+
+
+def stored_baseline(store: Store, job_id: int) -> tuple[str, int, dict[int, int]] | None:
+    """The stored baseline (`farm baseline set`) the job is judged against: the one `farm accept` used
+    when its failures name a baseline job, else the newest one matching the job's points. Returns
+    (name, its job, trial id of the job -> the matching baseline trial id), or None."""
+    from jobs.judge import baselines
+
+    used = {(f.evidence or {}).get("baseline_job") for f in store.failures() if f.job_id == job_id}
+    family = store.get_job(job_id).family
+    named = [b for b, _ in store.list_baselines() if b.job_id in used and b.family == family]
+    base = named[0] if named else baselines.resolve(store, job_id)
+    if base is None:
+        return None
+    found = baselines.matches(store, base, job_id)
+    return (base.name, base.job_id, found) if found else None
+
+
+def baseline_job_speedups(store: Store, job_id: int, rows: list[Row]) -> tuple[str, list[Speedup]]:
+    """Each timed trial against its point in the stored baseline's job: how a regression `farm accept`
+    caught shows (below 1). Returns (the baseline's description, the speedups); none without a baseline."""
+    found = stored_baseline(store, job_id)
+    if found is None:
+        return "", []
+    name, base_job, matched = found
+    by_seq = {t.seq: t for t in store.trials(job_id)}
+    out = []
+    for r in rows:
+        t = by_seq[r.trial]
+        if r.status != TrialStatus.OK or not r.median_ms or t.id not in matched:
+            continue
+        ratio = _ratio(store, matched[t.id], t.id)
+        if ratio is not None:
+            out.append(Speedup(r.shape, f"#{r.trial} {_label(r)}", *ratio))
+    return f"baseline {name} (job {base_job})", out
 
 
 def speedup_summary(items: list[Speedup]) -> list[list[Any]]:
@@ -187,6 +243,47 @@ def verdict_html(store: Store, job_id: int) -> str:
         f'<p class="verdict {worst}">Acceptance: {worst.upper()} ({counts}; card {esc(failures[0].card)})</p>'
         + table(["outcome", "assertion", "point", "message"], rows, classes, left=4)
     )
+
+
+HISTORY_JOBS = 20  # how many recent jobs a point's history in a job's report shows
+
+
+def recent_history_html(store: Store, job_id: int, family: str, last: int = HISTORY_JOBS) -> str:
+    """For each point of the job that earlier jobs also measured: its median over the last `last` jobs
+    up to this one (a sparkline, this job the last dot) and the change from the previous job."""
+    from jobs.history.series import Selection, collect
+
+    rows, lines = [], []
+    for series in collect(store, Selection(family=family), detect=False):
+        at = next((i for i, p in enumerate(series.points) if p.job_id == job_id), None)
+        if at is None or at == 0:
+            continue
+        window = series.points[max(0, at - last + 1) : at + 1]
+        prev, this = window[-2], window[-1]
+        rows.append(
+            (
+                this.trial_id,
+                [
+                    series.key.label,
+                    len(window),
+                    f"@@h{len(lines)}@@",
+                    f"{this.median_ns / 1e6:.4f}",
+                    f"{this.median_ns / prev.median_ns - 1:+.1%} (job {prev.job_id})",
+                ],
+            )
+        )
+        lines.append(sparkline([p.median_ns for p in window], marks=(len(window) - 1,)))
+    if not rows:
+        return ""
+    rows.sort(key=lambda r: r[0])
+    listing = table(
+        ["point", "jobs", f"median, last {last} jobs (red: this job)", "median ms", "vs previous job"],
+        [r for _, r in rows],
+        left=1,
+    )
+    for i, line in enumerate(lines):
+        listing = listing.replace(f"@@h{i}@@", line, 1)
+    return "<h2>Recent history of these points</h2>" + listing
 
 
 def anomalies_html(store: Store, job_id: int) -> str:
@@ -289,7 +386,7 @@ def heatmaps(rows: list[Row]) -> list[tuple[str, go.Figure]]:
     return out
 
 
-def speedup_figure(items: list[Speedup]) -> go.Figure | None:
+def speedup_figure(items: list[Speedup], against: str = "the baseline") -> go.Figure | None:
     if not items:
         return None
     fig = go.Figure()
@@ -310,7 +407,7 @@ def speedup_figure(items: list[Speedup]) -> go.Figure | None:
         )
     fig.add_hline(y=1.0, line_dash="dash", annotation_text="baseline")
     fig.update_layout(
-        title="Speedup over the baseline (95% bootstrap interval), log axis",
+        title=f"Speedup over {against} (95% bootstrap interval; below 1: slower), log axis",
         yaxis={"type": "log", "title": "baseline median / median"},
         xaxis={"title": "shape"},
     )
@@ -449,7 +546,9 @@ def job_body(store: Store, job_id: int, *, links: str = "") -> str:
     figs: list[tuple[str, go.Figure | None, int | None]] = [("time", time_per_shape(rows), None)]
     figs += [(f"heatmap-{b}", f, 150 + 45 * len(f.data[0].y)) for b, f in heatmaps(rows)]
     items = speedups(store, job_id, rows)
-    figs.append(("speedup", speedup_figure(items), None))
+    figs.append(("speedup", speedup_figure(items, "the baseline backend"), None))
+    against, stored = baseline_job_speedups(store, job_id, rows)
+    figs.append(("speedup-stored-baseline", speedup_figure(stored, against), None))
     figs.append(("samples", samples_figure(store, job_id, rows), 520))
     figs.append(("roofline", roofline_figure(rows, device), 520))
     figs += [(f"series-{i}", f, None) for i, f in enumerate(timeseries_figures(trials))]
@@ -475,6 +574,7 @@ def job_body(store: Store, job_id: int, *, links: str = "") -> str:
                 left=4,
             )
         )
+    parts.append(recent_history_html(store, job_id, job.family))
     parts.append(anomalies_html(store, job_id))
     parts.append("<h2>Trials</h2>" + trials_table(rows))
     return "\n".join(p for p in parts if p)

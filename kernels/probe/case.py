@@ -7,6 +7,10 @@ stores correctly before real kernels are trusted to it. Backends:
   sleep  sleeps `config.s` seconds (a hung trial when s exceeds the spec's timeout_s)
   crash  kills its own worker process (exit code 1), as a segfault or OOM kill would
 Every outcome reports the device the worker was pinned to (CUDA_VISIBLE_DEVICES).
+
+A test knob, like every `_` config key, changes the code that runs, not the point measured (baselines,
+fingerprints and history ignore it, see jobs.judge.baselines):
+  _slowdown: x   spin busy-loops config.ms * (1 + x) milliseconds: a real slowdown of x (0.2 = 20% slower)
 """
 
 from __future__ import annotations
@@ -28,9 +32,11 @@ def _noop_call(config: dict[str, Any]) -> Callable[[], None]:
     return _noop
 
 
-@BACKENDS.register("spin", "busy-loops on the CPU for config.ms milliseconds", config_keys=("ms",))
+@BACKENDS.register(
+    "spin", "busy-loops on the CPU for config.ms milliseconds", config_keys=("ms", "_slowdown")
+)
 def _spin_call(config: dict[str, Any]) -> Callable[[], None]:
-    return _spin(float(config.get("ms", 1.0)))
+    return _spin(float(config.get("ms", 1.0)) * (1 + float(config.get("_slowdown", 0.0))))
 
 
 @BACKENDS.register("sleep", "sleeps config.s seconds", config_keys=("s",))
@@ -57,6 +63,9 @@ class ProbeFamily(KernelFamily):
             raise ValueError(
                 f"config keys {sorted(set(config) - allowed)} do not apply to probe backend {backend}"
             )
+        slowdown = config.get("_slowdown", 0.0)
+        if not isinstance(slowdown, int | float) or isinstance(slowdown, bool) or not 0 <= slowdown <= 100:
+            raise ValueError(f"config._slowdown must be a number from 0 to 100 (got {slowdown!r})")
 
     def cost(self, shape: dict[str, Any], dtype: str) -> Cost:
         return Cost(flops=0.0, bytes_read=0.0, bytes_written=0.0)

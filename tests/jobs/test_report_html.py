@@ -192,14 +192,14 @@ def test_farm_report_and_compare_write_html(store, tmp_path):
 # ---- in a real browser ------------------------------------------------------------------------------
 
 
-def chromium_dom(path: Path) -> tuple[str, list[str]]:
+def chromium_dom(path: Path, window: str = "1400,1000") -> tuple[str, list[str]]:
     """Load a page in headless chromium: (the DOM after its scripts ran, the console messages)."""
     exe = shutil.which("chromium") or shutil.which("chromium-browser")
     if exe is None:
         pytest.skip("chromium is not installed (scripts/debian-deps.sh chromium installs it)")
     proc = subprocess.run(
         [exe, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0",
-         "--window-size=1400,1000", "--dump-dom", path.resolve().as_uri()],
+         f"--window-size={window}", "--dump-dom", path.resolve().as_uri()],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -219,3 +219,132 @@ def test_report_renders_in_chromium_without_javascript_errors(store, tmp_path):
     assert dom.count('class="main-svg"') >= 8
     # the trials' data is on the drawn plots: the legend names the backends, the axes the shapes
     assert "spin ms=1" in dom and "noop (baseline)" in dom and "n=1" in dom
+
+
+# ---- a regression `farm accept` caught, on the page ------------------------------------------------
+
+ACCEPT_SPEC = """
+name: report-accept
+family: probe
+backends:
+  - {{name: spin, configs: {{include: {configs}}}}}
+shapes: {{grid: {{n: [0]}}}}
+measure: {{warmup_ms: 300, min_samples: 30, max_samples: 30, max_time_s: 2, min_time_s: 0}}
+timeout_s: 30
+card: probe
+"""
+
+
+def test_a_regression_farm_accept_caught_is_on_the_page(tmp_path):
+    """Real sweeps: a baseline job, then a candidate with the same point twice, once really 2.5x slower
+    (the probe's `_slowdown: 1.5` knob); the real `farm accept` stores the failed regression, and the
+    candidate's page shows it in the verdict and below 1 in the speedup against the stored baseline."""
+    from cluster import session
+    from jobs.run.runner import RunOptions, run_sweep
+
+    db = str(tmp_path / "farm.db")
+    store = Store(db)
+    session.connect(gpus=1)
+    try:
+        quiet = RunOptions(show_progress=False, echo=lambda _msg: None)
+        jobs = []
+        for configs in ("[{ms: 3}]", "[{ms: 3}, {ms: 3, _slowdown: 1.5}]"):
+            result = run_sweep(loads_spec(ACCEPT_SPEC.format(configs=configs)), store, quiet)
+            assert result.status == "completed", result
+            jobs.append(result.job_id)
+    finally:
+        session.disconnect()
+    base, cand = jobs
+    out = CliRunner().invoke(main, ["baseline", "set", str(base), "--name", "main", "--db", db])
+    assert out.exit_code == 0, out.output
+    out = CliRunner().invoke(main, ["accept", str(cand), "--baseline", "main", "--db", db])
+    assert out.exit_code == 1, out.output  # the regression fails the verdict
+    slowed = next(t for t in store.trials(cand) if "_slowdown" in t.config)
+    (failure,) = [f for f in store.failures() if f.job_id == cand and f.outcome == "fail"]
+    assert failure.assertion == "regression" and failure.trial_id == slowed.id  # stored by acceptance
+
+    report = tmp_path / "cand.html"
+    out = CliRunner().invoke(main, ["report", str(cand), "--db", db, "--html", str(report)])
+    assert out.exit_code == 0, out.output
+    page = report.read_text()
+    # the verdict names the failed regression assertion and the slowed trial
+    verdict = re.search(r'<p class="verdict fail">Acceptance: FAIL.*?</table>', page, re.S)
+    assert verdict, "no failed verdict on the page"
+    row = re.search(
+        r'<tr class="bad"><td class="l">FAIL</td><td class="l">regression</td>(.*?)</tr>', verdict[0]
+    )
+    assert row and "_slowdown" in row[1] and f"#{slowed.seq}" in row[1], verdict[0]
+    # the speedup against the stored baseline's job: the slowed trial below 1, about 1 / 2.5 of the plain
+    # one measured beside it (the baseline job ran earlier, under another load: its ratios are looser)
+    data, layout = _plot_data(page, "plot-speedup-stored-baseline")
+    assert layout["yaxis"]["type"] == "log"
+    assert f'<h3 class="fig">Speedup over baseline main (job {base})' in page
+    by_trial = {d["name"].split()[0]: d["y"][0] for d in data}
+    plain = next(t for t in store.trials(cand) if "_slowdown" not in t.config)
+    assert set(by_trial) == {f"#{slowed.seq}", f"#{plain.seq}"}
+    assert by_trial[f"#{slowed.seq}"] < 0.75 and 0.6 < by_trial[f"#{plain.seq}"] < 1.6, by_trial
+    assert by_trial[f"#{slowed.seq}"] / by_trial[f"#{plain.seq}"] < 0.6, by_trial
+    store.close()
+
+
+# ---- the shipped CPU specs' reports at 1400 px --------------------------------------------------------
+
+SPECS = sorted(Path(__file__).resolve().parents[2].glob("jobs/specs/*_cpu.yaml"))
+BAR = re.compile(r'<g class="point"><path d="M([\d.]+),([\d.]+)V([\d.]+)H([\d.]+)V[\d.]+Z"')
+
+
+def shipped_spec_job(store: Store, path: Path) -> int:
+    """A job of a shipped spec (its real trial grid), its results written through the Store API: the
+    baseline backend at 0.03 ms and the others at 30-100 ms, so that only a log axis shows them all."""
+    text = path.read_text()
+    spec = loads_spec(text)
+    job = store.create_job(
+        name=spec.name, family=spec.family, spec_yaml=text, spec_hash=spec.spec_hash(),
+        trials=spec.trials(), git_commit="c0ffee",
+    )  # fmt: skip
+    results = []
+    for i, t in enumerate(store.trials(job)):
+        median = 3e4 if t.baseline else 3e7 + 7e7 * (i % 3) / 2
+        samples = _samples(median)
+        summary = {"median": float(sorted(samples)[3]), "n": 7, "p10": samples[0], "p90": samples[-1]}
+        results.append(
+            {"trial_id": t.id, "status": "ok", "attempt": 1, "summary": summary, "samples_ns": samples,
+             "correct": True, "environment": ENV}
+        )  # fmt: skip
+    store.record_results(results)
+    return job
+
+
+@pytest.mark.parametrize("spec_path", SPECS, ids=[p.stem for p in SPECS])
+def test_shipped_cpu_spec_report_at_1400_px(store, tmp_path, spec_path):
+    job = shipped_spec_job(store, spec_path)
+    path = tmp_path / "report.html"
+    path.write_text(render_html(store, job))
+    page = path.read_text()
+    data, layout = _plot_data(page, "plot-time")
+    # the time axes are log: every figure that plots a time
+    assert layout["yaxis"]["type"] == "log" and "width" not in layout and layout["autosize"] is True
+    for div in ("plot-samples", "plot-speedup"):
+        assert _plot_data(page, div)[1]["yaxis"]["type"] == "log", div
+    dom, console = chromium_dom(path, "1400,2000")
+    assert console == []
+    # responsive: the figures take the page's width (1400 px less the body's margins), not a fixed one
+    widths = {int(w) for w in re.findall(r'<svg class="main-svg"[^>]*width="(\d+)"', dom)}
+    assert widths and all(1250 <= w <= 1360 for w in widths), widths
+    # every backend's bars are drawn, each with a non-zero width and height
+    drawn = dom[dom.index('id="plot-time"') : dom.index('id="plot-', dom.index('id="plot-time"') + 1)]
+    traces = drawn.split('class="trace bars"')[1:]
+    assert len(traces) == len(data) >= 2, (len(traces), [d["name"] for d in data])
+    # the plot area keeps its height next to long shape labels (slanted, the figure grown for them)
+    area = re.search(r'class="bg" x="[\d.]+" y="[\d.]+" width="([\d.]+)" height="([\d.]+)"', drawn)
+    area_w, area_h = float(area[1]), float(area[2])
+    assert area_w > 900 and area_h >= 250, (area_w, area_h)
+    for trace, bars in zip(traces, data, strict=True):
+        boxes = [tuple(map(float, m)) for m in BAR.findall(trace)]
+        assert len(boxes) == len(bars["x"]), bars["name"]
+        for x0, bottom, top, x1 in boxes:  # a bar on a log axis runs on below the area: clip it there
+            visible = min(bottom, area_h) - max(top, 0)
+            assert x1 - x0 >= 3 and visible >= 3, (bars["name"], boxes, area_h)
+    # readable labels: every tick label at 11 px or more
+    sizes = [float(v) for v in re.findall(r'class="[xy]tick"><text[^>]*font-size: ([\d.]+)px', dom)]
+    assert sizes and min(sizes) >= 11, sorted(set(sizes))

@@ -34,9 +34,9 @@ def test_site_has_index_kernel_and_job_pages(site):
     assert (out / "plotly.min.js").stat().st_size > 1_000_000  # once for the whole site
     assert len(list((out / "jobs").glob("*.html"))) == 30
     kernels = sorted((out / "kernels").glob("*.html"))
-    assert len(kernels) == 4  # noop and spin x 2 shapes
+    assert len(kernels) == 2  # spin x 2 shapes
     index = (out / "index.html").read_text()
-    assert index.count('<svg class="spark"') == 4 and index.count('fill="#b00020"') == 2  # 2 change points
+    assert index.count('<svg class="spark"') == 2 and index.count('fill="#b00020"') == 2  # 2 change points
     assert f"job {built.slow_job}: +" in index
     spin = next(p for p in kernels if "spin" in p.name and "n=0" in p.name).read_text()
     m = re.search(rf"<li>job {built.slow_job} \(commit [0-9a-f]{{40}}\): .* <b>\+(\d+\.\d)%</b></li>", spin)
@@ -47,11 +47,32 @@ def test_site_has_index_kernel_and_job_pages(site):
 def test_site_pages_render_in_chromium(site):
     out, built = site
     dom, console = chromium_dom(out / "index.html")
-    assert console == [] and "history-probe" in dom and dom.count('class="spark"') == 4
-    kernel = next(p for p in (out / "kernels").glob("*.html") if "spin" in p.name)
+    assert console == [] and "history-probe" in dom and dom.count('class="spark"') == 2
+    kernel = next((out / "kernels").glob("*spin*.html"))
     dom, console = chromium_dom(kernel)
     assert console == []
     assert re.search(r'id="plot-history"[^>]*class="[^"]*js-plotly-plot', dom)
     assert "median" in dom and f"#{built.slow_job} " in dom  # the jobs are on the drawn x axis
     dom, console = chromium_dom(out / "jobs" / f"{built.slow_job}.html")
     assert console == [] and dom.count('class="main-svg"') >= 4
+
+
+def test_job_page_shows_each_points_recent_history(site):
+    out, built = site
+    first = (out / "jobs" / f"{built.job_ids[0]}.html").read_text()
+    assert "Recent history" not in first  # no earlier job of its points
+    page = (out / "jobs" / f"{built.slow_job}.html").read_text()
+    section = page[page.index("<h2>Recent history of these points</h2>") :]
+    section = section[: section.index("</table>")]
+    rows = re.findall(
+        r"<tr><td class=\"l\">(probe spin n=\d ms=3 float32)</td><td>(\d+)</td><td>(.*?)</td>", section
+    )
+    assert [r[0] for r in rows] == ["probe spin n=0 ms=3 float32", "probe spin n=1 ms=3 float32"]
+    for _label, jobs, spark in rows:
+        assert jobs == "20" and spark.startswith('<svg class="spark"') and spark.count("<circle") == 1
+        assert len(re.search(r'points="([^"]*)"', spark)[1].split()) == 20  # jobs 1..20, this one last
+    # the step is on the page: this job against the one before it, about +20%
+    steps = [float(v) for v in re.findall(rf"([+-]\d+\.\d)% \(job {built.job_ids[18]}\)", section)]
+    assert len(steps) == 2 and all(abs(v - 20) <= 5 for v in steps), steps
+    later = (out / "jobs" / f"{built.job_ids[-1]}.html").read_text()
+    assert later.count('<svg class="spark"') == 2 and "(job " in later
