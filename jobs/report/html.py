@@ -26,11 +26,10 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.utils import PlotlyJSONEncoder
 
-from jobs.report.render import Row, build_rows
+from jobs.report.render import Row, build_rows, speedup_ci
 from jobs.store.repository import Store
 from kernels.base import NOT_FAILED, TrialStatus
 from kernels.hardware import limits_for
-from kernels.measure.stats import bootstrap_ratio_ci
 
 esc = html.escape
 FAST_P = (0.0, 0.1, 0.5)  # the fast_p thresholds shown
@@ -163,20 +162,10 @@ def speedups(store: Store, job_id: int, rows: list[Row]) -> list[Speedup]:
         )
         if ref is None:
             continue
-        ratio = _ratio(store, trials[ref].id, trials[r.trial].id)
+        ratio = speedup_ci(store, trials[ref].id, trials[r.trial].id)
         if ratio is not None:
             out.append(Speedup(r.shape, _label(r), *ratio))
     return out
-
-
-def _ratio(store: Store, base_trial: int, trial: int) -> tuple[float, float, float] | None:
-    """(baseline median / median, low, high): a speedup with its 95% bootstrap interval."""
-    a = np.asarray(store.kept_samples(base_trial), dtype=float)
-    b = np.asarray(store.kept_samples(trial), dtype=float)
-    if len(a) == 0 or len(b) == 0:
-        return None
-    lo, hi = bootstrap_ratio_ci(a, b, n_boot=400, confidence=0.95, seed=0)  # of b/a: invert
-    return float(np.median(a) / np.median(b)), 1 / hi if hi else math.nan, 1 / lo if lo else math.nan
 
 
 def stored_baseline(store: Store, job_id: int) -> tuple[str, int, dict[int, int]] | None:
@@ -208,7 +197,7 @@ def baseline_job_speedups(store: Store, job_id: int, rows: list[Row]) -> tuple[s
         t = by_seq[r.trial]
         if r.status != TrialStatus.OK or not r.median_ms or t.id not in matched:
             continue
-        ratio = _ratio(store, matched[t.id], t.id)
+        ratio = speedup_ci(store, matched[t.id], t.id)
         if ratio is not None:
             out.append(Speedup(r.shape, f"#{r.trial} {_label(r)}", *ratio))
     return f"baseline {name} (job {base_job})", out
