@@ -18,8 +18,14 @@ What is read (`Evidence`):
                 filled in only when a driver loads it, so they need a GPU: the cubin is the CPU's source.
   shared        bytes of shared memory per block (compile metadata), against the target's per-block limit
   wgmma         the PTX holds warpgroup MMAs (SM90 tensor cores, asynchronous) rather than mma.sync
+  tcgen05       the PTX holds tcgen05 MMAs (SM100 tensor cores, accumulator in tensor memory)
   tma           cp.async.bulk.tensor (TMA) in the PTX;  cp_async: cp.async (Ampere-style async copies)
 `problems()` lists what makes a config unfit to run: spills, shared memory over the limit.
+
+Targets: sm_90a (H100/H200, the farm's reference) and sm_100a (B200). This Triton (3.7.1) builds both on
+a CPU-only machine: its bundled ptxas knows sm_100a, so the same capture and compile work unchanged
+(tests/kernels/test_compiled.py compiles every shipped GPU config for sm_90a and one representative
+launch per family for sm_100a).
 """
 
 from __future__ import annotations
@@ -164,6 +170,7 @@ class Evidence:
     smem_limit: int
     wgmma: bool
     mma_sync: bool
+    tcgen05: bool
     tma: bool
     cp_async: bool
     specialised: dict[str, str] = field(default_factory=dict)  # argument -> "D" (div. by 16) / "1"
@@ -235,6 +242,7 @@ def compile_launch(launch: Launch) -> tuple[Evidence, Any]:
         smem_limit=SMEM_LIMITS[launch.target],
         wgmma="wgmma.mma_async" in ptx,
         mma_sync="mma.sync" in ptx,
+        tcgen05="tcgen05.mma" in ptx,
         tma="cp.async.bulk.tensor" in ptx,
         cp_async="cp.async" in ptx,
         specialised=specialised,

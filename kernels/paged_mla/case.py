@@ -173,7 +173,14 @@ class PagedMLAFamily(KernelFamily):
         rows = shape["s_q"] * shape["h_q"]
         tiles = kernel_options(config)
         plan = _plan(
-            td, seqlens, config, tiles, rows=rows, page=page, fp8=is_fp8(kv.dtype), sms=td.DEFAULT_NUM_SMS
+            td,
+            seqlens,
+            config,
+            tiles,
+            rows=rows,
+            page=page,
+            kv_format=td.kv_format_of(kv),
+            sms=td.DEFAULT_NUM_SMS,
         )
         return lambda: td.mla_decode_triton(q, kv, table, lens, plan=plan, kv_scales=scales, **tiles)
 
@@ -318,7 +325,9 @@ def _triton(inp: DecodeInputs, config: dict[str, Any], device: torch.device) -> 
     overread = int(config.get("_overread", 0))
     tiles = kernel_options(config)
     lens = [n + overread for n in inp.seqlens]
-    plan = _plan(td, lens, config, tiles, rows=rows, page=page, fp8=is_fp8(inp.kv_cache.dtype), sms=sms)
+    plan = _plan(
+        td, lens, config, tiles, rows=rows, page=page, kv_format=td.kv_format_of(inp.kv_cache), sms=sms
+    )
 
     def call() -> tuple[torch.Tensor, torch.Tensor]:
         return td.mla_decode_triton(
@@ -345,15 +354,16 @@ def _plan(td: Any, seqlens: list[int], config: dict[str, Any], tiles: dict[str, 
         seqlens,
         config.get("num_splits", "auto"),
         rows=rows,
-        block_m=tiles["block_m"] or td.default_block_m(rows),
-        block_n=tiles["block_n"] or td.default_block_n(page, at["fp8"]),
+        block_m=tiles["block_m"] or td.default_block_m(rows, at["kv_format"]),
+        block_n=tiles["block_n"] or td.default_block_n(page, at["kv_format"] != "plain", at["kv_format"]),
         page_size=page,
         num_sms=at["sms"],
     )
 
 
-# The split kernel's launch options a spec can sweep; the defaults compile for sm_90a without spills
-# for bf16 and fp8 caches at every page size (tests/kernels/test_compiled.py).
+# The split kernel's launch options a spec can sweep; block_m / block_n None take the per-cache defaults
+# of kernels.paged_mla.triton_decode, which compile for sm_90a without spills for every cache at every page
+# size, on wgmma for a bf16 cache with >= 64 query rows (tests/kernels/paged_mla/test_paged_mla_compiled.py).
 KERNEL_DEFAULTS = {"num_warps": 8, "num_stages": 2, "block_m": None, "block_n": None}
 
 

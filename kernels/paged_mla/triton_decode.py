@@ -23,6 +23,25 @@ Stage 2, `_combine_kernel`, grid (batch, rows): merges a sequence's chunks by th
 q's dtype and lse [b, h_q, s_q] fp32; a row with no key anywhere gets out 0 and lse +inf (FlashMLA's
 value; kernels.paged_mla.layout.EMPTY_ROW_LSE).
 
+Default tiles on sm_90a (what the compiler makes of them: kernels.compiled, checked by
+tests/kernels/paged_mla/test_paged_mla_compiled.py at the shipped spec's shapes), all with 8 warps, 2 stages:
+  plain (bf16) cache, >= 64 query rows (h_q x s_q): BLOCK_M 64, BLOCK_N min(64, page). The dots are
+    warpgroup MMAs (wgmma, M = 64 per warpgroup; the two warpgroups split N), Q and the K tile sit in
+    shared memory (the K tile arrives by cp.async, double-buffered: ~216 KB), no spills at 255 registers:
+    the fp32 accumulator [64, 512] alone is 128 registers a thread.
+  fewer than 64 rows (h_q 16: 16 or 32 rows): BLOCK_M 16 / 32 with mma.sync. wgmma's M is 64 per
+    warpgroup, so it would need the rows padded to 64: 4x / 2x the MMA and softmax work on masked rows
+    for the same KV bytes.
+  fp8 caches: mma.sync, BLOCK_M 32 (16 at <= 16 rows), BLOCK_N 32 at page >= 64 and 16 below (per-token
+    scales); BLOCK_M 16, BLOCK_N 16 for FlashMLA's layout. An fp8 tile must pass through registers to
+    become bf16 (the bf16 one goes to shared memory by cp.async); on top of the 128-register accumulator
+    of a 64-row wgmma tile that spills on sm_90a (190-620 B of stack at every BLOCK_N from 16 to 64,
+    1 to 3 stages; 16 warps cap a thread at 128 registers and spill more; a bf16 tile loaded through
+    registers, num_stages 1, spills the same way), and with FlashMLA's layout a 32-row tile spills too
+    (40-176 B). Halving the accumulator by splitting d_v over two programs would make each program redo
+    Q K^T, ~1.5x the MMA work of a decode that is already compute-bound on an H200 at h_q 128 (~280 kFLOP
+    per 1152-byte bf16 token: 240 FLOP/B against the H200's ~206).
+
 Causal rule for s_q > 1 (multi-token prediction): query token i sees keys 0 .. seqlen - s_q + i.
 
 Dots: on a GPU the operands are bf16 (fp32 accumulate; P is rounded to bf16 before P @ V, as FlashMLA
@@ -81,16 +100,33 @@ DEFAULT_NUM_SMS = HOPPER_SMS
 interpreting = triton_interpreting
 
 
-def default_block_m(rows: int) -> int:
-    """Query rows (s_q x h_q pairs) per program when the caller does not choose."""
+WGMMA_ROWS = 64  # a warpgroup MMA's M: 64 rows per warpgroup (sm_90a)
+
+
+def kv_format_of(kv_cache: torch.Tensor) -> str:
+    """ "plain" (bf16/fp16), "fp8" (e4m3 with per-token scales) or "fp8_flashmla" (656 B/token)."""
+    if is_flashmla_fp8(kv_cache):
+        return "fp8_flashmla"
+    return "fp8" if is_fp8(kv_cache.dtype) else "plain"
+
+
+def default_block_m(rows: int, kv_format: str = "plain") -> int:
+    """Query rows (s_q x h_q pairs) per program when the caller does not choose (see "Default tiles on
+    sm_90a" in the module docstring): 64 for a plain cache with >= 64 rows (wgmma), else 16 / 32
+    (mma.sync); 16 for FlashMLA's fp8 layout."""
+    if kv_format == "fp8_flashmla":
+        return 16
+    if kv_format == "plain" and rows >= WGMMA_ROWS:
+        return WGMMA_ROWS
     return 16 if rows <= 16 else 32
 
 
-def default_block_n(page_size: int, fp8: bool) -> int:
-    """Cached tokens per step when the caller does not choose: min(64, page) for a bf16 cache. An fp8
-    cache sits at the 255-register edge on sm_90a (8 warps, 2 stages): 64-token steps spill at page >= 64
-    and 32-token steps at page 32 (8-32 B of stack), so it takes 32 at page >= 64 and 16 below, which
-    compile clean (tests/kernels/paged_mla/test_paged_mla_compiled.py)."""
+def default_block_n(page_size: int, fp8: bool, kv_format: str | None = None) -> int:
+    """Cached tokens per step when the caller does not choose: min(64, page) for a plain cache; for the
+    per-token fp8 cache 32 at page >= 64 and 16 below; 16 for FlashMLA's fp8 layout (see "Default tiles
+    on sm_90a" in the module docstring)."""
+    if kv_format == "fp8_flashmla":
+        return 16
     if fp8:
         return 32 if page_size >= 64 else 16
     return max(16, min(64, page_size))
@@ -356,8 +392,9 @@ def mla_decode_triton(
     if q.stride(-1) != 1 or kv_cache.stride(-1) != 1:
         raise ValueError("q and kv_cache must be contiguous in the head dimension")
     rows = s_q * h_q
-    bm = block_m or default_block_m(rows)
-    bn = block_n or default_block_n(page, is_fp8(kv_cache.dtype))
+    kv_format = kv_format_of(kv_cache)
+    bm = block_m or default_block_m(rows, kv_format)
+    bn = block_n or default_block_n(page, is_fp8(kv_cache.dtype), kv_format)
     if plan is None and cache_seqlens.is_meta:  # compile evidence only: every block table full
         plan = plan_for(
             [block_table.shape[1] * page] * b, num_splits, rows=rows, block_m=bm, block_n=bn,

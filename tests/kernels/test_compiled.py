@@ -36,10 +36,21 @@ for path in sys.argv[1:]:
         except Exception as exc:  # reported, the test fails on it
             found, error = [], f"{type(exc).__name__}: {exc}"
         rows.append({"spec": path, "shape": t.shape, "config": t.config, "evidence": found, "error": error})
+# sm_100a: one representative launch per spec (the first triton trial), compiled as the JIT would
+sm100 = []
+for path in sys.argv[1:]:
+    t = next(t for t in load_spec(path).trials() if get_family(t.family).meta_launch(
+        dict(t.shape), dict(t.config), t.dtype, t.backend) is not None)
+    call = get_family(t.family).meta_launch(dict(t.shape), dict(t.config), t.dtype, t.backend)
+    try:
+        found, error = [e.to_dict() for e in evidence_of(call, "sm_100a")], None
+    except Exception as exc:  # reported, the test fails on it
+        found, error = [], f"{type(exc).__name__}: {exc}"
+    sm100.append({"spec": path, "shape": t.shape, "config": t.config, "evidence": found, "error": error})
 spilling = {"block_m": 128, "block_n": 128, "block_k": 128, "group_m": 8, "num_warps": 4, "num_stages": 3}
 shape = {"m": 4096, "n": 7168, "k": 2048}
 check = trial_check(get_family("fp8_gemm"), shape, spilling, "float8_e4m3fn", "triton")
-print(json.dumps({"rows": rows, "check": check}))
+print(json.dumps({"rows": rows, "check": check, "sm100": sm100}))
 """
 
 
@@ -61,6 +72,19 @@ def test_every_config_of_the_shipped_gpu_specs_compiles_for_sm90(compiled):
     failed = [(r["shape"], r["config"], r["error"]) for r in rows if r["error"]]
     assert not failed, failed[:5]
     assert all(r["evidence"] for r in rows)
+
+
+@pytest.mark.slow
+def test_a_representative_launch_of_each_shipped_gpu_spec_compiles_for_sm100(compiled):
+    rows = compiled["sm100"]
+    assert {r["spec"] for r in rows} == set(GPU_SPECS)
+    failed = [(r["spec"], r["error"]) for r in rows if r["error"]]
+    assert not failed, failed
+    found = [e for r in rows for e in r["evidence"]]
+    assert found and all(e["target"] == "sm_100a" and e["regs"] > 0 for e in found)
+    assert not any(e["wgmma"] for e in found)  # wgmma is SM90-only; SM100's MMAs are tcgen05
+    gemm = next(r for r in rows if r["spec"].endswith("fp8_gemm.yaml"))
+    assert gemm["evidence"][0]["tcgen05"], gemm["evidence"][0]
 
 
 @pytest.mark.slow
@@ -111,6 +135,10 @@ def test_paged_mla_bf16_default_compiles_without_spills(compiled):
     assert all(e["shared"] <= e["smem_limit"] for e in bf16)
     split = [e for e in bf16 if e["kernel"] == "_split_kernel"]
     assert all(e["num_warps"] == 8 and e["num_stages"] == 2 for e in split)
+    # every cache of the spec, FlashMLA's fp8 layout included, compiles clean at its default
+    every = [e for r in rows for e in r["evidence"]]
+    assert {r["shape"]["kv_dtype"] for r in rows} == {"bf16", "fp8", "fp8_flashmla"}
+    assert not [e for e in every if e["spills"]]
 
 
 def test_fp8_gemm_block_k_below_32_is_a_named_validation_error():

@@ -1,7 +1,10 @@
 """Compiled evidence for the paged MLA decode (kernels.compiled): the split kernel's default config
-compiles for sm_90a without spills for bf16 and fp8 caches at every page size, and a trial whose config
-spills is `pruned` with the compiler's reason when compiling is asked for (TRITON_INTERPRET=0), without
-running. The compiles run in a subprocess: the test session interprets Triton."""
+compiles for sm_90a without spills at the shipped spec's shapes (jobs/specs/paged_mla.yaml: h_q 16/64/128,
+s_q 1/2, pages 16-128, bf16 and both fp8 caches) and uses wgmma where the module docstring says the shape
+allows it (a plain cache with >= 64 query rows), and a trial whose config spills is `pruned` with the
+compiler's reason when compiling is asked for (TRITON_INTERPRET=0), without running. The compiles run in
+a subprocess (the test session interprets Triton), one distinct launch at a time.
+"""
 
 from __future__ import annotations
 
@@ -19,14 +22,19 @@ from kernels.compiled import evidence_of
 from kernels.measure.policy import MeasurePolicy
 from kernels.paged_mla.case import FAMILY
 
+from jobs.spec.sweep import load_spec
+
+# every distinct kernel shape of the shipped spec's triton trials, plus each cache at every page size
+points = {(t.shape["kv_dtype"], t.shape["h_q"], t.shape["s_q"], t.shape["page_size"])
+          for t in load_spec("jobs/specs/paged_mla.yaml").trials() if t.backend == "triton"}
+points |= {(kv, 128, s_q, page) for kv in ("bf16", "fp8", "fp8_flashmla") for s_q in (1, 2)
+           for page in (16, 32, 64, 128)}
 rows = []
-for kv in ("bf16", "fp8"):
-    for s_q in (1, 2):
-        for page in (16, 32, 64, 128):
-            shape = {"batch": 128, "seqlen": 16384, "dist": "fixed", "h_q": 128, "s_q": s_q,
-                     "page_size": page, "kv_dtype": kv}
-            found = evidence_of(FAMILY.meta_launch(shape, {}, "bfloat16", "triton"))
-            rows.append({"shape": shape, "evidence": [e.to_dict() for e in found]})
+for kv, h_q, s_q, page in sorted(points):
+    shape = {"batch": 128, "seqlen": 16384, "dist": "fixed", "h_q": h_q, "s_q": s_q,
+             "page_size": page, "kv_dtype": kv}
+    found = evidence_of(FAMILY.meta_launch(shape, {}, "bfloat16", "triton"))
+    rows.append({"shape": shape, "evidence": [e.to_dict() for e in found]})
 shape = {"batch": 4, "seqlen": 4096, "dist": "fixed", "h_q": 128, "s_q": 2, "page_size": 128,
          "kv_dtype": "fp8"}
 policy = MeasurePolicy(warmup_ms=0, min_samples=1, max_samples=1, max_time_s=0.1, min_time_s=0, seeds=1)
@@ -49,18 +57,54 @@ def compiled():
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _split(compiled, **where):
+    return [
+        (r["shape"], e)
+        for r in compiled["rows"]
+        for e in r["evidence"]
+        if e["kernel"] == "_split_kernel" and all(r["shape"][k] == v for k, v in where.items())
+    ]
+
+
 @pytest.mark.slow
-def test_default_configs_compile_without_spills_for_bf16_and_fp8(compiled):
-    split = [
-        (r["shape"], e) for r in compiled["rows"] for e in r["evidence"] if e["kernel"] == "_split_kernel"
-    ]
-    assert len(split) == 16
+def test_default_configs_compile_without_spills_at_the_shipped_shapes(compiled):
+    split = _split(compiled)
+    assert {s["kv_dtype"] for s, _ in split} == {"bf16", "fp8", "fp8_flashmla"}
+    assert {(s["h_q"], s["s_q"]) for s, _ in split} >= {(16, 1), (16, 2), (64, 2), (128, 1), (128, 2)}
     spilling = [
-        (s["kv_dtype"], s["page_size"], s["s_q"], e["regs"], e["stack"]) for s, e in split if e["spills"]
+        (s["kv_dtype"], s["h_q"], s["s_q"], s["page_size"], e["regs"], e["stack"])
+        for s, e in split
+        if e["spills"]
     ]
-    assert not spilling, spilling  # the fp8 cache spilled ~400 B at 255 registers before
+    assert not spilling, spilling  # fp8_flashmla spilled 40-176 B at its old default (32-row tiles)
     assert all(e["shared"] <= e["smem_limit"] for _, e in split)
     assert all(e["num_warps"] == 8 and e["num_stages"] == 2 for _, e in split)
+
+
+@pytest.mark.slow
+def test_default_config_uses_wgmma_where_the_shape_allows_it(compiled):
+    # a plain (bf16) cache with >= 64 query rows: 64-row tiles on the SM90 warpgroup MMAs (mma.sync before)
+    wide = _split(compiled, kv_dtype="bf16")
+    wide = [(s, e) for s, e in wide if s["h_q"] * s["s_q"] >= 64]
+    assert {(s["h_q"], s["s_q"]) for s, _ in wide} >= {(64, 2), (128, 1), (128, 2)}
+    assert all(e["wgmma"] and not e["mma_sync"] for _, e in wide), [s for s, e in wide if not e["wgmma"]]
+    # documented exceptions (kernels/paged_mla/triton_decode.py, "Default tiles on sm_90a"): fewer than
+    # 64 rows (wgmma's M is 64 per warpgroup) and the fp8 caches (the dequantised tile passes through
+    # registers and spills beside a 64-row accumulator); they run on mma.sync
+    narrow = [(s, e) for s, e in _split(compiled) if s["h_q"] * s["s_q"] < 64 or s["kv_dtype"] != "bf16"]
+    assert narrow and all(e["mma_sync"] and not e["wgmma"] for _, e in narrow)
+
+
+@pytest.mark.slow
+def test_the_shipped_spec_runs_flashmlas_fp8_layout_at_a_clean_default(compiled):
+    from jobs.spec.sweep import load_spec
+
+    shapes = [t.shape for t in load_spec("jobs/specs/paged_mla.yaml").trials() if t.backend == "triton"]
+    flashmla = {(s["h_q"], s["s_q"]) for s in shapes if s["kv_dtype"] == "fp8_flashmla"}
+    assert flashmla >= {(128, 1), (128, 2)}
+    split = _split(compiled, kv_dtype="fp8_flashmla")
+    assert {(s["s_q"], s["page_size"]) for s, _ in split} >= {(1, 16), (1, 32), (1, 64), (1, 128), (2, 64)}
+    assert not [e for _, e in split if e["spills"]]
 
 
 @pytest.mark.slow

@@ -69,6 +69,26 @@ def test_fp8_default_block_n_is_smaller_than_bf16s():
     assert [default_block_n(p, fp8=False) for p in (16, 32, 64, 128)] == [16, 32, 64, 64]
 
 
+def test_default_tiles_per_cache_format():
+    from kernels.paged_mla.triton_decode import default_block_m, default_block_n
+
+    # a plain cache with >= 64 query rows takes 64-row tiles (wgmma on sm_90a); fewer rows and the fp8
+    # caches stay on 16 / 32 rows; FlashMLA's fp8 layout takes 16 x 16 (its 32-row tiles spilled)
+    assert [default_block_m(r) for r in (2, 16, 32, 63, 64, 256)] == [16, 16, 32, 32, 64, 64]
+    assert [default_block_m(r, "fp8") for r in (16, 32, 64, 256)] == [16, 32, 32, 32]
+    assert [default_block_m(r, "fp8_flashmla") for r in (16, 64, 256)] == [16, 16, 16]
+    assert [default_block_n(p, True, "fp8_flashmla") for p in (16, 64, 128)] == [16, 16, 16]
+
+
+def test_triton_default_64_row_tiles_match_reference():
+    # h_q 32 x s_q 2 = 64 rows: the default 64-row tile (the sm_90a wgmma path) over several pages,
+    # causal rows and an empty sequence
+    inp = build_decode_inputs([1, 17, 40, 0], h_q=32, s_q=2, page_size=16, d_qk=D_QK, d_v=D_V, seed=5)
+    out, lse, ref_out, ref_lse = run_both(inp, num_splits=2)
+    res = check_decode(out, lse, ref_out, ref_lse)
+    assert res.passed, res.message
+
+
 @pytest.mark.parametrize("kv_dtype", ["bf16", "fp8"])
 def test_triton_real_dims(kv_dtype):
     inp = build_decode_inputs(
