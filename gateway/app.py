@@ -218,22 +218,41 @@ def _style_of(request: web.Request) -> ApiStyle:
     return "openai"
 
 
-@web.middleware
-async def unknown_routes(request: web.Request, handler) -> web.StreamResponse:
-    """aiohttp's plain-text 404/405 become errors in the caller's API shape, logged as one line."""
-    try:
-        return await handler(request)
-    except (web.HTTPNotFound, web.HTTPMethodNotAllowed) as e:
-        if isinstance(e, web.HTTPNotFound):
-            err: GatewayError = NotFound(f"no route {request.method} {request.path}")
+def _refuse(request: web.Request, err: GatewayError, allow: str | None = None) -> web.Response:
+    log.info("%s %s -> %d", request.method, request.path, err.status)
+    resp = error_response(_style_of(request), err.status, err.message)
+    if allow is not None:
+        resp.headers["Allow"] = allow
+    return resp
+
+
+async def _no_route(request: web.Request) -> web.Response:
+    return _refuse(request, NotFound(f"no route {request.method} {request.path}"))
+
+
+def _wrong_method(allowed: list[str]):
+    allow = ",".join(allowed)
+
+    async def handle(request: web.Request) -> web.Response:
+        err = MethodNotAllowed(
+            f"{request.method} is not allowed on {request.path} (allowed: {', '.join(allowed)})"
+        )
+        return _refuse(request, err, allow)
+
+    return handle
+
+
+def _add_routes(app: web.Application, path: str, **handlers) -> None:
+    """``path``'s handlers by method (``post=...``, ``get=...``: a GET also answers HEAD), then a route for
+    every other method: a 405 with ``Allow`` in the caller's API shape instead of aiohttp's plain text (a
+    route, not a middleware: a middleware costs every request a wrapper)."""
+    allowed = sorted({m.upper() for m in handlers} | ({"HEAD"} if "get" in handlers else set()))
+    for method, handler in handlers.items():
+        if method == "get":
+            app.router.add_get(path, handler)  # and HEAD
         else:
-            allowed = ", ".join(sorted(e.allowed_methods))
-            err = MethodNotAllowed(f"{request.method} is not allowed on {request.path} (allowed: {allowed})")
-        log.info("%s %s -> %d", request.method, request.path, err.status)
-        resp = error_response(_style_of(request), err.status, err.message)
-        if isinstance(e, web.HTTPMethodNotAllowed):
-            resp.headers["Allow"] = ",".join(sorted(e.allowed_methods))
-        return resp
+            app.router.add_route(method.upper(), path, handler)
+    app.router.add_route("*", path, _wrong_method(allowed))
 
 
 def create_app(
@@ -244,20 +263,21 @@ def create_app(
 ) -> web.Application:
     _install_log_filter()
     gw = Gateway(settings, clock=clock, registry=registry)
-    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[unknown_routes])
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[GATEWAY] = gw
     app.on_startup.append(gw.start)
     app.on_cleanup.append(gw.stop)
     proxy = Proxy(gw, gw.pipeline)
     for path, ep in ENDPOINTS.items():
-        app.router.add_post(path, proxy.route(ep))
-    app.router.add_get("/v1/models", gw.models_route)
+        _add_routes(app, path, post=proxy.route(ep))
+    _add_routes(app, "/v1/models", get=gw.models_route)
     summaries = SummaryBatcher(gw)
     app.on_cleanup.insert(0, summaries.stop)
-    app.router.add_post(SUMMARIES_PATH, summaries.handle)
-    app.router.add_get("/metrics", gw.metrics_route)
-    app.router.add_get("/healthz", gw.healthz)
-    app.router.add_get("/readyz", gw.readyz)
+    _add_routes(app, SUMMARIES_PATH, post=summaries.handle)
+    _add_routes(app, "/metrics", get=gw.metrics_route)
+    _add_routes(app, "/healthz", get=gw.healthz)
+    _add_routes(app, "/readyz", get=gw.readyz)
+    app.router.add_route("*", "/{path:.*}", _no_route)  # last: any other path is a 404 in the API's shape
     return app
 
 

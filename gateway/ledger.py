@@ -29,6 +29,7 @@ import os
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from itertools import compress, repeat
 from typing import Any
 
 from sqlalchemy import DateTime, Float, Integer, String, func, select
@@ -44,6 +45,7 @@ log = logging.getLogger("gateway.ledger")
 MAX_BACKLOG = 200_000
 _PLAIN_TYPES = (str, int, float, type(None))  # what every driver binds as it is (bool is an int)
 _PLAIN = frozenset({*_PLAIN_TYPES, bool})
+_NULLS = repeat(None)  # map(operator.is_, values, _NULLS): which values are None
 FAILURES_UNREADY = 3  # consecutive failed flushes that make the writer unfit to serve
 _LOG_EVERY_S = 60.0  # a persisting failure is logged again at most this often
 
@@ -161,10 +163,52 @@ class _Insert:
                 native.add(datetime)
         self._plain = _PLAIN | native
         self._plain_types = (*_PLAIN_TYPES, *native)
+        # sqlite3 binds a None through its adapter lookup (two failed attribute lookups, each formatting an
+        # AttributeError): a row's ten NULLs cost more than its twenty values. On SQLite a row's NULL columns
+        # are therefore left out of its INSERT (no ledger column has a server default: NULL either way), one
+        # statement per pattern of NULLs; rows of one kind (successful chat calls, ...) share one.
+        self.omit_nulls = (
+            dialect.name == "sqlite"
+            and dialect.paramstyle == "qmark"
+            and all(ledger.c[name].server_default is None for name in order)
+        )
+        self._table = dialect.identifier_preparer.format_table(ledger)
+        self._quoted = [dialect.identifier_preparer.quote(name) for name in order]
+        self._by_pattern: dict[tuple[bool, ...], tuple[str, tuple[bool, ...]]] = {}
 
     @staticmethod
     def supported(engine: AsyncEngine) -> bool:
         return bool(engine.dialect.positional)
+
+    def statements(self, params: list[tuple]) -> list[tuple[str, list[tuple]]]:
+        """``params`` as (SQL, rows) pairs to execute: one INSERT of every column, or on SQLite one INSERT
+        per pattern of NULLs, naming only the columns that have a value."""
+        if not self.omit_nulls:
+            return [(self.sql, params)]
+        groups: dict[tuple[bool, ...], list[tuple]] = {}
+        for values in params:
+            nulls = tuple(map(operator.is_, values, _NULLS))
+            group = groups.get(nulls)
+            if group is None:
+                group = groups[nulls] = []
+            group.append(values)
+        out = []
+        for nulls, rows in groups.items():
+            if not any(nulls):
+                out.append((self.sql, rows))
+                continue
+            sql, keep = self._statement(nulls)
+            out.append((sql, [tuple(compress(values, keep)) for values in rows]))
+        return out
+
+    def _statement(self, nulls: tuple[bool, ...]) -> tuple[str, tuple[bool, ...]]:
+        found = self._by_pattern.get(nulls)
+        if found is None:
+            keep = tuple(not n for n in nulls)
+            names = ", ".join(compress(self._quoted, keep))
+            marks = ", ".join("?" * sum(keep))
+            found = self._by_pattern[nulls] = (f"INSERT INTO {self._table} ({names}) VALUES ({marks})", keep)
+        return found
 
     def params(self, row: dict) -> tuple:
         """The row's parameters in order; ValueError names a value no driver could bind."""
@@ -526,7 +570,8 @@ class LedgerWriter:
                     raise _BadRow(str(e)) from e
                 raise _BadRow("a row in the batch has a value its column cannot take") from e
         async with self._engine.begin() as conn:
-            await conn.exec_driver_sql(self._insert.sql, params)
+            for sql, rows_params in self._insert.statements(params):
+                await conn.exec_driver_sql(sql, rows_params)
 
     # --- replay --------------------------------------------------------------------------------------
     async def _replay(self) -> None:

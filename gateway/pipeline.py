@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import os
 import time
@@ -28,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from gateway import jsoncodec
 from gateway.errors import (
     ApiStyle,
     AuthError,
@@ -132,7 +132,7 @@ async def read_body(request: web.Request) -> bytes:
 def parse_json_object(raw: bytes) -> dict[str, Any]:
     """The body as a JSON object; anything else (not JSON, nested too deep, not an object) is a 400."""
     try:
-        body = json.loads(raw)
+        body = jsoncodec.loads(raw)
     except ValueError as e:  # includes UnicodeDecodeError
         raise BadRequest(f"request body is not valid JSON: {e}") from None
     except RecursionError:
@@ -144,7 +144,7 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
 
 def dump_json(body: Any) -> bytes:
     try:
-        return json.dumps(body).encode()
+        return jsoncodec.dumps(body)
     except (RecursionError, ValueError) as e:
         raise BadRequest(f"request body cannot be re-encoded: {e.__class__.__name__}") from None
 

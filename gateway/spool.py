@@ -27,6 +27,8 @@ from typing import Any
 
 from sqlalchemy.engine import make_url
 
+from gateway import jsoncodec
+
 log = logging.getLogger("gateway.ledger")
 
 PREFIX = "ledger-"
@@ -56,13 +58,10 @@ def _default(o: Any) -> Any:
     return repr(o)  # a value no column takes: its row is refused at write time anyway
 
 
-_encode = json.JSONEncoder(separators=(",", ":"), default=_default).encode
-
-
 def dumps_row(row: dict | tuple | list) -> bytes:
     """One spool line: a row's values in the header's column order (or a whole object). Datetimes become
     ISO strings (``loads_row`` turns them back)."""
-    return (_encode(row) + "\n").encode()
+    return jsoncodec.dumps(row, _default) + b"\n"
 
 
 def header(columns: tuple[str, ...]) -> bytes:

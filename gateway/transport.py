@@ -57,6 +57,8 @@ DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _FORBIDDEN_VALUE_CHARS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+_CHECKED: set[tuple[str, str]] = set()  # (name, value) pairs check_headers passed
+_CHECKED_MAX = 4096
 
 
 class TransportResponse(Protocol):
@@ -103,7 +105,10 @@ def check_headers(headers: Mapping[str, str]) -> None:
     """BadRequest naming the first header that cannot go out as it is: a name that is not an HTTP token, a
     value with a line break or another control character, or with a character outside ASCII (aiohttp would
     send it as UTF-8, which the upstream reads as Latin-1)."""
-    for name, value in headers.items():
+    for item in headers.items():
+        if item in _CHECKED:  # the same few headers come with every request: checked once
+            continue
+        name, value = item
         if not _TOKEN.fullmatch(name):
             raise BadRequest(
                 f"header name {name!r} is not a valid HTTP header name", error_class="bad_header"
@@ -114,6 +119,9 @@ def check_headers(headers: Mapping[str, str]) -> None:
                 "character and cannot be sent upstream",
                 error_class="bad_header",
             )
+        if len(_CHECKED) >= _CHECKED_MAX:  # many distinct values (a client varying one): start over
+            _CHECKED.clear()
+        _CHECKED.add(item)
 
 
 class AiohttpResponse:

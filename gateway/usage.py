@@ -7,9 +7,10 @@ gateway asked for on the client's behalf.
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Literal, NamedTuple
+
+from gateway import jsoncodec
 
 Api = Literal["chat", "responses", "messages"]
 
@@ -296,8 +297,8 @@ class StreamUsage:
         if not data or data == b"[DONE]":
             return None
         try:
-            obj = json.loads(data)
-        except ValueError:
+            obj = jsoncodec.loads(data)
+        except (ValueError, RecursionError):
             return None
         return obj if isinstance(obj, dict) else None
 
