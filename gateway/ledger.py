@@ -104,16 +104,20 @@ def _tokens(v: Any) -> tuple[int, bool]:
     return v, False
 
 
-def clean_row(row: dict) -> dict:
+def clean_row(row: dict, *, owned: bool = False) -> dict:
     """A copy of ``row`` that every database takes: every ledger column and only those (a missing one
     gets its default); strings valid UTF-8 without NUL, cut to their column's length; token counts within
     0..MAX_TOKENS_PER_REQUEST (``tokens_estimated`` set when one was not plausible); other integers within
     32 bits; non-finite floats None (or 0 where the column needs a value). A value of the wrong kind (a
-    dict for a string) is left for the writer to refuse, with its row alone."""
-    out = {**_DEFAULTS, **row}
-    if len(out) != len(_DEFAULTS):
-        for k in [k for k in out if k not in _COLUMNS]:
-            del out[k]
+    dict for a string) is left for the writer to refuse, with its row alone. ``owned``: the caller gives
+    the row away (the request path's, built with every column), so it is cleaned in place, not copied."""
+    if owned and row.keys() == _COLUMNS:
+        out = row
+    else:
+        out = {**_DEFAULTS, **row}
+        if len(out) != len(_DEFAULTS):
+            for k in [k for k in out if k not in _COLUMNS]:
+                del out[k]
     for name, n in _STRINGS:
         v = out[name]
         if v.__class__ is str and (len(v) > n or not v.isascii() or "\x00" in v):
@@ -161,6 +165,7 @@ class _Insert:
                 self.processors.append((i, process))
             elif isinstance(col.type, DateTime):  # no processor: the driver takes the datetime as it is
                 native.add(datetime)
+        self._in_order = operator.itemgetter(*order)
         self._plain = _PLAIN | native
         self._plain_types = (*_PLAIN_TYPES, *native)
         # sqlite3 binds a None through its adapter lookup (two failed attribute lookups, each formatting an
@@ -212,8 +217,11 @@ class _Insert:
 
     def params(self, row: dict) -> tuple:
         """The row's parameters in order; ValueError names a value no driver could bind."""
-        get = row.get
-        values = [get(name, default) for name, default in self.defaults]
+        try:
+            values = list(self._in_order(row))  # a clean row has every column
+        except KeyError:
+            get = row.get
+            values = [get(name, default) for name, default in self.defaults]
         for i, process in self.processors:
             if values[i] is not None:
                 values[i] = process(values[i])
@@ -352,9 +360,10 @@ class LedgerWriter:
         return str(self._spool.dir) if self._spool is not None else None
 
     # --- the request path --------------------------------------------------------------------------
-    def submit(self, row: dict) -> None:
-        """Record one row: cleaned, in the spool when this returns, written by the next flush."""
-        row = clean_row(row)
+    def submit(self, row: dict, *, owned: bool = False) -> None:
+        """Record one row: cleaned, in the spool when this returns, written by the next flush. ``owned``:
+        the caller will not use ``row`` again (it is cleaned in place)."""
+        row = clean_row(row, owned=owned)
         spool = self._spool
         if spool is not None:
             try:

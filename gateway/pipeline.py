@@ -367,7 +367,8 @@ class Pipeline:
                 "fallback_from": rec.fallback_from,
                 "translation": rec.translation,
                 "cost_usd": rec.cost_usd,
-            }
+            },
+            owned=True,
         )
         project = rec.project or "unknown"
         m = self.gw.metrics.request_children(project, rec.model_label, rec.task_label, rec.status)

@@ -208,7 +208,8 @@ async def test_a_row_the_driver_refuses_is_dropped_once_counted_and_shown(gatewa
     """Without the cleaning, sqlite3 refuses a surrogate (UnicodeEncodeError) and a 10**30 integer
     (OverflowError) while binding: each such row is dropped alone by the background writer, logged once,
     counted in /metrics and /readyz, kept in rejected.jsonl, and the rows around it are written."""
-    monkeypatch.setattr(ledger_mod, "clean_row", lambda row: {**ledger_mod._DEFAULTS, **row})  # no cleaning
+    # no cleaning
+    monkeypatch.setattr(ledger_mod, "clean_row", lambda row, **_: {**ledger_mod._DEFAULTS, **row})
     caplog.set_level(logging.ERROR, "gateway.ledger")
     w = gateway.gw.ledger
     w.submit(_row("before"))
