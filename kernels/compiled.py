@@ -37,11 +37,13 @@ import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 TARGETS = {"sm_90a": ("cuda", 90, 32), "sm_100a": ("cuda", 100, 32)}
 SMEM_LIMITS = {"sm_90a": 232448, "sm_100a": 232448}  # bytes per block (227 KB) on H100/H200 and B200
+_CAPTURE_TARGET: ContextVar[str | None] = ContextVar("capture_target", default=None)  # inside `capturing`
 
 
 def interpreter_reason() -> str | None:
@@ -144,9 +146,11 @@ def capturing(target: str = "sm_90a") -> Iterator[list[Launch]]:
     previous_driver, previous_hook = driver._active, knobs.runtime.jit_cache_hook
     driver.set_active(_CompileOnlyDriver(target))  # type: ignore[arg-type]
     knobs.runtime.jit_cache_hook = hook
+    token = _CAPTURE_TARGET.set(target)
     try:
         yield launches
     finally:
+        _CAPTURE_TARGET.reset(token)
         knobs.runtime.jit_cache_hook = previous_hook
         driver._active = previous_driver
 
@@ -284,6 +288,13 @@ def device_target() -> str:
         if major == 10:
             return "sm_100a"
     return "sm_90a"
+
+
+def launch_target() -> str:
+    """The target a launch made now is for: the one being captured inside `capturing`, else this host's
+    (`device_target`). Launch code that picks per-target defaults (tile sizes) asks this, so the compiled
+    check of a target sees the tiles that target would run."""
+    return _CAPTURE_TARGET.get() or device_target()
 
 
 def trial_check(family: Any, shape: dict[str, Any], config: dict[str, Any], dtype: str, backend: str) -> Any:

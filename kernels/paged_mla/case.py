@@ -14,10 +14,12 @@ Config: triton takes
   num_splits   "auto" (default): FlashMLA-style balanced split plan over about one unit per SM, or a
                positive integer: that many page-aligned splits per sequence (kernels.paged_mla.split_plan)
   num_warps    1 | 2 | 4 | 8 | 16 (default 8) and num_stages 1-8 (default 2): the split kernel's launch
-  block_m      query rows (s_q x h_q pairs) per program, a power of two >= 16 (default 16 for <= 16
-               rows, else 32); 64 and more use wgmma on sm_90a
-  block_n      cached tokens per step, a power of two >= 16 (default min(64, page) for a bf16 cache;
-               for fp8 32 at page >= 64, else 16: those compile for sm_90a without spills)
+  block_m      query rows (s_q x h_q pairs) per program, a power of two >= 16; 64 and more use wgmma
+               on sm_90a, tcgen05 on sm_100a
+  block_n      cached tokens per step, a power of two >= 16
+               (block_m / block_n default per cache and per compile target, the host's:
+               kernels.paged_mla.triton_decode.default_tiles and "Default tiles" in its docstring; they
+               compile without spills and within shared memory at the shipped spec's shapes)
   _overread    test only: read that many slots past every sequence's end
 and before it runs, where Triton compiles (a GPU host, or TRITON_INTERPRET=0 set), the trial is compiled
 for the host's target as the JIT would launch it (kernels.compiled); a config that spills or needs more
@@ -171,18 +173,13 @@ class PagedMLAFamily(KernelFamily):
         table = torch.empty(b, -(-shape["seqlen"] // page) + 1, dtype=torch.int32, device=meta)
         lens = torch.empty(b, dtype=torch.int32, device=meta)
         rows = shape["s_q"] * shape["h_q"]
-        tiles = kernel_options(config)
-        plan = _plan(
-            td,
-            seqlens,
-            config,
-            tiles,
-            rows=rows,
-            page=page,
-            kv_format=td.kv_format_of(kv),
-            sms=td.DEFAULT_NUM_SMS,
-        )
-        return lambda: td.mla_decode_triton(q, kv, table, lens, plan=plan, kv_scales=scales, **tiles)
+
+        def call() -> Any:  # the tiles are the target's being compiled for (launch_target), when called
+            tiles = kernel_options(config, rows=rows, page=page, kv_format=td.kv_format_of(kv))
+            plan = _plan(td, seqlens, config, tiles, rows=rows, page=page, sms=td.DEFAULT_NUM_SMS)
+            return td.mla_decode_triton(q, kv, table, lens, plan=plan, kv_scales=scales, **tiles)
+
+        return call
 
     def cost(self, shape: dict[str, Any], dtype: str) -> Cost:
         return mla_decode_cost(
@@ -323,11 +320,9 @@ def _triton(inp: DecodeInputs, config: dict[str, Any], device: torch.device) -> 
     page = inp.kv_cache.shape[1]
     sms = _num_sms(device) or td.DEFAULT_NUM_SMS
     overread = int(config.get("_overread", 0))
-    tiles = kernel_options(config)
+    tiles = kernel_options(config, rows=rows, page=page, kv_format=td.kv_format_of(inp.kv_cache))
     lens = [n + overread for n in inp.seqlens]
-    plan = _plan(
-        td, lens, config, tiles, rows=rows, page=page, kv_format=td.kv_format_of(inp.kv_cache), sms=sms
-    )
+    plan = _plan(td, lens, config, tiles, rows=rows, page=page, sms=sms)
 
     def call() -> tuple[torch.Tensor, torch.Tensor]:
         return td.mla_decode_triton(
@@ -347,28 +342,40 @@ def _triton(inp: DecodeInputs, config: dict[str, Any], device: torch.device) -> 
 
 
 def _plan(td: Any, seqlens: list[int], config: dict[str, Any], tiles: dict[str, Any], **at: Any) -> Any:
-    """The trial's split plan, built once from the shape's lengths before anything is timed: config
-    num_splits an int gives the uniform plan, "auto" (the default) the balanced one."""
-    rows, page = at["rows"], at["page"]
+    """The trial's split plan, built once from the shape's lengths before anything is timed, over the
+    kernel's own tiles: config num_splits an int gives the uniform plan, "auto" (the default) the
+    balanced one."""
     return td.plan_for(
         seqlens,
         config.get("num_splits", "auto"),
-        rows=rows,
-        block_m=tiles["block_m"] or td.default_block_m(rows, at["kv_format"]),
-        block_n=tiles["block_n"] or td.default_block_n(page, at["kv_format"] != "plain", at["kv_format"]),
-        page_size=page,
+        rows=at["rows"],
+        block_m=tiles["block_m"],
+        block_n=tiles["block_n"],
+        page_size=at["page"],
         num_sms=at["sms"],
     )
 
 
-# The split kernel's launch options a spec can sweep; block_m / block_n None take the per-cache defaults
-# of kernels.paged_mla.triton_decode, which compile for sm_90a without spills for every cache at every page
-# size, on wgmma for a bf16 cache with >= 64 query rows (tests/kernels/paged_mla/test_paged_mla_compiled.py).
+# The split kernel's launch options a spec can sweep; block_m / block_n None take the per-cache, per-target
+# defaults of kernels.paged_mla.triton_decode (default_tiles), which compile without spills and within
+# shared memory for every cache at every page size of the shipped spec, on sm_90a (wgmma for a bf16 cache
+# with >= 64 query rows) and on sm_100a (tests/kernels/paged_mla/test_paged_mla_compiled.py).
 KERNEL_DEFAULTS = {"num_warps": 8, "num_stages": 2, "block_m": None, "block_n": None}
 
 
-def kernel_options(config: dict[str, Any]) -> dict[str, Any]:
-    return {key: config.get(key, default) for key, default in KERNEL_DEFAULTS.items()}
+def kernel_options(config: dict[str, Any], *, rows: int, page: int, kv_format: str) -> dict[str, Any]:
+    """The split kernel's launch options for a trial, block sizes resolved for the target being launched
+    for (kernels.compiled.launch_target: the one being compiled for, else this host's), so the split
+    plan and the kernel use the same tiles."""
+    from kernels.compiled import launch_target
+    from kernels.paged_mla import triton_decode as td
+
+    options = {key: config.get(key, default) for key, default in KERNEL_DEFAULTS.items()}
+    if options["block_m"] is None or options["block_n"] is None:
+        bm, bn = td.default_tiles(rows, page, kv_format, launch_target())
+        options["block_m"] = options["block_m"] or bm
+        options["block_n"] = options["block_n"] or bn
+    return options
 
 
 def _check_kernel_options(config: dict[str, Any]) -> None:

@@ -41,6 +41,22 @@ tests/kernels/paged_mla/test_paged_mla_compiled.py at the shipped spec's shapes)
     (40-176 B). Halving the accumulator by splitting d_v over two programs would make each program redo
     Q K^T, ~1.5x the MMA work of a decode that is already compute-bound on an H200 at h_q 128 (~280 kFLOP
     per 1152-byte bf16 token: 240 FLOP/B against the H200's ~206).
+  FlashMLA's layout reads its four per-128-channel scales as four [BLOCK_N] loads, not as one gathered
+    [BLOCK_N, 512] tensor of pointers: 229 registers and no spills on sm_90a (255 and 48-64 B of stack on
+    sm_100a with the gather).
+
+Default tiles on sm_100a (B200; default_tiles(..., "sm_100a"), the same 8 warps and 2 stages), measured
+the same way at the shipped spec's shapes; the per-block shared memory limit is 232,448 B as on sm_90a:
+  plain (bf16) cache, >= 64 rows: BLOCK_M 64, BLOCK_N min(32, page), on tcgen05. The sm_90a tile
+    (BLOCK_N 64) needs 352,816 B of shared memory here at page >= 64 (tcgen05 reads both operands from
+    shared memory, and the pipelined K tile is 73,728 B a stage), so a B200 would prune it; BLOCK_N 32 needs
+    213,552 B at 226-228 registers, no spills (BLOCK_N 64 at 1 stage fits, 147,464 B, but spills 176 B).
+  fewer than 64 rows (h_q 16): BLOCK_M 16 / 32 as on sm_90a, mma.sync, BLOCK_N min(32, page) (56-76 KB,
+    113-184 registers).
+  per-token fp8 cache: BLOCK_M 16 (BLOCK_N as on sm_90a): 172 registers, no spills. The sm_90a tile
+    (BLOCK_M 32, BLOCK_N 32) spills 8 B at 255 registers here; 32 x 16 compiles at 255 without spills,
+    too close to the limit to ship; 64-row tcgen05 tiles spill 96-160 B (the tile passes through registers).
+  FlashMLA's fp8 layout: BLOCK_M 16, BLOCK_N 16 as on sm_90a: 232-234 registers, no spills.
 
 Causal rule for s_q > 1 (multi-token prediction): query token i sees keys 0 .. seqlen - s_q + i.
 
@@ -58,6 +74,7 @@ import sys
 
 import torch
 
+from kernels.compiled import launch_target
 from kernels.hardware import HOPPER_SMS, triton_interpreting
 from kernels.paged_mla.layout import (
     D_QK,
@@ -110,26 +127,49 @@ def kv_format_of(kv_cache: torch.Tensor) -> str:
     return "fp8" if is_fp8(kv_cache.dtype) else "plain"
 
 
-def default_block_m(rows: int, kv_format: str = "plain") -> int:
-    """Query rows (s_q x h_q pairs) per program when the caller does not choose (see "Default tiles on
-    sm_90a" in the module docstring): 64 for a plain cache with >= 64 rows (wgmma), else 16 / 32
-    (mma.sync); 16 for FlashMLA's fp8 layout."""
+TILE_TARGETS = ("sm_90a", "sm_100a")  # compile targets with their own default tiles (kernels.compiled)
+
+
+def _known_target(target: str) -> None:
+    if target not in TILE_TARGETS:
+        raise ValueError(
+            f"unknown target {target!r} for paged MLA default tiles (known: {', '.join(TILE_TARGETS)})"
+        )
+
+
+def default_block_m(rows: int, kv_format: str = "plain", target: str = "sm_90a") -> int:
+    """Query rows (s_q x h_q pairs) per program when the caller does not choose (see "Default tiles" in
+    the module docstring): 64 for a plain cache with >= 64 rows (wgmma / tcgen05), else 16 / 32
+    (mma.sync); 16 for FlashMLA's fp8 layout, and for the per-token fp8 cache on sm_100a."""
+    _known_target(target)
     if kv_format == "fp8_flashmla":
         return 16
     if kv_format == "plain" and rows >= WGMMA_ROWS:
         return WGMMA_ROWS
+    if kv_format == "fp8" and target == "sm_100a":
+        return 16
     return 16 if rows <= 16 else 32
 
 
-def default_block_n(page_size: int, fp8: bool, kv_format: str | None = None) -> int:
-    """Cached tokens per step when the caller does not choose: min(64, page) for a plain cache; for the
-    per-token fp8 cache 32 at page >= 64 and 16 below; 16 for FlashMLA's fp8 layout (see "Default tiles
-    on sm_90a" in the module docstring)."""
+def default_block_n(page_size: int, fp8: bool, kv_format: str | None = None, target: str = "sm_90a") -> int:
+    """Cached tokens per step when the caller does not choose: for a plain cache min(64, page) on sm_90a
+    and min(32, page) on sm_100a; for the per-token fp8 cache 32 at page >= 64 and 16 below; 16 for
+    FlashMLA's fp8 layout (see "Default tiles" in the module docstring)."""
+    _known_target(target)
     if kv_format == "fp8_flashmla":
         return 16
     if fp8:
         return 32 if page_size >= 64 else 16
-    return max(16, min(64, page_size))
+    return max(16, min(32 if target == "sm_100a" else 64, page_size))
+
+
+def default_tiles(rows: int, page_size: int, kv_format: str, target: str) -> tuple[int, int]:
+    """(block_m, block_n) by default for a launch on `target`; the split plan and the kernel both take
+    them from here, so the plan's blocks are the kernel's."""
+    return (
+        default_block_m(rows, kv_format, target),
+        default_block_n(page_size, kv_format != "plain", kv_format, target),
+    )
 
 
 def choose_num_splits(
@@ -250,9 +290,10 @@ def _split_kernel(
         k_r = tl.load(rope_rows[:, None] + offs_dr[None, :], mask=n_ok[:, None] & dr_ok[None, :], other=0.0)
         if KV_FORMAT == 2:  # NoPE dequantised with its 128-channel tile's scale, to bf16 (as FlashMLA)
             sc_rows = scale_ptr + blk * stride_sb + slot * stride_sp + SCALE_OFF
-            sc = tl.load(
-                sc_rows[:, None] + offs_dn[None, :] // 128, mask=n_ok[:, None] & dn_ok[None, :], other=0.0
-            )
+            sc = tl.zeros([BLOCK_N, BLOCK_DN], tl.float32)
+            for t in tl.static_range(D_NOPE // 128):  # one [BLOCK_N] load per tile, no [N, 512] gather
+                sc_t = tl.load(sc_rows + t, mask=n_ok, other=0.0)
+                sc = tl.where((offs_dn // 128 == t)[None, :], sc_t[:, None], sc)
             k_n = (k_n.to(tl.float32) * sc).to(q_n.dtype)
         else:
             k_n = k_n.to(q_n.dtype)  # bf16 for the tensor cores (exact from fp8), or fp32 (F32)
@@ -353,6 +394,7 @@ def mla_decode_triton(
     num_sms: int = DEFAULT_NUM_SMS,
     block_m: int | None = None,
     block_n: int | None = None,
+    target: str | None = None,
     num_warps: int = 8,
     num_stages: int = 2,
     out_dtype: torch.dtype | None = None,
@@ -363,6 +405,8 @@ def mla_decode_triton(
     FlashMLA's fp8 layout [blocks, page, 1, 656] (kernels.paged_mla.layout; d = 576, no kv_scales).
     Returns out [b, s_q, h_q, d_v] (q's dtype unless out_dtype) and lse [b, h_q, s_q] fp32.
 
+    block_m / block_n None take the defaults of `target` (sm_90a, sm_100a; None: the target being
+    compiled for inside kernels.compiled.capturing, else this host's).
     The work split is `plan` (kernels.paged_mla.split_plan, built beforehand so the timed call reads
     nothing on the host), else built here from cache_seqlens with `num_splits` (see plan_for).
     `_overread` is for tests only: it makes the kernel read that many slots past every sequence's end.
@@ -393,8 +437,10 @@ def mla_decode_triton(
         raise ValueError("q and kv_cache must be contiguous in the head dimension")
     rows = s_q * h_q
     kv_format = kv_format_of(kv_cache)
-    bm = block_m or default_block_m(rows, kv_format)
-    bn = block_n or default_block_n(page, is_fp8(kv_cache.dtype), kv_format)
+    bm, bn = block_m, block_n
+    if bm is None or bn is None:
+        dm, dn = default_tiles(rows, page, kv_format, target or launch_target())
+        bm, bn = bm or dm, bn or dn
     if plan is None and cache_seqlens.is_meta:  # compile evidence only: every block table full
         plan = plan_for(
             [block_table.shape[1] * page] * b, num_splits, rows=rows, block_m=bm, block_n=bn,

@@ -35,13 +35,22 @@ for kv, h_q, s_q, page in sorted(points):
              "page_size": page, "kv_dtype": kv}
     found = evidence_of(FAMILY.meta_launch(shape, {}, "bfloat16", "triton"))
     rows.append({"shape": shape, "evidence": [e.to_dict() for e in found]})
+# sm_100a (B200): the shipped spec's triton shapes plus a bf16 cache at every page size, s_q 1 and 2
+sm100_points = {p for p in points if p[0] != "bf16" or p[1] != 128 or p[3] == 64}
+sm100_points |= {("bf16", 128, s_q, page) for s_q in (1, 2) for page in (16, 32, 64, 128)}
+sm100 = []
+for kv, h_q, s_q, page in sorted(sm100_points):
+    shape = {"batch": 128, "seqlen": 16384, "dist": "fixed", "h_q": h_q, "s_q": s_q,
+             "page_size": page, "kv_dtype": kv}
+    found = evidence_of(FAMILY.meta_launch(shape, {}, "bfloat16", "triton"), "sm_100a")
+    sm100.append({"shape": shape, "evidence": [e.to_dict() for e in found]})
 shape = {"batch": 4, "seqlen": 4096, "dist": "fixed", "h_q": 128, "s_q": 2, "page_size": 128,
          "kv_dtype": "fp8"}
 policy = MeasurePolicy(warmup_ms=0, min_samples=1, max_samples=1, max_time_s=0.1, min_time_s=0, seeds=1)
 # execute, not run: run() skips the triton backend on a CPU without the interpreter before execute
 # could compile anything; on a GPU host run() reaches execute and the same pruning
 o = FAMILY.execute(TrialRequest("paged_mla", "triton", shape, {"block_n": 64}, "bfloat16", policy))
-print(json.dumps({"rows": rows, "pruned": {"status": str(o.status), "error": o.error,
+print(json.dumps({"rows": rows, "sm100": sm100, "pruned": {"status": str(o.status), "error": o.error,
                                            "resources": o.resources, "metrics": o.metrics}}))
 """
 
@@ -57,10 +66,10 @@ def compiled():
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _split(compiled, **where):
+def _split(compiled, target="sm_90a", **where):
     return [
         (r["shape"], e)
-        for r in compiled["rows"]
+        for r in compiled["rows" if target == "sm_90a" else "sm100"]
         for e in r["evidence"]
         if e["kernel"] == "_split_kernel" and all(r["shape"][k] == v for k, v in where.items())
     ]
@@ -116,3 +125,47 @@ def test_a_spilling_config_is_pruned_with_the_compilers_reason(compiled):
     check = o["resources"]["compiled_check"]
     assert check["checked"] and check["target"] == "sm_90a" and check["problems"]
     assert o["metrics"]["bytes"] > 0 and "time_ns" not in o["metrics"]  # nothing ran
+
+
+@pytest.mark.slow
+def test_sm100_defaults_fit_shared_memory_without_spills_at_the_shipped_shapes(compiled):
+    split = _split(compiled, "sm_100a")
+    assert split and all(e["target"] == "sm_100a" for _, e in split)
+    covered = {(s["kv_dtype"], s["h_q"], s["s_q"], s["page_size"]) for s, _ in split}
+    assert covered >= {
+        ("bf16", 16, 1, 64),
+        ("bf16", 64, 2, 64),
+        ("fp8", 16, 2, 64),
+        ("fp8_flashmla", 128, 2, 64),
+    }
+    assert covered >= {(kv, 128, s_q, 64) for kv in ("bf16", "fp8", "fp8_flashmla") for s_q in (1, 2)}
+    assert covered >= {("bf16", 128, s_q, page) for s_q in (1, 2) for page in (16, 32, 64, 128)}
+    # the sm_90a tiles needed 352,816 B here for a bf16 cache at >= 64 rows and page >= 64 (tcgen05 keeps
+    # both operands in shared memory), and spilled with both fp8 caches (8-64 B of stack at 255 registers)
+    over = [(s, e["shared"]) for s, e in split if e["shared"] > e["smem_limit"]]
+    assert not over, over
+    spilling = [(s, e["regs"], e["stack"]) for s, e in split if e["spills"]]
+    assert not spilling, spilling
+    assert all(e["num_warps"] == 8 and e["num_stages"] == 2 for _, e in split)
+    # 64-row bf16 tiles still reach the SM100 tensor cores
+    wide = [e for s, e in split if s["kv_dtype"] == "bf16" and s["h_q"] * s["s_q"] >= 64]
+    assert wide and all(e["tcgen05"] for e in wide)
+
+
+def test_default_tiles_per_target():
+    from kernels.paged_mla.triton_decode import default_block_m, default_block_n
+
+    # sm_90a is the default target and keeps its tiles
+    assert default_block_n(64, False, "plain", "sm_90a") == default_block_n(64, False) == 64
+    assert default_block_m(128, "fp8", "sm_90a") == default_block_m(128, "fp8") == 32
+    # sm_100a: bf16 steps of at most 32 tokens (shared memory), 16-row tiles for the per-token fp8 cache
+    assert [default_block_n(p, False, "plain", "sm_100a") for p in (16, 32, 64, 128)] == [16, 32, 32, 32]
+    assert [default_block_m(r, "plain", "sm_100a") for r in (16, 32, 64, 256)] == [16, 32, 64, 64]
+    assert [default_block_m(r, "fp8", "sm_100a") for r in (16, 32, 256)] == [16, 16, 16]
+    assert [default_block_n(p, True, "fp8", "sm_100a") for p in (16, 64, 128)] == [16, 32, 32]
+    assert default_block_m(256, "fp8_flashmla", "sm_100a") == 16
+    assert default_block_n(64, True, "fp8_flashmla", "sm_100a") == 16
+    with pytest.raises(ValueError, match="unknown target 'sm_80'"):
+        default_block_m(128, "plain", "sm_80")
+    with pytest.raises(ValueError, match="unknown target 'sm_80'"):
+        default_block_n(64, False, "plain", "sm_80")
