@@ -17,6 +17,7 @@ from pathlib import Path
 BENCHES = {
     "dispatch": "benchmarks.dispatch_bench",
     "gateway": "benchmarks.gateway_bench",
+    "gateway-ir": "benchmarks.gateway_ir",  # instructions per request under valgrind (load-independent)
     "acceptance": "benchmarks.acceptance_bench",
     "soak": "benchmarks.soak",
     "shared": "benchmarks.shared_limits_bench",
