@@ -20,6 +20,15 @@ _CHARS_PER_TOKEN = 4
 # An upstream that never ends an event ("\n\n") must not grow the buffer without bound: past this many
 # bytes the buffer is forwarded as it is (its usage, if any, is then not read).
 MAX_EVENT_BYTES = 1024 * 1024
+# The text estimate is needed only when a stream reports no usage: up to this many bytes of a stream are
+# kept (they are forwarded anyway) and scanned only if it is asked for; a longer stream is scanned as it goes.
+TEXT_DEFER_BYTES = 64 * 1024
+# Markers of the events that may carry usage (``_inspect_usage`` decides on the whole event).
+_USAGE_MARKERS: dict[str, tuple[bytes, ...]] = {
+    "chat": (b'"usage":{', b'"usage": {'),
+    "responses": (b'"usage"',),
+    "messages": (b"message_start", b"message_delta"),
+}
 # The most tokens one request can plausibly report (largest contexts are ~1-2 M). A larger count is not a
 # count (BadUsage: the caller estimates), so a broken upstream can never poison a budget or the ledger,
 # whose writer clamps to the same bound (gateway.ledger.clean_row).
@@ -131,7 +140,8 @@ class StreamUsage:
 
     __slots__ = (
         "api", "strip_usage_chunk", "_buf", "input_tokens", "output_tokens", "seen_usage", "bad_usage",
-        "output_final", "_text", "cached_input_tokens", "cache_write_tokens",
+        "output_final", "_text", "cached_input_tokens", "cache_write_tokens", "_unscanned",
+        "_unscanned_bytes",
     )  # fmt: skip
 
     def __init__(self, api: Api, strip_usage_chunk: bool = False) -> None:
@@ -147,7 +157,9 @@ class StreamUsage:
         # Whether output_tokens is the final count. Anthropic's message_start carries a placeholder (often 1);
         # only message_delta carries the count, so a stream cut before it has its output estimated.
         self.output_final = False
-        self._text = 0
+        self._text = 0  # characters of text fields scanned so far (the estimate's input)
+        self._unscanned: list[bytes] = []  # forwarded events whose text is not counted yet
+        self._unscanned_bytes = 0
 
     def feed(self, chunk: bytes) -> bytes:
         if b"\r" in chunk:
@@ -163,25 +175,51 @@ class StreamUsage:
             self._buf = buf
             return b""
         complete, self._buf = buf[: end + 2], buf[end + 2 :]
-        self._text += sum(map(len, _TEXT_RE.findall(complete)))
+        self._defer_text(complete)
         if not self._may_carry_usage(complete):  # the common event: forwarded as it is, not split
             return complete
-        out = []
-        dropped = False
-        for block in complete.split(b"\n\n"):
-            if not block:
-                continue
+        # Only the events that may carry usage are looked at (found from their markers), and only a
+        # dropped one is cut out: the rest of the bytes go on as they came.
+        out, at, dropped = [], 0, False
+        for start, stop in self._usage_spans(complete):
             try:
-                keep = self._inspect_usage(block)
+                keep = self._inspect_usage(complete[start : stop - 2])
             except BadUsage:
                 self.bad_usage = keep = True
-            if keep:
-                out.append(block)
-            else:
-                dropped = True
+            if not keep:
+                out.append(complete[at:start])
+                at, dropped = stop, True
         if not dropped:
             return complete
-        return b"".join(b + b"\n\n" for b in out)
+        out.append(complete[at:])
+        return b"".join(out)
+
+    def _usage_spans(self, data: bytes) -> list[tuple[int, int]]:
+        """(start, stop) of each whole event of ``data`` (events ending in a blank line) holding one of the
+        markers of an event that may carry usage, in order, each once."""
+        spans: set[tuple[int, int]] = set()
+        for marker in _USAGE_MARKERS[self.api]:
+            i = data.find(marker)
+            while i >= 0:
+                before = data.rfind(b"\n\n", 0, i)
+                start = before + 2 if before >= 0 else 0
+                stop = data.find(b"\n\n", i) + 2  # data ends with a blank line: found
+                spans.add((start, stop))
+                i = data.find(marker, stop)
+        return sorted(spans)
+
+    def _defer_text(self, data: bytes) -> None:
+        """Count the text of ``data`` for the estimate later, only if it is needed (most streams report
+        their usage): up to TEXT_DEFER_BYTES are kept unscanned, past that everything is scanned now."""
+        self._unscanned.append(data)
+        self._unscanned_bytes += len(data)
+        if self._unscanned_bytes > TEXT_DEFER_BYTES:
+            self._scan_text()
+
+    def _scan_text(self) -> None:
+        if self._unscanned:
+            self._text += sum(len(m) for d in self._unscanned for m in _TEXT_RE.findall(d))
+            self._unscanned, self._unscanned_bytes = [], 0
 
     def _may_carry_usage(self, data: bytes) -> bool:
         """False when no event in ``data`` can carry usage (``_inspect_usage`` would look at none)."""
@@ -303,4 +341,5 @@ class StreamUsage:
         return obj if isinstance(obj, dict) else None
 
     def estimated_output_tokens(self) -> int:
+        self._scan_text()
         return max(1, self._text // _CHARS_PER_TOKEN)

@@ -65,3 +65,39 @@ def test_anthropic_output_tokens_come_from_message_delta_not_message_start():
     cut = StreamUsage("messages")  # the stream broke before message_delta: 1 is a placeholder, not the count
     cut.feed(start + text)
     assert not cut.output_final and cut.estimated_output_tokens() > 1
+
+
+def _chat_stream(words: int, usage: bool = True) -> bytes:
+    def chunk(delta: dict, **extra) -> bytes:
+        return b"data: " + json.dumps({"choices": [{"index": 0, "delta": delta}], **extra}).encode() + b"\n\n"
+
+    out = chunk({"role": "assistant", "content": ""})
+    out += b"".join(chunk({"content": f"word{i} "}) for i in range(words))
+    if usage:
+        out += b'data: {"choices":[],"usage":{"prompt_tokens":11,"completion_tokens":%d}}\n\n' % words
+    return out + b"data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize("split", [None, 1, 7, 64])
+def test_the_usage_chunk_alone_is_cut_out_and_every_other_byte_passes_as_it_came(split):
+    body = b": keep-alive comment\n\n" + _chat_stream(5)
+    usage = b'data: {"choices":[],"usage":{"prompt_tokens":11,"completion_tokens":5}}\n\n'
+    tracker = StreamUsage("chat", strip_usage_chunk=True)
+    pieces = [body] if split is None else [body[i : i + split] for i in range(0, len(body), split)]
+    out = b"".join(tracker.feed(p) for p in pieces) + tracker.finish()
+    assert out == body.replace(usage, b"")
+    assert tracker.seen_usage and tracker.usage()[:2] == (11, 5)
+    kept = StreamUsage("chat", strip_usage_chunk=False)  # the client asked for it: nothing is cut
+    assert kept.feed(body) + kept.finish() == body
+
+
+@pytest.mark.parametrize("words", [3, 20_000])  # within and past the bytes kept for a later count
+def test_the_text_estimate_is_the_same_whether_counted_late_or_as_it_goes(words):
+    body = _chat_stream(words, usage=False)
+    tracker = StreamUsage("chat")
+    for i in range(0, len(body), 4096):
+        tracker.feed(body[i : i + 4096])
+    tracker.finish()
+    text = sum(len(f"word{i} ") for i in range(words))
+    assert not tracker.seen_usage
+    assert tracker.estimated_output_tokens() == max(1, text // 4)
