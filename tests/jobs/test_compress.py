@@ -5,19 +5,9 @@ from __future__ import annotations
 import json
 from datetime import timedelta
 
-import pytest
-
 from benchmarks.acceptance_bench import T0, figure, realistic_log, seed_job
 from gateway.summary_schema import AnomalyIn
 from jobs.drafts.compress import PROHIBITIONS, compress, compress_log, config_diff, facts_from_job
-from jobs.store.repository import Store
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = Store(str(tmp_path / "farm.db"))
-    yield s
-    s.close()
 
 
 def test_a_200kb_log_is_cut_under_the_cap_and_keeps_the_error_lines():

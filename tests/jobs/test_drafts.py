@@ -23,14 +23,6 @@ from jobs.cli import main
 from jobs.drafts import client as drafts
 from jobs.drafts.client import DraftsError, GatewayTarget, draft_job
 from jobs.report.render import render_terminal
-from jobs.store.repository import Store
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = Store(str(tmp_path / "farm.db"))
-    yield s
-    s.close()
 
 
 def model_reply(body: dict) -> str:

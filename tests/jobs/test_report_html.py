@@ -95,13 +95,6 @@ def make_job(store: Store, scale: float = 1.0, failures: bool = True) -> int:
     return job
 
 
-@pytest.fixture
-def store(tmp_path):
-    s = Store(str(tmp_path / "farm.db"))
-    yield s
-    s.close()
-
-
 def _plot_data(page: str, div: str) -> list[dict]:
     m = re.search(rf'Plotly\.newPlot\("{div}", (\[.*?\]), (\{{.*?\}}), \{{responsive', page, re.S)
     assert m, f"no plot {div}"

@@ -37,13 +37,6 @@ def _farm(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.fixture
-def store(tmp_path):
-    s = Store(str(tmp_path / "farm.db"))
-    yield s
-    s.close()
-
-
 def test_grid_above_the_limit_needs_yes_and_validate_prints_a_summary(tmp_path):
     spec = tmp_path / "big.yaml"
     spec.write_text(_grid(150, 100))  # 15,000 trials: above the default 10,000

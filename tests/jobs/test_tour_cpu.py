@@ -7,8 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from jobs.judge.acceptance import accept
 from jobs.run.runner import create_job
 from jobs.spec.sweep import loads_spec
@@ -39,13 +37,6 @@ card: {card}
     store.record_results([{"trial_id": trial.id, "status": "ok", "attempt": 1, "samples_ns": samples}])
     store.set_job_status(job_id, "completed")
     return job_id
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = Store(str(tmp_path / "farm.db"))
-    yield s
-    s.close()
 
 
 def test_ambiguous_on_cpu_timings_warns_by_default(store):
