@@ -176,10 +176,8 @@ class StreamUsage:
             return b""
         complete, self._buf = buf[: end + 2], buf[end + 2 :]
         self._defer_text(complete)
-        if not self._may_carry_usage(complete):  # the common event: forwarded as it is, not split
-            return complete
-        # Only the events that may carry usage are looked at (found from their markers), and only a
-        # dropped one is cut out: the rest of the bytes go on as they came.
+        # Only the events that may carry usage are looked at (found from their markers; the common event
+        # has none), and only a dropped one is cut out: the rest of the bytes go on as they came.
         out, at, dropped = [], 0, False
         for start, stop in self._usage_spans(complete):
             try:
@@ -220,15 +218,6 @@ class StreamUsage:
         if self._unscanned:
             self._text += sum(len(m) for d in self._unscanned for m in _TEXT_RE.findall(d))
             self._unscanned, self._unscanned_bytes = [], 0
-
-    def _may_carry_usage(self, data: bytes) -> bool:
-        """False when no event in ``data`` can carry usage (``_inspect_usage`` would look at none)."""
-        api = self.api
-        if api == "chat":
-            return b'"usage":{' in data or b'"usage": {' in data
-        if api == "responses":
-            return b'"usage"' in data and b"response." in data
-        return b"message_start" in data or b"message_delta" in data
 
     def finish(self) -> bytes:
         rest, self._buf = self._buf, b""
