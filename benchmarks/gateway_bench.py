@@ -1,7 +1,10 @@
 """Gateway overhead and throughput, side by side with calling the fake upstream directly.
 
 The fake upstream and the gateway each run in their own subprocess (own event loop, own core share);
-this process is the aiohttp client. Serial: added latency p50/p95. Concurrency 32: requests per second,
+this process is the aiohttp client. A third subprocess, the minimal aiohttp proxy of
+benchmarks.aiohttp_floor (no key, limit, ledger or metric), is measured in the same rounds: what aiohttp
+alone reaches on this machine, the floor under any gateway built on it.
+Serial: added latency p50/p95. Concurrency 32: requests per second,
 non-stream and stream, and the CPU time each server process spent per request (from /proc: user + system).
 Requests per second depend on whatever else the machine runs; CPU per request much less so, and
 1 / (gateway CPU per request) is the most one gateway process can serve with a core to itself.
@@ -221,7 +224,7 @@ async def run(args: argparse.Namespace) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "FARM_GATEWAY_SECRET": "bench-secret"}
     if args.no_uvloop:
         env["FARM_GATEWAY_UVLOOP"] = "0"
-    fake_port, gw_port = _free_port(), _free_port()
+    fake_port, gw_port, floor_port = _free_port(), _free_port(), _free_port()
     tmp = Path(tempfile.mkdtemp(prefix="gwbench-"))
     cfg = _config(tmp, fake_port, gw_port, {"max_concurrency": 256})
     cfg_path = tmp / "gateway.yaml"
@@ -236,10 +239,14 @@ async def run(args: argparse.Namespace) -> dict:
         )
         gw_cmd = [sys.executable, *prof, "-m", "gateway.cli", "serve", "--config", str(cfg_path)]
         procs.append(_start(gw_cmd, env))
+        floor_cmd = [sys.executable, "-m", "benchmarks.aiohttp_floor", str(fake_port), str(floor_port)]
+        procs.append(_start(floor_cmd, env))
         await _wait_http(f"http://127.0.0.1:{gw_port}/healthz")
+        await _wait_http(f"http://127.0.0.1:{floor_port}/healthz")
         await _wait_http(f"http://127.0.0.1:{fake_port}/v1/models")
         direct = f"http://127.0.0.1:{fake_port}/v1/chat/completions"
         via = f"http://127.0.0.1:{gw_port}/v1/chat/completions"
+        floor = f"http://127.0.0.1:{floor_port}/v1/chat/completions"
         h_direct = {"Content-Type": "application/json"}
         h_via = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
         res: dict = {}
@@ -248,22 +255,26 @@ async def run(args: argparse.Namespace) -> dict:
         rounds = []
         for _ in range(args.rounds):
             d = await serial(direct, h_direct, args.serial)
-            rounds.append((d, await serial(via, h_via, args.serial)))
+            f = await serial(floor, h_direct, args.serial)
+            rounds.append((d, await serial(via, h_via, args.serial), f))
         rounds.sort(key=lambda r: _pct(r[1], 50) - _pct(r[0], 50))
-        res["serial_direct"], res["serial_via"] = rounds[len(rounds) // 2]
-        res["serial_added_p50_rounds"] = [_pct(v, 50) - _pct(d, 50) for d, v in rounds]
-        fake_pid, gw_pid = procs[0].pid, procs[1].pid
+        res["serial_direct"], res["serial_via"], res["serial_floor"] = rounds[len(rounds) // 2]
+        res["serial_added_p50_rounds"] = [_pct(v, 50) - _pct(d, 50) for d, v, _ in rounds]
+        fake_pid, gw_pid, floor_pid = procs[0].pid, procs[1].pid, procs[2].pid
         for stream in (False, True):
             tag = "stream" if stream else "nonstream"
             conc, secs = args.concurrency, args.seconds
-            pairs = []
+            runs = []
             for _ in range(args.rounds):
                 d = await throughput(direct, h_direct, stream, conc, secs, {"fake": fake_pid})
+                f_pids = {"fake": fake_pid, "gateway": floor_pid}
+                f = await throughput(floor, h_direct, stream, conc, secs, f_pids)
                 v = await throughput(via, h_via, stream, conc, secs, {"fake": fake_pid, "gateway": gw_pid})
-                pairs.append((d, v))
-            pairs.sort(key=lambda p: p[1]["rps"] / p[0]["rps"])
-            res[f"{tag}_direct"], res[f"{tag}_via"] = pairs[len(pairs) // 2]
-            res[f"{tag}_ratio_rounds"] = [v["rps"] / d["rps"] for d, v in pairs]
+                runs.append((d, v, f))
+            runs.sort(key=lambda p: p[1]["rps"] / p[0]["rps"])
+            res[f"{tag}_direct"], res[f"{tag}_via"], res[f"{tag}_floor"] = runs[len(runs) // 2]
+            res[f"{tag}_ratio_rounds"] = [v["rps"] / d["rps"] for d, v, _ in runs]
+            res[f"{tag}_floor_ratio_rounds"] = [f["rps"] / d["rps"] for d, _, f in runs]
         res["routed_via"] = await throughput(
             via, h_via, False, args.concurrency, args.seconds, {"fake": fake_pid, "gateway": gw_pid}, ROUTED
         )
@@ -415,33 +426,49 @@ def report_limits(res: dict) -> str:
 
 
 def report(res: dict, args: argparse.Namespace) -> str:
-    d, v = res["serial_direct"], res["serial_via"]
+    d, v, f = res["serial_direct"], res["serial_via"], res.get("serial_floor")
+    floor_p50 = f"; aiohttp floor +{_pct(f, 50) - _pct(d, 50):.3f}" if f else ""
     rows = [
         (
             "serial p50 latency (ms)",
             _pct(d, 50),
+            _pct(f, 50) if f else None,
             _pct(v, 50),
             _pct(v, 50) - _pct(d, 50),
-            "added <= 0.7 ms" + _rounds_ms(res.get("serial_added_p50_rounds")),
+            "added <= 0.7 ms" + _rounds_ms(res.get("serial_added_p50_rounds")) + floor_p50,
         ),
-        ("serial p95 latency (ms)", _pct(d, 95), _pct(v, 95), _pct(v, 95) - _pct(d, 95), ""),
+        (
+            "serial p95 latency (ms)",
+            _pct(d, 95),
+            _pct(f, 95) if f else None,
+            _pct(v, 95),
+            _pct(v, 95) - _pct(d, 95),
+            "",
+        ),  # fmt: skip
     ]
     for tag, label, share in (("nonstream", "non-stream", 0.30), ("stream", "stream", 0.50)):
-        d, v = res[f"{tag}_direct"], res[f"{tag}_via"]
+        d, v, f = res[f"{tag}_direct"], res[f"{tag}_via"], res.get(f"{tag}_floor")
         spread = res.get(f"{tag}_ratio_rounds") or [v["rps"] / d["rps"]]
         target = (
             f"{v['rps'] / d['rps']:.0%} of direct (target >= {share:.0%}; rounds {min(spread):.0%}-"
             f"{max(spread):.0%})"
         )
-        rows.append((f"{label} req/s @{args.concurrency}", d["rps"], v["rps"], None, target))
+        if f:
+            fs = res.get(f"{tag}_floor_ratio_rounds") or [f["rps"] / d["rps"]]
+            target += f"; aiohttp floor {f['rps'] / d['rps']:.0%} ({min(fs):.0%}-{max(fs):.0%})"
+        rows.append((f"{label} req/s @{args.concurrency}", d["rps"], f["rps"] if f else None, v["rps"], None,
+                     target))  # fmt: skip
         if v.get("gateway_cpu_us") is not None:
-            rows.append((f"  {label} CPU us/req", d["fake_cpu_us"], v["gateway_cpu_us"], None,
-                         f"direct: the fake; gateway: its process (one-core ceiling "
+            rows.append((f"  {label} CPU us/req", d["fake_cpu_us"], f.get("gateway_cpu_us") if f else None,
+                         v["gateway_cpu_us"], None,
+                         f"direct: the fake; proxies: their process (gateway's one-core ceiling "
                          f"{1e6 / v['gateway_cpu_us']:.0f} req/s)"))  # fmt: skip
-    lines = [f"{'':28} {'direct':>10} {'gateway':>10} {'added':>9}  target", "-" * 72]
-    for name, a, b, added, target in rows:
+    lines = [f"{'':28} {'direct':>10} {'aiohttp':>10} {'gateway':>10} {'added':>9}  target", "-" * 83]
+    for name, a, fl, b, added, target in rows:
         add = f"{added:9.3f}" if added is not None else f"{'':9}"
-        lines.append(f"{name:28} {a:10.2f} {b:10.2f} {add}  {target}")
+        fl_s = f"{fl:10.2f}" if fl is not None else f"{'-':>10}"
+        lines.append(f"{name:28} {a:10.2f} {fl_s} {b:10.2f} {add}  {target}")
+    lines.append("(aiohttp: the minimal proxy of benchmarks.aiohttp_floor, the floor of an aiohttp gateway)")
     plain, routed = res["nonstream_via"], res.get("routed_via")
     if routed is not None:
         lines.append(f"routed (2 deployments, 1 cooling): {routed['rps']:.0f} req/s @{args.concurrency}")
@@ -484,11 +511,12 @@ def _has_uvloop() -> bool:
 
 def figures(res: dict) -> dict:
     """The run as JSON-able figures (raw serial latencies summarised)."""
-    out = {k: v for k, v in res.items() if not k.startswith("serial_")}
-    for side in ("direct", "via"):
+    out = {k: v for k, v in res.items() if not k.startswith("serial_") or k.endswith("_rounds")}
+    for side in ("direct", "via", "floor"):
         xs = res[f"serial_{side}"]
         out[f"serial_{side}_ms"] = {"p50": _pct(xs, 50), "p95": _pct(xs, 95), "n": len(xs)}
     out["added_p50_ms"] = out["serial_via_ms"]["p50"] - out["serial_direct_ms"]["p50"]
+    out["floor_added_p50_ms"] = out["serial_floor_ms"]["p50"] - out["serial_direct_ms"]["p50"]
     out["cpus"] = os.cpu_count()
     return out
 

@@ -47,6 +47,7 @@ async def _serve_and_count(mode: str, n: int, stream: bool, free: str | None) ->
     from aiohttp import web
 
     from benchmarks import gateway_bench as gb
+    from benchmarks.aiohttp_floor import make_app as make_floor
     from gateway.app import GATEWAY, create_app
     from gateway.config import load_settings
     from gateway.testing.fake_upstream import FakeUpstream
@@ -72,31 +73,8 @@ async def _serve_and_count(mode: str, n: int, stream: bool, free: str | None) ->
     gw.ledger._wake.set()
     _make_free(gw, free, key)
 
-    upstream_url = f"http://127.0.0.1:{fake.port}/v1/chat/completions"
-    session = aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=256),
-        timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=120),
-        cookie_jar=aiohttp.DummyCookieJar(),
-    )
-
-    async def minimal(request: web.Request) -> web.StreamResponse:
-        body = await request.read()
-        r = await session.post(upstream_url, data=body, headers={"Content-Type": "application/json"})
-        if not stream:
-            data = await r.read()
-            r.release()
-            return web.Response(body=data, content_type="application/json")
-        out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await out.prepare(request)
-        while chunk := await r.content.readany():
-            await out.write(chunk)
-        r.release()
-        await out.write_eof()
-        return out
-
-    mini = web.Application()
-    mini.router.add_post("/v1/chat/completions", minimal)
-    mini_runner = web.AppRunner(mini, access_log=None)
+    floor = make_floor(f"http://127.0.0.1:{fake.port}/v1/chat/completions")
+    mini_runner = web.AppRunner(floor, access_log=None)
     await mini_runner.setup()
     await web.TCPSite(mini_runner, "127.0.0.1", 0).start()
 
@@ -124,7 +102,6 @@ async def _serve_and_count(mode: str, n: int, stream: bool, free: str | None) ->
         await asyncio.gather(*(worker() for _ in range(conc)))
         await gw.ledger.flush()  # every row of the window, in one flush
         counting(False)
-    await session.close()
     await mini_runner.cleanup()
     await runner.cleanup()
     await fake.close()
