@@ -19,7 +19,6 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from sqlalchemy import text
 
@@ -34,6 +33,7 @@ from gateway.pipeline import Pipeline
 from gateway.proxy import ENDPOINTS, Proxy
 from gateway.routing import Router
 from gateway.secret import resolve_secret
+from gateway.server import install_log_filter, serve_forever
 from gateway.spool import default_spool_dir
 from gateway.summaries import SUMMARIES_PATH, SummaryBatcher
 from gateway.upstream import UpstreamClient, pool_warnings
@@ -190,27 +190,6 @@ class Gateway:
 GATEWAY = web.AppKey("gateway", Gateway)
 
 
-class MalformedRequestsOneLine(logging.Filter):
-    """aiohttp logs a request it cannot parse (a bad header line, a body that does not match its
-    Content-Encoding) with a traceback at ERROR; that is a client's fault, so it becomes one INFO line."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, HttpProcessingError) and 400 <= (exc.code or 0) < 500:
-            message = " ".join(str(exc.message).split())
-            record.msg = f"{record.getMessage()}: HTTP {exc.code} {message}"
-            record.args = ()
-            record.exc_info = record.exc_text = None
-            record.levelno, record.levelname = logging.INFO, "INFO"
-        return True
-
-
-def _install_log_filter() -> None:
-    server_log = logging.getLogger("aiohttp.server")
-    if not any(isinstance(f, MalformedRequestsOneLine) for f in server_log.filters):
-        server_log.addFilter(MalformedRequestsOneLine())
-
-
 def _style_of(request: web.Request) -> ApiStyle:
     """The API a request speaks, for the shape of an error answer that no endpoint handled."""
     if "anthropic-version" in request.headers or request.path.startswith("/v1/messages"):
@@ -261,7 +240,7 @@ def create_app(
     clock: Callable[[], datetime] = utcnow,
     registry: CollectorRegistry | None = None,
 ) -> web.Application:
-    _install_log_filter()
+    install_log_filter()
     gw = Gateway(settings, clock=clock, registry=registry)
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[GATEWAY] = gw
@@ -350,14 +329,14 @@ def run_one(
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 20, 20)
-    web.run_app(
+    serve_forever(
         app,
-        host=host or settings.host,
-        port=port if port is not None else settings.port,
+        host or settings.host,
+        port if port is not None else settings.port,
+        loop=uvloop.new_event_loop() if uvloop is not None else None,
+        reuse_port=reuse_port,
+        announce=None if worker else print,
         handler_cancellation=True,
         access_log=logging.getLogger("gateway.access") if settings.access_log else None,
         shutdown_timeout=30,
-        reuse_port=reuse_port or None,
-        print=None if worker else print,
-        loop=uvloop.new_event_loop() if uvloop is not None else None,
     )

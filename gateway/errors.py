@@ -18,7 +18,7 @@ pipeline), so no module catches an exception type from two layers below it::
         ├── UpstreamDisconnected    502   connection dropped, or a malformed response
         ├── UpstreamTooLarge        502   response headers or body over the gateway's caps
         ├── UpstreamCredentialRejected 502 the provider refused the gateway's own provider key
-        ├── UpstreamBadAnswer       502   an answer the gateway cannot use (summaries)
+        ├── UpstreamBadAnswer       502   an answer the gateway cannot use (a 204 or 3xx; summaries)
         └── UpstreamTimeout         504   no byte within the read timeout
     └── StoreUnavailable            503   the key store (database) cannot be reached
 
@@ -202,6 +202,17 @@ def error_response(
         content_type="application/json",
         headers=headers,
     )
+
+
+def protocol_error_response(status: int, message: str) -> web.Response:
+    """The answer to a request the HTTP server could not parse: its API is unknown, so the body has both
+    shapes at once (Anthropic's ``type: error`` with OpenAI's ``param`` and ``code``), which both SDKs
+    read."""
+    body = {
+        "type": "error",
+        "error": {"type": error_type("anthropic", status), "message": message, "param": None, "code": None},
+    }
+    return web.Response(status=status, body=json.dumps(body).encode(), content_type="application/json")
 
 
 def sse_error_event(style: ApiStyle, status: int, message: str, *, responses_api: bool = False) -> bytes:

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from multidict import CIMultiDictProxy
 
 from gateway.config import ProviderConfig, RetryConfig
-from gateway.errors import BadRequest, GatewayError, UpstreamError, UpstreamTimeout
+from gateway.errors import BadRequest, GatewayError, UpstreamBadAnswer, UpstreamError, UpstreamTimeout
 from gateway.transport import AiohttpTransport, Transport, TransportResponse, check_headers, retry_reason
 
 if TYPE_CHECKING:
@@ -96,26 +96,48 @@ def auth_headers(kind: str, api_key: str, who: str, env: str | None) -> dict[str
     return auth
 
 
+MAX_RETRY_AFTER_S = 86_400.0  # an upstream's Retry-After is believed up to a day
+
+
+def _seconds(v: float) -> float | None:
+    """A delay within 0..MAX_RETRY_AFTER_S; None for NaN (no delay was said)."""
+    if v != v:
+        return None
+    return min(max(0.0, v), MAX_RETRY_AFTER_S)
+
+
 def parse_retry_after(headers: Mapping[str, str]) -> float | None:
-    """Seconds from ``retry-after-ms`` or ``Retry-After`` (seconds or an HTTP date); None when absent."""
+    """Seconds from ``retry-after-ms`` or ``Retry-After`` (seconds or an HTTP date), within
+    0..MAX_RETRY_AFTER_S (``inf`` or ``1e400`` is the most); None when absent or unreadable."""
     ms = headers.get("retry-after-ms")
     if ms:
         try:
-            return max(0.0, float(ms) / 1000)
+            found = _seconds(float(ms) / 1000)
         except ValueError:
-            pass
+            found = None
+        if found is not None:
+            return found
     ra = headers.get("Retry-After")
     if not ra:
         return None
     try:
-        return max(0.0, float(ra))
+        return _seconds(float(ra))
     except ValueError:
         pass
     try:
         when = parsedate_to_datetime(ra)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
-    return max(0.0, when.timestamp() - time.time())
+    try:
+        return _seconds(when.timestamp() - time.time())
+    except (OverflowError, ValueError, OSError):
+        return None
+
+
+def _is_answer(status: int) -> bool:
+    """Whether a status below 400 can carry an answer of these APIs: 2xx with a body. 1xx as a final
+    status, 204/205 (no body) and 3xx (the gateway follows no redirect) cannot."""
+    return 200 <= status < 300 and status not in (204, 205)
 
 
 def client_retry_after(headers: Mapping[str, str]) -> str | None:
@@ -478,6 +500,13 @@ async def send_planned(
             t_path, t_body, t_headers = plan.request(target, path, headers)
             resp = await transport.post(t_path, t_body, t_headers if auth is None else {**t_headers, **auth})
             status = resp.status
+            if status < 400 and not _is_answer(status):
+                resp.close()
+                raise UpstreamBadAnswer(
+                    f"upstream {client.name!r} answered HTTP {status}, which is no answer to this API "
+                    "(expected 200 with a body)",
+                    error_class="upstream_bad_status",
+                )
             if status < 400:
                 held = False
                 plan.answered(target)

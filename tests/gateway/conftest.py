@@ -20,6 +20,7 @@ from sqlalchemy import select
 from gateway.app import GATEWAY, Gateway, create_app
 from gateway.config import GatewaySettings
 from gateway.db import create_engine, ledger, upgrade_schema
+from gateway.server import GatewayRunner
 from gateway.testing.fake_upstream import FakeUpstream
 
 SECRET = "test-secret-0123456789"
@@ -167,7 +168,7 @@ async def start_gateway(fake, tmp_path, db_backend, request):
         settings = make_settings(fake, tmp_path / f"gw{n}.db", **overrides)
         clock = FakeClock()
         app = create_app(settings, clock=clock)
-        runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        runner = GatewayRunner(app, handler_cancellation=True, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()

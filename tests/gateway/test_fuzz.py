@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.app import GATEWAY, create_app
+from gateway.server import GatewayRunner
 from gateway.testing.fake_upstream import FakeUpstream
 
 PATHS = [
@@ -62,7 +63,7 @@ class LiveGateway:
         self.fake = FakeUpstream(record=False)
         await self.fake.start()
         app = create_app(self.make_settings(self.fake, self.tmp_path / "fuzz.db", retry={"max_retries": 0}))
-        self.runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        self.runner = GatewayRunner(app, handler_cancellation=True, access_log=None)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
         await site.start()

@@ -12,6 +12,7 @@ import logging
 import aiohttp
 import openai
 import pytest
+from rawhttp import send_raw
 
 from gateway.testing.fake_upstream import Fault
 
@@ -20,18 +21,7 @@ MSGS = [{"role": "user", "content": "hi"}]
 
 async def raw_request(port: int, head: bytes, body: bytes = b"") -> tuple[int, dict[str, str], bytes]:
     """One HTTP/1.1 request written byte for byte (header values the client libraries would refuse)."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(head + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
-        await writer.drain()
-        data = await asyncio.wait_for(reader.read(), 10)
-    finally:
-        writer.close()
-    head_part, _, payload = data.partition(b"\r\n\r\n")
-    lines = head_part.decode("latin-1").split("\r\n")
-    status = int(lines[0].split()[1])
-    headers = {k.strip().lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:] if ":" in ln)}
-    return status, headers, payload
+    return await send_raw(port, head + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
 
 
 def _openai_error(payload: bytes) -> dict:
