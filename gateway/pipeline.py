@@ -371,22 +371,9 @@ class Pipeline:
             owned=True,
         )
         project = rec.project or "unknown"
-        m = self.gw.metrics.request_children(project, rec.model_label, rec.task_label, rec.status)
-        m.requests.inc()
-        m.latency.observe(latency)
-        if rec.input_tokens:
-            m.input_tokens.inc(rec.input_tokens)
-        if rec.output_tokens:
-            m.output_tokens.inc(rec.output_tokens)
-        if rec.cost_usd:
-            m.cost.inc(rec.cost_usd)
-        if upstream_s is not None:
-            m.upstream_latency.observe(upstream_s)
-            m.overhead.observe(max(0.0, latency - upstream_s - rec.queue_wait))
-        if rec.ttft is not None:
-            m.ttft.observe(rec.ttft)
-        if rec.queue_wait:
-            m.queue_wait.observe(rec.queue_wait)
+        self.gw.metrics.tally(project, rec.model_label, rec.task_label, rec.status).record(
+            latency, upstream_s, rec.queue_wait, rec.ttft, rec.input_tokens, rec.output_tokens, rec.cost_usd
+        )
 
 
 class _CostSettling:

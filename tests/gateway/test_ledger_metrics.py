@@ -5,8 +5,10 @@ from __future__ import annotations
 import aiohttp
 import pytest
 from pg import DB_BACKENDS
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.metrics import GatewayMetrics
 from gateway.testing.fake_upstream import Fault
 
 MSGS = [{"role": "user", "content": "hi"}]
@@ -208,6 +210,56 @@ async def test_request_metrics_reuse_their_labelled_children(gateway, oai):
         )
         == 3
     )
+
+
+def _exposition(m: GatewayMetrics) -> list[str]:
+    """The registry's text, without the ``_created`` timestamps (two registries never share those)."""
+    return [ln for ln in generate_latest(m.registry).decode().splitlines() if "_created" not in ln]
+
+
+def test_the_request_tally_exposes_what_prometheus_client_would():
+    """The request path counts in plain Python (RequestTally) and the counts are added to the metrics before
+    each read; what a scrape sees must be what observing every value on prometheus_client gives."""
+    requests = [  # latency, upstream, queue wait, ttft, input, output, cost: bucket bounds included
+        (0.005, 0.004, 0.0, None, 10, 20, 0.5),
+        (0.0, None, 0.0, None, 0, 0, None),
+        (1.0, 0.25, 0.1, 0.05, 3, 4, None),
+        (300.0, 299.0, 0.0, 1.0, 7, 0, 0.25),
+        (1e9, 1e9, 5.0, 1e9, 1, 1, 0.0),
+    ]
+    lean, direct = GatewayMetrics(), GatewayMetrics()
+    for i, (latency, upstream, wait, ttft, inp, out, cost) in enumerate(requests):
+        status = "ok" if i % 2 else "error"
+        lean.tally("p", "m", "t", status).record(latency, upstream, wait, ttft, inp, out, cost)
+        c = direct.request_children("p", "m", "t", status)
+        c.requests.inc()
+        c.latency.observe(latency)
+        c.input_tokens.inc(inp)
+        c.output_tokens.inc(out)
+        c.cost.inc(cost or 0)
+        if upstream is not None:
+            c.upstream_latency.observe(upstream)
+            c.overhead.observe(max(0.0, latency - upstream - wait))
+        if ttft is not None:
+            c.ttft.observe(ttft)
+        if wait:
+            c.queue_wait.observe(wait)
+        if i == 2:  # a read in between: drained once, never twice
+            assert _exposition(lean) == _exposition(direct)
+    assert _exposition(lean) == _exposition(direct)
+    assert _exposition(lean) == _exposition(direct)
+    labels = {"project": "p", "model": "m", "task": "t", "status": "ok"}
+    assert lean.registry.get_sample_value("gateway_requests_total", labels) == 2
+
+
+def test_a_nan_latency_leaves_the_sums_finite():
+    m = GatewayMetrics()
+    m.tally("p", "m", "t", "ok").record(float("nan"), float("nan"), 0.0, None, 1, 1, float("nan"))
+    m.tally("p", "m", "t", "ok").record(0.5, 0.25, 0.0, None, 1, 1, None)
+    labels = {"project": "p", "model": "m", "status": "ok"}
+    assert m.registry.get_sample_value("gateway_request_latency_seconds_sum", labels) == 0.5
+    assert m.registry.get_sample_value("gateway_request_latency_seconds_count", labels) == 1
+    assert m.registry.get_sample_value("gateway_cost_usd_total", {**labels, "task": "t"}) in (None, 0.0)
 
 
 async def test_rows_read_back_as_written_and_a_value_no_column_takes_drops_its_row_alone(db_url, caplog):
