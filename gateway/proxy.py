@@ -18,6 +18,8 @@ openai provider is answered here, with the gateway's estimate of the translated 
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -46,6 +48,8 @@ from gateway.usage import Api, StreamUsage, estimate_output_tokens, estimate_tok
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
+
+log = logging.getLogger("gateway")
 
 FORWARD_HEADERS = ("anthropic-version", "anthropic-beta", "openai-beta", "accept")
 DEFAULT_ANTHROPIC_VERSION = "2023-06-01"
@@ -420,6 +424,7 @@ class Proxy:
         upstream = result.response
         target = result.target
         responses_api = ep is RESPONSES
+        translator: StreamTranslator | None = None
         if target is None or target.kind == ep.style:  # the client's own format: bytes pass through
             tracker = StreamUsage(ep.usage_api, strip_usage)
             feed, finish = tracker.feed, tracker.finish
@@ -466,6 +471,8 @@ class Proxy:
                     if upstream.at_eof():
                         data += finish()
                         rec.status = "ok"
+                        if translator is not None and translator.failed is not None:  # an error event ended
+                            rec.status, rec.error_class = "error", "upstream_stream_error"
                         clean_end = True
                         if data and rec.ttft is None:
                             rec.ttft = time.perf_counter() - rec.t0
@@ -495,6 +502,16 @@ class Proxy:
                 if not rec.accounted:
                     rec.status, rec.error_class = "cancelled", "client_disconnected"
                 clean_end = False
+            except Exception:  # a fault of the gateway's own once the stream began: end it, never hang it
+                log.exception("internal error relaying a stream of %s (request %s)", ep.name, rec.request_id)
+                clean_end = False
+                if not rec.accounted:
+                    rec.status, rec.error_class = "error", "internal_error"
+                    self._count_tokens(rec, tracker, raw)
+                    self.pipeline.account(rec)
+                with contextlib.suppress(Exception):  # the client may be gone too
+                    await out.write(error_event(500, "internal gateway error while relaying the stream"))
+                    await out.write_eof()
             return out
         finally:
             rec.upstream_end = rec.upstream_end or time.perf_counter()

@@ -47,19 +47,25 @@ class BadUsage(ValueError):
     """An upstream usage field that is not a whole number of tokens."""
 
 
-def _tok(u: dict, key: str) -> int:
-    """A token count from a usage object: absent or null is 0; anything not a count (or a count over
-    MAX_TOKENS_PER_REQUEST) raises BadUsage."""
-    v = u.get(key)
+def token_count(v: object) -> int | None:
+    """``v`` as a token count: absent, null or 0 is 0; a number or numeric string (some upstreams send
+    those) within 0..MAX_TOKENS_PER_REQUEST is itself, whole; anything else (a bool, a list, NaN, 10**30, a
+    negative number) is None: no count."""
     if not v:
         return 0
     if isinstance(v, bool):
-        raise BadUsage(key)
+        return None
     try:
-        n = int(v)
+        n = int(v)  # type: ignore[call-overload]
     except (TypeError, ValueError, OverflowError):
-        raise BadUsage(key) from None
-    if n < 0 or n > MAX_TOKENS_PER_REQUEST:
+        return None
+    return n if 0 <= n <= MAX_TOKENS_PER_REQUEST else None
+
+
+def _tok(u: dict, key: str) -> int:
+    """A token count from a usage object (``token_count``); BadUsage when the value is no count."""
+    n = token_count(u.get(key))
+    if n is None:
         raise BadUsage(key)
     return n
 

@@ -19,6 +19,7 @@ from gateway.translate.ir import (
     ToolCall,
     ToolResult,
     Usage,
+    count,
     dumps,
     dumps_str,
     invalid,
@@ -248,15 +249,20 @@ def render_request(req: Request, model: str) -> dict:
 def parse_usage(u: object) -> Usage | None:
     if not isinstance(u, dict):
         return None
-    pd = u.get("prompt_tokens_details") or {}
-    cd = u.get("completion_tokens_details") or {}
+    pd = _details(u, "prompt_tokens_details")
+    cd = _details(u, "completion_tokens_details")
     return Usage(
-        input=u.get("prompt_tokens") or 0,
-        output=u.get("completion_tokens") or 0,
-        cached=pd.get("cached_tokens") or 0,
-        cache_write=pd.get("cache_write_tokens") or 0,
-        reasoning=cd.get("reasoning_tokens") or 0,
+        input=count(u.get("prompt_tokens")),
+        output=count(u.get("completion_tokens")),
+        cached=count(pd.get("cached_tokens")),
+        cache_write=count(pd.get("cache_write_tokens")),
+        reasoning=count(cd.get("reasoning_tokens")),
     )
+
+
+def _details(u: dict, name: str) -> dict:
+    d = u.get(name)
+    return d if isinstance(d, dict) else {}
 
 
 def render_usage(u: Usage) -> dict:

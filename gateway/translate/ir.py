@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from gateway.errors import BadRequest
+from gateway.usage import token_count
 
 Format = Literal["chat", "responses", "messages"]
 FORMATS: tuple[Format, ...] = ("chat", "responses", "messages")
@@ -158,14 +159,25 @@ dumps_str = json.encoder.encode_basestring  # what dumps gives for a str: the ch
 
 
 def loads(data: str) -> object:
-    """``json.loads(data)``, quicker for data without surrounding whitespace (every SSE event's data)."""
+    """``json.loads(data)``, quicker for data without surrounding whitespace (every SSE event's data).
+    ValueError for anything that is not JSON, nesting too deep for the parser included."""
     try:
-        obj, end = _SCAN(data, 0)
-    except StopIteration:
-        return json.loads(data)  # not JSON at the start: the full parser raises the usual error
-    if end != len(data):
-        return json.loads(data)  # whitespace or something more after the value: the full parser decides
+        try:
+            obj, end = _SCAN(data, 0)
+        except StopIteration:
+            return json.loads(data)  # not JSON at the start: the full parser raises the usual error
+        if end != len(data):
+            return json.loads(data)  # whitespace or something more after the value: the full parser decides
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
     return obj
+
+
+def count(v: object) -> int:
+    """A token count of an upstream's usage as a client may be shown it (gateway.usage.token_count);
+    anything that is no count (a list, NaN, 10**30, a negative number) shows as 0, and the gateway's own
+    accounting estimates that request."""
+    return token_count(v) or 0
 
 
 def text_of(parts: list, where: str, dst: str) -> str:

@@ -24,6 +24,7 @@ from gateway.translate.ir import (
     ToolResult,
     Usage,
     arguments_object,
+    count,
     dumps,
     dumps_str,
     invalid,
@@ -286,13 +287,13 @@ def parse_usage(u: object, into: Usage | None = None) -> Usage | None:
     cached = u.get("cache_read_input_tokens")
     written = u.get("cache_creation_input_tokens")
     if cached is not None:
-        usage.cached = cached
+        usage.cached = count(cached)
     if written is not None:
-        usage.cache_write = written
+        usage.cache_write = count(written)
     if u.get("input_tokens") is not None:
-        usage.input = u["input_tokens"] + usage.cached + usage.cache_write
+        usage.input = count(u["input_tokens"]) + usage.cached + usage.cache_write
     if u.get("output_tokens") is not None:
-        usage.output = u["output_tokens"]
+        usage.output = count(u["output_tokens"])
     return usage
 
 

@@ -24,6 +24,7 @@ from gateway.translate.ir import (
     ToolCall,
     ToolResult,
     Usage,
+    count,
     dumps,
     dumps_str,
     invalid,
@@ -259,13 +260,16 @@ def render_request(req: Request, model: str) -> dict:
 def parse_usage(u: object) -> Usage | None:
     if not isinstance(u, dict):
         return None
-    details = u.get("input_tokens_details") or {}
+    details = u.get("input_tokens_details")
+    details = details if isinstance(details, dict) else {}
+    out_details = u.get("output_tokens_details")
+    out_details = out_details if isinstance(out_details, dict) else {}
     return Usage(
-        input=u.get("input_tokens") or 0,
-        output=u.get("output_tokens") or 0,
-        cached=details.get("cached_tokens") or 0,
-        cache_write=details.get("cache_write_tokens") or 0,
-        reasoning=(u.get("output_tokens_details") or {}).get("reasoning_tokens") or 0,
+        input=count(u.get("input_tokens")),
+        output=count(u.get("output_tokens")),
+        cached=count(details.get("cached_tokens")),
+        cache_write=count(details.get("cache_write_tokens")),
+        reasoning=count(out_details.get("reasoning_tokens")),
     )
 
 

@@ -73,7 +73,9 @@ class StreamTranslator:
     ``src == dst`` the bytes pass through unchanged and only the usage is read.
     """
 
-    __slots__ = ("src", "dst", "tokens", "_decoder", "_encoder", "_buf", "_started", "_closed", "_identity")
+    __slots__ = (
+        "src", "dst", "tokens", "_decoder", "_encoder", "_buf", "_started", "_closed", "_identity", "failed",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -94,6 +96,7 @@ class StreamTranslator:
         self._started = False
         self._closed = False
         self._identity = src == dst
+        self.failed: str | None = None  # the message of the error event that ended the stream, if one did
 
     # -- usage, for the caller's accounting
     @property
@@ -181,6 +184,7 @@ class StreamTranslator:
             if tag == "error":
                 out.append(enc.error(ev[1], ev[2]))
                 self._closed = True
+                self.failed = str(ev[2])
                 break
             if not self._started:
                 self._started = True
