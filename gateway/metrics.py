@@ -50,7 +50,10 @@ class RequestChildren(NamedTuple):
 
 class _HistTally:
     """The observations of one histogram child since its last drain, kept as prometheus_client keeps them
-    (a count per bucket, not cumulative, and their sum) and added to the child in one step per bucket."""
+    (a count per bucket, not cumulative, and their sum) and added to the child in one step per bucket.
+    prometheus_client has no public call for that: this reads the child's ``_upper_bounds`` and adds to its
+    ``_sum`` and ``_buckets`` values (test_the_request_tally_exposes_what_prometheus_client_would checks
+    that a scrape sees what observing each value would give)."""
 
     __slots__ = ("child", "bounds", "counts", "total")
 
