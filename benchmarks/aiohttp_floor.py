@@ -4,13 +4,12 @@ forwards chat completions to the fake upstream and does nothing else (no key, li
 ``python -m benchmarks gateway`` runs it beside the gateway, so every run shows in the same seconds what
 aiohttp alone reaches on the machine; ``python -m benchmarks gateway-ir`` counts its instructions.
 
-    .venv/bin/python -m benchmarks.aiohttp_floor UPSTREAM_PORT PORT
+    .venv/bin/python -m benchmarks.aiohttp_floor UPSTREAM_PORT PORT [--no-uvloop]
 """
 
 from __future__ import annotations
 
-import os
-import sys
+import argparse
 
 import aiohttp
 from aiohttp import web
@@ -57,16 +56,20 @@ def make_app(upstream_url: str) -> web.Application:
 
 
 def main(argv: list[str] | None = None) -> None:
-    upstream_port, port = (int(a) for a in (argv if argv is not None else sys.argv[1:]))
-    if os.environ.get("FARM_GATEWAY_UVLOOP", "1") != "0":  # the same loop as the gateway's
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("upstream_port", type=int)
+    ap.add_argument("port", type=int)
+    ap.add_argument("--no-uvloop", action="store_true", help="the plain asyncio loop (as the gateway's)")
+    args = ap.parse_args(argv)
+    if not args.no_uvloop:
         try:
             import uvloop  # type: ignore[import-not-found]
 
             uvloop.install()
         except ImportError:
             pass
-    app = make_app(f"http://127.0.0.1:{upstream_port}/v1/chat/completions")
-    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
+    app = make_app(f"http://127.0.0.1:{args.upstream_port}/v1/chat/completions")
+    web.run_app(app, host="127.0.0.1", port=args.port, access_log=None, print=None)
 
 
 if __name__ == "__main__":

@@ -240,6 +240,7 @@ async def run(args: argparse.Namespace) -> dict:
         gw_cmd = [sys.executable, *prof, "-m", "gateway.cli", "serve", "--config", str(cfg_path)]
         procs.append(_start(gw_cmd, env))
         floor_cmd = [sys.executable, "-m", "benchmarks.aiohttp_floor", str(fake_port), str(floor_port)]
+        floor_cmd += ["--no-uvloop"] if args.no_uvloop else []
         procs.append(_start(floor_cmd, env))
         await _wait_http(f"http://127.0.0.1:{gw_port}/healthz")
         await _wait_http(f"http://127.0.0.1:{floor_port}/healthz")
