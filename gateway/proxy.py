@@ -402,7 +402,7 @@ class Proxy:
             if parsed is None:
                 raise ValueError("not a JSON object")
             out = translate_response(parsed, src, dst, public_model=rec.public_model or "")
-        except (GatewayError, ValueError, TypeError, KeyError, AttributeError) as e:
+        except (GatewayError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:
             detail = e.message if isinstance(e, GatewayError) else str(e)
             rec.status, rec.http_status, rec.error_class = "error", 502, "untranslatable_answer"
             self.pipeline.account(rec)

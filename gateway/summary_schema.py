@@ -13,12 +13,13 @@ import hashlib
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # The endpoint, from the gateway's root URL (a client whose base URL ends in /v1 strips it first).
 SUMMARIES_PATH = "/v1/farm/summaries"
 
 Task = Literal["checklist", "log_summary"]
+MAX_DIFF_DEPTH = 16  # levels of nesting in an anomaly's config_diff
 TASKS: tuple[str, ...] = ("checklist", "log_summary")
 Scalar = str | int | float | bool | None
 
@@ -54,6 +55,20 @@ class AnomalyIn(_In):
     log_excerpt: str = Field("", max_length=16_384)
     expected_metrics: list[ExpectedMetric] = Field(default_factory=list, max_length=64)
     prohibitions: list[str] = Field(default_factory=list, max_length=16)
+
+    @field_validator("config_diff")
+    @classmethod
+    def _shallow(cls, v: dict[str, Any]) -> dict[str, Any]:
+        """A config diff is a few keys of scalars or short lists: nesting past MAX_DIFF_DEPTH is refused
+        here (pydantic's serializer gives up near 255 levels, and nothing reads that deep anyway)."""
+        stack: list[tuple[Any, int]] = [(v, 1)]
+        while stack:
+            node, depth = stack.pop()
+            if depth > MAX_DIFF_DEPTH:
+                raise ValueError(f"nested deeper than {MAX_DIFF_DEPTH} levels")
+            children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+            stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+        return v
 
     def content_hash(self) -> str:
         """What the anomaly says, without the caller's label: equal content, equal hash."""

@@ -37,17 +37,20 @@ def translate_request(
             opts = out.get("stream_options")
             out["stream_options"] = {**(opts if isinstance(opts, dict) else {}), "include_usage": True}
         return out
-    if src == "chat":
-        req = chat.parse_request(body, dst)
-    elif src == "responses":
-        req = responses.parse_request(body, dst)
-    else:
-        req = messages.parse_request(body, dst)
-    if dst == "chat":
-        return chat.render_request(req, upstream_model)
-    if dst == "responses":
-        return responses.render_request(req, upstream_model)
-    return messages.render_request(req, upstream_model, default_max_tokens)
+    try:
+        if src == "chat":
+            req = chat.parse_request(body, dst)
+        elif src == "responses":
+            req = responses.parse_request(body, dst)
+        else:
+            req = messages.parse_request(body, dst)
+        if dst == "chat":
+            return chat.render_request(req, upstream_model)
+        if dst == "responses":
+            return responses.render_request(req, upstream_model)
+        return messages.render_request(req, upstream_model, default_max_tokens)
+    except RecursionError:  # a tool's input or schema nested nearly as deep as the JSON parser allows
+        raise invalid("body", "is nested too deeply to translate") from None
 
 
 def translate_response(

@@ -247,3 +247,22 @@ async def test_an_unreachable_key_store_is_a_503_not_a_500(gateway, oai, caplog,
         await gw.keys._engine.dispose()
         gw.keys._engine = real
     await _still_serving(gateway, oai)
+
+
+async def test_a_request_nested_nearly_as_deep_as_the_parser_allows_is_a_400_when_translated(gateway, fake):
+    """Seen: a tool_use input 990 levels deep parsed (the JSON parser allows 1024), then re-encoding it for
+    an OpenAI model hit Python's recursion limit: a 500."""
+    deep = b"[" * 990 + b"]" * 990
+    body = (
+        b'{"model":"gpt-fake","max_tokens":5,"messages":[{"role":"assistant","content":[{"type":"tool_use",'
+        b'"id":"t","name":"f","input":{"x":' + deep + b'}}]},{"role":"user","content":[{"type":"tool_result",'
+        b'"tool_use_id":"t","content":"ok"}]}]}'
+    )
+    hdrs = {"x-api-key": gateway.keys["alpha"], "anthropic-version": "2023-06-01"}
+    hdrs["Content-Type"] = "application/json"
+    async with aiohttp.ClientSession() as s:
+        async with s.post(f"{gateway.url}/v1/messages", data=body, headers=hdrs) as r:
+            assert r.status == 400, await r.text()
+            err = _anthropic_error(await r.read())
+    assert "nested too deeply" in err["message"]
+    assert fake.requests == 0

@@ -31,6 +31,13 @@ def anomaly(i: int, kind: str = "slower", **kw) -> dict:
     return base
 
 
+def _nested(depth: int) -> list:
+    out: list = []
+    for _ in range(depth - 1):
+        out = [out]
+    return out
+
+
 def model_reply(body: dict) -> str:
     """What a well-behaved model answers: one draft per anomaly id it was sent."""
     msgs = [m for m in body.get("messages", []) if m["role"] == "user"]
@@ -159,6 +166,9 @@ async def test_anthropic_provider(start_gateway, fake):
         ({"task": "checklist", "anomalies": [anomaly(1), anomaly(1)]}, "used twice"),
         ({"task": "checklist", "anomalies": [{**anomaly(1), "raw_log": "x"}]}, "raw_log"),
         ({"task": "checklist", "model": "gpt-beta", "anomalies": [anomaly(1)]}, "not allowed"),
+        # seen: 900 levels parsed, then pydantic's serializer gave up hashing it: a 500
+        ({"task": "checklist", "anomalies": [anomaly(1, config_diff={"x": _nested(900)})]}, "nested deeper"),
+        ({"task": "checklist", "anomalies": [anomaly(1, config_diff={"x": _nested(17)})]}, "config_diff"),
     ],
 )
 async def test_bad_requests_name_the_field(gateway, fake, body, where):
