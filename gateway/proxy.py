@@ -404,6 +404,7 @@ class Proxy:
             out = translate_response(parsed, src, dst, public_model=rec.public_model or "")
         except (GatewayError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:
             detail = e.message if isinstance(e, GatewayError) else str(e)
+            detail = detail.removeprefix("invalid request body: ")  # a field of the answer, not the request
             rec.status, rec.http_status, rec.error_class = "error", 502, "untranslatable_answer"
             self.pipeline.account(rec)
             raise UpstreamError(

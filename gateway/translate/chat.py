@@ -276,21 +276,40 @@ def render_usage(u: Usage) -> dict:
 
 
 def parse_response(body: dict) -> Reply:
-    choices = body.get("choices") or [{}]
-    choice = choices[0]
-    msg = choice.get("message") or {}
+    """An upstream's answer; a field of the wrong JSON type (content that is a number, a tool call that is
+    no object, ...) raises, and the caller answers the client 502 instead of passing it on translated."""
+    choices = want(body.get("choices") or [{}], list, "choices")
+    choice = want(choices[0], dict, "choices[0]")
+    msg = want(choice.get("message") or {}, dict, "choices[0].message")
     parts: list = []
-    if msg.get("content"):
-        parts.append(Text(msg["content"]))
-    if msg.get("refusal"):
-        parts.append(Text(msg["refusal"]))
-    for tc in msg.get("tool_calls") or []:
-        fn = tc.get("function") or {}
-        parts.append(
-            ToolCall(tc.get("id") or new_id("call_"), fn.get("name", ""), fn.get("arguments") or "{}")
+    content = msg.get("content")
+    if isinstance(content, list):  # text parts, as some OpenAI-compatible servers answer
+        content = "".join(
+            want(c.get("text"), str, "choices[0].message.content[].text")
+            for c in content
+            if isinstance(c, dict) and c.get("type") in ("text", "output_text")
         )
-    stop = FINISH_TO_STOP.get(choice.get("finish_reason") or "stop", "end")
-    return Reply(body.get("id"), parts, stop, parse_usage(body.get("usage")), created=body.get("created"))
+    if content:
+        parts.append(Text(want(content, str, "choices[0].message.content")))
+    if msg.get("refusal"):
+        parts.append(Text(want(msg["refusal"], str, "choices[0].message.refusal")))
+    for i, tc in enumerate(want(msg.get("tool_calls") or [], list, "choices[0].message.tool_calls")):
+        w = f"choices[0].message.tool_calls[{i}]"
+        fn = want(want(tc, dict, w).get("function") or {}, dict, f"{w}.function")
+        parts.append(
+            ToolCall(
+                want(tc.get("id") or new_id("call_"), str, f"{w}.id"),
+                want(fn.get("name", ""), str, f"{w}.function.name"),
+                want(fn.get("arguments") or "{}", str, f"{w}.function.arguments"),
+            )
+        )
+    finish = choice.get("finish_reason")
+    stop = FINISH_TO_STOP.get(finish if isinstance(finish, str) else "stop", "end")
+    rid, created = body.get("id"), body.get("created")
+    return Reply(
+        rid if isinstance(rid, str) else None, parts, stop, parse_usage(body.get("usage")),
+        created=created if isinstance(created, int) and not isinstance(created, bool) else None,
+    )  # fmt: skip
 
 
 def render_response(reply: Reply, model: str, created: int | None) -> dict:

@@ -307,14 +307,27 @@ def render_usage(u: Usage) -> dict:
 
 
 def parse_response(body: dict) -> Reply:
+    """An upstream's answer; a field of the wrong JSON type raises (the caller answers 502)."""
     parts: list = []
-    for b in body.get("content") or []:
-        if b.get("type") == "text":
-            parts.append(Text(b.get("text", "")))
-        elif b.get("type") == "tool_use":
-            parts.append(ToolCall(b["id"], b["name"], dumps(b.get("input") or {})))
-    stop = REASON_TO_STOP.get(body.get("stop_reason") or "end_turn", "end")
-    return Reply(body.get("id"), parts, stop, parse_usage(body.get("usage")), body.get("stop_sequence"))
+    for i, b in enumerate(want(body.get("content") or [], list, "content")):
+        w = f"content[{i}]"
+        kind = want(b, dict, w).get("type")
+        if kind == "text":
+            parts.append(Text(want(b.get("text", ""), str, f"{w}.text")))
+        elif kind == "tool_use":
+            parts.append(
+                ToolCall(
+                    want(b.get("id"), str, f"{w}.id"),
+                    want(b.get("name"), str, f"{w}.name"),
+                    dumps(want(b.get("input") or {}, dict, f"{w}.input")),
+                )
+            )
+    reason, rid, seq = body.get("stop_reason"), body.get("id"), body.get("stop_sequence")
+    stop = REASON_TO_STOP.get(reason if isinstance(reason, str) else "end_turn", "end")
+    return Reply(
+        rid if isinstance(rid, str) else None, parts, stop, parse_usage(body.get("usage")),
+        seq if isinstance(seq, str) else None,
+    )  # fmt: skip
 
 
 def render_response(reply: Reply, model: str) -> dict:

@@ -291,22 +291,33 @@ def _stop(response: dict, has_calls: bool) -> Stop:
 
 
 def parse_response(body: dict) -> Reply:
+    """An upstream's answer; a field of the wrong JSON type raises (the caller answers 502)."""
     parts: list = []
-    for item in body.get("output") or []:
-        kind = item.get("type")
+    for i, item in enumerate(want(body.get("output") or [], list, "output")):
+        w = f"output[{i}]"
+        kind = want(item, dict, w).get("type")
         if kind == "message":
-            for c in item.get("content") or []:
-                if c.get("type") == "output_text":
-                    parts.append(Text(c.get("text", "")))
-                elif c.get("type") == "refusal":
-                    parts.append(Text(c.get("refusal", "")))
+            for j, c in enumerate(want(item.get("content") or [], list, f"{w}.content")):
+                cw = f"{w}.content[{j}]"
+                ctype = want(c, dict, cw).get("type")
+                if ctype == "output_text":
+                    parts.append(Text(want(c.get("text", ""), str, f"{cw}.text")))
+                elif ctype == "refusal":
+                    parts.append(Text(want(c.get("refusal", ""), str, f"{cw}.refusal")))
         elif kind == "function_call":
-            parts.append(ToolCall(item["call_id"], item["name"], item.get("arguments") or "{}"))
+            parts.append(
+                ToolCall(
+                    want(item.get("call_id"), str, f"{w}.call_id"),
+                    want(item.get("name"), str, f"{w}.name"),
+                    want(item.get("arguments") or "{}", str, f"{w}.arguments"),
+                )
+            )
     stop = _stop(body, any(isinstance(p, ToolCall) for p in parts))
-    created = body.get("created_at")
+    rid, created = body.get("id"), body.get("created_at")
     return Reply(
-        body.get("id"), parts, stop, parse_usage(body.get("usage")), created=int(created or 0) or None
-    )
+        rid if isinstance(rid, str) else None, parts, stop, parse_usage(body.get("usage")),
+        created=int(created) if isinstance(created, (int, float)) and 0 < created < 2**40 else None,
+    )  # fmt: skip
 
 
 def _status(stop: Stop) -> tuple[str, dict | None]:

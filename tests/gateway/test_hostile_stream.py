@@ -1,8 +1,10 @@
-"""Streams an upstream should never send, through the gateway's translation (variants of #14's "What was
-seen": absurd usage, input nested too deeply). Seen: a chat stream's usage of ``"prompt_tokens": "12"``
-translated for an Anthropic client raised a TypeError, and 50,000 nested arrays in one event a
-RecursionError, after the stream had begun: the client got no end of stream and hung; -5, NaN and 10**30
-were passed on to the client as its token counts (NaN as ``Infinity``, which is no JSON)."""
+"""Streams and answers an upstream should never send, through the gateway's translation (variants of #14's
+"What was seen": absurd usage, input nested too deeply, fields of the wrong type). Seen: a chat stream's
+usage of ``"prompt_tokens": "12"`` translated for an Anthropic client raised a TypeError, and 50,000
+nested arrays in one event a RecursionError, after the stream had begun: the client got no end of stream
+and hung; -5, NaN and 10**30 were passed on to the client as its token counts (NaN as ``Infinity``, which
+is no JSON); a whole answer whose text was a number was passed on translated (``"text": 5``), which the
+client's SDK cannot read."""
 
 from __future__ import annotations
 
@@ -64,6 +66,7 @@ class ScriptedUpstream:
 
     def __init__(self) -> None:
         self.chunks: list[bytes] = []
+        self.answer: bytes | None = None  # a whole JSON answer instead of the SSE chunks
         self.server: asyncio.Server | None = None
 
     async def start(self) -> str:
@@ -82,6 +85,11 @@ class ScriptedUpstream:
                 0,
             )
             await reader.readexactly(length)
+            if self.answer is not None:
+                head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                writer.write(head % len(self.answer) + self.answer)
+                await writer.drain()
+                return
             writer.write(
                 b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
             )
@@ -184,3 +192,50 @@ async def test_a_fault_of_the_gateway_mid_stream_ends_the_stream_and_is_recorded
     row = (await gw.rows())[-1]
     assert (row["status"], row["error_class"], row["http_status"]) == ("error", "internal_error", 200)
     assert "a bug" in caplog.text
+
+
+def chat_answer(message: dict) -> bytes:
+    return json.dumps(
+        {"id": "c", "object": "chat.completion", "choices": [{"index": 0, "message": message,
+         "finish_reason": "stop"}], "usage": {"prompt_tokens": 1, "completion_tokens": 1}}
+    ).encode()  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("answer", "field"),
+    [
+        (chat_answer({"role": "assistant", "content": 5}), "choices[0].message.content"),
+        (chat_answer({"role": "assistant", "content": None, "tool_calls": [{"id": "t", "function": 5}]}),
+         "choices[0].message.tool_calls[0].function"),
+        (chat_answer({"role": "assistant", "content": None, "tool_calls": [{"id": "t", "type": "function",
+         "function": {"name": "f", "arguments": {"a": 1}}}]}), "function.arguments"),
+        (b'{"id":"c","choices":"none"}', "choices"),
+    ],
+)  # fmt: skip
+async def test_a_chat_answer_with_a_field_of_the_wrong_type_is_a_502_naming_it(scripted, anth, answer, field):
+    gw, up = scripted
+    up.answer = answer
+    with pytest.raises(anthropic.APIStatusError) as ei:
+        await anth(gw).messages.create(model="gpt-fake", max_tokens=16, messages=MSGS)
+    assert ei.value.status_code == 502
+    assert field in ei.value.message and "invalid request body" not in ei.value.message
+    assert (await gw.rows())[-1]["error_class"] == "untranslatable_answer"
+
+
+async def test_a_chat_answer_in_text_parts_is_read_as_its_text(scripted, anth):
+    gw, up = scripted
+    parts = [{"type": "text", "text": "hello "}, {"type": "text", "text": "world"}]
+    up.answer = chat_answer({"role": "assistant", "content": parts})
+    msg = await anth(gw).messages.create(model="gpt-fake", max_tokens=16, messages=MSGS)
+    assert [b.text for b in msg.content] == ["hello world"]
+
+
+async def test_an_anthropic_answer_with_a_number_for_text_is_a_502_naming_it(scripted, oai):
+    gw, up = scripted
+    up.answer = json.dumps(
+        {"id": "m", "type": "message", "role": "assistant", "content": [{"type": "text", "text": 5}],
+         "stop_reason": "end_turn", "usage": {"input_tokens": 1, "output_tokens": 1}}
+    ).encode()  # fmt: skip
+    with pytest.raises(openai.APIStatusError) as ei:
+        await oai(gw).chat.completions.create(model="claude-fake", messages=MSGS)
+    assert ei.value.status_code == 502 and "content[0].text" in ei.value.message
