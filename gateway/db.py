@@ -295,6 +295,13 @@ async def ensure_schema(engine: AsyncEngine) -> SchemaState:
     state = await schema_state(engine)
     if state.up_to_date:
         return state
+    # Read again under the migration lock: another first start may be creating the schema right now, and
+    # two catalog reads outside the lock (each its own snapshot on PostgreSQL) can see its tables without
+    # its version table, which looked like a database from before migrations.
+    async with _migration_lock(engine) as conn:
+        state = await conn.run_sync(_state)
+    if state.up_to_date:
+        return state
     if state.empty:
         _, state = await upgrade_schema(engine)  # re-checked under the lock: another process may be first
         if state.up_to_date:
