@@ -10,25 +10,14 @@ import time
 import pytest
 from rich.console import Console
 
-from cluster import session
 from jobs.report import render as report
 from jobs.run.runner import RunOptions, run_sweep
 from jobs.spec.sweep import loads_spec
-from jobs.store.repository import Store
 
 
 @pytest.fixture(scope="module")
-def plan():
-    p = session.connect(gpus=4, oversubscribe=True)  # 4 logical GPUs, more than this box's cores
-    yield p
-    session.disconnect()
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = Store(str(tmp_path / "farm.db"))
-    yield s
-    s.close()
+def plan(ray_local):
+    return ray_local  # the session's Ray: 4 logical GPUs, more than its 2 cores
 
 
 def _quiet(**kw) -> RunOptions:
@@ -52,6 +41,7 @@ def test_plan_has_one_worker_per_logical_gpu(plan):
     assert "logical GPU" in plan.note
 
 
+@pytest.mark.slow  # 16 trials on 4 workers started for it
 def test_every_trial_stored_once_each_actor_on_its_own_device(plan, store):
     spec = loads_spec(_probe("[{name: spin, baseline: true, configs: {grid: {ms: [150]}}}]", 16))
     result = run_sweep(spec, store, _quiet())
@@ -74,6 +64,7 @@ def test_every_trial_stored_once_each_actor_on_its_own_device(plan, store):
     assert env and all(e.device_kind == "cpu" for e in env)
 
 
+@pytest.mark.slow  # workers killed and started again
 def test_killing_a_worker_mid_sweep_finishes_every_trial_once(plan, store):
     spec = loads_spec(_probe("[{name: spin, baseline: true, configs: {grid: {ms: [20]}}}]", 24))
     killed: list[int] = []
@@ -94,6 +85,7 @@ def test_killing_a_worker_mid_sweep_finishes_every_trial_once(plan, store):
     assert any(t.attempt == 2 for t in trials), [t.attempt for t in trials]
 
 
+@pytest.mark.slow  # workers killed and started again
 def test_hung_trial_is_stopped_at_its_timeout_and_the_sweep_goes_on(plan, store):
     spec = loads_spec(
         _probe("[{name: noop, baseline: true}, {name: sleep, configs: {grid: {s: [600]}}}]", 3, 3)
@@ -112,6 +104,7 @@ def test_hung_trial_is_stopped_at_its_timeout_and_the_sweep_goes_on(plan, store)
     assert elapsed < 120
 
 
+@pytest.mark.slow  # workers killed and started again
 def test_crashing_trial_is_retried_then_stored_as_crashed(plan, store):
     spec = loads_spec(
         _probe("[{name: noop, baseline: true}, {name: crash}]", 2, timeout_s=120, max_attempts=2)
@@ -124,6 +117,7 @@ def test_crashing_trial_is_retried_then_stored_as_crashed(plan, store):
     assert all(t.status == "ok" for t in trials if t.backend == "noop"), [(t.status, t.error) for t in trials]
 
 
+@pytest.mark.slow  # a real gemm sweep
 def test_report_renders_for_a_finished_gemm_job(plan, store, tmp_path):
     spec = loads_spec("""
 name: gemm-tiny
@@ -151,6 +145,7 @@ timeout_s: 60
     assert page.count("Plotly.newPlot(") >= 2 and "CPU timings" in page and "torch_bf16" in page
 
 
+@pytest.mark.slow  # workers killed and started again
 def test_one_worker_survives_trials_that_keep_crashing_it(plan, store):
     # The crashing trials, not the worker slot, are to blame: the slot must not retire before they
     # have used up their attempts, or the job would end with trials never run.

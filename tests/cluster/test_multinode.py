@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import ray
+import raykit
 from ray.cluster_utils import Cluster
 
 from cluster import session
@@ -11,9 +12,12 @@ from jobs.run.runner import RunOptions, run_sweep
 from jobs.spec.sweep import loads_spec
 from jobs.store.repository import Store
 
+pytestmark = pytest.mark.multinode
+
 
 @pytest.fixture(scope="module")
 def two_nodes():
+    raykit.leave_local_ray()  # this process joins the two-node cluster instead
     head = {"num_cpus": 1, "num_gpus": 2, "include_dashboard": False}
     cluster = Cluster(initialize_head=True, head_node_args=head)
     cluster.add_node(num_cpus=1, num_gpus=2)

@@ -3,10 +3,14 @@ bounded wait), and CPU timing workers are not oversubscribed unless asked."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from typing import Any
 
 import pytest
-from ray.cluster_utils import Cluster
+import ray
+import raykit
 
 from cluster import session
 from cluster.dispatch import Dispatcher, DispatchOptions, WorkItem
@@ -15,16 +19,10 @@ from kernels.measure.policy import MeasurePolicy
 
 
 @pytest.fixture(scope="module")
-def one_core_three_gpus():
-    """A real Ray cluster of one node with 1 CPU core and 3 logical GPUs (no accelerator detected)."""
-    cluster = Cluster(
-        initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 3, "include_dashboard": False}
-    )
-    cluster.wait_for_nodes()
-    session.connect(cluster.address, oversubscribe=True)
-    yield cluster
-    session.disconnect()
-    cluster.shutdown()
+def two_cores_four_gpus(ray_local):
+    """The session's Ray (tests/raykit.py): one node, 2 CPU cores and 4 logical GPUs (no accelerator)."""
+    assert (raykit.LOGICAL_CPUS, raykit.LOGICAL_GPUS) == (2, 4)
+    return ray_local
 
 
 class Events:
@@ -65,7 +63,7 @@ def _items(n: int) -> list[WorkItem]:
     ]
 
 
-def test_no_trial_is_handed_out_before_every_worker_is_ready(one_core_three_gpus):
+def test_no_trial_is_handed_out_before_every_worker_is_ready(two_cores_four_gpus):
     events = Events()
     Dispatcher(DispatchOptions(workers=2, gpu=True, timeout_s=60, name_prefix="gate-all"), events).run(
         _items(12)
@@ -78,30 +76,50 @@ def test_no_trial_is_handed_out_before_every_worker_is_ready(one_core_three_gpus
     assert (ready, wanted) == (2, 2)
 
 
+@pytest.mark.slow  # waits out the bounded wait
 def test_after_the_bounded_wait_dispatch_starts_with_the_ready_workers_and_says_how_many_are_missing(
-    one_core_three_gpus,
+    two_cores_four_gpus,
 ):
     events = Events()
-    # four GPU workers on a cluster of three GPUs: the fourth can never start
+    # five GPU workers on a cluster of four GPUs: the fifth can never start
     options = DispatchOptions(
-        workers=4, gpu=True, timeout_s=60, ready_wait_s=2.0, start_timeout_s=120, name_prefix="gate-miss"
+        workers=5, gpu=True, timeout_s=60, ready_wait_s=2.0, start_timeout_s=120, name_prefix="gate-miss"
     )
     Dispatcher(options, events).run(_items(6))
     [(ready, wanted, waited)] = [v for k, v in events.log if k == "dispatch"]
-    assert wanted == 4 and 1 <= ready <= 3 and waited >= 2.0
+    assert wanted == 5 and 1 <= ready <= 4 and waited >= 2.0
     assert events.kinds().count("finished") == 6
 
 
-def test_cpu_timing_workers_are_cut_to_the_cores_unless_oversubscribed(one_core_three_gpus):
-    session.disconnect()
-    plan = session.connect(one_core_three_gpus.address)
-    assert plan.workers == 1 and plan.gpu and not plan.cuda
-    assert "asked for 3 workers" in plan.note and "--oversubscribe" in plan.note
+def test_cpu_timing_workers_are_cut_to_the_cores_unless_oversubscribed(two_cores_four_gpus):
+    plan = session.connect()
+    assert plan.workers == 2 and plan.gpu and not plan.cuda
+    assert "asked for 4 workers" in plan.note and "--oversubscribe" in plan.note
     assert "CPU timings" in plan.note
-    over = session.connect(one_core_three_gpus.address, oversubscribe=True)
-    assert over.workers == 3 and "oversubscribed" in over.note
+    over = session.connect(oversubscribe=True)
+    assert over.workers == 4 and "oversubscribed" in over.note
 
 
-def test_logical_gpus_of_a_joined_cluster_give_cpu_timings_whatever_the_driver_has(one_core_three_gpus):
-    plan = session.connect(one_core_three_gpus.address, gpus=2, oversubscribe=True)
-    assert not plan.cuda and plan.workers == 2 and "no CUDA device" in plan.note
+JOIN = """
+import json, sys
+from cluster import session
+plan = session.connect(sys.argv[1], gpus=int(sys.argv[2]), oversubscribe=sys.argv[3] == "1")
+print(json.dumps({"workers": plan.workers, "cuda": plan.cuda, "note": plan.note, "address": plan.address}))
+"""
+
+
+def _join(address: str, gpus: int, oversubscribe: bool) -> dict:
+    """Another process joins the session's cluster by its address, as `farm --address` does."""
+    proc = subprocess.run(
+        [sys.executable, "-c", JOIN, address, str(gpus), "1" if oversubscribe else "0"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_logical_gpus_of_a_joined_cluster_give_cpu_timings_whatever_the_driver_has(two_cores_four_gpus):
+    address = ray.get_runtime_context().gcs_address
+    plan = _join(address, gpus=2, oversubscribe=True)
+    assert plan["address"] == address
+    assert not plan["cuda"] and plan["workers"] == 2 and "no CUDA device" in plan["note"]

@@ -48,6 +48,7 @@ def test_the_tour_block_is_found_and_names_the_jobs_it_creates():
 
 
 @pytest.mark.skipif(not FARM.exists(), reason=f"no `farm` entry point at {FARM} (pip install -e .)")
+@pytest.mark.slow  # every tour command in a fresh `farm` process
 def test_the_readme_tour_runs_in_order_and_each_command_exits_0(tmp_path):
     (tmp_path / "jobs").mkdir()
     (tmp_path / "jobs" / "specs").symlink_to(ROOT / "jobs" / "specs")

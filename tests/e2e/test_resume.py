@@ -16,6 +16,8 @@ import pytest
 
 from jobs.store.repository import Store
 
+pytestmark = pytest.mark.slow  # real farm processes interrupted and resumed
+
 N_TRIALS = 20
 SPEC = f"""
 name: resume-me

@@ -2,11 +2,12 @@
 
 A gateway's database is a fresh SQLite file, or, in a test module that overrides ``db_backend`` with
 ``pg.DB_BACKENDS`` as params (e.g. test_sdk_endpoints.py), also a fresh database on the session's
-PostgreSQL server (tests/gateway/pg.py on tests/pgserver.py; those cases skip with the reason where none
-can be started)."""
+PostgreSQL server (tests/gateway/pg.py on tests/pgserver.py; where none can be started, tests/services.py
+fails them in CI and skips them elsewhere)."""
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 import anthropic
 import openai
 import pytest
+import services
 from aiohttp import web
 from sqlalchemy import select
 
@@ -125,13 +127,13 @@ async def fake():
 @pytest.fixture(scope="session")
 def pg_server(postgres):
     """The gateway's databases on the session's PostgreSQL server (tests/conftest.py ``postgres``, shared
-    with the farm's tests; tests/gateway/pg.py), or a skip saying why there is none."""
+    with the farm's tests; tests/gateway/pg.py); missing: tests/services.py decides."""
     from pg import Unavailable, gateway_pg
 
     try:
         return gateway_pg(postgres)
     except Unavailable as e:
-        pytest.skip(str(e))
+        services.missing("postgresql", str(e))
 
 
 @pytest.fixture
@@ -140,22 +142,37 @@ def db_backend() -> str:
     return "sqlite"
 
 
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory) -> Path:
+    """An SQLite database migrated to the gateway's newest schema once; tests start from copies of it
+    (as tests/gateway/pg.py copies its template database on PostgreSQL)."""
+    import asyncio
+
+    path = tmp_path_factory.mktemp("gw-template") / "gw.db"
+
+    async def migrate() -> None:
+        engine = create_engine(f"sqlite+aiosqlite:///{path}")
+        try:
+            await upgrade_schema(engine)
+        finally:
+            await engine.dispose()
+
+    asyncio.run(migrate())
+    assert not Path(f"{path}-wal").exists(), "the template's WAL was not folded back into the file"
+    return path
+
+
 @pytest.fixture
-async def db_url(db_backend, tmp_path, request) -> str:
+async def db_url(db_backend, tmp_path, request, sqlite_template) -> str:
     """A fresh database at the newest schema on ``db_backend`` (SQLite: ``tmp_path / "l.db"``)."""
     if db_backend == "postgresql":
         return await request.getfixturevalue("pg_server").create_database()
-    url = f"sqlite+aiosqlite:///{tmp_path / 'l.db'}"
-    engine = create_engine(url)
-    try:
-        await upgrade_schema(engine)
-    finally:
-        await engine.dispose()
-    return url
+    shutil.copyfile(sqlite_template, tmp_path / "l.db")
+    return f"sqlite+aiosqlite:///{tmp_path / 'l.db'}"
 
 
 @pytest.fixture
-async def start_gateway(fake, tmp_path, db_backend, request):
+async def start_gateway(fake, tmp_path, db_backend, request, sqlite_template):
     started: list[RunningGateway] = []
     pg = request.getfixturevalue("pg_server") if db_backend == "postgresql" else None
 
@@ -165,6 +182,8 @@ async def start_gateway(fake, tmp_path, db_backend, request):
             overrides["database_url"] = await pg.create_database()  # a fresh one, at the newest schema
         if not overrides.get("database_url", "sqlite").startswith("sqlite"):
             overrides.setdefault("ledger_spool_dir", str(tmp_path / f"gw{n}-spool"))  # as beside a file
+        elif "database_url" not in overrides:  # its own file: a copy of the migrated template
+            shutil.copyfile(sqlite_template, tmp_path / f"gw{n}.db")
         settings = make_settings(fake, tmp_path / f"gw{n}.db", **overrides)
         clock = FakeClock()
         app = create_app(settings, clock=clock)
@@ -257,13 +276,13 @@ def settings_factory():
 
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory):
-    """One redis-server for the session (tests/gateway/redis_server.py), or a skip saying why there is none.
+    """One redis-server for the session (tests/gateway/redis_server.py); missing: tests/services.py decides.
     Tests keep apart by ``redis_key_prefix``; a test that stops Redis starts its own (``start_server``)."""
     from redis_server import Unavailable, start_server
 
     try:
         server = start_server(tmp_path_factory.mktemp("redis"))
     except Unavailable as e:
-        pytest.skip(str(e))
+        services.missing("redis", str(e))
     yield server
     server.stop()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 CHECK = """
 import sys
 FARM = {"torch", "ray", "scipy", "triton", "kernels", "cluster"}
@@ -29,6 +31,7 @@ def test_farm_gateway_imports_none_of_the_farm():
     assert out.stdout.count("HEAVY []") == 2, out.stdout
 
 
+@pytest.mark.slow  # a fresh farm process
 def test_farm_still_lists_the_gateway_and_the_farm_commands():
     out = subprocess.run(
         [

@@ -18,6 +18,7 @@ from datetime import timedelta
 import aiohttp
 import pytest
 import redis
+import services
 from aiohttp import web
 
 from gateway.app import GATEWAY, Gateway, create_app
@@ -254,7 +255,7 @@ async def test_redis_stopped_mid_load_degrades_without_errors_and_shared_limits_
     try:
         srv = start_server(tmp_path / "own-redis")
     except Unavailable as e:
-        pytest.skip(str(e))
+        services.missing("redis", str(e))
     caplog.set_level(logging.INFO, logger="gateway.shared")
     try:
         a, b = await start_shared(

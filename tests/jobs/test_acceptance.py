@@ -20,12 +20,13 @@ import xml.etree.ElementTree as ET
 import pytest
 from click.testing import CliRunner
 
-from cluster import session
 from jobs.cli import main
 from jobs.judge.acceptance import accept, recurring
 from jobs.run.runner import RunOptions, run_sweep
 from jobs.spec.sweep import loads_spec
 from jobs.store.repository import Store
+
+pytestmark = pytest.mark.slow  # real gemm sweeps, and interleaved A/B rounds
 
 SPEC = """
 name: gemm-accept
@@ -43,9 +44,8 @@ FAULTY = SPEC.format(configs="[{}, {_repeat: 4}, {_perturb: 1.0}]")
 
 
 @pytest.fixture(scope="module")
-def farm(tmp_path_factory):
+def farm(tmp_path_factory, ray_local):
     """A store with a baseline job named `main`, a noise-only rerun and two faulty jobs."""
-    session.connect(gpus=2)
     db = str(tmp_path_factory.mktemp("accept") / "farm.db")
     store = Store(db)
     quiet = RunOptions(gpus=1, threads_per_worker=1, show_progress=False, echo=lambda _msg: None)
@@ -61,7 +61,6 @@ def farm(tmp_path_factory):
     jobs = {"noise": run(PLAIN), "faulty": run(FAULTY), "faulty_again": run(FAULTY)}
     yield store, db, jobs
     store.close()
-    session.disconnect()
 
 
 def _cli(db: str, *args: str):

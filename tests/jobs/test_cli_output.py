@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from jobs.cli.common import console
 
 
@@ -15,6 +17,7 @@ def test_piped_output_is_wide_unless_columns_says_otherwise(monkeypatch):
     assert console().width == 132
 
 
+@pytest.mark.slow  # a farm process, piped
 def test_farm_jobs_list_piped_to_a_file_keeps_long_rows(tmp_path):
     from jobs.store.repository import Store
 

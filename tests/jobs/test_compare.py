@@ -8,7 +8,6 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from cluster import session
 from jobs.cli.compare import compare, export
 from jobs.report.ab import Selector, compare_jobs
 from jobs.report.export import best_configs, port_file_name
@@ -39,15 +38,13 @@ SHAPES = [{"m": 24, "n": 32, "k": 160}, {"m": 16, "n": 48, "k": 128}]
 
 
 @pytest.fixture(scope="module")
-def sweeps(tmp_path_factory):
+def sweeps(tmp_path_factory, ray_local):
     """Two jobs of the same spec (A and B) in one store."""
-    session.connect(gpus=2)
     store = Store(str(tmp_path_factory.mktemp("compare") / "farm.db"))
-    quiet = RunOptions(show_progress=False, echo=lambda _msg: None)
+    quiet = RunOptions(gpus=2, show_progress=False, echo=lambda _msg: None)
     jobs = [run_sweep(loads_spec(SPEC), store, quiet) for _ in range(2)]
     yield store, jobs[0].job_id, jobs[1].job_id
     store.close()
-    session.disconnect()
 
 
 def test_sweep_stores_every_trial_and_the_pruned_one_with_its_reason(sweeps):

@@ -125,6 +125,7 @@ def _read_only(share: Path) -> list[str] | None:
     return prefix
 
 
+@pytest.mark.slow  # farm processes in a read-only mount
 def test_reading_commands_work_on_a_read_only_store():
     share = Path(tempfile.mkdtemp(prefix="kf-ro-", dir="/tmp"))
     try:

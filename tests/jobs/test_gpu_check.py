@@ -17,7 +17,6 @@ import pytest
 import yaml
 
 from benchmarks import gpu_check
-from cluster import session
 from jobs.run.runner import RunOptions, run_sweep
 from jobs.spec.sweep import load_spec, parse_spec
 from jobs.store.repository import Store
@@ -86,6 +85,7 @@ def test_script_with_every_device_hidden_fails_fast(tmp_path, visible):
 
 @requires_no_gpu
 @pytest.mark.parametrize("argv", [["-m", "benchmarks.gpu_check"], ["-m", "benchmarks", "gpu-check"]])
+@pytest.mark.slow  # fresh benchmark processes
 def test_driver_without_gpu_exits_4_and_writes_nothing(tmp_path, argv):
     out = tmp_path / "out"
     proc = subprocess.run(
@@ -166,16 +166,14 @@ def _tiny(family: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def cpu_store(tmp_path_factory):
+def cpu_store(tmp_path_factory, ray_local):
     db = tmp_path_factory.mktemp("gpu-check") / "farm.db"
-    session.connect(gpus=1)
     store = Store(str(db))
     try:
-        quiet = RunOptions(show_progress=False, echo=lambda _msg: None)
+        quiet = RunOptions(gpus=1, show_progress=False, echo=lambda _msg: None)
         jobs = {family: run_sweep(_tiny(family), store, quiet).job_id for family in gpu_check.SPECS}
     finally:
         store.close()
-        session.disconnect()
     return db, jobs
 
 

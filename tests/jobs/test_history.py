@@ -14,7 +14,6 @@ import pytest
 from click.testing import CliRunner
 
 from benchmarks.history_store import build_history_store
-from cluster import session
 from jobs.cli import main
 from jobs.history.changepoints import e_divisive
 from jobs.history.series import Selection, collect
@@ -24,18 +23,15 @@ REAL = (1, 2, 3, 20, 21, 22)
 
 
 @pytest.fixture(scope="module")
-def history(tmp_path_factory):
-    session.connect(gpus=1)
+def history(tmp_path_factory, ray_local):
     path = str(tmp_path_factory.mktemp("history") / "farm.db")
     store = Store(path)
-    try:
-        built = build_history_store(store, jobs=30, slow_from=20, slowdown=0.20, real=REAL)
-    finally:
-        session.disconnect()
+    built = build_history_store(store, jobs=30, slow_from=20, slowdown=0.20, real=REAL)
     yield store, path, built
     store.close()
 
 
+@pytest.mark.slow  # a store of 30 real sweep jobs
 def test_one_change_point_at_job_20_of_about_20_percent(history):
     store, _path, built = history
     assert len(built.job_ids) == 30 and [built.job_ids[n - 1] for n in REAL] == built.real_jobs
@@ -62,6 +58,7 @@ def test_one_change_point_at_job_20_of_about_20_percent(history):
         assert abs(change.magnitude - 0.20) <= 0.05, change.magnitude
 
 
+@pytest.mark.slow  # a store of 30 real sweep jobs
 def test_farm_history_prints_the_table_and_the_change_point(history):
     _store, path, built = history
     args = ["history", "--db", path, "--family", "probe", "--backend", "spin", "--shape", "n=0"]
@@ -78,6 +75,7 @@ def test_farm_history_prints_the_table_and_the_change_point(history):
     assert whole_spec.exit_code == 0 and len(json.loads(whole_spec.output)) == 2  # 2 shapes
 
 
+@pytest.mark.slow  # a store of 30 real sweep jobs
 def test_farm_history_bad_input_names_what_is_wrong(history):
     _store, path, _built = history
     bad = CliRunner().invoke(main, ["history", "--db", path, "--family", "probe", "--shape", "n"])

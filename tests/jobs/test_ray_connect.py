@@ -76,6 +76,7 @@ def spec(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow  # a farm process that waits out the probe
 def test_unreachable_address_fails_fast_with_one_line_and_no_job(spec, tmp_path):
     port = _free_port()  # bound and closed again: nothing listens there
     address = f"127.0.0.1:{port}"
@@ -90,6 +91,7 @@ def test_unreachable_address_fails_fast_with_one_line_and_no_job(spec, tmp_path)
     assert _no_job(tmp_path / "farm.db")
 
 
+@pytest.mark.slow  # a `ray start --head` of its own, or farm processes
 def test_sigterm_while_connecting_to_a_silent_head_stops_at_once_and_leaves_no_job(spec, tmp_path):
     """A port that accepts TCP but never speaks Ray: the farm is stuck in Ray's connect; SIGTERM must
     still end it within seconds (exit 130) and no job may be left behind."""
@@ -166,6 +168,7 @@ def auth_head():
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+@pytest.mark.slow  # a `ray start --head` of its own, or farm processes
 def test_token_cluster_without_a_token_is_one_line_naming_the_fix_and_no_job(auth_head, spec, tmp_path):
     env = _env(RAY_TMPDIR=auth_head["tmp"], HOME=str(tmp_path))  # no token anywhere
     started = time.monotonic()
@@ -180,6 +183,7 @@ def test_token_cluster_without_a_token_is_one_line_naming_the_fix_and_no_job(aut
     assert _no_job(tmp_path / "farm.db")
 
 
+@pytest.mark.slow  # a `ray start --head` of its own, or farm processes
 def test_token_from_the_environment_joins_the_cluster_and_runs_the_sweep(auth_head, spec, tmp_path):
     env = _env(RAY_TMPDIR=auth_head["tmp"], HOME=str(tmp_path), RAY_AUTH_TOKEN=auth_head["token"])
     proc = _farm(_run(spec, tmp_path / "farm.db", auth_head["address"]), env)
@@ -194,6 +198,7 @@ def test_token_from_the_environment_joins_the_cluster_and_runs_the_sweep(auth_he
         store.close()
 
 
+@pytest.mark.slow  # a `ray start --head` of its own, or farm processes
 def test_token_file_named_by_ray_auth_token_path_works_too(auth_head, spec, tmp_path):
     token_file = tmp_path / "token"
     token_file.write_text(auth_head["token"])

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+import services
 from click.testing import CliRunner
 
 from jobs.cli import main
@@ -187,9 +187,7 @@ def test_farm_report_and_compare_write_html(store, tmp_path):
 
 def chromium_dom(path: Path, window: str = "1400,1000") -> tuple[str, list[str]]:
     """Load a page in headless chromium: (the DOM after its scripts ran, the console messages)."""
-    exe = shutil.which("chromium") or shutil.which("chromium-browser")
-    if exe is None:
-        pytest.skip("chromium is not installed (scripts/debian-deps.sh chromium installs it)")
+    exe = services.require("chromium")["chromium"]
     proc = subprocess.run(
         [exe, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0",
          f"--window-size={window}", "--dump-dom", path.resolve().as_uri()],
@@ -200,6 +198,7 @@ def chromium_dom(path: Path, window: str = "1400,1000") -> tuple[str, list[str]]
     return proc.stdout, console
 
 
+@pytest.mark.service("chromium")
 def test_report_renders_in_chromium_without_javascript_errors(store, tmp_path):
     job = make_job(store)
     path = tmp_path / "report.html"
@@ -228,25 +227,21 @@ card: probe
 """
 
 
-def test_a_regression_farm_accept_caught_is_on_the_page(tmp_path):
+@pytest.mark.slow  # real sweeps and a real farm accept
+def test_a_regression_farm_accept_caught_is_on_the_page(tmp_path, ray_local):
     """Real sweeps: a baseline job, then a candidate with the same point twice, once really 2.5x slower
     (the probe's `_slowdown: 1.5` knob); the real `farm accept` stores the failed regression, and the
     candidate's page shows it in the verdict and below 1 in the speedup against the stored baseline."""
-    from cluster import session
     from jobs.run.runner import RunOptions, run_sweep
 
     db = str(tmp_path / "farm.db")
     store = Store(db)
-    session.connect(gpus=1)
-    try:
-        quiet = RunOptions(show_progress=False, echo=lambda _msg: None)
-        jobs = []
-        for configs in ("[{ms: 3}]", "[{ms: 3}, {ms: 3, _slowdown: 1.5}]"):
-            result = run_sweep(loads_spec(ACCEPT_SPEC.format(configs=configs)), store, quiet)
-            assert result.status == "completed", result
-            jobs.append(result.job_id)
-    finally:
-        session.disconnect()
+    quiet = RunOptions(gpus=1, show_progress=False, echo=lambda _msg: None)
+    jobs = []
+    for configs in ("[{ms: 3}]", "[{ms: 3}, {ms: 3, _slowdown: 1.5}]"):
+        result = run_sweep(loads_spec(ACCEPT_SPEC.format(configs=configs)), store, quiet)
+        assert result.status == "completed", result
+        jobs.append(result.job_id)
     base, cand = jobs
     out = CliRunner().invoke(main, ["baseline", "set", str(base), "--name", "main", "--db", db])
     assert out.exit_code == 0, out.output
@@ -308,6 +303,7 @@ def shipped_spec_job(store: Store, path: Path) -> int:
     return job
 
 
+@pytest.mark.service("chromium")
 @pytest.mark.parametrize("spec_path", SPECS, ids=[p.stem for p in SPECS])
 def test_shipped_cpu_spec_report_at_1400_px(store, tmp_path, spec_path):
     job = shipped_spec_job(store, spec_path)

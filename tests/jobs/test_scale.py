@@ -11,8 +11,10 @@ import time
 import tracemalloc
 
 import pytest
+from click.testing import CliRunner
 
 from cluster import session
+from jobs.cli import main
 from jobs.run.runner import RunOptions, create_job, run_sweep
 from jobs.spec.sweep import SpecError, loads_spec
 from jobs.store.repository import Store
@@ -37,6 +39,7 @@ def _farm(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # grids of 10^4-10^5 trials
 def test_grid_above_the_limit_needs_yes_and_validate_prints_a_summary(tmp_path):
     spec = tmp_path / "big.yaml"
     spec.write_text(_grid(150, 100))  # 15,000 trials: above the default 10,000
@@ -65,10 +68,10 @@ def test_grid_above_the_limit_needs_yes_and_validate_prints_a_summary(tmp_path):
 def test_a_small_grid_is_listed_whole(tmp_path):
     spec = tmp_path / "small.yaml"
     spec.write_text(_grid(3, 2))
-    shown = _farm("sweep", "validate", str(spec))
-    assert shown.returncode == 0, shown.stderr
-    assert len([line for line in shown.stdout.splitlines() if line.startswith("  spin[")]) == 6
-    assert "more" not in shown.stdout
+    shown = CliRunner().invoke(main, ["sweep", "validate", str(spec)])
+    assert shown.exit_code == 0, shown.output
+    assert len([line for line in shown.output.splitlines() if line.startswith("  spin[")]) == 6
+    assert "more" not in shown.output
 
 
 def _peak_creating(store: Store, shapes: int, configs: int) -> tuple[int, int]:
@@ -82,6 +85,7 @@ def _peak_creating(store: Store, shapes: int, configs: int) -> tuple[int, int]:
     return job_id, peak
 
 
+@pytest.mark.slow  # grids of 10^4-10^5 trials
 def test_creating_a_job_streams_the_grid_in_flat_memory(store):
     small_id, small = _peak_creating(store, 50, 100)  # 5,000 trials
     big_id, big = _peak_creating(store, 400, 100)  # 40,000 trials
@@ -109,12 +113,11 @@ def test_duplicate_key_inside_a_nested_mapping_is_an_error_too():
 
 
 @pytest.fixture(scope="module")
-def ray_two_workers():
-    session.connect(gpus=2)
-    yield
-    session.disconnect()
+def ray_two_workers(ray_local):
+    return session.connect(gpus=2)
 
 
+@pytest.mark.slow  # grids of 10^4-10^5 trials
 def test_sigterm_on_a_big_job_stops_in_seconds_marks_it_interrupted_and_keeps_every_result(
     ray_two_workers, store
 ):
@@ -128,7 +131,7 @@ def test_sigterm_on_a_big_job_stops_in_seconds_marks_it_interrupted_and_keeps_ev
             sent.append(time.monotonic())
             os.kill(os.getpid(), signal.SIGTERM)
 
-    options = RunOptions(show_progress=False, echo=lambda _m: None, observer=observer)
+    options = RunOptions(gpus=2, show_progress=False, echo=lambda _m: None, observer=observer)
     result = run_sweep(spec, store, options)
     assert sent and time.monotonic() - sent[0] < 10
     assert result.status == "interrupted" and result.exit_code == 130

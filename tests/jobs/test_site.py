@@ -44,6 +44,7 @@ def test_site_has_index_kernel_and_job_pages(site):
     assert '<script src="../plotly.min.js">' in spin and '<a href="../jobs/1.html">1</a>' in spin
 
 
+@pytest.mark.service("chromium")
 def test_site_pages_render_in_chromium(site):
     out, built = site
     dom, console = chromium_dom(out / "index.html")

@@ -186,6 +186,7 @@ print("opened", flush=True)
 """
 
 
+@pytest.mark.slow  # farm processes started at once
 def test_first_starts_at_once_in_processes_create_the_tables_once(tmp_path):
     url = str(tmp_path / "farm.db")
     env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}

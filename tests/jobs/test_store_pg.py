@@ -10,10 +10,12 @@ store at once, and a report read while a sweep writes, must work too.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -74,8 +76,29 @@ def _finished_job(store: Store) -> int:
     return job
 
 
-def test_the_readme_postgresql_url_has_its_driver():
-    import psycopg  # noqa: F401  - `--db postgresql+psycopg://...` needs it; pyproject installs it
+def test_the_readme_postgresql_url_has_its_driver(postgres):
+    """The URL the README gives a team (`--db postgresql+psycopg://user@host/farm`), pointed at the session's
+    server, works as written: the driver it names is installed, and `farm` makes the store, and reads
+    back what was written, through it."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    found = re.search(r"--db (postgresql\+\w+)://user@host/(\w+)", readme)
+    assert found, "README.md: the PostgreSQL `--db` example is gone"
+    scheme, _ = found.groups()
+    url = f"{scheme}://{postgres.url(postgres.create_database('readme')).split('://', 1)[1]}"
+
+    def farm_jobs_list() -> str:
+        listed = CliRunner().invoke(main, ["jobs", "list", "--db", url])
+        assert listed.exit_code == 0, listed.output
+        return listed.output
+
+    assert "pg-test" not in farm_jobs_list()  # a new store, created through the README's driver
+    store = Store(url)
+    try:
+        job = _finished_job(store)  # written through the README's driver ...
+    finally:
+        store.close()
+    listed = farm_jobs_list()  # ... and read back by `farm` through it
+    assert "pg-test" in listed and str(job) in listed, listed
 
 
 def test_a_new_store_is_migrated_to_the_newest_revision(store_url):

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from jobs.judge.acceptance import accept
 from jobs.run.runner import create_job
 from jobs.spec.sweep import loads_spec
@@ -56,6 +58,7 @@ def test_a_card_can_make_ambiguous_fail_on_cpu(store, tmp_path):
     assert acc.ambiguous == "fail" and acc.verdict == "fail" and acc.exit_code == 1
 
 
+@pytest.mark.slow  # a farm process
 def test_resume_of_a_finished_job_is_a_no_op_that_says_so(store, tmp_path):
     job_id = _job_with_scattered_samples(store, "probe")
     before = store.get_job(job_id)

@@ -179,10 +179,17 @@ def test_short_jobs_push_to_a_pushgateway_at_the_end():
         server.server_close()
 
 
-def test_a_missing_pushgateway_never_fails_the_job():
-    m = FarmMetrics(pushgateway=f"http://127.0.0.1:{_closed_port()}")
-    with m.job("probe", ["noop"], Dispatcher(0, [])):
-        pass  # the final push fails with a warning only
+def test_a_missing_pushgateway_never_fails_the_job(caplog):
+    url = f"http://127.0.0.1:{_closed_port()}"
+    m = FarmMetrics(pushgateway=url)
+    with caplog.at_level("WARNING", logger="jobs.run.farm_metrics"):
+        with m.job("probe", ["noop"], Dispatcher(0, [])):
+            pass  # the final push fails with a warning only
+    # the job ended normally, and the one failed push is a warning naming the Pushgateway and why
+    [record] = [r for r in caplog.records if r.name == "jobs.run.farm_metrics"]
+    assert record.levelname == "WARNING"
+    assert f"push to {url} failed" in record.getMessage()
+    assert "refused" in record.getMessage().lower(), record.getMessage()
 
 
 def _closed_port() -> int:

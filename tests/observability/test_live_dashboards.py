@@ -11,10 +11,10 @@ from typing import Any
 
 import aiohttp
 import pytest
+import raykit
 import yaml
 from promkit import GRAFANA, LiveGateway, Prometheus, has_finite_value, needs_prometheus, queries, substitute
 
-from cluster import session
 from gateway.testing.fake_upstream import Fault
 from jobs.run.farm_metrics import FarmMetrics
 from jobs.run.runner import RunOptions, run_sweep
@@ -98,9 +98,11 @@ def test_every_panel_returns_data(tmp_path_factory):
         prom.wait_targets_up(timeout=30)
         t0 = time.time()
         sent = gw.submit(lambda: traffic(gw, rounds=8, pause_s=0.6))  # runs while Ray starts
-        session.connect(gpus=2)
+        raykit.local_ray()
         result = run_sweep(
-            loads_spec(PROBE), store, RunOptions(show_progress=False, echo=lambda _: None, metrics=farm)
+            loads_spec(PROBE),
+            store,
+            RunOptions(gpus=2, show_progress=False, echo=lambda _: None, metrics=farm),
         )
         statuses = sent.result(timeout=60)
         done = time.time()
@@ -136,4 +138,3 @@ def test_every_panel_returns_data(tmp_path_factory):
         store.close()
         farm.close()
         gw.stop()
-        session.disconnect()

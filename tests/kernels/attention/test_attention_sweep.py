@@ -15,17 +15,15 @@ SPEC = Path(__file__).resolve().parents[3] / "jobs" / "specs" / "attention_cpu.y
 
 
 @pytest.fixture(scope="module")
-def plan():
-    p = session.connect(gpus=2)
-    yield p
-    session.disconnect()
+def plan(ray_local):
+    return session.connect(gpus=2)
 
 
 def test_cpu_spec_sweeps_every_trial_correct(plan, tmp_path):
     store = Store(str(tmp_path / "farm.db"))
     try:
         spec = load_spec(SPEC)
-        result = run_sweep(spec, store, RunOptions(show_progress=False, echo=lambda _msg: None))
+        result = run_sweep(spec, store, RunOptions(gpus=2, show_progress=False, echo=lambda _msg: None))
         assert result.status == "completed" and result.exit_code == 0
         trials = store.trials(result.job_id)
         assert len(trials) == len(spec.trials())

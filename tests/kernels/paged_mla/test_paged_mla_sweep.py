@@ -17,10 +17,8 @@ CPU_SPEC = Path(__file__).resolve().parents[3] / "jobs" / "specs" / "paged_mla_c
 
 
 @pytest.fixture(scope="module")
-def plan():
-    p = session.connect(gpus=2)
-    yield p
-    session.disconnect()
+def plan(ray_local):
+    return session.connect(gpus=2)
 
 
 @pytest.mark.slow
@@ -34,7 +32,7 @@ def test_cpu_spec_sweep_stores_metrics_and_the_trace_plot(plan, tmp_path):
     spec = parse_spec(data, str(CPU_SPEC))
     store = Store(str(tmp_path / "farm.db"))
     try:
-        result = run_sweep(spec, store, RunOptions(show_progress=False, echo=lambda _msg: None))
+        result = run_sweep(spec, store, RunOptions(gpus=2, show_progress=False, echo=lambda _msg: None))
         trials = store.trials(result.job_id)
         assert result.exit_code == 0 and result.status == "completed", [(t.backend, t.error) for t in trials]
         by_backend = {t.backend: t for t in trials}
