@@ -23,6 +23,7 @@ import ray
 
 PROBE_S = 5.0  # the TCP check of a joined head's address
 AUTH_MODE = "RAY_AUTH_MODE"
+WORKER_NICENESS = "RAY_worker_niceness"  # Ray's own setting (15 by default): see start_local
 TOKEN_FIX = (
     "set RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token) to the cluster's token "
     "(`ray get-auth-token` on the head prints it)"
@@ -63,6 +64,19 @@ def _init_kwargs() -> dict[str, Any]:
     return {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
 
 
+def start_local(num_gpus: int, num_cpus: int) -> None:
+    """Start a local Ray (the embedded default) whose workers time at normal priority.
+
+    Ray starts its worker processes at niceness 15 (`RAY_worker_niceness`) so that its own daemons stay
+    responsive. A timing worker at 15 gets about 3% of a core beside one busy process at 0: on a shared
+    machine its CPU timings would measure the neighbours, not the kernel, and a sweep that takes a
+    minute when the machine is idle takes half an hour. Unless the operator set it, the farm's own local
+    Ray starts its workers at 0 (a joined cluster keeps its own setting; the worker raises itself back to
+    0 where the OS allows it, see cluster.worker)."""
+    os.environ.setdefault(WORKER_NICENESS, "0")
+    ray.init(num_gpus=num_gpus, num_cpus=num_cpus, **_init_kwargs())
+
+
 def connect(
     address: str | None = None,
     gpus: int | None = None,
@@ -90,10 +104,9 @@ def connect(
         cuda = _cluster_has_real_gpus()
     else:
         local_cuda = _cuda_count()
-        ray.init(
+        start_local(
             num_gpus=local_cuda if gpus is None else (min(gpus, local_cuda) if local_cuda else gpus),
-            num_cpus=os.cpu_count(),
-            **_init_kwargs(),
+            num_cpus=os.cpu_count() or 1,
         )
         where = "local"
         cuda = local_cuda > 0

@@ -29,11 +29,8 @@ def local_ray() -> session.ClusterPlan:
     if ray.is_initialized() and _ours["node"] != _node_id():
         ray.shutdown()  # a test's own cluster, or one a farm command in this process started
     if not ray.is_initialized():
-        # the farm's own local start (session.connect) declares this machine's cores; these are fixed
-        ray.init(
-            num_gpus=LOGICAL_GPUS, num_cpus=LOGICAL_CPUS, include_dashboard=False, log_to_driver=False,
-            logging_level="ERROR",
-        )  # fmt: skip
+        # as the farm starts a local Ray (session.connect), but with fixed resources, not the machine's
+        session.start_local(num_gpus=LOGICAL_GPUS, num_cpus=LOGICAL_CPUS)
         _ours["node"] = _node_id()
     return session.connect(gpus=LOGICAL_GPUS, oversubscribe=True)
 

@@ -187,6 +187,13 @@ class _StoreListener:
         self.last_flush = time.monotonic()
 
     def worker_ready(self, slot: str, info: dict[str, Any]) -> None:
+        nice = info.get("niceness") or 0
+        if nice > 0 and not any((w.get("niceness") or 0) > 0 for w in self.workers.values()):
+            self.progress.log(
+                f"worker {slot} times at niceness {nice} (the cluster's RAY_worker_niceness; Ray's default "
+                "is 15): its timings yield to every other process on the node; start Ray with "
+                "RAY_worker_niceness=0 for timings that hold on a shared machine"
+            )
         self.workers[slot] = info
         self.progress.worker(slot, info)
 
