@@ -35,7 +35,7 @@ import os
 import re
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
@@ -261,6 +261,37 @@ def _attrs(attrs: tuple[Any, ...]) -> dict[tuple[int, ...], list[list[Any]]]:
 def evidence_of(call: Callable[[], Any], target: str = "sm_90a") -> list[Evidence]:
     """Compile every launch `call` makes, as the JIT would; one Evidence per launch."""
     return [compile_launch(launch)[0] for launch in launches_of(call, target)]
+
+
+_EACH: list[tuple[Callable[[], Any], str]] = []  # evidence_of_each's calls, inherited by its forked workers
+
+
+def _evidence_dicts(index: int) -> list[dict[str, Any]] | str:
+    call, target = _EACH[index]
+    try:
+        return [e.to_dict() for e in evidence_of(call, target)]
+    except Exception as exc:  # noqa: BLE001 - reported in its place; the other compiles go on
+        return f"{type(exc).__name__}: {exc}"
+
+
+def evidence_of_each(
+    calls: Sequence[tuple[Callable[[], Any], str]], processes: int | None = None
+) -> list[list[dict[str, Any]] | str]:
+    """`evidence_of` for each (call, target), as dicts, compiled in forked processes at once: a compile
+    is single-threaded and CPU-bound, so N cores take about 1/N of the time. The calls are inherited
+    through fork, so closures need not pickle. A launch that fails to compile gives its error as
+    "Type: message" in its place."""
+    import multiprocessing
+
+    _EACH[:] = calls
+    workers = min(processes or os.cpu_count() or 1, len(_EACH))
+    try:
+        if workers <= 1:
+            return [_evidence_dicts(i) for i in range(len(_EACH))]
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            return pool.map(_evidence_dicts, range(len(_EACH)), chunksize=1)
+    finally:
+        _EACH.clear()
 
 
 def verdict(call: Callable[[], Any], target: str = "sm_90a") -> dict[str, Any]:

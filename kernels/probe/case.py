@@ -3,14 +3,16 @@
 `farm sweep run jobs/specs/probe.yaml` checks that a cluster dispatches, times out, retries and
 stores correctly before real kernels are trusted to it. Backends:
   noop   returns at once (the dispatch-overhead benchmark uses it)
-  spin   busy-loops on the CPU for `config.ms` milliseconds (scaling benchmark)
+  spin   busy-loops until it has used `config.ms` milliseconds of CPU time (scaling benchmark): a fixed
+         amount of work, like a kernel's, so its wall time grows when other processes share its core
   sleep  sleeps `config.s` seconds (a hung trial when s exceeds the spec's timeout_s)
   crash  kills its own worker process (exit code 1), as a segfault or OOM kill would
 Every outcome reports the device the worker was pinned to (CUDA_VISIBLE_DEVICES).
 
 A test knob, like every `_` config key, changes the code that runs, not the point measured (baselines,
 fingerprints and history ignore it, see jobs.judge.baselines):
-  _slowdown: x   spin busy-loops config.ms * (1 + x) milliseconds: a real slowdown of x (0.2 = 20% slower)
+  _slowdown: x   spin uses config.ms * (1 + x) milliseconds of CPU time: a real slowdown of x (0.2 = 20%
+                 slower), exact in CPU time whatever else runs on the machine
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ def _noop_call(config: dict[str, Any]) -> Callable[[], None]:
 
 
 @BACKENDS.register(
-    "spin", "busy-loops on the CPU for config.ms milliseconds", config_keys=("ms", "_slowdown")
+    "spin", "busy-loops for config.ms milliseconds of CPU time", config_keys=("ms", "_slowdown")
 )
 def _spin_call(config: dict[str, Any]) -> Callable[[], None]:
     return _spin(float(config.get("ms", 1.0)) * (1 + float(config.get("_slowdown", 0.0))))
@@ -86,10 +88,13 @@ def _noop() -> None:
 
 
 def _spin(ms: float) -> Callable[[], None]:
+    # The thread's CPU time, not the wall clock: a loop on the wall clock ends on time however little of
+    # the core it got, so it would hide the contention a real kernel's timing shows (and a slowdown
+    # injected through it would shrink or grow with the machine's load).
     def spin() -> None:
-        end = time.perf_counter_ns() + int(ms * 1e6)
+        end = time.thread_time_ns() + int(ms * 1e6)
         x = 0
-        while time.perf_counter_ns() < end:
+        while time.thread_time_ns() < end:
             x += 1
 
     return spin

@@ -1,8 +1,8 @@
 """Compiled evidence (kernels.compiled): every Triton config of the shipped GPU specs compiles for sm_90a
 on this CPU-only machine, specialised as the JIT would at launch, and what the compiler reports keeps
 the hand-written models honest. The compiles run in one subprocess (the test session sets
-TRITON_INTERPRET, which replaces @triton.jit with the interpreter); distinct launches compile once and
-Triton's on-disk cache makes reruns fast."""
+TRITON_INTERPRET, which replaces @triton.jit with the interpreter), as many at once as there are cores
+(kernels.compiled.evidence_of_each); Triton's on-disk cache makes reruns fast."""
 
 from __future__ import annotations
 
@@ -20,33 +20,28 @@ GPU_SPECS = ["jobs/specs/fp8_gemm.yaml", "jobs/specs/paged_mla.yaml", "jobs/spec
 SCRIPT = """
 import json, sys
 from jobs.spec.sweep import load_spec
-from kernels.compiled import evidence_of, trial_check
+from kernels.compiled import evidence_of_each, trial_check
 from kernels.registry import get_family
 
-rows = []
+def launch(t):
+    return get_family(t.family).meta_launch(dict(t.shape), dict(t.config), t.dtype, t.backend)
+
+points, calls = [], []  # (target, spec, trial) and its compile, all compiled at once below
 for path in sys.argv[1:]:
-    for t in load_spec(path).trials():
-        family = get_family(t.family)
-        call = family.meta_launch(dict(t.shape), dict(t.config), t.dtype, t.backend)
-        if call is None:
-            continue
-        try:
-            found = [e.to_dict() for e in evidence_of(call)]
-            error = None
-        except Exception as exc:  # reported, the test fails on it
-            found, error = [], f"{type(exc).__name__}: {exc}"
-        rows.append({"spec": path, "shape": t.shape, "config": t.config, "evidence": found, "error": error})
-# sm_100a: one representative launch per spec (the first triton trial), compiled as the JIT would
-sm100 = []
-for path in sys.argv[1:]:
-    t = next(t for t in load_spec(path).trials() if get_family(t.family).meta_launch(
-        dict(t.shape), dict(t.config), t.dtype, t.backend) is not None)
-    call = get_family(t.family).meta_launch(dict(t.shape), dict(t.config), t.dtype, t.backend)
-    try:
-        found, error = [e.to_dict() for e in evidence_of(call, "sm_100a")], None
-    except Exception as exc:  # reported, the test fails on it
-        found, error = [], f"{type(exc).__name__}: {exc}"
-    sm100.append({"spec": path, "shape": t.shape, "config": t.config, "evidence": found, "error": error})
+    launched = [(t, launch(t)) for t in load_spec(path).trials()]
+    launched = [(t, call) for t, call in launched if call is not None]
+    for t, call in launched:
+        points.append(("sm_90a", path, t))
+        calls.append((call, "sm_90a"))
+    # sm_100a: one representative launch per spec (the first triton trial), compiled as the JIT would
+    points.append(("sm_100a", path, launched[0][0]))
+    calls.append((launched[0][1], "sm_100a"))
+rows, sm100 = [], []
+for (target, path, t), found in zip(points, evidence_of_each(calls)):
+    error = found if isinstance(found, str) else None  # reported, the test fails on it
+    row = {"spec": path, "shape": t.shape, "config": t.config, "evidence": [] if error else found,
+           "error": error}
+    (rows if target == "sm_90a" else sm100).append(row)
 spilling = {"block_m": 128, "block_n": 128, "block_k": 128, "group_m": 8, "num_warps": 4, "num_stages": 3}
 shape = {"m": 4096, "n": 7168, "k": 2048}
 check = trial_check(get_family("fp8_gemm"), shape, spilling, "float8_e4m3fn", "triton")
