@@ -1,9 +1,10 @@
 """A store with a history to look at: N jobs of one probe spec, a real slowdown injected from one job on.
 
-The spec is tiny: one backend, `spin` (a busy loop of a few ms, whose wall time hardly moves when the
-machine is busy), on two shapes. From job `slow_from` on (1-based, in creation order) its config carries
-the probe's `_slowdown` test knob, so those jobs really run `slowdown` slower; the knob is not part of
-the point (jobs.judge.baselines strips `_` keys), so all 30 jobs are one history per shape.
+The spec is tiny: one backend, `spin` (a busy loop of a few ms of CPU time; its wall time grows when the
+machine is busy, as a kernel's would), on two shapes. From job `slow_from` on (1-based, in creation
+order) its config carries the probe's `_slowdown` test knob, so those jobs really run `slowdown`
+slower; the knob is not part of the point (jobs.judge.baselines strips `_` keys), so all 30 jobs are
+one history per shape.
 
 Jobs whose numbers are in `real` run for real through the runner (the caller connects local Ray); the
 others are written through the Store API, each trial's samples drawn from a seeded distribution around

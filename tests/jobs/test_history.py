@@ -1,9 +1,15 @@
 """`farm history`: one point's median across jobs in commit order, and the change points E-divisive
 means finds in it. The store (benchmarks/history_store.py) has 30 jobs of one probe spec (`spin` on two
-shapes); from job 20 on the spec carries the probe's `_slowdown: 0.2` knob. Jobs 1-3 and 20-22 are real
-sweeps through the runner (local Ray), so the slowdown is a measured one; the other 24 are written
-through the Store API with seeded samples around the real levels (30 real sweeps take about 2 minutes on
-2 cores, the runner starting its workers per job: benchmarks/site_bench.py builds that all-real store)."""
+shapes); from job 20 on the spec carries the probe's `_slowdown: 3` knob (4x the CPU time). Jobs 1-3 and
+20-22 are real sweeps through the runner (local Ray), so the slowdown is a measured one; the other 24 are
+written through the Store API with seeded samples around the real levels (30 real sweeps take about 2
+minutes on 2 cores, the runner starting its workers per job: benchmarks/site_bench.py builds that
+all-real store).
+
+The step is large against what a busy machine does to CPU wall times: beside two busy loops the two
+phases' real sweeps, seconds apart, got different shares of a core (a 20% slowdown read as 91%), so the
+change point's size is checked against the step the real sweeps of this test measured, not against the
+knob, and the knob is 4x so that no share of a core can hide it."""
 
 from __future__ import annotations
 
@@ -20,31 +26,33 @@ from jobs.history.series import Selection, collect
 from jobs.store.repository import Store
 
 REAL = (1, 2, 3, 20, 21, 22)
+SLOWDOWN = 3.0  # the knob: 4x the CPU time from job 20 on
 
 
 @pytest.fixture(scope="module")
 def history(tmp_path_factory, ray_local):
     path = str(tmp_path_factory.mktemp("history") / "farm.db")
     store = Store(path)
-    built = build_history_store(store, jobs=30, slow_from=20, slowdown=0.20, real=REAL)
+    built = build_history_store(store, jobs=30, slow_from=20, slowdown=SLOWDOWN, real=REAL)
     yield store, path, built
     store.close()
 
 
 @pytest.mark.slow  # a store of 30 real sweep jobs
-def test_one_change_point_at_job_20_of_about_20_percent(history):
+def test_one_change_point_at_job_20_the_size_the_real_sweeps_measured(history):
     store, _path, built = history
     assert len(built.job_ids) == 30 and [built.job_ids[n - 1] for n in REAL] == built.real_jobs
-    # the slowed jobs ran the knob for real: their trials are `_slowdown: 0.2` and about 20% slower
-    # (per shape, the median over the 3 real jobs of each phase: one run on a busy core can read slow)
-    assert {t.config["_slowdown"] for t in store.trials(built.slow_job)} == {0.2}
+    # the slowed jobs ran the knob for real: their trials are `_slowdown: 3` and several times slower
+    # (per shape, the median over the 3 real jobs of each phase)
+    assert {t.config["_slowdown"] for t in store.trials(built.slow_job)} == {SLOWDOWN}
 
     def real_level(numbers: tuple[int, ...], n: int) -> float:
         return float(np.median([t.median_ns for j in numbers for t in store.trials(built.job_ids[j - 1])
                                 if t.shape["n"] == n]))  # fmt: skip
 
-    for n in (0, 1):
-        assert 0.15 < real_level(REAL[3:], n) / real_level(REAL[:3], n) - 1 < 0.25
+    measured = {n: real_level(REAL[3:], n) / real_level(REAL[:3], n) - 1 for n in (0, 1)}
+    # 4x the work: idle, +300%; a busy machine moves the phases' shares of a core, never to below +100%
+    assert all(step > 1.0 for step in measured.values()), measured
     spins = collect(store, Selection(family="probe", backend="spin"))
     assert len(spins) == 2  # one series per shape: the knob is not part of the point
     for series in spins:
@@ -55,7 +63,9 @@ def test_one_change_point_at_job_20_of_about_20_percent(history):
         change = series.changes[0]
         assert change.job_id == built.slow_job == built.job_ids[19]
         assert change.commit == series.points[19].commit
-        assert abs(change.magnitude - 0.20) <= 0.05, change.magnitude
+        # its size is the step the real sweeps measured (the written jobs sit at their phases' levels)
+        n = dict(series.key.shape)["n"]
+        assert change.magnitude == pytest.approx(measured[n], rel=0.15), (change.magnitude, measured)
 
 
 @pytest.mark.slow  # a store of 30 real sweep jobs
