@@ -9,8 +9,9 @@ from pathlib import Path
 import click
 
 from jobs.cli.common import console, db_option, require_job, store_for, writable_output
-from jobs.report.ab import Selector, compare_jobs, render
-from jobs.report.export import best_configs, port_file_name
+
+# jobs.report.ab (SciPy) and jobs.report.export (torch) are imported by the verbs that use them: every
+# `farm` command assembles this module, and those two imports were 2 s of each command's start.
 
 
 @click.command("compare")
@@ -43,6 +44,8 @@ def compare(
     html_path: Path | None,
 ) -> None:
     """A/B per shape: two tile configs from two jobs, or two configs inside one job."""
+    from jobs.report.ab import Selector, compare_jobs, render
+
     store = store_for(db)
     for job_id in (job_a, job_b):
         if job_id is not None:
@@ -94,6 +97,8 @@ def export_best_configs(
     job: int, db: str | None, output: Path | None, backend: str, split_dir: Path | None
 ) -> None:
     """The fastest correct config per (N, K) and M, as Triton ports key their tuned configs."""
+    from jobs.report.export import best_configs, port_file_name
+
     if output is not None:
         writable_output(output)
     store = store_for(db)

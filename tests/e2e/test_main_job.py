@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from click.testing import CliRunner
 
+from jobs.cli import main
 from jobs.store.repository import Store
 
-pytestmark = pytest.mark.slow  # two CPU sweeps in fresh processes, each starting its own Ray
+pytestmark = pytest.mark.slow  # CPU sweeps of the main spec, the first in a fresh farm process
 
 ROOT = Path(__file__).resolve().parents[2]
 MAIN_SPEC = ROOT / "jobs/specs/gemm_cpu.yaml"
@@ -57,14 +59,20 @@ def test_main_job_sweeps_reports_judges_and_drafts(tmp_path):
         store.close()
 
 
-def test_the_main_job_drafts_a_checklist_for_a_wrong_result(tmp_path):
+def test_the_main_job_drafts_a_checklist_for_a_wrong_result(tmp_path, ray_local, monkeypatch):
+    """The same command in this process (on the session's Ray: the process and Ray starts are the test
+    above's), on the main spec with one wrong result."""
     spec = yaml.safe_load(MAIN_SPEC.read_text())
     spec["shapes"] = {"grid": {"m": [64], "n": [256], "k": [256]}}  # one shape is enough for the fault
     spec["backends"][1]["configs"] = {"include": [{"_perturb": 1.0}]}  # bf16's first element off by 1
     faulty = tmp_path / "gemm_cpu_wrong.yaml"
     faulty.write_text(yaml.safe_dump(spec))
     db = tmp_path / "farm.db"
-    code, out = _sweep(faulty, db, tmp_path)
+    monkeypatch.delenv("FARM_GATEWAY_KEY", raising=False)  # the built-in offline drafter, as `make run`
+    run = CliRunner().invoke(
+        main, ["sweep", "run", str(faulty), "--db", str(db), "--quiet", "--ambiguous", "warn"]
+    )
+    code, out = run.exit_code, run.output
     assert code == 1, out  # a wrong result fails the card's verdict
     store = Store(str(db))
     try:

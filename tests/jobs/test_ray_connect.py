@@ -135,8 +135,8 @@ def test_sigterm_while_connecting_to_a_silent_head_stops_at_once_and_leaves_no_j
 def auth_head():
     """`ray start --head` with token authentication on (as Ray 2.60 does when a token exists); one for
     the module, each test's driver a separate `farm` process."""
-    if not RAY.exists():
-        pytest.skip(f"no `ray` command next to {sys.executable}")
+    # Ray is one of the farm's own dependencies: a head that cannot start here is a failure, not a skip
+    assert RAY.exists(), f"no `ray` command next to {sys.executable} (`make` installs ray[default])"
     tmp = tempfile.mkdtemp(prefix="kfauth-", dir="/tmp")  # short: Ray's socket paths must stay short
     token = "kf" + os.urandom(16).hex()
     port = _free_port()
@@ -150,13 +150,13 @@ def auth_head():
         deadline = time.monotonic() + 90
         while True:  # the head is up when its GCS port accepts
             if head.poll() is not None:
-                pytest.skip(f"`ray start --head` with token auth exited with {head.returncode}")
+                pytest.fail(f"`ray start --head` with token auth exited with {head.returncode}")
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 break
             except OSError:
                 if time.monotonic() > deadline:
-                    pytest.skip("`ray start --head` did not open its port within 90 s")
+                    pytest.fail("`ray start --head` did not open its port within 90 s")
                 time.sleep(0.2)
         yield {"address": f"127.0.0.1:{port}", "token": token, "tmp": tmp}
     finally:

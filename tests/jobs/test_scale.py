@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 import tracemalloc
 
@@ -33,25 +31,23 @@ timeout_s: 60
 """
 
 
-def _farm(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "jobs.cli", *args], capture_output=True, text=True, timeout=300
-    )
-
-
 @pytest.mark.slow  # grids of 10^4-10^5 trials
 def test_grid_above_the_limit_needs_yes_and_validate_prints_a_summary(tmp_path):
     spec = tmp_path / "big.yaml"
     spec.write_text(_grid(150, 100))  # 15,000 trials: above the default 10,000
-    refused = _farm("sweep", "validate", str(spec))
-    assert refused.returncode == 2
+
+    def farm(*args: str):
+        return CliRunner().invoke(main, list(args))
+
+    refused = farm("sweep", "validate", str(spec))
+    assert refused.exit_code == 2
     assert "15,000 trials" in refused.stderr and "--yes" in refused.stderr
-    run_refused = _farm("sweep", "run", str(spec), "--db", str(tmp_path / "farm.db"), "--quiet")
-    assert run_refused.returncode == 2 and "--yes" in run_refused.stderr
+    run_refused = farm("sweep", "run", str(spec), "--db", str(tmp_path / "farm.db"), "--quiet")
+    assert run_refused.exit_code == 2 and "--yes" in run_refused.stderr
     assert not (tmp_path / "farm.db").exists() or Store(str(tmp_path / "farm.db")).list_jobs() == []
 
-    shown = _farm("sweep", "validate", str(spec), "--yes")
-    assert shown.returncode == 0, shown.stderr
+    shown = farm("sweep", "validate", str(spec), "--yes")
+    assert shown.exit_code == 0, shown.output
     lines = shown.stdout.splitlines()
     assert len(lines) < 20, lines  # a summary, not 15,000 lines
     assert "15000 trials" in lines[0]
@@ -61,8 +57,8 @@ def test_grid_above_the_limit_needs_yes_and_validate_prints_a_summary(tmp_path):
     assert "14990 more" in shown.stdout
     assert "n149" in lines[-1]
 
-    lower = _farm("sweep", "validate", str(spec), "--max-trials", "20000")
-    assert lower.returncode == 0, lower.stderr
+    lower = farm("sweep", "validate", str(spec), "--max-trials", "20000")
+    assert lower.exit_code == 0, lower.output
 
 
 def test_a_small_grid_is_listed_whole(tmp_path):
