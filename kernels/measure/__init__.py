@@ -4,7 +4,7 @@ Pure compute: nothing here imports Ray, a database or HTTP.
 """
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 # Each name from the submodule that defines it, imported on first use (PEP 562): `kernels.base` needs
 # only the policy, and a `farm` command that judges or reports nothing should not pay for torch and
@@ -24,26 +24,6 @@ _WHERE = {
 }  # fmt: skip
 _MODULE_OF = {name: module for module, names in _WHERE.items() for name in names}
 
-if TYPE_CHECKING:
-    from kernels.measure.correctness import (
-        CorrectnessReport,
-        calc_diff,
-        check_allclose,
-        check_calc_diff,
-        check_flashmla,
-        combine_seeds,
-        fill_nan,
-        poison_like,
-        seed_list,
-    )
-    from kernels.measure.memory import MemoryReport, peak_memory
-    from kernels.measure.policy import MeasurePolicy
-    from kernels.measure.resources import H100, SMLimits, collect_ncu, occupancy, triton_resources
-    from kernels.measure.stats import Comparison, Step, compare_samples, detect_step
-    from kernels.measure.stopping import StoppingRule, run_stream
-    from kernels.measure.summary import SampleStats, summarize
-    from kernels.measure.timing import Measurement, measure
-
 
 def __getattr__(name: str) -> Any:
     module = _MODULE_OF.get(name)
@@ -54,32 +34,4 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-__all__ = [
-    "Comparison",
-    "CorrectnessReport",
-    "H100",
-    "MeasurePolicy",
-    "Measurement",
-    "MemoryReport",
-    "SMLimits",
-    "Step",
-    "StoppingRule",
-    "SampleStats",
-    "calc_diff",
-    "check_allclose",
-    "check_calc_diff",
-    "check_flashmla",
-    "collect_ncu",
-    "combine_seeds",
-    "compare_samples",
-    "detect_step",
-    "fill_nan",
-    "measure",
-    "occupancy",
-    "peak_memory",
-    "poison_like",
-    "run_stream",
-    "seed_list",
-    "summarize",
-    "triton_resources",
-]
+__all__ = sorted(_MODULE_OF)  # the names _WHERE lists
