@@ -17,6 +17,7 @@ from typing import Any
 import ray
 
 from cluster import environment
+from kernels import measure
 from kernels.base import TrialOutcome, TrialRequest, TrialStatus
 from kernels.registry import get_family
 
@@ -49,6 +50,7 @@ class FarmWorker:
         import torch
 
         self.niceness = normal_priority()
+        measure.load_all()  # before the first trial: no trial pays for importing the timing core
         if not torch.cuda.is_available():
             # No GPU: Triton backends run in the interpreter. Must be set before any family imports triton.
             os.environ.setdefault("TRITON_INTERPRET", "1")

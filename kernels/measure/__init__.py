@@ -25,6 +25,14 @@ _WHERE = {
 _MODULE_OF = {name: module for module, names in _WHERE.items() for name in names}
 
 
+def load_all() -> None:
+    """Import the whole measurement core now (torch, SciPy): a worker calls it before it reports ready, so
+    that no trial's time or timeout pays for the first import (seen: under load every trial of a
+    1.5 s timeout timed out, each fresh worker importing SciPy inside its first trial)."""
+    for module in _WHERE:
+        importlib.import_module(module)
+
+
 def __getattr__(name: str) -> Any:
     module = _MODULE_OF.get(name)
     if module is None:

@@ -40,3 +40,19 @@ def test_the_farms_local_ray_starts_its_workers_at_niceness_0(ray_local):
         assert os.getpriority(os.PRIO_PROCESS, pid) == 0
     finally:
         ray.kill(worker, no_restart=True)
+
+
+def test_a_ready_worker_has_the_timing_core_loaded(ray_local):
+    """No trial pays for importing torch and SciPy: a worker imports the measurement core before it answers
+    `info` (kernels.measure imports lazily; seen: under load, each fresh worker importing SciPy inside its
+    first trial made every trial of a 1.5 s timeout time out)."""
+    import psutil
+
+    worker = RemoteWorker.options(num_cpus=0, num_gpus=1).remote("loaded-check")
+    try:
+        pid = ray.get(worker.info.remote(), timeout=120)["pid"]
+        mapped = {m.path for m in psutil.Process(pid).memory_maps()}
+        assert any("/scipy/stats/" in path for path in mapped), "SciPy's stats not loaded at ready"
+        assert any("/torch/lib/" in path for path in mapped), "torch not loaded at ready"
+    finally:
+        ray.kill(worker, no_restart=True)
