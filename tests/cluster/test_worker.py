@@ -29,29 +29,20 @@ def test_a_worker_started_nicer_raises_itself_back_to_0_where_allowed():
     assert after == (0 if os.geteuid() == 0 else 10)  # lowering niceness needs root or CAP_SYS_NICE
 
 
-def test_the_farms_local_ray_starts_its_workers_at_niceness_0(ray_local):
-    worker = RemoteWorker.options(num_cpus=0, num_gpus=1).remote("nice-check")
+def test_a_ready_worker_of_the_farms_local_ray_times_at_niceness_0_with_its_timing_core_loaded(ray_local):
+    """At niceness 0: the Ray setting itself, not only the worker's own renice (a non-root farm gets 0
+    too). Loaded: no trial pays for importing torch and SciPy, since the worker imports the measurement
+    core before it answers `info` (kernels.measure imports lazily; seen: under load, each fresh worker
+    importing SciPy inside its first trial made every trial of a 1.5 s timeout time out)."""
+    import psutil
+
+    worker = RemoteWorker.options(num_cpus=0, num_gpus=1).remote("ready-check")
     try:
         info = ray.get(worker.info.remote(), timeout=120)
         assert info["niceness"] == 0
-        # the Ray setting itself, not only the worker's own renice: a non-root farm gets 0 too
-        pid = info["pid"]
         assert os.environ.get("RAY_worker_niceness") == "0"
-        assert os.getpriority(os.PRIO_PROCESS, pid) == 0
-    finally:
-        ray.kill(worker, no_restart=True)
-
-
-def test_a_ready_worker_has_the_timing_core_loaded(ray_local):
-    """No trial pays for importing torch and SciPy: a worker imports the measurement core before it answers
-    `info` (kernels.measure imports lazily; seen: under load, each fresh worker importing SciPy inside its
-    first trial made every trial of a 1.5 s timeout time out)."""
-    import psutil
-
-    worker = RemoteWorker.options(num_cpus=0, num_gpus=1).remote("loaded-check")
-    try:
-        pid = ray.get(worker.info.remote(), timeout=120)["pid"]
-        mapped = {m.path for m in psutil.Process(pid).memory_maps()}
+        assert os.getpriority(os.PRIO_PROCESS, info["pid"]) == 0
+        mapped = {m.path for m in psutil.Process(info["pid"]).memory_maps()}
         assert any("/scipy/stats/" in path for path in mapped), "SciPy's stats not loaded at ready"
         assert any("/torch/lib/" in path for path in mapped), "torch not loaded at ready"
     finally:
