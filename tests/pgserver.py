@@ -15,7 +15,6 @@ not named ``pg`` because tests/gateway/pg.py already is.
 
 from __future__ import annotations
 
-import glob
 import itertools
 import os
 import pwd
@@ -25,6 +24,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import services
+
 SUPERUSER = "postgres"
 
 
@@ -33,10 +34,7 @@ class Unavailable(Exception):
 
 
 def _bindir() -> Path:
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(p.split("/")[4]))
-    if found:
-        return Path(found[-1]).parent
-    initdb = shutil.which("initdb")
+    initdb = services.executable("initdb")  # where every service's executables are looked up
     if initdb:
         return Path(initdb).parent
     raise Unavailable(

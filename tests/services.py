@@ -60,12 +60,12 @@ def missing(service: str, reason: str) -> NoReturn:
 
 
 def executable(name: str) -> str | None:
-    """Where ``name`` is: on PATH, or (PostgreSQL's server binaries) in Debian's versioned folder."""
-    found = shutil.which(name)
-    if found or name not in ("initdb", "pg_ctl", "postgres"):
-        return found
+    """Where ``name`` is: PostgreSQL's server binaries in Debian's newest versioned folder (not on PATH),
+    anything else on PATH."""
+    if name not in ("initdb", "pg_ctl", "postgres"):
+        return shutil.which(name)
     versions = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), key=lambda p: int(p.split("/")[4]))
-    return versions[-1] if versions else None
+    return versions[-1] if versions else shutil.which(name)
 
 
 def require(service: str) -> dict[str, str]:
