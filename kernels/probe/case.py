@@ -23,7 +23,6 @@ from collections.abc import Callable
 from typing import Any
 
 from kernels.base import Backends, Cost, KernelFamily, TrialOutcome, TrialRequest, TrialStatus
-from kernels.measure.timing import measure
 
 # Each backend returns the call to time for a trial's config.
 BACKENDS = Backends("probe")
@@ -73,6 +72,8 @@ class ProbeFamily(KernelFamily):
         return Cost(flops=0.0, bytes_read=0.0, bytes_written=0.0)
 
     def execute(self, req: TrialRequest) -> TrialOutcome:
+        from kernels.measure.timing import measure  # torch: in the worker, not in a driver reading a spec
+
         fn = self.backends.impl(req.backend)(req.config)
         m = measure(fn, req.policy, device="cpu")
         return TrialOutcome.measured(
