@@ -11,7 +11,8 @@ Requests per second depend on whatever else the machine runs; CPU per request mu
 Bounded in count and time (well under a minute).
 
 Routed case: the same non-stream run against ``bench-routed``, a public model of two deployments
-(gateway.routing) of which one cools down for the whole run (its provider refuses connections; the first
+(gateway.upstream.routing) of which one cools down for the whole run (its provider refuses connections; the
+first
 warm-up request cools it), so each request pays the picker skipping a cooling deployment and the routing
 headers. Its gateway CPU per request is printed beside the plain proxy's (target: at most 25% more).
 
@@ -204,7 +205,7 @@ async def _create_key(cfg_path: Path, env: dict[str, str]) -> str:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "gateway.cli",
+        "gateway.ops.cli",
         "keys",
         "create",
         "--config",
@@ -237,7 +238,7 @@ async def run(args: argparse.Namespace) -> dict:
             if "GATEWAY_BENCH_PROFILE" in env
             else []
         )
-        gw_cmd = [sys.executable, *prof, "-m", "gateway.cli", "serve", "--config", str(cfg_path)]
+        gw_cmd = [sys.executable, *prof, "-m", "gateway.ops.cli", "serve", "--config", str(cfg_path)]
         procs.append(_start(gw_cmd, env))
         floor_cmd = [sys.executable, "-m", "benchmarks.aiohttp_floor", str(fake_port), str(floor_port)]
         floor_cmd += ["--no-uvloop"] if args.no_uvloop else []
@@ -373,7 +374,7 @@ async def run_limits(args: argparse.Namespace) -> dict:
             cfg_path = tmp / "gateway.yaml"
             cfg_path.write_text(yaml.safe_dump(cfg))
             key = key or await _create_key(cfg_path, env)
-            cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg_path)]
+            cmd = [sys.executable, "-m", "gateway.ops.cli", "serve", "--config", str(cfg_path)]
             gw = _start([*cmd, "--workers", str(workers)], env)
             try:
                 base = f"http://127.0.0.1:{gw_port}"

@@ -1,5 +1,5 @@
-"""CPU per request of the limits: in-process (``gateway.limits.Limits``) against shared through Redis
-(``gateway.shared.SharedLimits``, a redis-server of its own on a free port of 127.0.0.1).
+"""CPU per request of the limits: in-process (``gateway.limits.local.Limits``) against shared through Redis
+(``gateway.redis.shared.SharedLimits``, a redis-server of its own on a free port of 127.0.0.1).
 
 One request is ``admit`` + ``release`` + ``settle`` on a project with every limit set (concurrency, rpm,
 tpm and the daily budget, all far above what the run uses), so the whole admission and settlement scripts
@@ -23,7 +23,7 @@ import uuid
 from pathlib import Path
 
 from gateway.config import GatewaySettings
-from gateway.limits import Limits
+from gateway.limits.local import Limits
 
 TARGET_US = 150.0
 PROJECT = {
@@ -73,7 +73,7 @@ async def _local(n: int, concurrency: int) -> float:
 
 
 async def _shared(url: str, n: int, concurrency: int) -> tuple[float, float]:
-    from gateway.shared import SharedLimits, SharedState
+    from gateway.redis.shared import SharedLimits, SharedState
 
     async def seed() -> dict[str, int]:
         return {}

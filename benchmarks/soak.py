@@ -1,7 +1,7 @@
 """Soak: many requests through the gateway against a faulty upstream, with a SIGKILL of the gateway half-way.
 
 Three kinds of process, as in gateway_bench: the fake upstream (gateway/testing/fake_upstream.py in its
-random fault mode), the gateway (``python -m gateway.cli serve``) and this process, the aiohttp clients.
+random fault mode), the gateway (``python -m gateway.ops.cli serve``) and this process, the aiohttp clients.
 
 - Requests: ``requests`` of them, ``concurrency`` at a time, a fixed mix drawn from ``seed`` of chat
   completions, Responses and Messages (each streamed and not; OpenAI wire format with a Bearer key, Anthropic
@@ -307,7 +307,7 @@ class _Client:
 
 async def _create_key(cfg_path: Path, env: dict[str, str]) -> str:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway.cli", "keys", "create", "--config", str(cfg_path),
+        sys.executable, "-m", "gateway.ops.cli", "keys", "create", "--config", str(cfg_path),
         "--project", PROJECT, "--name", "soak",
         cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
@@ -364,7 +364,7 @@ async def run_soak(cfg: SoakConfig) -> dict[str, Any]:
     )  # fmt: skip
     gw = _Proc(
         "gateway",
-        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg_path), "--port", str(gw_port)],
+        [sys.executable, "-m", "gateway.ops.cli", "serve", "--config", str(cfg_path), "--port", str(gw_port)],
         env,
         work / "gateway.log",
     )

@@ -7,8 +7,9 @@ divided by the requests done, after a warm-up (connections open), the best of `-
     .venv/bin/python -m benchmarks.transport_bench [--requests N] [--concurrency C] [--rounds R]
         [--kinds client,transport,aiohttp-default]
 
-Kinds: ``client`` = gateway.upstream.UpstreamClient.send (fair slots, retry loop, transport) and a whole read;
-``transport`` = gateway.transport.AiohttpTransport.post + read; ``aiohttp-default`` = a stock
+Kinds: ``client`` = gateway.upstream.client.UpstreamClient.send (fair slots, retry loop, transport) and a
+whole read;
+``transport`` = gateway.upstream.transport.AiohttpTransport.post + read; ``aiohttp-default`` = a stock
 ``aiohttp.ClientSession().post`` for reference.
 """
 
@@ -48,7 +49,7 @@ def kind(name: str):
 @kind("client")
 async def _client(base_url: str, conc: int):
     from gateway.config import ProviderConfig, RetryConfig
-    from gateway.upstream import UpstreamClient
+    from gateway.upstream.client import UpstreamClient
 
     cfg = ProviderConfig(kind="openai", base_url=base_url, max_connections=conc)
     client = UpstreamClient("bench", cfg, RetryConfig(), "sk-bench")
@@ -65,7 +66,7 @@ async def _client(base_url: str, conc: int):
 
 @kind("transport")
 async def _transport(base_url: str, conc: int):
-    from gateway.transport import AiohttpTransport
+    from gateway.upstream.transport import AiohttpTransport
 
     t = AiohttpTransport(
         "bench", base_url, max_connections=conc, default_headers={"Authorization": "Bearer x"}

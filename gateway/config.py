@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from gateway.pricing import ModelPrice
+from gateway.core.pricing import ModelPrice
 
 log = logging.getLogger("gateway.config")
 
@@ -29,7 +29,7 @@ class _Strict(BaseModel):
 class ProviderConfig(_Strict):
     """An upstream API. ``base_url`` includes the version prefix, e.g. ``https://api.openai.com/v1``."""
 
-    # local: the built-in offline drafter of gateway.drafter_local (no network; base_url unused)
+    # local: the built-in offline drafter of gateway.summaries.offline (no network; base_url unused)
     kind: Literal["openai", "anthropic", "local"]
     base_url: str = ""
     api_key_env: str | None = None
@@ -56,7 +56,8 @@ class ProviderConfig(_Strict):
 
 
 class SummariesConfig(_Strict):
-    """The summary batcher (gateway.summaries): one model call per project, task and model per window."""
+    """The summary batcher (gateway.summaries.batcher): one model call per project, task and model per
+    window."""
 
     window_ms: float = Field(50.0, ge=0, le=10_000)
     max_items: int = Field(32, ge=1, le=1000)  # anomalies per model call; a full batch goes at once
@@ -68,7 +69,8 @@ class SummariesConfig(_Strict):
 
 
 class DeploymentConfig(_Strict):
-    """One upstream serving a public model (gateway.routing): a provider, the model id there, and optionally
+    """One upstream serving a public model (gateway.upstream.routing): a provider, the model id there, and
+    optionally
     its own upstream key (``api_key_env``; else the provider's), a weight and that key's rpm/tpm limits."""
 
     name: str = Field(min_length=1, max_length=64)
@@ -128,7 +130,8 @@ FallbackOn = Literal["rate_limit", "server_error", "timeout", "context_window"]
 
 
 class RoutingConfig(_Strict):
-    """Deployment health (gateway.routing): a deployment that fails more than ``allowed_fails`` times in a
+    """Deployment health (gateway.upstream.routing): a deployment that fails more than ``allowed_fails``
+    times in a
     row (5xx, timeout, cannot connect), or answers 429 at all, cools down for ``cooldown_s`` (a 429's
     Retry-After when it gives one), doubling for each cooldown in a row up to ``max_cooldown_s``."""
 
@@ -144,7 +147,7 @@ class ProjectConfig(_Strict):
     rpm: int | None = Field(None, ge=1)
     tpm: int | None = Field(None, ge=1)
     daily_token_budget: int | None = Field(None, ge=1)
-    # US dollars per UTC day, priced by gateway.pricing (a request of a model without a price counts 0)
+    # US dollars per UTC day, priced by gateway.core.pricing (a request of a model without a price counts 0)
     daily_cost_budget_usd: float | None = Field(None, gt=0)
     default_task: str = "default"
     # Task names that get their own metrics label; any other X-Farm-Task value is labelled "other"
@@ -181,11 +184,11 @@ class GatewaySettings(BaseSettings):
     summaries: SummariesConfig = Field(default_factory=SummariesConfig)
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
     # model id (upstream id or public name) -> US dollars per million tokens; overrides and extends
-    # gateway.pricing.DEFAULT_PRICES
+    # gateway.core.pricing.DEFAULT_PRICES
     prices: dict[str, ModelPrice] = Field(default_factory=dict)
     ledger_flush_interval_s: float = Field(0.25, gt=0)
     ledger_batch_size: int = Field(500, ge=1)
-    # the ledger's write-ahead spool (gateway.spool); None: `<db stem>-spool` next to an SQLite file,
+    # the ledger's write-ahead spool (gateway.store.spool); None: `<db stem>-spool` next to an SQLite file,
     # else .farm/gateway-spool
     ledger_spool_dir: str | None = None
     # how long an authenticated key is trusted without a store lookup: the bound on how late a revocation
@@ -194,7 +197,8 @@ class GatewaySettings(BaseSettings):
     key_rotation_grace_s: float = Field(3600.0, ge=0)
     access_log: bool = False
     uvloop: bool = True  # use uvloop for `serve` when it is installed
-    # Shared state (gateway.shared): with a Redis URL (redis://, rediss://, unix://), every gateway process
+    # Shared state (gateway.redis.shared): with a Redis URL (redis://, rediss://, unix://), every gateway
+    # process
     # using that Redis and key prefix shares limits, key revocations and the summaries cache; None: each
     # process has its own, as before.
     redis_url: str | None = None
@@ -270,7 +274,8 @@ class GatewaySettings(BaseSettings):
                     )
 
     def secret_bytes(self) -> bytes | None:
-        """FARM_GATEWAY_SECRET (or ``secret:``) when set; else None, and gateway.secret.resolve_secret uses
+        """FARM_GATEWAY_SECRET (or ``secret:``) when set; else None, and gateway.store.secret.resolve_secret
+        uses
         the secret file next to the database. There is no built-in secret."""
         if self.secret is None or not self.secret.get_secret_value():
             return None

@@ -1,7 +1,7 @@
 """The gateway's own errors, and their shape in the calling API's format.
 
 Every failure a client sees is a ``GatewayError``; lower layers translate their own exceptions into one of
-these at their boundary (the upstream transport's in ``gateway.upstream``, the limiter's in the
+these at their boundary (the upstream transport's in ``gateway.upstream.client``, the limiter's in the
 pipeline), so no module catches an exception type from two layers below it::
 
     GatewayError(status, message, error_class)        answered in the caller's API shape
@@ -130,7 +130,7 @@ class RateLimited(ClientError):
 
 
 class UpstreamError(_Fixed):
-    """The provider failed (a 5xx to the client); raised by gateway.upstream at its boundary."""
+    """The provider failed (a 5xx to the client); raised by gateway.upstream.client at its boundary."""
 
     status_code, default_class = 502, "upstream_error"
 
@@ -160,7 +160,8 @@ class UpstreamTimeout(UpstreamError):
 
 
 class StoreUnavailable(_Fixed):
-    """The gateway's own database could not answer a key lookup: raised by gateway.keys at its boundary."""
+    """The gateway's own database could not answer a key lookup: raised by gateway.store.keys at its
+    boundary."""
 
     status_code, default_class = 503, "store_unavailable"
 

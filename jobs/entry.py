@@ -10,7 +10,7 @@ import sys
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "gateway":
         try:
-            from gateway.cli import gateway
+            from gateway.ops.cli import gateway
         except ImportError:  # the farm runs without the gateway package: let jobs.cli say so
             pass
         else:

@@ -14,8 +14,8 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Literal
 
+from gateway.core.usage import token_count
 from gateway.errors import BadRequest
-from gateway.usage import token_count
 
 Format = Literal["chat", "responses", "messages"]
 FORMATS: tuple[Format, ...] = ("chat", "responses", "messages")
@@ -174,7 +174,7 @@ def loads(data: str) -> object:
 
 
 def count(v: object) -> int:
-    """A token count of an upstream's usage as a client may be shown it (gateway.usage.token_count);
+    """A token count of an upstream's usage as a client may be shown it (gateway.core.usage.token_count);
     anything that is no count (a list, NaN, 10**30, a negative number) shows as 0, and the gateway's own
     accounting estimates that request."""
     return token_count(v) or 0

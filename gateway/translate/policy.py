@@ -54,7 +54,7 @@ DROPPED: tuple[Dropped, ...] = (
         "parallel_tool_calls",
         "true is the default everywhere; false maps to Anthropic's disable_parallel_tool_use",
     ),  # fmt: skip
-    # -- (header) request headers, between API kinds (gateway.proxy)
+    # -- (header) request headers, between API kinds (gateway.http.endpoints.proxy)
     Dropped(
         "messages",
         "anthropic-beta",

@@ -20,9 +20,9 @@ decoder hands the events carrying usage (already parsed), so the upstream's byte
 
 from __future__ import annotations
 
+from gateway.core.usage import StreamUsage
 from gateway.translate import chat, messages, responses
 from gateway.translate.ir import Format, Usage
-from gateway.usage import StreamUsage
 
 _DECODERS = {"chat": chat.Decoder, "responses": responses.Decoder, "messages": messages.Decoder}
 

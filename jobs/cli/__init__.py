@@ -97,7 +97,7 @@ main.add_command(bench, "bench")
 
 # ---- gateway (a separate service; mounted only when its package is present) ----------------------------
 try:
-    from gateway.cli import gateway as _gateway_group
+    from gateway.ops.cli import gateway as _gateway_group
 
     main.add_command(_gateway_group, "gateway")
 except ImportError:  # the farm runs without the gateway package

@@ -9,7 +9,7 @@ workflow runs with no gateway and no network. `render_drafts` prints them next t
 explain.
 
 The farm is the gateway's client only: it shares the endpoint's path and formats through
-gateway.summary_schema (pydantic alone) and, for the offline case, calls gateway.drafter_local (a pure
+gateway.summaries.schema (pydantic alone) and, for the offline case, calls gateway.summaries.offline (a pure
 function of that schema); nothing else of the gateway is imported.
 """
 
@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from gateway.summary_schema import SUMMARIES_PATH, TASKS, AnomalyIn
+from gateway.summaries.schema import SUMMARIES_PATH, TASKS, AnomalyIn
 from jobs.drafts.compress import Compressed, LogSource, compress, facts_from_job
 from jobs.settings import FarmSettings
 from jobs.store.repository import Store
@@ -85,7 +85,7 @@ def request_drafts(items: list[dict[str, Any]], task: str, target: GatewayTarget
 
 def offline_reply(items: list[dict[str, Any]], task: str) -> dict[str, Any]:
     """The gateway's offline drafter, run in-process (no gateway configured)."""
-    from gateway.drafter_local import offline_drafts
+    from gateway.summaries.offline import offline_drafts
 
     drafts = offline_drafts([AnomalyIn.model_validate(i) for i in items], task)
     return {

@@ -19,10 +19,10 @@ import services
 from aiohttp import web
 from sqlalchemy import select
 
-from gateway.app import GATEWAY, Gateway, create_app
 from gateway.config import GatewaySettings
-from gateway.db import create_engine, ledger, upgrade_schema
-from gateway.server import GatewayRunner
+from gateway.http.app import GATEWAY, Gateway, create_app
+from gateway.http.server import GatewayRunner
+from gateway.store.db import create_engine, ledger, upgrade_schema
 from gateway.testing.fake_upstream import FakeUpstream
 
 SECRET = "test-secret-0123456789"

@@ -44,7 +44,7 @@ class GatewayPg:
     async def _make_template(self) -> None:
         import psycopg
 
-        from gateway.db import create_engine, upgrade_schema
+        from gateway.store.db import create_engine, upgrade_schema
 
         with psycopg.connect(self.server.admin_dsn, autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{TEMPLATE}"')

@@ -12,8 +12,8 @@ import anthropic
 import openai
 from click.testing import CliRunner
 
-from gateway.cli import gateway as cli
-from gateway.onboarding import ConfigRequest, ProjectModels, project_models, render
+from gateway.ops.cli import gateway as cli
+from gateway.ops.onboarding import ConfigRequest, ProjectModels, project_models, render
 
 EXAMPLE = str(Path(__file__).parents[2] / "gateway" / "example-config.yaml")
 

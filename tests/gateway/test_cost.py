@@ -1,4 +1,4 @@
-"""Cost (gateway.pricing): every ledger row priced from its token counts, cached tokens included, through
+"""Cost (gateway.core.pricing): every ledger row priced from its token counts, cached tokens included, through
 the real SDKs; the price table and its config; the daily cost budget (in-process, across a restart);
 `farm gateway usage` and /metrics showing the cost. The Redis path is in test_cost_shared.py."""
 
@@ -16,13 +16,13 @@ import yaml
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.cli import gateway as cli
-from gateway.cli import usage_rows
 from gateway.config import ConfigError, ProjectConfig, load_settings
-from gateway.limits import LimitExceeded, ProjectLimits, share_of
-from gateway.pricing import DEFAULT_PRICES, PriceTable
+from gateway.core.pricing import DEFAULT_PRICES, PriceTable
+from gateway.core.usage import usage_details
+from gateway.limits.local import LimitExceeded, ProjectLimits, share_of
+from gateway.ops.cli import gateway as cli
+from gateway.ops.cli import usage_rows
 from gateway.testing.fake_upstream import Fault
-from gateway.usage import usage_details
 
 MSGS = [{"role": "user", "content": "hi"}]
 # Prices for the test config's models (none has a default price): gpt-fake by its upstream id, claude-fake

@@ -1,4 +1,5 @@
-"""The daily cost budget through the shared state (gateway.shared, a real redis-server): two gateway apps
+"""The daily cost budget through the shared state (gateway.redis.shared, a real redis-server): two gateway
+apps
 on one database and one Redis spend one budget, overshooting it by at most one request's reservation, and
 a Redis that comes back empty rebuilds the day's cost from the ledger."""
 

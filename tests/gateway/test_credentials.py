@@ -13,7 +13,7 @@ import openai
 import pytest
 from multidict import CIMultiDict
 
-from gateway.keys import Credential, credential_from_headers, key_from_headers
+from gateway.store.keys import Credential, credential_from_headers, key_from_headers
 
 MSGS = [{"role": "user", "content": "hi"}]
 OWN_ANTHROPIC_KEY = "sk-ant-api03-" + "u" * 40  # the user's own key, which the gateway must ignore

@@ -11,9 +11,9 @@ import pytest
 from aiohttp import web
 from click.testing import CliRunner
 
-from gateway.cli import gateway as cli
-from gateway.doctor import TIMEOUT_FIX, Check, DoctorInput, failed, run_doctor, store_lookup
-from gateway.onboarding import ConfigRequest, project_models, write_config
+from gateway.ops.cli import gateway as cli
+from gateway.ops.doctor import TIMEOUT_FIX, Check, DoctorInput, failed, run_doctor, store_lookup
+from gateway.ops.onboarding import ConfigRequest, project_models, write_config
 from gateway.testing.fake_upstream import Fault
 
 

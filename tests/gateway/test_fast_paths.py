@@ -1,5 +1,6 @@
 """The request path's fast paths keep the slow paths' behaviour: orjson with the standard library as the
-judge (gateway.jsoncodec), the ledger's INSERTs without NULL parameters on SQLite, the header check's memo,
+judge (gateway.core.jsoncodec), the ledger's INSERTs without NULL parameters on SQLite, the header check's
+memo,
 the key cache, and 404/405 answered by routes instead of a middleware."""
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ import aiohttp
 import pytest
 from pg import DB_BACKENDS
 
-from gateway import jsoncodec
+from gateway.core import jsoncodec
 from gateway.errors import BadRequest
-from gateway.transport import check_headers
+from gateway.upstream.transport import check_headers
 
 MSGS = [{"role": "user", "content": "hi"}]
 

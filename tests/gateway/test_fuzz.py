@@ -18,8 +18,8 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.app import GATEWAY, create_app
-from gateway.server import GatewayRunner
+from gateway.http.app import GATEWAY, create_app
+from gateway.http.server import GatewayRunner
 from gateway.testing.fake_upstream import FakeUpstream
 
 PATHS = [

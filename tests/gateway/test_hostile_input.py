@@ -231,7 +231,7 @@ async def test_anthropic_stream_cut_before_message_delta_has_its_output_estimate
 
 async def test_an_unreachable_key_store_is_a_503_not_a_500(gateway, oai, caplog, tmp_path):
     """Seen: while the database was down, a key not looked up in the last second got a 500."""
-    from gateway.db import create_engine
+    from gateway.store.db import create_engine
 
     gw = gateway.gw
     real = gw.keys._engine

@@ -134,7 +134,10 @@ async def test_chat_usage_that_is_no_count_reaches_an_anthropic_client_as_a_coun
     for n in (final.usage.input_tokens, final.usage.output_tokens):
         assert isinstance(n, int) and 0 <= n <= 10_000_000
     rows = await gw.rows()
-    numeric = value in (b'"12"', b"2.5")  # counts the accounting reads as such (gateway.usage.token_count)
+    numeric = value in (
+        b'"12"',
+        b"2.5",
+    )  # counts the accounting reads as such (gateway.core.usage.token_count)
     assert rows[-1]["status"] == "ok" and rows[-1]["tokens_estimated"] == (not numeric)
     assert 0 <= rows[-1]["input_tokens"] <= 10_000_000
 

@@ -7,8 +7,8 @@ import asyncio
 
 from sqlalchemy import event
 
-from gateway.db import create_engine, create_tables
-from gateway.keys import KeyStore
+from gateway.store.db import create_engine, create_tables
+from gateway.store.keys import KeyStore
 
 
 async def test_a_burst_on_a_cold_cache_queries_the_store_once_and_revocation_still_wins(tmp_path):

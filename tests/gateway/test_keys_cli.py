@@ -10,9 +10,9 @@ import yaml
 from click.testing import CliRunner
 from pg import DB_BACKENDS
 
-from gateway.cli import DEFAULT_CONFIG
-from gateway.cli import gateway as cli
 from gateway.config import ConfigError, load_settings
+from gateway.ops.cli import DEFAULT_CONFIG
+from gateway.ops.cli import gateway as cli
 
 MSGS = [{"role": "user", "content": "hi"}]
 
@@ -92,7 +92,7 @@ async def test_expired_key(gateway, oai):
 async def test_keys_are_stored_hashed(gateway):
     from sqlalchemy import select
 
-    from gateway.db import metadata
+    from gateway.store.db import metadata
 
     rows = []
     async with gateway.gw.engine.connect() as conn:  # every row of every table, as text
@@ -127,7 +127,7 @@ async def test_usage_table(gateway, fake, tmp_path, oai, anth):
     assert "t1" in out and "alpha-default" in out and "total" in out
     res = await run_cli("usage", "--config", cfg, "--since", "1d")
     assert "gpt-fake" in res.stdout and "claude-fake" in res.stdout and "rejected" in res.stdout
-    from gateway.cli import usage_rows
+    from gateway.ops.cli import usage_rows
 
     names, rows = await usage_rows(gateway.gw.settings, "model", None)
     by_model = {r[names.index("model")]: r for r in rows}
@@ -196,7 +196,7 @@ async def test_serve_with_example_config_starts_and_stops_cleanly(tmp_path):
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "gateway.cli",
+        "gateway.ops.cli",
         "serve",
         "--config",
         str(DEFAULT_CONFIG),

@@ -13,8 +13,8 @@ from pg import DB_BACKENDS
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from gateway.db import create_engine, create_tables, ledger
-from gateway.ledger import LedgerWriter
+from gateway.store.db import create_engine, create_tables, ledger
+from gateway.store.ledger import LedgerWriter
 
 MSGS = [{"role": "user", "content": "hi"}]
 
@@ -38,7 +38,7 @@ async def _until(cond, timeout: float = 5.0) -> None:
 
 
 async def test_a_ledger_that_cannot_write_makes_readyz_503_and_shows_in_metrics(gateway, caplog):
-    caplog.set_level(logging.WARNING, "gateway.ledger")
+    caplog.set_level(logging.WARNING, "gateway.store.ledger")
     async with gateway.gw.engine.begin() as conn:
         await conn.run_sync(ledger.drop)  # every flush now fails: rows must stay pending
     headers = {"Authorization": f"Bearer {gateway.keys['alpha']}"}
@@ -105,7 +105,7 @@ async def test_a_writer_that_falls_behind_names_it(tmp_path):
 
 
 async def test_an_unreachable_database_keeps_every_row_pending_and_is_named(tmp_path, caplog):
-    caplog.set_level(logging.ERROR, "gateway.ledger")
+    caplog.set_level(logging.ERROR, "gateway.store.ledger")
     engine = create_async_engine(f"sqlite+aiosqlite:///{tmp_path / 'missing' / 'l.db'}")  # cannot be opened
     writer = LedgerWriter(engine, interval_s=0.02, spool_dir=tmp_path / "spool")
     try:

@@ -8,12 +8,13 @@ from pg import DB_BACKENDS
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.metrics import GatewayMetrics
+from gateway.core.metrics import GatewayMetrics
 from gateway.testing.fake_upstream import Fault
 
 MSGS = [{"role": "user", "content": "hi"}]
 ALLOWED_LABELS = {"project", "model", "task", "status", "reason", "limit", "le"}
-# gateway.routing: configured deployment names, a fixed set of failure classes, configured model names
+# gateway.upstream.routing: configured deployment names, a fixed set of failure classes, configured model
+# names
 ALLOWED_LABELS |= {"deployment", "class", "from_model", "to_model"}
 
 
@@ -92,7 +93,10 @@ async def test_graceful_stop_loses_no_rows(start_gateway, fake):
 
 
 async def test_metrics_labels_are_bounded_and_carry_no_secrets(gateway, fake, oai):
-    headers = {"Authorization": f"Bearer {gateway.keys['alpha']}", "X-Farm-Task": "some-random-task-9f8e"}
+    headers = {
+        "Authorization": f"Bearer {gateway.keys['alpha']}",
+        "X-Farm-Task": "some-random-task-9f8e",
+    }
     body = {"model": "gpt-fake", "messages": MSGS}
     ids = []
     async with aiohttp.ClientSession() as s:
@@ -168,8 +172,8 @@ async def test_a_bad_row_is_dropped_not_the_whole_batch(db_url, caplog):
 
     from sqlalchemy import select
 
-    from gateway.db import create_engine, ledger
-    from gateway.ledger import LedgerWriter
+    from gateway.store.db import create_engine, ledger
+    from gateway.store.ledger import LedgerWriter
 
     engine = create_engine(db_url)
     writer = LedgerWriter(engine, interval_s=60)
@@ -269,8 +273,8 @@ async def test_rows_read_back_as_written_and_a_value_no_column_takes_drops_its_r
 
     from sqlalchemy import select
 
-    from gateway.db import create_engine, ledger
-    from gateway.ledger import LedgerWriter
+    from gateway.store.db import create_engine, ledger
+    from gateway.store.ledger import LedgerWriter
 
     engine = create_engine(db_url)
     writer = LedgerWriter(engine, interval_s=60)

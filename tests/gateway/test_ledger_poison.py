@@ -13,10 +13,10 @@ import pytest
 from pg import DB_BACKENDS
 from prometheus_client.parser import text_string_to_metric_families
 
-import gateway.ledger as ledger_mod
-from gateway.ledger import clean_row, tokens_used_today
+import gateway.store.ledger as ledger_mod
+from gateway.core.usage import MAX_TOKENS_PER_REQUEST, StreamUsage, usage_from_body
+from gateway.store.ledger import clean_row, tokens_used_today
 from gateway.testing.fake_upstream import Fault
-from gateway.usage import MAX_TOKENS_PER_REQUEST, StreamUsage, usage_from_body
 
 MSGS = [{"role": "user", "content": "hi"}]
 
@@ -210,7 +210,7 @@ async def test_a_row_the_driver_refuses_is_dropped_once_counted_and_shown(gatewa
     counted in /metrics and /readyz, kept in rejected.jsonl, and the rows around it are written."""
     # no cleaning
     monkeypatch.setattr(ledger_mod, "clean_row", lambda row, **_: {**ledger_mod._DEFAULTS, **row})
-    caplog.set_level(logging.ERROR, "gateway.ledger")
+    caplog.set_level(logging.ERROR, "gateway.store.ledger")
     w = gateway.gw.ledger
     w.submit(_row("before"))
     w.submit(_row("bad-text", task="caf\udce9-review"))

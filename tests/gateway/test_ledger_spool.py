@@ -19,9 +19,9 @@ import yaml
 from pg import DB_BACKENDS, SQLITE_ONLY
 from sqlalchemy import select, text
 
-from gateway.db import create_engine, ledger
-from gateway.ledger import DATETIMES, LedgerWriter
-from gateway.spool import default_spool_dir, read_rows
+from gateway.store.db import create_engine, ledger
+from gateway.store.ledger import DATETIMES, LedgerWriter
+from gateway.store.spool import default_spool_dir, read_rows
 from gateway.testing.fake_upstream import Fault
 
 MSGS = [{"role": "user", "content": "hi"}]
@@ -215,7 +215,7 @@ async def _serve(config: Path, port: int, cwd: Path) -> asyncio.subprocess.Proce
     for k in [k for k in env if k.startswith("FARM_GATEWAY_")]:
         del env[k]
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--port", str(port),
+        sys.executable, "-m", "gateway.ops.cli", "serve", "--config", str(config), "--port", str(port),
         env=env, cwd=cwd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
     async with aiohttp.ClientSession() as s:

@@ -1,5 +1,7 @@
-"""The schema is Alembic's (gateway/migrations), on SQLite and on PostgreSQL: an empty database is created
-at the newest revision, equal to the tables of gateway/db.py; a database from before migrations is refused
+"""The schema is Alembic's (gateway/store/migrations), on SQLite and on PostgreSQL: an empty database is
+created
+at the newest revision, equal to the tables of gateway/store/db.py; a database from before migrations is
+refused
 by every start and command, naming `farm gateway db upgrade`, which adopts it (its rows kept); a database
 from a newer release is refused; first starts at once create the tables once."""
 
@@ -17,10 +19,10 @@ from click.testing import CliRunner
 from pg import DB_BACKENDS
 from sqlalchemy import Table, insert, inspect, select, text
 
-from gateway.app import Gateway
-from gateway.cli import gateway as cli
 from gateway.config import ConfigError, GatewaySettings
-from gateway.db import (
+from gateway.http.app import Gateway
+from gateway.ops.cli import gateway as cli
+from gateway.store.db import (
     VERSION_TABLE,
     SchemaError,
     api_keys,
@@ -59,7 +61,7 @@ async def engine(empty_url):
 
 
 def _differences(conn) -> list:
-    """What Alembic's autogenerate finds between the database and the tables of gateway/db.py."""
+    """What Alembic's autogenerate finds between the database and the tables of gateway/store/db.py."""
     from alembic.autogenerate import compare_metadata
     from alembic.runtime.migration import MigrationContext
 
@@ -200,7 +202,8 @@ async def test_serve_refuses_an_old_style_database_in_one_line_naming_db_upgrade
     for k in [k for k in env if k.startswith("FARM_GATEWAY_")]:
         del env[k]
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway.cli", "serve", "--config", _config(tmp_path, empty_url), "--port", "0",
+        sys.executable, "-m", "gateway.ops.cli", "serve",
+        "--config", _config(tmp_path, empty_url), "--port", "0",
         env=env, cwd=tmp_path, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
     out = (await asyncio.wait_for(proc.communicate(), 60))[0].decode()
@@ -211,7 +214,7 @@ async def test_serve_refuses_an_old_style_database_in_one_line_naming_db_upgrade
 
 
 def test_an_older_revision_is_named_with_the_command_and_the_password_never():
-    from gateway.db import SchemaState
+    from gateway.store.db import SchemaState
 
     url = "postgresql+asyncpg://gw:s3cret-pw@db.example/farm"
     message = SchemaState("0001", "0002", frozenset(metadata.tables)).problem(url)

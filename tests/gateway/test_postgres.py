@@ -12,9 +12,9 @@ import openai
 import pytest
 from sqlalchemy import text
 
-from gateway.cli import usage_rows
-from gateway.db import create_engine
-from gateway.keys import KeyStore
+from gateway.ops.cli import usage_rows
+from gateway.store.db import create_engine
+from gateway.store.keys import KeyStore
 
 MSGS = [{"role": "user", "content": "hi"}]
 BUDGET = 100_000

@@ -1,4 +1,5 @@
-"""Routing over deployments (gateway.routing): two real fake upstreams, the real SDKs, the real ledger.
+"""Routing over deployments (gateway.upstream.routing): two real fake upstreams, the real SDKs, the real
+ledger.
 
 Cooldowns end by moving the router's injectable clock, never by sleeping."""
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from gateway.config import ConfigError, ProjectConfig, load_settings
-from gateway.routing import Router, is_context_window_error
-from gateway.upstream import pool_warnings
+from gateway.upstream.client import pool_warnings
+from gateway.upstream.routing import Router, is_context_window_error
 
 PROVIDERS = {
     "oa": {"kind": "openai", "base_url": "http://127.0.0.1:9/v1"},

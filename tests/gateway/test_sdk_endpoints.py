@@ -147,9 +147,9 @@ async def test_session_and_task_recorded(gateway, fake, oai, anth):
 async def test_body_over_client_max_size_is_a_413_in_the_callers_format(start_gateway, fake, monkeypatch):
     import aiohttp
 
-    import gateway.app
+    import gateway.http.app
 
-    monkeypatch.setattr(gateway.app, "MAX_BODY_BYTES", 2000)
+    monkeypatch.setattr(gateway.http.app, "MAX_BODY_BYTES", 2000)
     gw = await start_gateway()
     big = [{"role": "user", "content": "x" * 5000}]
     async with aiohttp.ClientSession() as s:

@@ -20,12 +20,12 @@ from click.testing import CliRunner
 from pg import DB_BACKENDS, SQLITE_ONLY
 from sqlalchemy import select
 
-from gateway.app import Gateway
-from gateway.cli import gateway as cli
 from gateway.config import ConfigError, GatewaySettings, load_settings
-from gateway.db import create_engine, create_tables, meta
-from gateway.keys import KeyStore
-from gateway.secret import SECRET_FILE_NAME, configured_secret, fingerprint, resolve_secret
+from gateway.http.app import Gateway
+from gateway.ops.cli import gateway as cli
+from gateway.store.db import create_engine, create_tables, meta
+from gateway.store.keys import KeyStore
+from gateway.store.secret import SECRET_FILE_NAME, configured_secret, fingerprint, resolve_secret
 
 MSGS = [{"role": "user", "content": "hi"}]
 REPO = Path(__file__).resolve().parents[2]
@@ -60,7 +60,7 @@ async def cli_process(*args: str, env: dict | None = None) -> tuple[int, str]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "gateway.cli",
+        "gateway.ops.cli",
         *args,
         env=full_env,
         stdout=asyncio.subprocess.PIPE,

@@ -18,7 +18,7 @@ except SystemExit:
     pass
 heavy = sorted({m.split(".")[0] for m in sys.modules} & FARM)
 print("HEAVY", heavy)
-import gateway.app  # what `serve` builds
+import gateway.http.app  # what `serve` builds
 heavy = sorted({m.split(".")[0] for m in sys.modules} & FARM)
 print("HEAVY", heavy)
 """

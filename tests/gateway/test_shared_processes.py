@@ -1,4 +1,5 @@
-"""Two real gateway processes (``python -m gateway.cli serve``) sharing one Redis and one database (SQLite,
+"""Two real gateway processes (``python -m gateway.ops.cli serve``) sharing one Redis and one database
+(SQLite,
 and PostgreSQL where a server can be started): the
 project's concurrency cap holds across them at the upstream, and slots held by a process that is then
 SIGKILLed come free within the lease time (``redis_lease_s``), without any release from it."""
@@ -46,7 +47,16 @@ class _Gateway:
         self.port = _free_port()
         self.log = work / f"{name}.log"
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg), "--port", str(self.port)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "gateway.ops.cli",
+            "serve",
+            "--config",
+            str(cfg),
+            "--port",
+            str(self.port),
+        ]
         env = {**env, "FARM_GATEWAY_LEDGER_SPOOL_DIR": str(work / f"{name}-spool")}
         with self.log.open("w") as out:
             self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -104,7 +114,7 @@ async def test_two_processes_share_the_concurrency_cap_and_a_killed_one_frees_it
         env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_GATEWAY_")}
         env |= {"PYTHONPATH": str(ROOT), "FARM_GATEWAY_SECRET": SECRET}
         made = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gateway.cli", "keys", "create", "--config", str(cfg_path),
+            sys.executable, "-m", "gateway.ops.cli", "keys", "create", "--config", str(cfg_path),
             "--project", "alpha", "--name", "shared",
             cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip

@@ -1,4 +1,4 @@
-"""Shared state through a real redis-server (gateway.shared): two gateway apps in one event loop, one
+"""Shared state through a real redis-server (gateway.redis.shared): two gateway apps in one event loop, one
 database, one Redis, act as one gateway: rpm, tpm, concurrency and the daily budget hold across both, a
 key revoked through one is refused by the other at once, one summaries batch costs one model call; with
 Redis stopped both keep serving (``degraded``) and the shared limits come back with it. Each test runs
@@ -21,10 +21,10 @@ import redis
 import services
 from aiohttp import web
 
-from gateway.app import GATEWAY, Gateway, create_app
-from gateway.keys import KEY_RE
-from gateway.summaries import SUMMARIES_PATH
-from gateway.usage import estimate_tokens
+from gateway.core.usage import estimate_tokens
+from gateway.http.app import GATEWAY, Gateway, create_app
+from gateway.store.keys import KEY_RE
+from gateway.summaries.batcher import SUMMARIES_PATH
 
 MSGS = [{"role": "user", "content": "hi"}]
 
@@ -256,7 +256,7 @@ async def test_redis_stopped_mid_load_degrades_without_errors_and_shared_limits_
         srv = start_server(tmp_path / "own-redis")
     except Unavailable as e:
         services.missing("redis", str(e))
-    caplog.set_level(logging.INFO, logger="gateway.shared")
+    caplog.set_level(logging.INFO, logger="gateway.redis.shared")
     try:
         a, b = await start_shared(
             redis_url=srv.url,
@@ -313,7 +313,7 @@ async def test_redis_stopped_mid_load_degrades_without_errors_and_shared_limits_
 
 def test_shares_divide_each_limit_among_the_processes():
     from gateway.config import ProjectConfig
-    from gateway.limits import share_of
+    from gateway.limits.local import share_of
 
     cfg = ProjectConfig(models=["m"], max_concurrency=5, rpm=10, tpm=1000, daily_token_budget=7)
     part = share_of(cfg, 2)

@@ -8,8 +8,8 @@ import json
 import aiohttp
 import pytest
 
-from gateway.summaries import SUMMARIES_PATH
-from gateway.summary_schema import AnomalyIn, Draft, DraftList
+from gateway.summaries.batcher import SUMMARIES_PATH
+from gateway.summaries.schema import AnomalyIn, Draft, DraftList
 
 pytestmark = pytest.mark.asyncio
 
@@ -207,7 +207,7 @@ async def test_offline_drafter_validates_and_is_deterministic(start_gateway, fak
     drafts = DraftList.model_validate(data).drafts
     assert {i for d in drafts for i in d.anomaly_ids} == {"an-1", "an-2", "an-3"}
     assert all(d.assertion.startswith("[offline]") for d in drafts)
-    from gateway.drafter_local import offline_drafts
+    from gateway.summaries.offline import offline_drafts
 
     models = [AnomalyIn.model_validate(a) for a in anomalies]
     assert offline_drafts(models, task) == offline_drafts(models, task)
@@ -450,7 +450,7 @@ async def test_split_request_with_an_uncovered_anomaly_in_one_chunk(start_gatewa
 
 
 async def test_offline_drafter_covers_every_anomaly():
-    from gateway.drafter_local import offline_drafts
+    from gateway.summaries.offline import offline_drafts
 
     varied = [anomaly(i) for i in range(10)]
     varied += [anomaly(10 + i, kind=f"custom-kind-{i:02d}-{'x' * 16}", log_excerpt="") for i in range(40)]

@@ -13,8 +13,8 @@ import random
 
 import pytest
 
+from gateway.core.usage import StreamUsage
 from gateway.translate import StreamTranslator
-from gateway.usage import StreamUsage
 from tests.gateway.test_translate_stream import PAIRS, UPSTREAMS, _sse
 
 

@@ -1,4 +1,5 @@
-"""gateway.upstream (fair slots, retry loop) on gateway.transport (aiohttp), against real servers on
+"""gateway.upstream.client (fair slots, retry loop) on gateway.upstream.transport (aiohttp), against real
+servers on
 127.0.0.1: scripted asyncio servers that read each request and answer with the bytes a test gives them,
 the fake upstream (also behind TLS with a certificate made by openssl), and a CONNECT proxy."""
 
@@ -28,7 +29,7 @@ from gateway.errors import (
     UpstreamUnreachable,
 )
 from gateway.testing.fake_upstream import FakeUpstream, Fault
-from gateway.upstream import FairSlots, UpstreamClient, client_retry_after, pool_warnings
+from gateway.upstream.client import FairSlots, UpstreamClient, client_retry_after, pool_warnings
 
 FAST_RETRY = RetryConfig(max_retries=2, backoff_base_s=0.01, backoff_cap_s=0.02, jitter_s=0.0)
 CHAT = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()

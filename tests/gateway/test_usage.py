@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gateway.usage import StreamUsage, usage_from_body
+from gateway.core.usage import StreamUsage, usage_from_body
 
 
 @pytest.mark.parametrize("bad", ["12.5", "lots", {"n": 1}, [3], -4, True])
@@ -30,7 +30,7 @@ def test_bad_usage_values_mean_estimate_not_crash(bad):
 
 
 def test_a_stream_without_event_ends_is_forwarded_once_the_buffer_passes_the_cap():
-    from gateway.usage import MAX_EVENT_BYTES
+    from gateway.core.usage import MAX_EVENT_BYTES
 
     tracker = StreamUsage("chat")
     chunk = b"data: " + b"x" * 65_530  # 64 KiB, never a blank line

@@ -61,13 +61,22 @@ def _config(tmp_path: Path, upstream: str, redis_url: str | None, name: str = "g
 
 
 class Serve:
-    """``python -m gateway.cli serve`` with its output in a log file."""
+    """``python -m gateway.ops.cli serve`` with its output in a log file."""
 
     def __init__(self, cfg: Path, tmp_path: Path, name: str, *args: str, port: int | None = None) -> None:
         self.port = port or _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tmp_path / f"{name}.log"
-        cmd = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg), "--port", str(self.port)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "gateway.ops.cli",
+            "serve",
+            "--config",
+            str(cfg),
+            "--port",
+            str(self.port),
+        ]
         with self.log.open("w") as out:
             self.proc = subprocess.Popen(
                 [*cmd, *args], cwd=ROOT, env=_env(), stdout=out, stderr=subprocess.STDOUT
@@ -144,7 +153,7 @@ async def _worker_pids(s: aiohttp.ClientSession, url: str, want: int, timeout: f
 
 async def _create_key(cfg: Path) -> str:
     made = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway.cli", "keys", "create", "--config", str(cfg), "--project", "alpha",
+        sys.executable, "-m", "gateway.ops.cli", "keys", "create", "--config", str(cfg), "--project", "alpha",
         cwd=ROOT, env=_env(), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     out, err = await made.communicate()

@@ -40,8 +40,14 @@ EXERCISED_BY: dict[str, tuple[str, ...]] = {
     ),
     "kernels/paged_mla/flash_mla_adapter.py": ("tests/kernels/paged_mla/test_paged_mla_case.py",),
     "kernels/paged_mla/trace_bench.py": ("tests/kernels/paged_mla/test_paged_mla_trace.py",),
-    "gateway/pipeline.py": ("tests/gateway/test_sdk_endpoints.py", "tests/gateway/test_upstream_failures.py"),
-    "gateway/proxy.py": ("tests/gateway/test_sdk_endpoints.py", "tests/gateway/test_translate_proxy.py"),
+    "gateway/http/pipeline.py": (
+        "tests/gateway/test_sdk_endpoints.py",
+        "tests/gateway/test_upstream_failures.py",
+    ),
+    "gateway/http/endpoints/proxy.py": (
+        "tests/gateway/test_sdk_endpoints.py",
+        "tests/gateway/test_translate_proxy.py",
+    ),
     "gateway/translate/api.py": ("tests/gateway/test_translate.py",),
     "gateway/translate/chat.py": (
         "tests/gateway/test_translate.py",

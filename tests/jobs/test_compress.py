@@ -6,7 +6,7 @@ import json
 from datetime import timedelta
 
 from benchmarks.acceptance_bench import T0, figure, realistic_log, seed_job
-from gateway.summary_schema import AnomalyIn
+from gateway.summaries.schema import AnomalyIn
 from jobs.drafts.compress import PROHIBITIONS, compress, compress_log, config_diff, facts_from_job
 
 

@@ -15,9 +15,10 @@ from click.testing import CliRunner
 from rich.console import Console
 
 from benchmarks.acceptance_bench import realistic_log, seed_job
-from gateway import summaries, summary_schema
-from gateway.app import GATEWAY, create_app
 from gateway.config import GatewaySettings
+from gateway.http.app import GATEWAY, create_app
+from gateway.summaries import batcher as summaries
+from gateway.summaries import schema as summary_schema
 from gateway.testing.fake_upstream import FakeUpstream
 from jobs.cli import main
 from jobs.drafts import client as drafts
@@ -130,8 +131,8 @@ def test_farm_accept_drafts_offline(store, monkeypatch):
 
 # What the farm may import from the gateway: the summaries contract both sides share (pydantic alone),
 # the offline drafter (a pure function of it), and the gateway's CLI group that `farm gateway` mounts.
-SHARED = {"gateway.summary_schema", "gateway.drafter_local"}
-CLI_MOUNT = {"jobs/cli/__init__.py": {"gateway.cli"}, "jobs/entry.py": {"gateway.cli"}}
+SHARED = {"gateway.summaries.schema", "gateway.summaries.offline"}
+CLI_MOUNT = {"jobs/cli/__init__.py": {"gateway.ops.cli"}, "jobs/entry.py": {"gateway.ops.cli"}}
 
 
 def test_the_farm_imports_only_the_shared_contract_of_the_gateway():
@@ -155,9 +156,9 @@ def test_the_shared_contract_loads_no_server_code_and_names_one_path():
     assert summary_schema.SUMMARIES_PATH == "/v1/farm/summaries"
     assert GatewayTarget("http://gw:8787/v1/", "k").root == GatewayTarget("http://gw:8787", "k").root
     probe = (
-        "import sys, gateway.summary_schema, gateway.drafter_local; "
+        "import sys, gateway.summaries.schema, gateway.summaries.offline; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('gateway', 'aiohttp', 'sqlalchemy')))"
     )
     repo = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=repo, check=True)
-    assert out.stdout.strip() == "['gateway', 'gateway.drafter_local', 'gateway.summary_schema']"
+    assert out.stdout.strip() == "['gateway', 'gateway.summaries', 'gateway.summaries.offline', 'gateway.summaries.schema']"

@@ -247,7 +247,7 @@ class LiveGateway:
         self.call(lambda: self._start(db_path, overrides), timeout=30)
 
     async def _start(self, db_path: Path, overrides: dict[str, Any]) -> None:
-        from gateway.app import GATEWAY, create_app
+        from gateway.http.app import GATEWAY, create_app
 
         helpers = _gateway_test_helpers()
         await self.fake.start()

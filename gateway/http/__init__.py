@@ -1,0 +1,1 @@
+"""The HTTP side: the request pipeline, the endpoints, the application, its server and workers."""

@@ -1,0 +1,346 @@
+"""The aiohttp application: the services of one gateway, its routes, and errors for unknown routes.
+
+The request path itself is gateway.http.pipeline (authenticate -> admit -> send -> account), used by the proxy
+endpoints (gateway.http.endpoints.proxy) and the summaries endpoint (gateway.summaries.batcher).
+
+Build one with ``create_app(settings)``; everything it holds hangs off the app (no module state), so tests
+can run several side by side. Serve it with handler cancellation on, so a client that goes away cancels
+its upstream request (``serve`` below does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import os
+from collections.abc import Callable
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from sqlalchemy import text
+
+from gateway.config import GatewaySettings
+from gateway.core.metrics import GatewayMetrics
+from gateway.errors import ApiStyle, GatewayError, MethodNotAllowed, NotFound, error_response
+from gateway.http.endpoints.proxy import ENDPOINTS, Proxy
+from gateway.http.pipeline import Pipeline
+from gateway.http.server import install_log_filter, serve_forever
+from gateway.limits.local import Limits
+from gateway.store.db import create_engine, ensure_schema
+from gateway.store.keys import KeyStore, utcnow
+from gateway.store.ledger import LedgerWriter, cost_used_today, tokens_used_today
+from gateway.store.secret import resolve_secret
+from gateway.store.spool import default_spool_dir
+from gateway.summaries.batcher import SUMMARIES_PATH, SummaryBatcher
+from gateway.upstream.client import UpstreamClient, pool_warnings
+from gateway.upstream.routing import Router
+
+if TYPE_CHECKING:
+    from gateway.redis.shared import SharedState
+
+log = logging.getLogger("gateway")
+
+MAX_BODY_BYTES = 64 * 1024 * 1024
+
+
+class Gateway:
+    """The services behind one app: key store, limits, upstream clients, ledger writer, metrics."""
+
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        *,
+        clock: Callable[[], datetime] = utcnow,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.settings = settings
+        self.engine = create_engine(settings.database_url)
+        # the server secret is resolved in start (gateway.store.secret: FARM_GATEWAY_SECRET or the secret
+        # file)
+        self.keys = KeyStore(self.engine, cache_ttl_s=settings.key_cache_ttl_s, clock=clock)
+        self.ledger = LedgerWriter(
+            self.engine,
+            interval_s=settings.ledger_flush_interval_s,
+            batch_size=settings.ledger_batch_size,
+            spool_dir=settings.ledger_spool_dir or default_spool_dir(settings.database_url),
+        )
+        self.metrics = GatewayMetrics(registry)
+        self.metrics.bind_ledger(self.ledger)
+        self.limits = Limits({})
+        # gateway.redis.shared.SharedState with `redis_url` (built in start): limits, key revocations and the
+        # summaries cache shared by every process using that Redis; None: all of it in this process
+        self.shared: SharedState | None = None
+        self.clients: dict[str, UpstreamClient] = {}
+        # the deployments of every public model (gateway.upstream.routing), built in start once the clients
+        # are
+        self.router: Router | None = None
+        self.pipeline = Pipeline(self)
+        self.ready = False
+
+    # --- lifecycle -------------------------------------------------------------------------------
+    async def start(self, _app: web.Application | None = None) -> None:
+        await ensure_schema(self.engine)  # SchemaError (a ConfigError): run `farm gateway db upgrade`
+        self.keys.set_secret(await resolve_secret(self.settings, self.engine))  # ConfigError: wrong secret
+        await self.ledger.start()  # first: replays a dead process's spool, so the budgets below count it
+        used_today = await tokens_used_today(self.engine)
+        cost_today = await cost_used_today(self.engine)
+        if self.settings.redis_url:
+            from gateway.redis.shared import SharedLimits, SharedState  # imports redis only when configured
+
+            self.shared = SharedState(
+                self.settings,
+                seed_source=lambda: tokens_used_today(self.engine),
+                cost_seed_source=lambda: cost_used_today(self.engine),
+                keys=self.keys,
+            )
+            await self.shared.start()  # Redis down: starts degraded, on this process's share of the limits
+            self.metrics.bind_shared(self.shared)
+            self.limits = SharedLimits(self.shared, self.settings.projects, used_today, cost_today)
+        else:
+            self.limits = Limits(self.settings.projects, used_today, cost_today)
+        self.metrics.bind_limits(self.limits)
+        for name, cfg in self.settings.providers.items():
+            if cfg.kind == "local":  # the offline drafter: nothing to connect to
+                continue
+            api_key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
+            if cfg.api_key_env and not api_key:
+                log.warning("provider %s: environment variable %s is not set", name, cfg.api_key_env)
+            client = UpstreamClient(name, cfg, self.settings.retry, api_key)
+            await client.start()
+            self.clients[name] = client
+        self.router = Router(self.settings, self.clients, self.metrics)  # ValueError: a deployment's bad key
+        for warning in pool_warnings(self.settings):  # projects that can starve each other of connections
+            log.warning("%s", warning)
+        self.ready = True
+        log.info(
+            "gateway ready: %d providers, %d models, %d projects",
+            len(self.clients),
+            len(self.settings.models),
+            len(self.settings.projects),
+        )
+
+    async def stop(self, _app: web.Application | None = None) -> None:
+        self.ready = False
+        if self.shared is not None:
+            await self.shared.stop()  # sends the last releases and settlements first
+        await self.ledger.stop()
+        for client in self.clients.values():
+            await client.close()
+        await self.engine.dispose()
+
+    # --- plain routes ----------------------------------------------------------------------------
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        problems = []
+        if not self.ready:
+            problems.append("not started")
+        problems += self.ledger.problems()  # not running, behind, flushes failing, spool not writable
+        try:
+            async with asyncio.timeout(2):
+                async with self.engine.connect() as conn:
+                    await conn.execute(text("SELECT 1"))
+        except Exception as e:
+            problems.append(f"store unreachable: {e.__class__.__name__}")
+        ledger = self.ledger.stats()
+        shared = {"shared_state": self.shared.status()} if self.shared is not None else {}
+        if problems:
+            return web.json_response(
+                {"status": "unavailable", "problems": problems, "ledger": ledger, **shared}, status=503
+            )
+        if self.shared is not None and not self.shared.up:  # still serving, on per-process limits
+            return web.json_response({"status": "degraded", "ledger": ledger, **shared})
+        return web.json_response({"status": "ready", "ledger": ledger, **shared})
+
+    async def metrics_route(self, request: web.Request) -> web.Response:
+        body = generate_latest(self.metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def models_route(self, request: web.Request) -> web.StreamResponse:
+        style: ApiStyle = "anthropic" if "anthropic-version" in request.headers else "openai"
+        return await self.pipeline.serve(request, "models", style, self._models, ledger=False)
+
+    async def _models(self, request: web.Request, _rec) -> web.Response:
+        _info, project = await self.pipeline.authenticate(request)
+        if "anthropic-version" in request.headers:
+            data = [
+                {"type": "model", "id": m, "display_name": m, "created_at": "1970-01-01T00:00:00Z"}
+                for m in project.models
+            ]
+            return web.json_response(
+                {
+                    "data": data,
+                    "has_more": False,
+                    "first_id": data[0]["id"] if data else None,
+                    "last_id": data[-1]["id"] if data else None,
+                }
+            )
+        data = [
+            {"id": m, "object": "model", "created": 0, "owned_by": self.settings.models[m].provider}
+            for m in project.models
+        ]
+        return web.json_response({"object": "list", "data": data})
+
+    def log_credential_refused(self, provider: str | None, status: int) -> None:
+        log.error("upstream %r refused the gateway's provider credential (HTTP %d)", provider, status)
+
+
+GATEWAY = web.AppKey("gateway", Gateway)
+
+
+def _style_of(request: web.Request) -> ApiStyle:
+    """The API a request speaks, for the shape of an error answer that no endpoint handled."""
+    if "anthropic-version" in request.headers or request.path.startswith("/v1/messages"):
+        return "anthropic"
+    return "openai"
+
+
+def _refuse(request: web.Request, err: GatewayError, allow: str | None = None) -> web.Response:
+    log.info("%s %s -> %d", request.method, request.path, err.status)
+    resp = error_response(_style_of(request), err.status, err.message)
+    if allow is not None:
+        resp.headers["Allow"] = allow
+    return resp
+
+
+async def _no_route(request: web.Request) -> web.Response:
+    return _refuse(request, NotFound(f"no route {request.method} {request.path}"))
+
+
+def _wrong_method(allowed: list[str]):
+    allow = ",".join(allowed)
+
+    async def handle(request: web.Request) -> web.Response:
+        err = MethodNotAllowed(
+            f"{request.method} is not allowed on {request.path} (allowed: {', '.join(allowed)})"
+        )
+        return _refuse(request, err, allow)
+
+    return handle
+
+
+def _add_routes(app: web.Application, path: str, **handlers) -> None:
+    """``path``'s handlers by method (``post=...``, ``get=...``: a GET also answers HEAD), then a route for
+    every other method: a 405 with ``Allow`` in the caller's API shape instead of aiohttp's plain text (a
+    route, not a middleware: a middleware costs every request a wrapper)."""
+    allowed = sorted({m.upper() for m in handlers} | ({"HEAD"} if "get" in handlers else set()))
+    for method, handler in handlers.items():
+        if method == "get":
+            app.router.add_get(path, handler)  # and HEAD
+        else:
+            app.router.add_route(method.upper(), path, handler)
+    app.router.add_route("*", path, _wrong_method(allowed))
+
+
+def create_app(
+    settings: GatewaySettings,
+    *,
+    clock: Callable[[], datetime] = utcnow,
+    registry: CollectorRegistry | None = None,
+) -> web.Application:
+    install_log_filter()
+    gw = Gateway(settings, clock=clock, registry=registry)
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app[GATEWAY] = gw
+    app.on_startup.append(gw.start)
+    app.on_cleanup.append(gw.stop)
+    proxy = Proxy(gw, gw.pipeline)
+    for path, ep in ENDPOINTS.items():
+        _add_routes(app, path, post=proxy.route(ep))
+    _add_routes(app, "/v1/models", get=gw.models_route)
+    summaries = SummaryBatcher(gw)
+    app.on_cleanup.insert(0, summaries.stop)
+    _add_routes(app, SUMMARIES_PATH, post=summaries.handle)
+    _add_routes(app, "/metrics", get=gw.metrics_route)
+    _add_routes(app, "/healthz", get=gw.healthz)
+    _add_routes(app, "/readyz", get=gw.readyz)
+    app.router.add_route("*", "/{path:.*}", _no_route)  # last: any other path is a 404 in the API's shape
+    return app
+
+
+def serve(
+    settings: GatewaySettings, host: str | None = None, port: int | None = None, *, workers: int = 1
+) -> int:
+    """Run the gateway until interrupted (graceful stop flushes the ledger); returns the exit status.
+
+    ``workers`` > 1: that many processes on one port under a supervisor (gateway.http.workers; needs
+    ``redis_url``). One process without ``redis_url`` holds an exclusive lock on its SQLite database for its
+    life, so a second one on the same file is refused (each would enforce the limits on its own)."""
+    from gateway.http.workers import hold_database_lock, supervise
+
+    if workers != 1:
+        return supervise(settings, host, port, workers)
+    hold_database_lock(settings)  # ConfigError naming redis_url when another process serves the database
+    run_one(settings, host, port)
+    return 0
+
+
+def run_one(
+    settings: GatewaySettings,
+    host: str | None = None,
+    port: int | None = None,
+    *,
+    reuse_port: bool = False,
+    worker: tuple[int, int] | None = None,
+    on_ready: Callable[[], None] | None = None,
+) -> None:
+    """Serve one gateway process until SIGINT/SIGTERM. ``worker``: (index, count) of a worker of
+    ``serve --workers`` (its ``/workerz`` says so); ``on_ready`` is called once the gateway has started."""
+    uvloop = None
+    if settings.uvloop:
+        try:
+            import uvloop  # type: ignore[import-not-found]
+        except ImportError:
+            log.info("uvloop is not installed: using the default asyncio event loop")
+    app = create_app(settings)
+    gw = app[GATEWAY]
+    index, count = worker if worker is not None else (None, 1)
+    info = {"pid": os.getpid(), "worker": index, "workers": count}
+
+    async def workerz(_request: web.Request) -> web.Response:
+        return web.json_response(info)
+
+    app.router.add_get("/workerz", workerz)
+    if (
+        gw.metrics.multiprocess
+    ):  # PROMETHEUS_MULTIPROC_DIR: the gauges are copied into it (gateway.core.metrics)
+        mirror: list[asyncio.Task] = []
+
+        async def start_mirror(_app: web.Application) -> None:
+            mirror.append(asyncio.create_task(gw.metrics.mirror_forever()))
+
+        async def stop_mirror(_app: web.Application) -> None:
+            for t in mirror:
+                t.cancel()
+            await asyncio.gather(*mirror, return_exceptions=True)
+            gw.metrics.sync()  # the ledger's last flush included
+
+        app.on_startup.append(start_mirror)
+        app.on_cleanup.append(stop_mirror)
+    if on_ready is not None:
+
+        async def ready(_app: web.Application) -> None:
+            on_ready()
+
+        app.on_startup.append(ready)
+    # Everything built so far lives as long as the process: keep it out of the collector's scans, and
+    # collect the youngest generation less often (aiohttp makes a few hundred objects per request; the
+    # default threshold of 700 had the collector take about 25 us per request at 1500 requests/s).
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 20)
+    serve_forever(
+        app,
+        host or settings.host,
+        port if port is not None else settings.port,
+        loop=uvloop.new_event_loop() if uvloop is not None else None,
+        reuse_port=reuse_port,
+        announce=None if worker else print,
+        handler_cancellation=True,
+        access_log=logging.getLogger("gateway.access") if settings.access_log else None,
+        shutdown_timeout=30,
+    )

@@ -1,0 +1,1 @@
+"""The endpoints: what each reads from its body, sends upstream and answers."""

@@ -1,0 +1,1 @@
+"""Per-project limits: admit, release, settle."""

@@ -1,1 +1,0 @@
-"""Alembic migrations of the gateway's tables (run by ``farm gateway db upgrade``; see gateway.db)."""

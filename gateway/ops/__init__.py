@@ -1,0 +1,1 @@
+"""Operating the gateway: the CLI, client onboarding, the doctor."""

@@ -1,0 +1,1 @@
+"""Shared state for many gateway processes on Redis."""

@@ -1,0 +1,315 @@
+"""Per-project API keys: stored only as HMAC-SHA256(server secret, key), compared in constant time.
+
+A key looks like ``kf_<12 hex id>_<secret>``. The id is public (it appears in ``keys list`` and in the
+ledger); the rest is shown once at creation and never stored or logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import re
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import select, update
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway.errors import StoreUnavailable
+from gateway.store.db import api_keys
+
+KEY_PREFIX = "kf_"
+_ID_LEN = 12
+KEY_RE = re.compile(r"^kf_([0-9a-f]{12})_[A-Za-z0-9_-]{20,}$")  # group 1: the public key id
+_KEY_RE = KEY_RE
+
+Clock = Callable[[], datetime]
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _utc(dt: datetime | None) -> datetime | None:
+    if dt is None:
+        return None
+    return dt if dt.tzinfo is not None else dt.replace(tzinfo=UTC)
+
+
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str) -> timedelta:
+    """``90s``, ``15m``, ``12h``, ``30d``, ``2w`` (bare numbers are seconds)."""
+    m = _DURATION_RE.match(text.lower())
+    if not m:
+        raise ValueError(f"invalid duration {text!r}: use e.g. 90s, 15m, 12h, 30d, 2w")
+    return timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def is_gateway_key(value: str) -> bool:
+    """Whether ``value`` has a gateway key's form (``kf_<12 hex>_<secret>``); says nothing of validity."""
+    return KEY_RE.match(value) is not None
+
+
+_HEADER_LABEL = {"authorization": "'Authorization: Bearer'", "x-api-key": "'x-api-key'"}
+MISSING_KEY_MESSAGE = "missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'"
+INVALID_KEY_MESSAGE = "invalid, expired or revoked API key"
+
+
+@dataclass(frozen=True, slots=True)
+class Credential:
+    """The key a request carries and where it came from.
+
+    ``ignored`` names the other header when both ``Authorization: Bearer`` and ``x-api-key`` carried
+    different values (Claude Code with both ANTHROPIC_AUTH_TOKEN and ANTHROPIC_API_KEY set sends both)."""
+
+    key: str | None
+    header: str | None = None  # "authorization" | "x-api-key"
+    ignored: str | None = None  # "authorization" | "x-api-key"
+
+    def invalid_message(self) -> str:
+        """The 401 text for a key the store refused."""
+        if self.ignored is None or self.header is None:
+            return INVALID_KEY_MESSAGE
+        used, ignored = _HEADER_LABEL[self.header], _HEADER_LABEL[self.ignored]
+        return (
+            f"{INVALID_KEY_MESSAGE} (both 'Authorization: Bearer' and 'x-api-key' were sent with different "
+            f"values; the gateway used {used} and ignored {ignored}: send only the gateway key, e.g. unset "
+            "ANTHROPIC_API_KEY for Claude Code)"
+        )
+
+
+def credential_from_headers(headers: Mapping[str, str]) -> Credential:
+    """The client's key from ``x-api-key`` or ``Authorization: Bearer`` (``headers`` must be case-insensitive,
+    as aiohttp's ``request.headers``). When both carry different values, the one shaped like a gateway key
+    wins; when both or neither are, ``Authorization`` wins (Claude Code's ANTHROPIC_AUTH_TOKEN, where the
+    client configs put the key)."""
+    api_key = headers.get("x-api-key")
+    api_key = api_key.strip() if api_key else ""
+    auth = headers.get("Authorization")
+    bearer = auth[7:].strip() if auth and auth[:7].lower() == "bearer " else ""
+    if api_key and bearer and api_key != bearer:
+        if KEY_RE.match(api_key) is not None and KEY_RE.match(bearer) is None:
+            return Credential(api_key, "x-api-key", "authorization")
+        return Credential(bearer, "authorization", "x-api-key")
+    if bearer:
+        return Credential(bearer, "authorization")
+    if api_key:
+        return Credential(api_key, "x-api-key")
+    return Credential(None)
+
+
+def key_from_headers(headers: Mapping[str, str]) -> str | None:
+    """``credential_from_headers(headers).key``."""
+    return credential_from_headers(headers).key
+
+
+@dataclass(frozen=True, slots=True)
+class KeyInfo:
+    id: str
+    project: str
+    name: str
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+    rotated_to: str | None
+
+    def state(self, now: datetime) -> str:
+        if self.revoked_at is not None:
+            return "revoked"
+        if self.expires_at is not None and now >= self.expires_at:
+            return "expired"
+        if self.rotated_to is not None:
+            return "rotating"
+        return "active"
+
+    def usable(self, now: datetime) -> bool:
+        return self.state(now) in ("active", "rotating")
+
+
+def _row_to_info(row) -> KeyInfo:
+    return KeyInfo(
+        id=row.id,
+        project=row.project,
+        name=row.name,
+        created_at=_utc(row.created_at),
+        expires_at=_utc(row.expires_at),
+        revoked_at=_utc(row.revoked_at),
+        rotated_to=row.rotated_to,
+    )
+
+
+class KeyStore:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        secret: bytes | None = None,
+        *,
+        cache_ttl_s: float = 1.0,
+        clock: Clock = utcnow,
+    ) -> None:
+        self._engine = engine
+        self._secret = secret  # None until set_secret: only get/list/revoke work without it
+        self._cache_ttl = cache_ttl_s
+        self._clock = clock
+        # SHA-256 of a key that matched its row -> (info, monotonic fetch time); holds no plaintext key. The
+        # HMAC with the server secret (what the store holds) is computed only on a miss: it costs 4x more.
+        self._cache: dict[bytes, tuple[KeyInfo, float]] = {}
+        # key id -> the store lookup in flight: requests that miss the cache together share one query
+        self._loading: dict[str, asyncio.Future[tuple[KeyInfo, str] | None]] = {}
+        self._generation = 0  # bumped by revoke/rotate: a lookup begun before one is not cached
+        # awaited after revoke/rotate: gateway.redis.shared publishes the change, so every process sharing its
+        # Redis drops its key cache at once (not just this one)
+        self.on_change: Callable[[], Awaitable[None]] | None = None
+
+    def set_secret(self, secret: bytes) -> None:
+        """The server secret (from gateway.store.secret.resolve_secret); a store built without one gets it
+        here."""
+        if not secret:
+            raise ValueError("empty server secret")
+        self._secret = secret
+        self._forget()
+
+    def _digest(self, key: str) -> str:
+        if self._secret is None:
+            raise RuntimeError(
+                "KeyStore has no server secret yet (gateway.store.secret.resolve_secret gives it)"
+            )
+        return hmac.digest(self._secret, key.encode(), "sha256").hex()
+
+    async def create(
+        self, project: str, name: str = "", expires_in: timedelta | None = None
+    ) -> tuple[str, KeyInfo]:
+        key_id = secrets.token_hex(_ID_LEN // 2)
+        key = f"{KEY_PREFIX}{key_id}_{secrets.token_urlsafe(32)}"
+        now = self._clock()
+        info = KeyInfo(
+            id=key_id,
+            project=project,
+            name=name,
+            created_at=now,
+            expires_at=now + expires_in if expires_in is not None else None,
+            revoked_at=None,
+            rotated_to=None,
+        )
+        async with self._engine.begin() as conn:
+            await conn.execute(
+                api_keys.insert().values(
+                    id=info.id,
+                    project=info.project,
+                    name=info.name,
+                    key_hash=self._digest(key),
+                    created_at=info.created_at,
+                    expires_at=info.expires_at,
+                )
+            )
+        return key, info
+
+    async def get(self, key_id: str) -> KeyInfo | None:
+        async with self._engine.connect() as conn:
+            row = (await conn.execute(select(api_keys).where(api_keys.c.id == key_id))).first()
+        return _row_to_info(row) if row else None
+
+    async def list(self, project: str | None = None) -> list[KeyInfo]:
+        q = select(api_keys).order_by(api_keys.c.project, api_keys.c.created_at)
+        if project:
+            q = q.where(api_keys.c.project == project)
+        async with self._engine.connect() as conn:
+            rows = (await conn.execute(q)).all()
+        return [_row_to_info(r) for r in rows]
+
+    async def revoke(self, key_id: str) -> bool:
+        async with self._engine.begin() as conn:
+            res = await conn.execute(
+                update(api_keys)
+                .where(api_keys.c.id == key_id, api_keys.c.revoked_at.is_(None))
+                .values(revoked_at=self._clock())
+            )
+        await self._changed()
+        return res.rowcount > 0
+
+    async def rotate(self, key_id: str, grace: timedelta) -> tuple[str, KeyInfo]:
+        """A new key for the same project and name; the old one keeps working for ``grace`` only."""
+        old = await self.get(key_id)
+        if old is None:
+            raise KeyError(key_id)
+        now = self._clock()
+        if not old.usable(now):
+            raise ValueError(f"key {key_id} is {old.state(now)}; only an active key can be rotated")
+        remaining = old.expires_at - now if old.expires_at is not None else None
+        new_key, new_info = await self.create(old.project, old.name, remaining)
+        old_expiry = now + grace
+        if old.expires_at is not None:
+            old_expiry = min(old_expiry, old.expires_at)
+        async with self._engine.begin() as conn:
+            await conn.execute(
+                update(api_keys)
+                .where(api_keys.c.id == key_id)
+                .values(expires_at=old_expiry, rotated_to=new_info.id)
+            )
+        await self._changed()
+        return new_key, new_info
+
+    async def _changed(self) -> None:
+        """A key changed: forget here, and tell the other processes (``on_change``)."""
+        self._forget()
+        if self.on_change is not None:
+            await self.on_change()
+
+    def _forget(self) -> None:
+        """Drop what this process knows about keys (after it changed one)."""
+        self._cache.clear()
+        self._loading.clear()
+        self._generation += 1
+
+    async def authenticate(self, key: str) -> KeyInfo | None:
+        """The key's info if it is valid now, else None. Never raises on a malformed key."""
+        m = _KEY_RE.match(key)
+        if m is None:
+            return None
+        mono = time.monotonic()
+        tag = hashlib.sha256(key.encode()).digest()
+        cached = self._cache.get(tag)
+        if cached is not None and mono - cached[1] <= self._cache_ttl:
+            info = cached[0]  # this key matched its row's hash when it was cached
+        else:
+            generation = self._generation
+            loaded = await self._load(m.group(1))
+            if loaded is None:
+                return None
+            info, row_hash = loaded
+            if not hmac.compare_digest(row_hash, self._digest(key)):
+                return None
+            if generation == self._generation:
+                self._cache[tag] = (info, mono)
+        return info if info.usable(self._clock()) else None
+
+    async def _load(self, key_id: str) -> tuple[KeyInfo, str] | None:
+        """The key row's info and hash, one query per key id however many requests wait for it (when the
+        cache entry of a busy key expires, every request in flight would otherwise query the store)."""
+        fut = self._loading.get(key_id)
+        if fut is None:
+            fut = asyncio.ensure_future(self._query(key_id))
+            self._loading[key_id] = fut
+            fut.add_done_callback(
+                lambda f: self._loading.pop(key_id) if self._loading.get(key_id) is f else None
+            )
+        return await asyncio.shield(fut)  # a waiter cancelled does not cancel the others' query
+
+    async def _query(self, key_id: str) -> tuple[KeyInfo, str] | None:
+        try:
+            async with self._engine.connect() as conn:
+                row = (await conn.execute(select(api_keys).where(api_keys.c.id == key_id))).first()
+        except (DBAPIError, OSError, TimeoutError) as e:  # the database, not the key: a 503, not a 500
+            raise StoreUnavailable(
+                f"the gateway's key store is unavailable ({e.__class__.__name__}); retry shortly",
+                retry_after="1",
+            ) from None
+        return (_row_to_info(row), row.key_hash) if row is not None else None

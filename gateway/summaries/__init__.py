@@ -1,0 +1,1 @@
+"""The farm's anomaly summaries turned into fixed-format acceptance drafts."""

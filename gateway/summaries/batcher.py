@@ -1,0 +1,819 @@
+"""The summary batcher: ``POST /v1/farm/summaries``, compressed anomalies in, fixed-format drafts out.
+
+A caller (the farm, with a project key) sends ``{"task": "checklist"|"log_summary", "model"?: ...,
+"anomalies": [AnomalyIn, ...]}``. Requests of the same project, task and model that arrive within
+``summaries.window_ms`` are gathered into one model call (sooner when ``max_items`` anomalies are
+waiting); equal anomalies from several callers are sent once. No model call carries more than
+``max_items`` anomalies: a request with more is split, in its own order, into chunks of at most
+``max_items``, each batched like a request of its own (other callers' requests may share its window), and
+the caller gets the merged drafts of all its chunks.
+
+The answer must be JSON, validate as ``DraftList`` and cover every anomaly id it was sent (each id in the
+``anomaly_ids`` of some draft). An invalid answer, or one with a gap, gets one repair call; for a gap the
+repair prompt names the missing ids and asks for drafts for them only (the drafts already given stand).
+Each caller gets only the drafts that name its own anomalies, under its own ids. The reply::
+
+    {"drafts": [{"assertion", "verify_how", "failure_signature", "needs_local_profiler", "anomaly_ids"}],
+     "errors": [{"anomaly_id": "<the caller's id>",
+                 "error": "the model's answer did not cover this anomaly after one repair attempt"}],
+     "model", "provider", "offline", "cached", "usage": {"input_tokens", "output_tokens"},
+     "batch": {"requests", "items", "request_ids"}}
+
+HTTP status: 200 when at least one of the caller's anomalies is covered, the uncovered ones (if any) listed
+in ``errors`` (empty when all are covered); 502 when none is covered, or when the answer is still invalid
+after the repair. When a model call of a split request fails (a limit, the upstream), the request gets that
+call's error. ``batch`` describes the model calls that served the caller: ``requests`` the request sets
+they served, ``items`` the anomalies they carried, ``request_ids`` the ledger ids of every call (chunks
+and repairs); ``usage`` is the caller's share of their tokens, by anomalies.
+
+Answers are cached by content hash of (project, task, model, the whole set of anomalies of a request): the
+same set never costs a project a second model call, including while the first is still in flight;
+projects never share answers. Only complete answers are cached: an answer with a gap goes to the callers
+waiting for it and is then dropped, so the same request asks the model again. Every model call (repairs
+included, the offline drafter too) is one ledger row on endpoint ``summaries`` with the task and
+``batch_size`` (the anomalies sent). A model whose provider is ``local``, or whose provider's API key
+variable is unset, is served by the offline drafter (it covers every anomaly) and the answer says
+``"offline": true``.
+
+With ``redis_url`` (gateway.redis.shared) the cache and the coalescing span every process sharing that Redis:
+a set's complete answer is also kept there, and the first process to take the set's lock makes the model
+call while the others wait for its outcome (``_shared_answer``); without Redis, or while it is down, all
+of this stays in the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+from pydantic import ValidationError
+
+from gateway.core.usage import estimate_output_tokens, estimate_tokens, usage_from_body
+from gateway.errors import (
+    BadRequest,
+    Forbidden,
+    GatewayError,
+    NotFound,
+    PayloadTooLarge,
+    RateLimited,
+    UpstreamBadAnswer,
+    UpstreamCredentialRejected,
+    UpstreamError,
+)
+from gateway.http.pipeline import Record, parse_json_object, read_body
+from gateway.summaries.offline import offline_drafts
+from gateway.summaries.schema import SUMMARIES_PATH as SUMMARIES_PATH  # the path both sides use
+from gateway.summaries.schema import AnomalyIn, Draft, DraftList, SummaryRequest
+from gateway.upstream.client import client_retry_after
+
+if TYPE_CHECKING:
+    from gateway.http.app import Gateway
+
+log = logging.getLogger("gateway.summaries.batcher")
+
+
+SYSTEM_PROMPT = """\
+You draft acceptance items for GPU kernel engineers. A benchmark farm found anomalies and sends each one
+compressed: an id, its kind and severity, the interface (family, backend, signature), the config fields
+that differ from the baseline, a short log excerpt (warnings and errors only), the card's expected metrics
+next to the measured values, and prohibitions.
+Answer with ONE JSON object and nothing else, in exactly this shape:
+{"drafts": [{"assertion": str, "verify_how": str, "failure_signature": str,
+             "needs_local_profiler": bool, "anomaly_ids": [str, ...]}]}
+- assertion: one checkable statement with the numbers it must meet.
+- verify_how: how an engineer verifies it on the farm (farm commands, local profilers), briefly.
+- failure_signature: the pattern that identifies this failure when it recurs (a log line, a metric).
+- needs_local_profiler: true only when deciding it needs a profiler run on a GPU host.
+- anomaly_ids: the ids of the anomalies the draft explains; every anomaly id appears in some draft.
+Obey every prohibition: never write a full kernel implementation, never production SQL, never a command
+to run against shared systems. Only drafts: you run nothing.
+"""
+
+TASK_PROMPTS = {
+    "checklist": "Task: checklist. Write at least one assertion per anomaly; merge anomalies only when one "
+    "assertion covers them.",
+    "log_summary": "Task: log_summary. Group the anomalies by the failure their log excerpts show; one draft "
+    "per distinct failure, its failure_signature the distinctive log line.",
+}
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+UNCOVERED = "the model's answer did not cover this anomaly after one repair attempt"
+
+
+@dataclass
+class SetAnswer:
+    """The drafts for one anomaly set (or one chunk of it), ids as content hashes (caller-independent)."""
+
+    drafts: list[dict[str, Any]]
+    missing: list[str]  # content hashes no draft covers after the repair; such an answer is never cached
+    model: str
+    provider: str
+    offline: bool
+    input_tokens: float  # this set's share of the calls' tokens, by anomalies
+    output_tokens: float
+    batch_requests: int  # request sets the calls served
+    batch_items: int  # anomalies the calls carried
+    request_ids: list[str]  # every model call (chunks and repairs)
+    sets: frozenset[str] = frozenset()  # set keys the calls served (to merge chunks; empty once merged)
+
+
+@dataclass
+class _CallAnswer:
+    """What one batch's model call (and its repair) gave: drafts and gaps by content hash, token totals."""
+
+    drafts: list[dict[str, Any]]
+    missing: set[str]
+    provider: str
+    offline: bool
+    input_tokens: int
+    output_tokens: int
+    request_ids: list[str]
+
+
+@dataclass
+class _Pending:
+    set_key: str
+    hashes: dict[str, AnomalyIn]  # content hash -> anomaly: the set's chunk in this batch
+    future: asyncio.Future[SetAnswer]  # this chunk's answer
+
+
+@dataclass
+class _Batch:
+    project: str
+    task: str
+    model: str
+    key_id: str
+    sets: list[_Pending] = field(default_factory=list)
+    items: dict[str, AnomalyIn] = field(default_factory=dict)  # content hash -> anomaly, deduplicated
+    timer: asyncio.TimerHandle | None = None
+
+
+class SummaryBatcher:
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
+        self.cfg = gw.settings.summaries
+        self._open: dict[tuple[str, str, str], _Batch] = {}
+        self._in_flight: dict[str, asyncio.Future[SetAnswer]] = {}
+        self._cache: OrderedDict[str, SetAnswer] = OrderedDict()
+        self._tasks: set[asyncio.Task] = set()
+        self.model_calls = 0
+        self._shared_tasks: set[asyncio.Future[SetAnswer]] = set()  # coalescing across processes
+
+    # --- the route -------------------------------------------------------------------------------
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        # Through the pipeline; no ledger row for the request itself: each model call is one.
+        return await self.gw.pipeline.serve(request, "summaries", "openai", self._handle, ledger=False)
+
+    async def _handle(self, request: web.Request, _rec: Record) -> web.Response:
+        info, project = await self.gw.pipeline.authenticate(request)
+        req = self._parse(await read_body(request))
+        if len(req.anomalies) > self.cfg.max_anomalies_per_request:
+            raise PayloadTooLarge(
+                f"anomalies: {len(req.anomalies)} in one request, at most "
+                f"{self.cfg.max_anomalies_per_request}",
+                error_class="too_many_anomalies",
+            )
+        model = req.model or project.models[0]
+        if model not in self.gw.settings.models:
+            raise NotFound(f"model {model!r} does not exist", error_class="model_unknown")
+        if model not in project.models:
+            raise Forbidden(
+                f"project {info.project!r} is not allowed to use model {model!r}",
+                error_class="model_forbidden",
+            )
+        hashes: dict[str, AnomalyIn] = {}
+        ids_by_hash: dict[str, list[str]] = {}
+        for a in req.anomalies:
+            h = a.content_hash()
+            hashes.setdefault(h, a)
+            ids_by_hash.setdefault(h, []).append(a.id)
+        # The project is part of the key: another project's answer was paid from its limits, budget and
+        # ledger, so it is never handed out across projects (cached or in flight).
+        set_key = _digest([info.project, req.task, model, sorted(hashes)])
+        cached = set_key in self._cache
+        if cached:
+            self._cache.move_to_end(set_key)
+            answer = self._cache[set_key]
+        elif self.gw.shared is not None and self.gw.shared.up:
+            answer, cached = await self._shared_answer(
+                info.project, req.task, model, info.id, set_key, hashes
+            )
+        else:
+            fut = self._in_flight.get(set_key)
+            if fut is None:
+                fut = self._enqueue(info.project, req.task, model, info.id, set_key, hashes)
+            answer = await asyncio.shield(fut)
+        return web.json_response(self._reply(answer, ids_by_hash, cached))
+
+    def _parse(self, raw: bytes) -> SummaryRequest:
+        body = parse_json_object(raw)
+        try:
+            return SummaryRequest.model_validate(body)
+        except ValidationError as e:
+            err = e.errors()[0]
+            where = ".".join(str(p) for p in err["loc"])
+            msg = (
+                f"invalid request body: {where}: {err['msg']}"
+                if where
+                else f"invalid request body: {err['msg']}"
+            )
+            raise BadRequest(msg) from None
+
+    @staticmethod
+    def _reply(answer: SetAnswer, ids_by_hash: dict[str, list[str]], cached: bool) -> dict[str, Any]:
+        drafts = []
+        for d in answer.drafts:
+            ids = [i for h in d["anomaly_ids"] for i in ids_by_hash.get(h, [])]
+            if ids:
+                drafts.append({**d, "anomaly_ids": ids})
+        missing = set(answer.missing)
+        errors = [
+            {"anomaly_id": i, "error": UNCOVERED}
+            for h, ids in ids_by_hash.items()
+            if h in missing
+            for i in ids
+        ]
+        return {
+            "drafts": drafts,
+            "errors": errors,
+            "model": answer.model,
+            "provider": answer.provider,
+            "offline": answer.offline,
+            "cached": cached,
+            # this caller's share of the calls' tokens (by anomalies); a cache hit costs nothing
+            "usage": {
+                "input_tokens": 0 if cached else round(answer.input_tokens),
+                "output_tokens": 0 if cached else round(answer.output_tokens),
+            },
+            "batch": {
+                "requests": answer.batch_requests,
+                "items": answer.batch_items,
+                "request_ids": answer.request_ids,
+            },
+        }
+
+    # --- the window ------------------------------------------------------------------------------
+    def _enqueue(
+        self, project: str, task: str, model: str, key_id: str, set_key: str, hashes: dict[str, AnomalyIn]
+    ) -> asyncio.Future[SetAnswer]:
+        """The set's future answer (in flight from now on); its chunks (<= ``max_items``) join batches."""
+        fut: asyncio.Future[SetAnswer] = asyncio.get_running_loop().create_future()
+        fut.add_done_callback(_consume_exception)
+        self._in_flight[set_key] = fut
+        order, step = list(hashes), self.cfg.max_items
+        parts = [
+            self._add((project, task, model), key_id, set_key, {h: hashes[h] for h in order[i : i + step]})
+            for i in range(0, len(order), step)
+        ]
+        left = len(parts)
+
+        def part_done(_part: asyncio.Future[SetAnswer]) -> None:
+            nonlocal left
+            left -= 1
+            if left == 0:
+                self._settle(set_key, parts, fut)
+
+        for part in parts:
+            part.add_done_callback(part_done)
+        return fut
+
+    def _add(
+        self, bkey: tuple[str, str, str], key_id: str, set_key: str, hashes: dict[str, AnomalyIn]
+    ) -> asyncio.Future[SetAnswer]:
+        """One chunk of a set into the open batch of ``bkey``; the future of the chunk's answer."""
+        loop = asyncio.get_running_loop()
+        part: asyncio.Future[SetAnswer] = loop.create_future()
+        part.add_done_callback(_consume_exception)
+        batch = self._open.get(bkey)
+        if batch is not None and (
+            len(batch.items) + sum(h not in batch.items for h in hashes) > self.cfg.max_items
+            or any(p.set_key == set_key for p in batch.sets)
+        ):
+            self._flush(bkey)  # the chunk would overfill the batch (or it holds a chunk of this set): send it
+            batch = None
+        if batch is None:
+            batch = _Batch(*bkey, key_id)
+            self._open[bkey] = batch
+            batch.timer = loop.call_later(self.cfg.window_ms / 1000, self._flush, bkey)
+        batch.sets.append(_Pending(set_key, hashes, part))
+        batch.items.update(hashes)
+        if len(batch.items) >= self.cfg.max_items:
+            self._flush(bkey)
+        return part
+
+    def _settle(
+        self, set_key: str, parts: list[asyncio.Future[SetAnswer]], fut: asyncio.Future[SetAnswer]
+    ) -> None:
+        """Every chunk of a set is answered: merge, cache the answer if complete, resolve the set's future."""
+        if self._in_flight.get(set_key) is fut:
+            del self._in_flight[set_key]
+        if fut.done():
+            return
+        try:
+            fut.set_result(self._merge(set_key, parts))
+        except GatewayError as e:
+            fut.set_exception(e)
+        except Exception:
+            log.exception("summaries: merging the chunks of a set failed")
+            fut.set_exception(
+                GatewayError(500, "internal gateway error in the summary batcher", error_class="internal")
+            )
+
+    def _merge(self, set_key: str, parts: list[asyncio.Future[SetAnswer]]) -> SetAnswer:
+        for part in parts:  # any failed chunk fails the request, with its error
+            if part.cancelled():
+                raise GatewayError(
+                    500, "internal gateway error in the summary batcher", error_class="internal"
+                )
+            if (err := part.exception()) is not None:
+                raise err
+        answers = [part.result() for part in parts]
+        sets = frozenset().union(*(a.sets for a in answers))
+        answer = SetAnswer(
+            drafts=[d for a in answers for d in a.drafts],
+            missing=[h for a in answers for h in a.missing],
+            model=answers[0].model,
+            provider=answers[0].provider,
+            offline=any(a.offline for a in answers),
+            input_tokens=sum(a.input_tokens for a in answers),
+            output_tokens=sum(a.output_tokens for a in answers),
+            batch_requests=len(sets),
+            batch_items=sum(a.batch_items for a in answers),
+            request_ids=[r for a in answers for r in a.request_ids],
+        )
+        if not answer.drafts:
+            raise UpstreamBadAnswer(
+                f"the model's answer did not cover any of the {len(answer.missing)} anomalies of this "
+                "request after one repair attempt",
+                error_class="incomplete_model_answer",
+            )
+        if not answer.missing and self.cfg.cache_entries:  # an incomplete answer is never cached
+            self._cache[set_key] = answer
+            while len(self._cache) > self.cfg.cache_entries:
+                self._cache.popitem(last=False)
+        return answer
+
+    def _flush(self, bkey: tuple[str, str, str]) -> None:
+        batch = self._open.pop(bkey, None)
+        if batch is None:
+            return
+        if batch.timer is not None:
+            batch.timer.cancel()
+        task = asyncio.create_task(self._run(batch), name=f"summaries-{bkey[0]}-{bkey[1]}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def stop(self, _app: web.Application | None = None) -> None:
+        for bkey in list(self._open):
+            self._flush(bkey)
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        for fut in list(self._shared_tasks):  # waiting for another process's answer
+            fut.cancel()
+        if self._shared_tasks:
+            await asyncio.gather(*self._shared_tasks, return_exceptions=True)
+
+    # --- across processes (gateway.redis.shared) -------------------------------------------------------
+    async def _shared_answer(
+        self, project: str, task: str, model: str, key_id: str, set_key: str, hashes: dict[str, AnomalyIn]
+    ) -> tuple[SetAnswer, bool]:
+        """The set's answer and whether it was cached: from Redis' cache, or from the one model call for
+        the set among all processes (this one's, or another's that this one waits for)."""
+        from gateway.redis.shared import SharedUnavailable
+
+        shared = self.gw.shared
+        assert shared is not None
+        fut = self._in_flight.get(set_key)
+        if fut is None:
+            try:
+                blob = await shared.summary_get(set_key)
+            except SharedUnavailable:
+                blob = None
+            if blob is not None:
+                answer = _decode_outcome(blob)
+                self._remember(set_key, answer)
+                return answer, True
+            fut = self._in_flight.get(set_key)  # another request of this process may have begun meanwhile
+            if fut is None:
+                fut = asyncio.ensure_future(self._coalesce(project, task, model, key_id, set_key, hashes))
+                fut.add_done_callback(_consume_exception)
+                self._in_flight[set_key] = fut
+                self._shared_tasks.add(fut)
+
+                def done(f: asyncio.Future[SetAnswer]) -> None:
+                    self._shared_tasks.discard(f)
+                    if self._in_flight.get(set_key) is f:
+                        del self._in_flight[set_key]
+
+                fut.add_done_callback(done)
+        return await asyncio.shield(fut), False
+
+    async def _coalesce(
+        self, project: str, task: str, model: str, key_id: str, set_key: str, hashes: dict[str, AnomalyIn]
+    ) -> SetAnswer:
+        """Take the set's lock and make the call here (storing the outcome for the waiting processes), or
+        wait for the process that holds it. Redis failing on the way: the call is made here."""
+        from gateway.redis.shared import SharedUnavailable
+
+        shared = self.gw.shared
+        assert shared is not None
+        try:
+            kind, value = await shared.summary_claim(set_key)
+        except SharedUnavailable:
+            return await asyncio.shield(self._enqueue(project, task, model, key_id, set_key, hashes))
+        if kind == "answer":
+            answer = _decode_outcome(value)
+            self._remember(set_key, answer)
+            return answer
+        token = value
+        try:
+            answer = await asyncio.shield(self._enqueue(project, task, model, key_id, set_key, hashes))
+        except GatewayError as e:
+            await shared.summary_done(set_key, token, _encode_error(e), complete=False)
+            raise
+        except BaseException:
+            await asyncio.shield(shared.summary_done(set_key, token, b"", complete=False))
+            raise
+        await shared.summary_done(set_key, token, _encode_answer(answer), complete=not answer.missing)
+        return answer
+
+    def _remember(self, set_key: str, answer: SetAnswer) -> None:
+        """Another process's complete answer goes to this process's cache too."""
+        if not answer.missing and self.cfg.cache_entries:
+            self._cache[set_key] = answer
+            while len(self._cache) > self.cfg.cache_entries:
+                self._cache.popitem(last=False)
+
+    # --- one model call for a batch --------------------------------------------------------------
+    async def _run(self, batch: _Batch) -> None:
+        """Answer every chunk waiting in the batch (the sets' futures settle once all their chunks are)."""
+        try:
+            answer = await self._call(batch)
+        except BaseException as e:
+            err = e if isinstance(e, GatewayError) else None
+            if err is None:
+                log.exception("summaries batch failed")
+                err = GatewayError(
+                    500, "internal gateway error in the summary batcher", error_class="internal"
+                )
+            for p in batch.sets:
+                if not p.future.done():
+                    p.future.set_exception(err)
+            if not isinstance(e, Exception):
+                raise
+            return
+        sets = frozenset(p.set_key for p in batch.sets)
+        for p in batch.sets:
+            share = len(p.hashes) / len(batch.items)
+            result = SetAnswer(
+                drafts=_restrict(answer.drafts, set(p.hashes)),
+                missing=[h for h in p.hashes if h in answer.missing],
+                model=batch.model,
+                provider=answer.provider,
+                offline=answer.offline,
+                input_tokens=answer.input_tokens * share,
+                output_tokens=answer.output_tokens * share,
+                batch_requests=len(sets),
+                batch_items=len(batch.items),
+                request_ids=answer.request_ids,
+                sets=sets,
+            )
+            if not p.future.done():
+                p.future.set_result(result)
+
+    async def _call(self, batch: _Batch) -> _CallAnswer:
+        """The drafts of the batch (ids as content hashes) from the model, with one repair attempt for an
+        invalid answer or one that leaves anomaly ids uncovered; the ids still uncovered after it."""
+        settings = self.gw.settings
+        route = settings.models[batch.model]
+        provider = settings.providers[route.provider]
+        local_ids = {h: f"a{i + 1}" for i, h in enumerate(batch.items)}
+        by_local = {v: k for k, v in local_ids.items()}
+        items = [a.model_copy(update={"id": local_ids[h]}) for h, a in batch.items.items()]
+        offline = provider.kind == "local" or bool(
+            provider.api_key_env and not os.environ.get(provider.api_key_env)
+        )
+        if offline:
+            rec = self._record(batch, "local", "offline-drafter")
+            drafts = _restrict_drafts(offline_drafts(items, batch.task), set(by_local))
+            rec.status, rec.http_status = "ok", 200
+            self.gw.pipeline.account(rec)
+            self.model_calls += 1
+            covered = {i for d in drafts for i in d.anomaly_ids}
+            return _CallAnswer(
+                drafts=_to_hashes(drafts, by_local),
+                missing={h for i, h in by_local.items() if i not in covered},
+                provider="local",
+                offline=True,
+                input_tokens=0,
+                output_tokens=0,
+                request_ids=[rec.request_id],
+            )
+        max_tokens = (
+            self.cfg.checklist_max_tokens if batch.task == "checklist" else self.cfg.log_summary_max_tokens
+        )
+        user = json.dumps(
+            {"task": batch.task, "anomalies": [a.model_dump(mode="json") for a in items]},
+            separators=(",", ":"),
+        )
+        messages: list[dict[str, str]] = [{"role": "user", "content": TASK_PROMPTS[batch.task] + "\n" + user}]
+        totals = [0, 0]
+        request_ids: list[str] = []
+        kept: list[Draft] = []  # the valid drafts so far, each naming only ids no earlier draft covers
+        covered: set[str] = set()
+        problem = ""
+        for attempt in range(2):
+            text = await self._model_call(
+                batch, route, provider.kind, messages, max_tokens, totals, request_ids
+            )
+            drafts, problem = _validate(text, set(by_local))
+            if drafts is not None:
+                new = _restrict_drafts(drafts, set(by_local) - covered)
+                kept += new
+                covered.update(i for d in new for i in d.anomaly_ids)
+                missing = [i for i in by_local if i not in covered]
+                if not missing:
+                    break
+                problem = f"anomaly ids not covered by any draft: {', '.join(missing)}"
+                repair = (
+                    f"Your answer did not cover these anomaly ids: {', '.join(missing)}. Every anomaly id "
+                    "must appear in the anomaly_ids of some draft. Answer with only the JSON object in the "
+                    'required shape {"drafts": [...]} with drafts for these ids; the drafts you already '
+                    "wrote stand."
+                )
+            else:
+                repair = (
+                    f"That answer is invalid: {problem}. Answer again with only the JSON object "
+                    'in the required shape {"drafts": [...]}, nothing else.'
+                )
+            log.warning("summaries: unusable model answer (attempt %d): %s", attempt + 1, problem)
+            if attempt == 0:
+                messages = messages + [
+                    {"role": "assistant", "content": text[:8000]},
+                    {"role": "user", "content": repair},
+                ]
+        if not kept:
+            raise UpstreamBadAnswer(
+                f"the model's answer was not valid drafts after one repair attempt: {problem}",
+                error_class="invalid_model_answer",
+            )
+        return _CallAnswer(
+            drafts=_to_hashes(kept, by_local),
+            missing={h for i, h in by_local.items() if i not in covered},
+            provider=route.provider,
+            offline=False,
+            input_tokens=totals[0],
+            output_tokens=totals[1],
+            request_ids=request_ids,
+        )
+
+    def _record(self, batch: _Batch, provider: str, upstream_model: str) -> Record:
+        rec = Record("summaries")
+        rec.project, rec.key_id = batch.project, batch.key_id
+        rec.public_model = rec.model_label = batch.model
+        rec.upstream_model, rec.provider = upstream_model, provider
+        rec.tag(self.gw.settings.projects[batch.project], batch.task)
+        rec.batch_size = len(batch.items)
+        return rec
+
+    async def _model_call(
+        self,
+        batch: _Batch,
+        route: Any,
+        kind: str,
+        messages: list[dict[str, str]],
+        max_tokens: int,
+        totals: list[int],
+        request_ids: list[str],
+    ) -> str:
+        """One upstream call (a ledger row); returns the answer's text."""
+        rec = self._record(batch, route.provider, route.upstream_model)
+        request_ids.append(rec.request_id)
+        self.model_calls += 1
+
+        def request(kind: str, model: str) -> tuple[str, bytes, dict[str, str]]:
+            """(path, body, headers) of this call for a provider of ``kind``: each wire format natively (a
+            fallback or deployment of the other kind gets its own, not a translation)."""
+            body: dict[str, Any] = {
+                "model": model,
+                "max_tokens": max_tokens,
+                "temperature": self.cfg.temperature,
+            }
+            if kind == "anthropic":
+                body.update(system=SYSTEM_PROMPT, messages=messages)
+                path, headers = "/messages", {"anthropic-version": "2023-06-01"}
+            else:
+                body.update(
+                    messages=[{"role": "system", "content": SYSTEM_PROMPT}, *messages],
+                    response_format={"type": "json_object"},
+                )
+                path, headers = "/chat/completions", {}
+            headers["Content-Type"] = "application/json"
+            return path, json.dumps(body).encode(), headers
+
+        path, raw, headers = request(kind, route.upstream_model)
+        pipeline = self.gw.pipeline
+        made: dict[tuple[str, str], tuple[str, bytes, dict[str, str]]] = {}
+
+        def prepare(
+            target: Any,
+        ) -> Any:  # what a deployment (gateway.upstream.routing) is sent: its kind, its model id
+            if target.kind == kind and target.upstream_model == route.upstream_model:
+                return raw
+            key = (target.kind, target.upstream_model)
+            if key not in made:
+                made[key] = request(target.kind, target.upstream_model)
+            return made[key] if target.kind != kind else made[key][1]
+
+        assert self.gw.router is not None
+        plan = self.gw.router.plan(
+            batch.model, self.gw.settings.projects[batch.project], tokens=len(raw) // 4 + max_tokens,
+            prepare=prepare,
+        )  # fmt: skip
+        try:
+            admission = await pipeline.admit(rec, max_tokens, estimate_tokens(raw))
+        except RateLimited as e:
+            rec.status, rec.http_status, rec.error_class = "rejected", 429, e.error_class
+            pipeline.account(rec)
+            raise
+        try:
+            data = await self._send(rec, plan, path, raw, headers)
+            try:
+                parsed = json.loads(data)
+            except ValueError:
+                parsed = None
+            answered = plan.target.kind if plan.target is not None else kind
+            api = "messages" if answered == "anthropic" else "chat"
+            usage = usage_from_body(api, parsed)  # type: ignore[arg-type]
+            if usage is not None:
+                rec.input_tokens, rec.output_tokens = usage
+            else:
+                rec.input_tokens, rec.output_tokens = estimate_tokens(raw), estimate_output_tokens(data)
+                rec.estimated = True
+            totals[0] += rec.input_tokens
+            totals[1] += rec.output_tokens
+            rec.status, rec.http_status = "ok", 200
+            return _answer_text(api, parsed)
+        finally:
+            admission.release()
+            admission.settle(rec.input_tokens + rec.output_tokens)
+            plan.settle(rec.input_tokens + rec.output_tokens)
+            self.gw.pipeline.account(rec)
+
+    async def _send(self, rec: Record, plan: Any, path: str, raw: bytes, headers: dict[str, str]) -> bytes:
+        """The answer body of one model call, sent through the model's routing plan
+        (gateway.upstream.routing: a
+        deployment, its fallbacks); an upstream error answer becomes an UpstreamError (a 429 or 504 keeps
+        its status, so the farm can tell "slow down" from "broken")."""
+        try:
+            try:
+                result = await self.gw.pipeline.send(rec, plan, path, raw, headers)
+            finally:
+                target = plan.target
+                if target is not None:
+                    rec.deployment, rec.provider = target.name, target.provider
+                    rec.upstream_model = target.upstream_model
+                    rec.fallback_from = plan.fallback_from
+            if result.status >= 400:
+                rec.status, rec.http_status, rec.error_class = (
+                    "error",
+                    result.status,
+                    f"upstream_{result.status}",
+                )
+                if result.status in (401, 403):  # the gateway's own provider key; its body stays here
+                    rec.http_status = 502
+                    raise UpstreamCredentialRejected(
+                        f"upstream {rec.provider!r} rejected the gateway's provider credential "
+                        f"(HTTP {result.status}); this is a gateway configuration problem, not your API "
+                        "key: tell the gateway operator",
+                        code="upstream_credential_rejected",
+                    )
+                detail = (result.body or b"")[:300].decode("utf-8", "replace").strip()
+                err = UpstreamError(
+                    f"upstream {rec.provider!r} returned HTTP {result.status}"
+                    + (f": {detail}" if detail else ""),
+                    error_class=f"upstream_{result.status}",
+                    retry_after=client_retry_after(result.headers),
+                )
+                if result.status in (429, 504):
+                    err.status = result.status
+                raise err
+            try:
+                return await result.response.read()
+            finally:
+                result.response.release()
+        except UpstreamError as e:
+            rec.http_status, rec.error_class = rec.http_status or e.status, rec.error_class or e.error_class
+            raise
+        finally:
+            rec.upstream_end = time.perf_counter()
+
+
+def _encode_answer(answer: SetAnswer) -> bytes:
+    data = dataclasses.asdict(answer)
+    data.pop("sets", None)
+    return json.dumps({"answer": data}, separators=(",", ":")).encode()
+
+
+def _encode_error(e: GatewayError) -> bytes:
+    fields = ("status", "message", "error_class", "code", "retry_after", "limit")
+    return json.dumps({"error": {f: getattr(e, f) for f in fields}}, separators=(",", ":")).encode()
+
+
+def _decode_outcome(blob: bytes) -> SetAnswer:
+    """A set's outcome stored by another process: its answer, or the error its call gave."""
+    data = json.loads(blob)
+    if "error" in data:
+        err = data["error"]
+        raise GatewayError(
+            err["status"],
+            err["message"],
+            error_class=err["error_class"],
+            code=err.get("code"),
+            retry_after=err.get("retry_after"),
+            limit=err.get("limit"),
+        )
+    return SetAnswer(**data["answer"])
+
+
+def _consume_exception(fut: asyncio.Future) -> None:
+    if not fut.cancelled():
+        fut.exception()  # a batch error nobody awaited any more must not be logged as "never retrieved"
+
+
+def _restrict(drafts: list[dict[str, Any]], allowed: set[str]) -> list[dict[str, Any]]:
+    """The drafts naming ``allowed`` ids, each with only those ids (content hashes)."""
+    out = []
+    for d in drafts:
+        ids = [h for h in d["anomaly_ids"] if h in allowed]
+        if ids:
+            out.append({**d, "anomaly_ids": ids})
+    return out
+
+
+def _restrict_drafts(drafts: list[Draft], allowed: set[str]) -> list[Draft]:
+    """The drafts naming ``allowed`` ids, each with only those ids, once (batch-local ids)."""
+    out = []
+    for d in drafts:
+        ids = [i for i in dict.fromkeys(d.anomaly_ids) if i in allowed]
+        if ids:
+            out.append(d.model_copy(update={"anomaly_ids": ids}))
+    return out
+
+
+def _to_hashes(drafts: list[Draft], by_local: dict[str, str]) -> list[dict[str, Any]]:
+    out = []
+    for d in drafts:
+        ids = [by_local[i] for i in dict.fromkeys(d.anomaly_ids) if i in by_local]
+        out.append({**d.model_dump(mode="json"), "anomaly_ids": ids})
+    return out
+
+
+def _answer_text(api: str, body: Any) -> str:
+    if not isinstance(body, dict):
+        return ""
+    if api == "messages":
+        parts = body.get("content") or []
+        return "".join(p.get("text", "") for p in parts if isinstance(p, dict) and p.get("type") == "text")
+    choices = body.get("choices") or []
+    if choices and isinstance(choices[0], dict):
+        return (choices[0].get("message") or {}).get("content") or ""
+    return ""
+
+
+def _validate(text: str, known_ids: set[str]) -> tuple[list[Draft] | None, str]:
+    """The drafts of a model answer, or None and what is wrong with it (for the repair prompt)."""
+    start, end = text.find("{"), text.rfind("}")
+    if start < 0 or end < start:
+        return None, "no JSON object found in the answer"
+    try:
+        obj = json.loads(text[start : end + 1])
+    except ValueError as e:
+        return None, f"not valid JSON ({e})"
+    if isinstance(obj, list):
+        obj = {"drafts": obj}
+    try:
+        drafts = DraftList.model_validate(obj).drafts
+    except ValidationError as e:
+        err = e.errors()[0]
+        return None, f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
+    for i, d in enumerate(drafts):
+        unknown = [x for x in d.anomaly_ids if x not in known_ids]
+        if unknown:
+            return None, f"drafts.{i}.anomaly_ids: unknown ids {unknown} (known: {sorted(known_ids)})"
+    if not drafts:
+        return None, "drafts: empty list"
+    return drafts, ""

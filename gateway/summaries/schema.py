@@ -1,0 +1,108 @@
+"""The contract of the summaries endpoint: its path, and its fixed formats, compressed anomalies in and
+drafts out (pydantic).
+
+The farm sends only these fields (never raw logs or code); the model answers only drafts. This module is
+the one both sides import: the gateway (gateway.summaries.batcher, the batcher; gateway.summaries.offline,
+the offline
+drafter) and the farm, its client (jobs.drafts.client). So it depends on pydantic alone and never on the
+gateway's server code (tests/jobs/test_drafts.py checks what importing the farm's client loads).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# The endpoint, from the gateway's root URL (a client whose base URL ends in /v1 strips it first).
+SUMMARIES_PATH = "/v1/farm/summaries"
+
+Task = Literal["checklist", "log_summary"]
+MAX_DIFF_DEPTH = 16  # levels of nesting in an anomaly's config_diff
+TASKS: tuple[str, ...] = ("checklist", "log_summary")
+Scalar = str | int | float | bool | None
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Interface(_In):
+    family: str = Field(min_length=1, max_length=64)
+    backend: str = Field(min_length=1, max_length=64)
+    signature: str = Field("", max_length=1000)
+
+
+class ExpectedMetric(_In):
+    """A card threshold next to the measured value, e.g. ratio <= 1.05, measured 1.31."""
+
+    metric: str = Field(min_length=1, max_length=100)
+    expected: str = Field(max_length=200)  # "<= 1.05", ">= 50% of HBM", "pass"
+    measured: Scalar = None
+
+
+class AnomalyIn(_In):
+    """One compressed anomaly. ``id`` is the caller's own label; drafts name it back."""
+
+    id: str = Field(min_length=1, max_length=64)
+    fingerprint: str = Field(min_length=1, max_length=64)
+    kind: str = Field(min_length=1, max_length=32)
+    severity: str = Field("error", max_length=16)
+    message: str = Field("", max_length=2000)
+    interface: Interface
+    config_diff: dict[str, Any] = Field(default_factory=dict)
+    log_excerpt: str = Field("", max_length=16_384)
+    expected_metrics: list[ExpectedMetric] = Field(default_factory=list, max_length=64)
+    prohibitions: list[str] = Field(default_factory=list, max_length=16)
+
+    @field_validator("config_diff")
+    @classmethod
+    def _shallow(cls, v: dict[str, Any]) -> dict[str, Any]:
+        """A config diff is a few keys of scalars or short lists: nesting past MAX_DIFF_DEPTH is refused
+        here (pydantic's serializer gives up near 255 levels, and nothing reads that deep anyway)."""
+        stack: list[tuple[Any, int]] = [(v, 1)]
+        while stack:
+            node, depth = stack.pop()
+            if depth > MAX_DIFF_DEPTH:
+                raise ValueError(f"nested deeper than {MAX_DIFF_DEPTH} levels")
+            children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+            stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+        return v
+
+    def content_hash(self) -> str:
+        """What the anomaly says, without the caller's label: equal content, equal hash."""
+        body = self.model_dump(mode="json", exclude={"id"})
+        return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+class SummaryRequest(_In):
+    task: Task
+    model: str | None = Field(None, min_length=1)
+    anomalies: list[AnomalyIn] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> SummaryRequest:
+        seen: set[str] = set()
+        for i, a in enumerate(self.anomalies):
+            if a.id in seen:
+                raise ValueError(f"anomalies.{i}.id: {a.id!r} is used twice")
+            seen.add(a.id)
+        return self
+
+
+class Draft(BaseModel):
+    """One draft a kernel engineer edits. Extra keys from a model are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+    assertion: str = Field(min_length=1, max_length=2000)
+    verify_how: str = Field(min_length=1, max_length=2000)
+    failure_signature: str = Field(min_length=1, max_length=1000)
+    needs_local_profiler: bool
+    anomaly_ids: list[str] = Field(min_length=1)
+
+
+class DraftList(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    drafts: list[Draft]

@@ -1,0 +1,1 @@
+"""The providers: transport, clients with their retries, routing."""
