@@ -7,16 +7,13 @@ added, then versioned). ``ensure_schema`` is what every start and command runs: 
 revision passes, one without any of the gateway's tables is created at once (the zero-setup SQLite default,
 or a new PostgreSQL database), and any other (older, unversioned, or newer than this code) is refused with
 one line naming ``farm gateway db upgrade``, which runs ``upgrade_schema``.
+
+The logic (the state, the migration lock, upgrade, ensure) is schemakit's, shared with the farm's store;
+this module passes it the gateway's tables, migrations folder, version table, lock key and words.
 """
 
 from __future__ import annotations
 
-import asyncio
-import threading
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +27,13 @@ from sqlalchemy import (
     String,
     Table,
     event,
-    inspect,
-    text,
 )
-from sqlalchemy.engine import Connection, Dialect, make_url
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.engine import Dialect, make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+import schemakit
 from gateway.config import ConfigError
+from schemakit import display_url as display_url  # the URL without its password (gateway.ops.cli)
 
 metadata = MetaData()
 
@@ -137,176 +134,59 @@ def create_engine(url: str) -> AsyncEngine:
     return engine
 
 
-# --- the schema's version ----------------------------------------------------------------------------------
+# --- the schema's version (schemakit: the logic the farm's store shares) ----------------------------------
 class SchemaError(ConfigError):
     """The database's schema is not the one this code needs; the message says what to run."""
 
 
-@dataclass(frozen=True)
-class SchemaState:
-    current: str | None  # the revision the database records (None: not versioned)
-    head: str  # the newest revision this code knows
-    tables: frozenset[str]  # the gateway's tables that exist
-    known: bool = True  # whether this code knows ``current``
+class SchemaState(schemakit.SchemaState):
+    """The database's schema as read (schemakit.SchemaState), in the gateway's words."""
 
-    @property
-    def up_to_date(self) -> bool:
-        return self.current == self.head
-
-    @property
-    def empty(self) -> bool:
-        """No gateway table and no version: a new database, created without asking."""
-        return self.current is None and not self.tables
-
-    def problem(self, url: str) -> str | None:
-        """One line saying why this database cannot be used as it is, naming the fix; None when it can."""
-        if self.up_to_date:
-            return None
-        where = display_url(url)
-        if self.current is None:
-            return (
-                f"the gateway database {where} has tables from before schema migrations: run "
-                f"`{UPGRADE_COMMAND}` (with the same --config) to adopt them, then start again"
-            )
-        if not self.known:
-            return (
-                f"the gateway database {where} is at schema revision {self.current}, which this gateway "
-                f"does not know (it needs {self.head}): a newer release migrated it; run that release"
-            )
-        return (
-            f"the gateway database {where} is at schema revision {self.current}, older than the {self.head} "
-            f"this gateway needs: run `{UPGRADE_COMMAND}` (with the same --config), then start again"
-        )
+    wording = schemakit.Wording(
+        subject="the gateway database",
+        program="this gateway",
+        command=UPGRADE_COMMAND,
+        same_option="--config",
+        retry="start again",
+    )
 
 
-def display_url(url: str) -> str:
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        return "(unparsable URL)"
-
-
-@lru_cache(maxsize=1)
-def _alembic():
-    """The Alembic config and script directory of gateway/store/migrations (parsed once per process)."""
-    from alembic.config import Config
-    from alembic.script import ScriptDirectory
-
-    cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
-    cfg.set_main_option("version_table", VERSION_TABLE)
-    return cfg, ScriptDirectory.from_config(cfg)
+MIGRATIONS = schemakit.Migrations(
+    metadata,
+    MIGRATIONS_DIR,
+    version_table=VERSION_TABLE,
+    lock_key=_PG_LOCK_KEY,
+    error=SchemaError,
+    state_type=SchemaState,
+)
 
 
 def head_revision() -> str:
-    head = _alembic()[1].get_current_head()
-    assert head is not None, "gateway/store/migrations has no revisions"
-    return head
+    """The newest revision in gateway/store/migrations."""
+    return MIGRATIONS.head()
 
 
 def migration_options(dialect: Dialect) -> dict[str, Any]:
     """What gateway/store/migrations/env.py and ``upgrade_schema`` configure Alembic with."""
-    return {
-        "target_metadata": metadata,
-        "version_table": VERSION_TABLE,
-        "render_as_batch": dialect.name == "sqlite",  # SQLite alters a table by copying it
-        "compare_type": True,
-    }
-
-
-def _state(conn: Connection) -> SchemaState:
-    from alembic.runtime.migration import MigrationContext
-
-    current = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE}).get_current_revision()
-    present = set(inspect(conn).get_table_names())
-    script = _alembic()[1]
-    known = True
-    if current is not None:
-        try:
-            known = script.get_revision(current) is not None
-        except Exception:  # alembic: "Can't locate revision ..."
-            known = False
-    return SchemaState(current, head_revision(), frozenset(present & set(metadata.tables)), known)
+    return MIGRATIONS.options(dialect)
 
 
 async def schema_state(engine: AsyncEngine) -> SchemaState:
-    async with engine.connect() as conn:
-        return await conn.run_sync(_state)
-
-
-_MIGRATING = threading.Lock()  # Alembic's `op` and `context` are process globals: one migration at a time
-
-
-@asynccontextmanager
-async def _migration_lock(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
-    """A connection in a transaction that only one migrating process holds at a time: SQLite's write lock
-    (BEGIN IMMEDIATE; the others wait out busy_timeout) or a PostgreSQL advisory lock. The whole
-    migration is one transaction (both databases have transactional DDL)."""
-    while not _MIGRATING.acquire(blocking=False):  # cancellable, and never blocks the event loop
-        await asyncio.sleep(0.01)
-    try:
-        async with engine.connect() as conn:
-            backend = conn.dialect.name
-            if backend == "sqlite":
-                await conn.exec_driver_sql("BEGIN IMMEDIATE")
-            elif backend == "postgresql":
-                await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_LOCK_KEY})
-            try:
-                yield conn
-            except BaseException:
-                await conn.rollback()
-                raise
-            await conn.commit()
-    finally:
-        _MIGRATING.release()
-
-
-def _migrate(conn: Connection, target: str) -> None:
-    from alembic.runtime.environment import EnvironmentContext
-
-    cfg, script = _alembic()
-
-    def upgrade(rev, _context):
-        return script._upgrade_revs(target, rev)
-
-    with EnvironmentContext(cfg, script, fn=upgrade, destination_rev=target) as env:
-        env.configure(connection=conn, **migration_options(conn.dialect))
-        with env.begin_transaction():  # the caller's transaction: nothing begun here
-            env.run_migrations()
+    return await MIGRATIONS.state_async(engine)
 
 
 async def upgrade_schema(engine: AsyncEngine, target: str = "head") -> tuple[SchemaState, SchemaState]:
     """Run the migrations up to ``target`` (default: the newest), adopting a database from before
     migrations; (state before, state after). Safe to run from several processes at once."""
-    async with _migration_lock(engine) as conn:
-        before = await conn.run_sync(_state)
-        if not before.known:
-            raise SchemaError(before.problem(str(engine.url)) or "unknown schema revision")
-        if before.current != target and not (target == "head" and before.up_to_date):
-            await conn.run_sync(_migrate, target)
-        after = await conn.run_sync(_state)
-    return before, after
+    return await MIGRATIONS.upgrade_async(engine, target)
 
 
 async def ensure_schema(engine: AsyncEngine) -> SchemaState:
     """Check that the database is at the newest revision before a start or a command. A database without
     any gateway table is created here (zero setup); any other out-of-date one raises SchemaError, one
-    line naming ``farm gateway db upgrade``."""
-    state = await schema_state(engine)
-    if state.up_to_date:
-        return state
-    # Read again under the migration lock: another first start may be creating the schema right now, and
-    # two catalog reads outside the lock (each its own snapshot on PostgreSQL) can see its tables without
-    # its version table, which looked like a database from before migrations.
-    async with _migration_lock(engine) as conn:
-        state = await conn.run_sync(_state)
-    if state.up_to_date:
-        return state
-    if state.empty:
-        _, state = await upgrade_schema(engine)  # re-checked under the lock: another process may be first
-        if state.up_to_date:
-            return state
-    raise SchemaError(state.problem(str(engine.url)) or "gateway database schema out of date")
+    line naming ``farm gateway db upgrade``. Another first start creating the tables right now is waited
+    for (schemakit reads the state again under the migration lock)."""
+    return await MIGRATIONS.ensure_async(engine)
 
 
 async def create_tables(engine: AsyncEngine) -> None:

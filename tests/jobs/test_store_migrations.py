@@ -1,7 +1,9 @@
 """The results store's schema is Alembic's (jobs/store/migrations), on a real SQLite file: a new store is
 created at the newest revision, equal to the tables of jobs/store/repository.py; a store from before
 migrations is refused by every command, naming `farm db upgrade`, which adopts it (its rows kept); a store
-from a newer release is refused; first starts at once create the tables once."""
+from a newer release is refused; first starts at once create the tables once, on SQLite and on PostgreSQL
+(the session's server, tests/pgserver.py), even one whose first look finds another start's tables half
+made (it looks again under the migration lock)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from sqlalchemy import create_engine, insert, inspect, select, text
+from sqlalchemy import create_engine, event, insert, inspect, select, text
+from sqlalchemy.engine import Engine
 
 from jobs.cli import main
 from jobs.store.repository import Base, Store, make_engine
@@ -29,6 +32,16 @@ from jobs.store.schema import (
 
 REPO = Path(__file__).resolve().parents[2]
 TABLES = set(Base.metadata.tables)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def empty_url(request, tmp_path) -> str:
+    """Where a fresh store goes: an SQLite file that does not exist yet, or a new, empty database on the
+    session's PostgreSQL server."""
+    if request.param == "postgresql":
+        server = request.getfixturevalue("postgres")
+        return server.url(server.create_database("farm"))
+    return str(tmp_path / "farm.db")
 
 
 def _differences(engine) -> list:
@@ -151,8 +164,8 @@ def test_a_store_from_a_newer_release_is_refused(tmp_path):
     assert res.exit_code == 4 and "does not know" in res.output and "Traceback" not in res.output
 
 
-def test_first_starts_at_once_in_threads_create_the_tables_once(tmp_path):
-    url = str(tmp_path / "farm.db")
+def test_first_starts_at_once_in_threads_create_the_tables_once(empty_url):
+    url = empty_url
     start = threading.Barrier(4)
     errors: list[BaseException] = []
 
@@ -186,15 +199,18 @@ print("opened", flush=True)
 """
 
 
+PROCESSES = 6
+
+
 @pytest.mark.slow  # farm processes started at once
-def test_first_starts_at_once_in_processes_create_the_tables_once(tmp_path):
-    url = str(tmp_path / "farm.db")
+def test_first_starts_at_once_in_processes_create_the_tables_once(empty_url, tmp_path):
+    url = empty_url
     env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}
     env["PYTHONPATH"] = str(REPO)
     pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
     procs = [
         subprocess.Popen([sys.executable, "-c", _CHILD, url], text=True, env=env, cwd=tmp_path, **pipes)
-        for _ in range(4)
+        for _ in range(PROCESSES)
     ]
     try:
         for p in procs:
@@ -214,6 +230,40 @@ def test_first_starts_at_once_in_processes_create_the_tables_once(tmp_path):
         assert _versions(engine) == [(head_revision(),)] and _differences(engine) == []
     finally:
         engine.dispose()
+
+
+def _has_version_table_query(statement: str, parameters) -> bool:
+    """Whether a statement is the one that asks if the version table exists (PostgreSQL: the name is a
+    parameter; SQLite: PRAGMA table_info names it)."""
+    return VERSION_TABLE in statement or VERSION_TABLE in str(parameters)
+
+
+def test_a_first_start_that_looks_while_another_creates_the_tables_looks_again_under_the_lock(empty_url):
+    """The race of two first starts, made to happen every time: this start finds no version table, then,
+    before it lists the tables, another start creates them all and commits. The tables without a version
+    looked like a store from before migrations (refused, naming `farm db upgrade`); read again under the
+    migration lock, the store is at the newest revision."""
+    other = make_engine(empty_url, check_schema=False)
+    started = threading.Event()  # set once: the other start's own statements pass through here too
+    created: list[tuple] = []
+
+    def another_start_creates_the_tables(conn, cursor, statement, parameters, context, executemany):
+        if started.is_set() or not _has_version_table_query(statement, parameters):
+            return
+        started.set()
+        created.append(upgrade_schema(other, Base.metadata))  # another process's first start, committed
+
+    event.listen(Engine, "after_cursor_execute", another_start_creates_the_tables)
+    try:
+        Store(empty_url).close()
+    finally:
+        event.remove(Engine, "after_cursor_execute", another_start_creates_the_tables)
+    try:
+        ((before, after),) = created  # the other start ran, in between, and created the tables
+        assert before.empty and after.up_to_date
+        assert _versions(other) == [(head_revision(),)] and _differences(other) == []
+    finally:
+        other.dispose()
 
 
 def test_an_older_revision_is_named_with_the_command_and_the_password_never():
