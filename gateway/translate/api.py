@@ -7,6 +7,9 @@ from gateway.translate import chat, messages, responses
 from gateway.translate.ir import FORMATS, Format, invalid
 
 DEFAULT_MAX_TOKENS = 4096
+# the anthropic-version header: what the gateway sends an anthropic provider when the client sent none, and
+# what the doctor sends as Claude Code would
+ANTHROPIC_VERSION = "2023-06-01"
 _STYLE = {"chat": "openai", "responses": "openai", "messages": "anthropic"}
 
 

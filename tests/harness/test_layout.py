@@ -48,6 +48,14 @@ EXERCISED_BY: dict[str, tuple[str, ...]] = {
         "tests/gateway/test_sdk_endpoints.py",
         "tests/gateway/test_translate_proxy.py",
     ),
+    # the doctor's modules: test_doctor.py runs them through the package's public face, gateway.ops.doctor
+    "gateway/ops/doctor/checks.py": ("tests/gateway/test_doctor.py",),
+    "gateway/ops/doctor/inputs.py": ("tests/gateway/test_doctor.py",),
+    "gateway/ops/doctor/key.py": ("tests/gateway/test_doctor.py",),
+    "gateway/ops/doctor/probe.py": ("tests/gateway/test_doctor.py",),
+    "gateway/ops/doctor/refusals.py": ("tests/gateway/test_doctor.py",),
+    "gateway/ops/doctor/run.py": ("tests/gateway/test_doctor.py",),
+    "gateway/ops/doctor/settings.py": ("tests/gateway/test_doctor.py",),
     "gateway/translate/api.py": ("tests/gateway/test_translate.py",),
     "gateway/translate/chat.py": (
         "tests/gateway/test_translate.py",
