@@ -31,7 +31,8 @@ from gateway.http.server import install_log_filter, serve_forever
 from gateway.limits.local import Limits
 from gateway.store.db import create_engine, ensure_schema
 from gateway.store.keys import KeyStore, utcnow
-from gateway.store.ledger import LedgerWriter, cost_used_today, tokens_used_today
+from gateway.store.ledger import LedgerWriter
+from gateway.store.ledger_queries import cost_used_today, tokens_used_today
 from gateway.store.secret import resolve_secret
 from gateway.store.spool import default_spool_dir
 from gateway.summaries.batcher import SUMMARIES_PATH, SummaryBatcher

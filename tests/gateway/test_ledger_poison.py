@@ -14,8 +14,10 @@ from pg import DB_BACKENDS
 from prometheus_client.parser import text_string_to_metric_families
 
 import gateway.store.ledger as ledger_mod
+import gateway.store.ledger_rows as ledger_rows
 from gateway.core.usage import MAX_TOKENS_PER_REQUEST, StreamUsage, usage_from_body
-from gateway.store.ledger import clean_row, tokens_used_today
+from gateway.store.ledger_queries import tokens_used_today
+from gateway.store.ledger_rows import clean_row
 from gateway.testing.fake_upstream import Fault
 
 MSGS = [{"role": "user", "content": "hi"}]
@@ -209,7 +211,7 @@ async def test_a_row_the_driver_refuses_is_dropped_once_counted_and_shown(gatewa
     (OverflowError) while binding: each such row is dropped alone by the background writer, logged once,
     counted in /metrics and /readyz, kept in rejected.jsonl, and the rows around it are written."""
     # no cleaning
-    monkeypatch.setattr(ledger_mod, "clean_row", lambda row, **_: {**ledger_mod._DEFAULTS, **row})
+    monkeypatch.setattr(ledger_mod, "clean_row", lambda row, **_: {**ledger_rows.DEFAULTS, **row})
     caplog.set_level(logging.ERROR, "gateway.store.ledger")
     w = gateway.gw.ledger
     w.submit(_row("before"))

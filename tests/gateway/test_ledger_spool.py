@@ -20,7 +20,8 @@ from pg import DB_BACKENDS, SQLITE_ONLY
 from sqlalchemy import select, text
 
 from gateway.store.db import create_engine, ledger
-from gateway.store.ledger import DATETIMES, LedgerWriter
+from gateway.store.ledger import LedgerWriter
+from gateway.store.ledger_rows import DATETIMES
 from gateway.store.spool import default_spool_dir, read_rows
 from gateway.testing.fake_upstream import Fault
 
