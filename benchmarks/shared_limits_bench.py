@@ -1,5 +1,5 @@
 """CPU per request of the limits: in-process (``gateway.limits.local.Limits``) against shared through Redis
-(``gateway.redis.shared.SharedLimits``, a redis-server of its own on a free port of 127.0.0.1).
+(``gateway.limits.redis.SharedLimits``, a redis-server of its own on a free port of 127.0.0.1).
 
 One request is ``admit`` + ``release`` + ``settle`` on a project with every limit set (concurrency, rpm,
 tpm and the daily budget, all far above what the run uses), so the whole admission and settlement scripts
@@ -73,15 +73,17 @@ async def _local(n: int, concurrency: int) -> float:
 
 
 async def _shared(url: str, n: int, concurrency: int) -> tuple[float, float]:
-    from gateway.redis.shared import SharedLimits, SharedState
+    from gateway.limits.redis import SharedLimits
+    from gateway.redis.state import SharedState
 
     async def seed() -> dict[str, int]:
         return {}
 
-    shared = SharedState(_settings(url), seed_source=seed)
+    settings = _settings(url)
+    shared = SharedState(settings)
+    limits = SharedLimits(shared, settings.projects, seed_source=seed)
     await shared.start()
     assert shared.up, shared.status()
-    limits = SharedLimits(shared, shared.projects)
     await _requests(limits, 200, concurrency)  # warm-up: scripts loaded, the day seeded
     t0, w0 = time.process_time(), time.perf_counter()
     await _requests(limits, n, concurrency)

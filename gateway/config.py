@@ -197,7 +197,7 @@ class GatewaySettings(BaseSettings):
     key_rotation_grace_s: float = Field(3600.0, ge=0)
     access_log: bool = False
     uvloop: bool = True  # use uvloop for `serve` when it is installed
-    # Shared state (gateway.redis.shared): with a Redis URL (redis://, rediss://, unix://), every gateway
+    # Shared state (gateway.redis): with a Redis URL (redis://, rediss://, unix://), every gateway
     # process
     # using that Redis and key prefix shares limits, key revocations and the summaries cache; None: each
     # process has its own, as before.

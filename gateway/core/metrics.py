@@ -26,7 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from gateway.limits.local import Limits
 
 if TYPE_CHECKING:
-    from gateway.redis.shared import SharedState
+    from gateway.redis.state import SharedState
     from gateway.store.ledger import LedgerWriter
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -358,7 +358,7 @@ class GatewayMetrics:
         self.registry.register(_LedgerCollector(writer))
 
     def bind_shared(self, shared: SharedState) -> None:
-        """The shared state's health (gateway.redis.shared; only with ``redis_url``), read at scrape time."""
+        """The shared state's health (gateway.redis.state; only with ``redis_url``), read at scrape time."""
         if self._mirror is not None:
             self._mirror.bind(_SharedCollector(shared))
             return

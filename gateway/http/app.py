@@ -14,20 +14,30 @@ import asyncio
 import gc
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.config import GatewaySettings
 from gateway.core.metrics import GatewayMetrics
-from gateway.errors import ApiStyle, GatewayError, MethodNotAllowed, NotFound, error_response
+from gateway.errors import (
+    ApiStyle,
+    GatewayError,
+    MethodNotAllowed,
+    NotFound,
+    StoreUnavailable,
+    error_response,
+)
 from gateway.http.endpoints.proxy import ENDPOINTS, Proxy
 from gateway.http.pipeline import Pipeline
 from gateway.http.server import install_log_filter, serve_forever
+from gateway.limits.base import Limiters
 from gateway.limits.local import Limits
 from gateway.store.db import create_engine, ensure_schema
 from gateway.store.keys import KeyStore, utcnow
@@ -40,11 +50,12 @@ from gateway.upstream.client import UpstreamClient, pool_warnings
 from gateway.upstream.routing import Router
 
 if TYPE_CHECKING:
-    from gateway.redis.shared import SharedState
+    from gateway.redis.state import SharedState
 
 log = logging.getLogger("gateway")
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
+_T = TypeVar("_T")
 
 
 class Gateway:
@@ -70,9 +81,10 @@ class Gateway:
         )
         self.metrics = GatewayMetrics(registry)
         self.metrics.bind_ledger(self.ledger)
-        self.limits = Limits({})
-        # gateway.redis.shared.SharedState with `redis_url` (built in start): limits, key revocations and the
-        # summaries cache shared by every process using that Redis; None: all of it in this process
+        self.limits: Limiters = Limits({})
+        # gateway.redis.state.SharedState with `redis_url` (built in start): limits (gateway.limits.redis),
+        # key revocations and the summaries cache shared by every process using that Redis; None: all of it
+        # in this process
         self.shared: SharedState | None = None
         self.clients: dict[str, UpstreamClient] = {}
         # the deployments of every public model (gateway.upstream.routing), built in start once the clients
@@ -89,17 +101,21 @@ class Gateway:
         used_today = await tokens_used_today(self.engine)
         cost_today = await cost_used_today(self.engine)
         if self.settings.redis_url:
-            from gateway.redis.shared import SharedLimits, SharedState  # imports redis only when configured
+            # imports redis only when configured
+            from gateway.limits.redis import SharedLimits
+            from gateway.redis.state import SharedState
 
-            self.shared = SharedState(
-                self.settings,
-                seed_source=lambda: tokens_used_today(self.engine),
-                cost_seed_source=lambda: cost_used_today(self.engine),
-                keys=self.keys,
+            self.shared = SharedState(self.settings, keys=self.keys)
+            self.limits = SharedLimits(
+                self.shared,
+                self.settings.projects,
+                used_today,
+                cost_today,
+                seed_source=lambda: _from_ledger(tokens_used_today, self.engine),
+                cost_seed_source=lambda: _from_ledger(cost_used_today, self.engine),
             )
             await self.shared.start()  # Redis down: starts degraded, on this process's share of the limits
             self.metrics.bind_shared(self.shared)
-            self.limits = SharedLimits(self.shared, self.settings.projects, used_today, cost_today)
         else:
             self.limits = Limits(self.settings.projects, used_today, cost_today)
         self.metrics.bind_limits(self.limits)
@@ -112,7 +128,8 @@ class Gateway:
             client = UpstreamClient(name, cfg, self.settings.retry, api_key)
             await client.start()
             self.clients[name] = client
-        self.router = Router(self.settings, self.clients, self.metrics)  # ValueError: a deployment's bad key
+        # ValueError: a deployment's bad key; deployments' rpm/tpm counted where the projects' limits are
+        self.router = Router(self.settings, self.clients, self.metrics, limits=self.limits)
         for warning in pool_warnings(self.settings):  # projects that can starve each other of connections
             log.warning("%s", warning)
         self.ready = True
@@ -188,6 +205,15 @@ class Gateway:
 
     def log_credential_refused(self, provider: str | None, status: int) -> None:
         log.error("upstream %r refused the gateway's provider credential (HTTP %d)", provider, status)
+
+
+async def _from_ledger(read: Callable[[AsyncEngine], Awaitable[_T]], engine: AsyncEngine) -> _T:
+    """The day's usage from the ledger, to seed the shared budgets (gateway.limits.redis): the database
+    failing is a StoreUnavailable there (the shared limits then stay on this process's share)."""
+    try:
+        return await read(engine)
+    except (DBAPIError, OSError, TimeoutError) as e:  # the database, as gateway.store.keys translates it
+        raise StoreUnavailable(f"the ledger could not be read: {e.__class__.__name__}: {e}") from e
 
 
 GATEWAY = web.AppKey("gateway", Gateway)

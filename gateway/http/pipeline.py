@@ -41,7 +41,7 @@ from gateway.errors import (
     RateLimited,
     error_response,
 )
-from gateway.limits.local import AdmissionLike, LimitExceeded
+from gateway.limits.base import Admission, LimitExceeded
 from gateway.store.keys import KeyInfo, credential_from_headers
 
 if TYPE_CHECKING:
@@ -257,7 +257,7 @@ class Pipeline:
         return info, project
 
     # --- admit -----------------------------------------------------------------------------------
-    async def admit(self, rec: Record, token_cap: int | None, input_estimate: int = 0) -> AdmissionLike:
+    async def admit(self, rec: Record, token_cap: int | None, input_estimate: int = 0) -> Admission:
         """The project's limits; a refusal is a 429 that names the limit and carries Retry-After.
 
         With a daily cost budget the request reserves its most likely worst case, ``token_cap`` (or the
@@ -383,7 +383,7 @@ class _CostSettling:
 
     __slots__ = ("inner", "rec", "pipeline")
 
-    def __init__(self, inner: AdmissionLike, rec: Record, pipeline: Pipeline) -> None:
+    def __init__(self, inner: Admission, rec: Record, pipeline: Pipeline) -> None:
         self.inner, self.rec, self.pipeline = inner, rec, pipeline
 
     @property

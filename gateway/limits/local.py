@@ -1,16 +1,8 @@
-"""Per-project limits: concurrency with a bounded queue wait, rpm and tpm (aiolimiter), daily token and
-cost budgets.
+"""The limits in this process only: concurrency with a bounded queue wait, rpm and tpm (aiolimiter), daily
+token and cost budgets; and a deployment's rpm/tpm window for routing.
 
-Two implementations of one small interface, chosen when the gateway starts:
-
-- ``Limits`` / ``ProjectLimits`` (here): in this process only, as each process sees its own requests;
-- ``gateway.redis.shared.SharedLimits``: the same limits across every gateway process that shares a Redis
-  (``redis_url``), each process falling back to ``share_of`` its limits while Redis is unreachable.
-
-Either way a project's limiter has ``admit(max_tokens, input_estimate, cost_reserve) -> admission``
-(raising ``LimitExceeded``), and the admission has ``queue_wait_s``, ``release()`` (the concurrency slot,
-once the upstream is done) and ``settle(actual_tokens, cost_usd)`` (the tpm and budget reservations become
-the real usage). The daily cost budget (``daily_cost_budget_usd``) works as the token budget does, in US
+The interface and the refusals' messages are ``gateway.limits.base``'s; ``gateway.limits.redis`` is the same
+across processes. The daily cost budget (``daily_cost_budget_usd``) works as the token budget does, in US
 dollars: ``cost_reserve`` (the pipeline prices the request's output cap and input estimate) is held while
 the request runs, so the budget is overshot by at most one request's reservation.
 """
@@ -18,27 +10,16 @@ the request runs, so the budget is overshot by at most one request's reservation
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 from aiolimiter import AsyncLimiter
 
 from gateway.config import ProjectConfig
+from gateway.limits.base import refusal
 
-
-class LimitExceeded(Exception):
-    def __init__(self, limit: str, retry_after_s: float, message: str) -> None:
-        super().__init__(message)
-        self.limit = limit
-        self.retry_after_s = retry_after_s
-        self.message = message
-
-    @property
-    def retry_after_header(self) -> str:
-        return str(max(1, math.ceil(self.retry_after_s)))
+WINDOW_S = 60.0  # a deployment's rpm/tpm window
 
 
 def _seconds_until_capacity(limiter: AsyncLimiter, amount: float) -> float:
@@ -55,16 +36,6 @@ def _adjust_level(limiter: AsyncLimiter, delta: float) -> None:
     if hasattr(limiter, "_level"):
         limiter.has_capacity(0)
         limiter._level = max(0.0, limiter._level + delta)
-
-
-class AdmissionLike(Protocol):
-    """What ``admit`` gives back (``Admission`` here, ``gateway.redis.shared.SharedAdmission`` with Redis)."""
-
-    queue_wait_s: float
-
-    def release(self) -> None: ...
-
-    def settle(self, actual_tokens: int, cost_usd: float = 0.0) -> None: ...
 
 
 def share_of(cfg: ProjectConfig, processes: int) -> ProjectConfig:
@@ -95,7 +66,9 @@ def _next_utc_midnight(epoch_s: float) -> float:
 
 
 @dataclass(slots=True)
-class Admission:
+class LocalAdmission:
+    """``gateway.limits.base.Admission`` in this process."""
+
     project: ProjectLimits
     reserved_tokens: int  # held in the tpm bucket until settled
     queue_wait_s: float
@@ -117,6 +90,8 @@ class Admission:
 
 
 class ProjectLimits:
+    """One project's limits in this process (``gateway.limits.base.ProjectLimiter``)."""
+
     def __init__(
         self,
         name: str,
@@ -158,10 +133,8 @@ class ProjectLimits:
 
     async def admit(
         self, max_tokens: int | None, input_estimate: int = 0, cost_reserve: float = 0.0
-    ) -> Admission:
-        """Admit one request that may produce ``max_tokens`` (None: the project's default) after an input
-        of about ``input_estimate`` tokens, costing at most about ``cost_reserve`` US dollars, or raise
-        LimitExceeded naming the limit."""
+    ) -> LocalAdmission:
+        """``gateway.limits.base.ProjectLimiter.admit``."""
         cfg = self.cfg
         budget_reserve = 0
         if cfg.daily_cost_budget_usd is not None:
@@ -172,33 +145,28 @@ class ProjectLimits:
             self._roll_day()
             if self.used_today + self.budget_reserved >= cfg.daily_token_budget:
                 spent = self.used_today >= cfg.daily_token_budget
-                raise LimitExceeded(
-                    "daily_budget",
-                    self._day_ends - self._clock() if spent else 1.0,
-                    f"project {self.name!r} has used its daily token budget "
-                    f"({self.used_today}/{cfg.daily_token_budget} tokens)"
-                    if spent
-                    else f"project {self.name!r}: the requests in flight reserve the rest of its daily token "
-                    f"budget ({self.used_today} used + {self.budget_reserved} reserved of "
-                    f"{cfg.daily_token_budget})",
+                raise refusal(
+                    "daily_budget_spent" if spent else "daily_budget_reserved",
+                    self._day_ends - self._clock(),
+                    name=self.name,
+                    used=self.used_today,
+                    reserved=self.budget_reserved,
+                    budget=cfg.daily_token_budget,
                 )
             budget_reserve = max(0, input_estimate) + (max_tokens or cfg.default_max_tokens)
         # Check every limit before consuming any: a request refused by one limit must not use up another.
         if self._rpm is not None and not self._rpm.has_capacity(1):
-            raise LimitExceeded(
-                "rpm",
-                _seconds_until_capacity(self._rpm, 1),
-                f"project {self.name!r} is over its rate limit of {cfg.rpm} requests per minute",
-            )
+            raise refusal("rpm", _seconds_until_capacity(self._rpm, 1), name=self.name, rpm=cfg.rpm)
         reserve = 0
         if self._tpm is not None:
             reserve = min(max_tokens or cfg.default_max_tokens, int(self._tpm.max_rate))
             if not self._tpm.has_capacity(reserve):
-                raise LimitExceeded(
+                raise refusal(
                     "tpm",
                     _seconds_until_capacity(self._tpm, reserve),
-                    f"project {self.name!r} is over its rate limit of {cfg.tpm} tokens per minute "
-                    f"(this request reserves {reserve})",
+                    name=self.name,
+                    tpm=cfg.tpm,
+                    reserve=reserve,
                 )
         # Both have capacity, so neither acquire waits (no await point between the checks and here).
         self.budget_reserved += budget_reserve
@@ -215,11 +183,11 @@ class ProjectLimits:
                     await self._sem.acquire()
             except TimeoutError:
                 self._refund(reserve, budget_reserve, cost_reserve)
-                raise LimitExceeded(
+                raise refusal(
                     "concurrency",
-                    1.0,
-                    f"project {self.name!r} has {cfg.max_concurrency} requests in flight and the queue "
-                    f"wait of {cfg.queue_timeout_s:g} s ran out",
+                    name=self.name,
+                    max_concurrency=cfg.max_concurrency,
+                    queue_timeout_s=cfg.queue_timeout_s,
                 ) from None
             except BaseException:  # cancelled while queued: it never reached the upstream
                 self._refund(reserve, budget_reserve, cost_reserve)
@@ -229,25 +197,20 @@ class ProjectLimits:
         else:
             await self._sem.acquire()
         self.in_flight += 1
-        return Admission(self, reserve, time.perf_counter() - t0, budget_reserve, cost_reserve)
+        return LocalAdmission(self, reserve, time.perf_counter() - t0, budget_reserve, cost_reserve)
 
     def _check_cost_budget(self, budget: float) -> None:
         """Refuse while the day's cost plus the reservations in flight reach the cost budget."""
         self._roll_day()
         if self.cost_today + self.cost_reserved < budget:
             return
-        if self.cost_today >= budget:
-            raise LimitExceeded(
-                "daily_cost_budget",
-                self._day_ends - self._clock(),
-                f"project {self.name!r} has used its daily cost budget "
-                f"(${self.cost_today:.4f} of ${budget:g})",
-            )
-        raise LimitExceeded(
-            "daily_cost_budget",
-            1.0,
-            f"project {self.name!r}: the requests in flight reserve the rest of its daily cost budget "
-            f"(${self.cost_today:.4f} spent + ${self.cost_reserved:.4f} reserved of ${budget:g})",
+        raise refusal(
+            "daily_cost_budget_spent" if self.cost_today >= budget else "daily_cost_budget_reserved",
+            self._day_ends - self._clock(),
+            name=self.name,
+            spent=self.cost_today,
+            reserved=self.cost_reserved,
+            budget=budget,
         )
 
     def _refund(self, reserve: int, budget_reserve: int, cost_reserve: float = 0.0) -> None:
@@ -276,7 +239,7 @@ class ProjectLimits:
 
 
 class Limits:
-    """All projects' limiters, built from the settings."""
+    """All projects' limiters in this process, built from the settings (``gateway.limits.base.Limiters``)."""
 
     def __init__(
         self,
@@ -293,3 +256,42 @@ class Limits:
 
     def __getitem__(self, name: str) -> ProjectLimits:
         return self.projects[name]
+
+    def deployment(self, model: str, name: str, rpm: int | None, tpm: int | None) -> DeploymentWindow:
+        return DeploymentWindow(rpm, tpm)
+
+
+class DeploymentWindow:
+    """A deployment's rpm/tpm in this process (``gateway.limits.base.DeploymentLimiter``): requests and
+    tokens counted over fixed one-minute windows, from the first attempt after the last window ended."""
+
+    __slots__ = ("rpm", "tpm", "start", "requests", "tokens")
+    shared = False
+
+    def __init__(self, rpm: int | None, tpm: int | None) -> None:
+        self.rpm, self.tpm = rpm, tpm
+        self.start = 0.0
+        self.requests = 0
+        self.tokens = 0
+
+    def limited(self, now: float) -> bool:
+        if now - self.start >= WINDOW_S:
+            self.start, self.requests, self.tokens = now, 0, 0
+            return False
+        return (self.rpm is not None and self.requests >= self.rpm) or (
+            self.tpm is not None and self.tokens >= self.tpm
+        )
+
+    def free_at(self, now: float) -> float:
+        return self.start + WINDOW_S if self.limited(now) else now
+
+    async def take(self, now: float, tokens: int, force: bool = False) -> bool:
+        return force or not self.limited(now)  # counted by ``begin``
+
+    def begin(self, tokens: int) -> None:
+        self.requests += 1
+        self.tokens += tokens
+
+    def settle(self, estimate: int, actual: int) -> None:
+        if self.tpm is not None:
+            self.tokens = max(0, self.tokens + actual - estimate)

@@ -165,8 +165,8 @@ class KeyStore:
         # key id -> the store lookup in flight: requests that miss the cache together share one query
         self._loading: dict[str, asyncio.Future[tuple[KeyInfo, str] | None]] = {}
         self._generation = 0  # bumped by revoke/rotate: a lookup begun before one is not cached
-        # awaited after revoke/rotate: gateway.redis.shared publishes the change, so every process sharing its
-        # Redis drops its key cache at once (not just this one)
+        # awaited after revoke/rotate: gateway.redis.channels publishes the change, so every process sharing
+        # its Redis drops its key cache at once (not just this one)
         self.on_change: Callable[[], Awaitable[None]] | None = None
 
     def set_secret(self, secret: bytes) -> None:

@@ -35,10 +35,10 @@ included, the offline drafter too) is one ledger row on endpoint ``summaries`` w
 variable is unset, is served by the offline drafter (it covers every anomaly) and the answer says
 ``"offline": true``.
 
-With ``redis_url`` (gateway.redis.shared) the cache and the coalescing span every process sharing that Redis:
-a set's complete answer is also kept there, and the first process to take the set's lock makes the model
-call while the others wait for its outcome (``_shared_answer``); without Redis, or while it is down, all
-of this stays in the process.
+With ``redis_url`` (gateway.redis.channels) the cache and the coalescing span every process sharing that
+Redis: a set's complete answer is also kept there, and the first process to take the set's lock makes the
+model call while the others wait for its outcome (``_shared_answer``); without Redis, or while it is down,
+all of this stays in the process.
 """
 
 from __future__ import annotations
@@ -386,20 +386,20 @@ class SummaryBatcher:
         if self._shared_tasks:
             await asyncio.gather(*self._shared_tasks, return_exceptions=True)
 
-    # --- across processes (gateway.redis.shared) -------------------------------------------------------
+    # --- across processes (gateway.redis.channels) -----------------------------------------------------
     async def _shared_answer(
         self, project: str, task: str, model: str, key_id: str, set_key: str, hashes: dict[str, AnomalyIn]
     ) -> tuple[SetAnswer, bool]:
         """The set's answer and whether it was cached: from Redis' cache, or from the one model call for
         the set among all processes (this one's, or another's that this one waits for)."""
-        from gateway.redis.shared import SharedUnavailable
+        from gateway.redis.errors import SharedUnavailable
 
         shared = self.gw.shared
         assert shared is not None
         fut = self._in_flight.get(set_key)
         if fut is None:
             try:
-                blob = await shared.summary_get(set_key)
+                blob = await shared.summaries.get(set_key)
             except SharedUnavailable:
                 blob = None
             if blob is not None:
@@ -426,12 +426,12 @@ class SummaryBatcher:
     ) -> SetAnswer:
         """Take the set's lock and make the call here (storing the outcome for the waiting processes), or
         wait for the process that holds it. Redis failing on the way: the call is made here."""
-        from gateway.redis.shared import SharedUnavailable
+        from gateway.redis.errors import SharedUnavailable
 
         shared = self.gw.shared
         assert shared is not None
         try:
-            kind, value = await shared.summary_claim(set_key)
+            kind, value = await shared.summaries.claim(set_key)
         except SharedUnavailable:
             return await asyncio.shield(self._enqueue(project, task, model, key_id, set_key, hashes))
         if kind == "answer":
@@ -442,12 +442,12 @@ class SummaryBatcher:
         try:
             answer = await asyncio.shield(self._enqueue(project, task, model, key_id, set_key, hashes))
         except GatewayError as e:
-            await shared.summary_done(set_key, token, _encode_error(e), complete=False)
+            await shared.summaries.done(set_key, token, _encode_error(e), complete=False)
             raise
         except BaseException:
-            await asyncio.shield(shared.summary_done(set_key, token, b"", complete=False))
+            await asyncio.shield(shared.summaries.done(set_key, token, b"", complete=False))
             raise
-        await shared.summary_done(set_key, token, _encode_answer(answer), complete=not answer.missing)
+        await shared.summaries.done(set_key, token, _encode_answer(answer), complete=not answer.missing)
         return answer
 
     def _remember(self, set_key: str, answer: SetAnswer) -> None:

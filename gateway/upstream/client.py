@@ -429,6 +429,9 @@ class Plan(Protocol):
     def again(self, target: Any) -> Any: ...
     def context_fallback(self, target: Any, status: int, body: bytes | None) -> Any | None: ...
 
+    # optional: ``claim`` (an attribute, None or an async function), awaited before each attempt with its
+    # target; it gives the target to use (the same, or another when the first is at its shared limits)
+
 
 class _OneTarget:
     """The plan of ``UpstreamClient.send``: every attempt to that client, with its own key."""
@@ -492,8 +495,11 @@ async def send_planned(
     waited = 0.0
     slot_wait = 0.0
     reasons: list[str] = []
+    claim = getattr(plan, "claim", None)
     target = plan.first()
     while True:
+        if claim is not None:  # the target's shared limits, taken (or another target) before the attempt
+            target = await claim(target)
         client: UpstreamClient | None = target.client
         transport = client._transport if client is not None else None
         if client is None or transport is None or not client._started:

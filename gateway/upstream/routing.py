@@ -9,9 +9,13 @@ its provider's ``UpstreamClient`` (deployments of one provider share its connect
 **Picking** (``ModelDeployments.pick``, on every request): a deployment whose cooldown has just ended is
 probed first (one request at a time); otherwise, among the deployments neither cooling down nor at their
 ``rpm``/``tpm``, the one with the fewest requests in flight relative to its weight, ties broken by smooth
-weighted round-robin (so sequential requests split exactly by weight). The rpm/tpm counters are this
-process's, over fixed one-minute windows: with several gateway processes each enforces the limits on its
-own (a shared counter in Redis is future work).
+weighted round-robin (so sequential requests split exactly by weight). A deployment's rpm/tpm are counted
+over one-minute windows by its ``gateway.limits.base.DeploymentLimiter``: in this process
+(``gateway.limits.local.DeploymentWindow``), or, with ``redis_url``, in Redis for every process
+(``gateway.limits.redis_deployment.SharedDeploymentWindow``). Shared counters are taken before each attempt
+(``RoutePlan.claim``, awaited by the retry loop): one atomic check-and-count per attempt, so the processes
+together send a deployment at most its rpm within a window; a deployment another process used up meanwhile
+is skipped for the rest of its window and the next choice is taken instead.
 
 **Cooldowns** (``RoutingConfig``): a 429 cools a deployment down at once, for its Retry-After when it gives
 one; a 5xx, a timeout or a failed connection does once more than ``allowed_fails`` happen in a row. The
@@ -40,21 +44,22 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from gateway.limits.local import DeploymentWindow
 from gateway.upstream.client import UpstreamClient, UpstreamResult, auth_headers, send_planned
 
 if TYPE_CHECKING:
     from gateway.config import DeploymentConfig, GatewaySettings, ProjectConfig, RoutingConfig
     from gateway.core.metrics import GatewayMetrics
+    from gateway.limits.base import DeploymentLimiter, Limiters
 
 log = logging.getLogger("gateway.upstream.routing")
 
 # what a plan's ``prepare(target)`` gives: the body, or (path, body, headers) for a translated target
 Prepared = bytes | tuple[str, bytes, Mapping[str, str]]
 
-WINDOW_S = 60.0  # the rpm/tpm window
 # failure kinds (metrics label "class") -> the fallback_on class that lets them move to a fallback model
 FALLBACK_CLASS = {"rate_limit": "rate_limit", "server_error": "server_error", "timeout": "timeout",
                   "connect": "server_error"}  # fmt: skip
@@ -65,9 +70,8 @@ class Deployment:
 
     __slots__ = (
         "model", "name", "provider", "kind", "upstream_model", "client", "auth", "weight", "rpm", "tpm",
-        "in_flight", "current", "fails", "strikes", "cooldown_until", "probing", "window_start",
-        "window_requests", "window_tokens", "_m_requests", "_m_in_flight", "_m_cooldowns", "_m_errors",
-        "_metrics",
+        "in_flight", "current", "fails", "strikes", "cooldown_until", "probing", "window", "_m_requests",
+        "_m_in_flight", "_m_cooldowns", "_m_errors", "_metrics",
     )  # fmt: skip
 
     def __init__(
@@ -78,6 +82,7 @@ class Deployment:
         client: UpstreamClient | None,
         auth: Mapping[str, str] | None,
         metrics: GatewayMetrics | None,
+        window: DeploymentLimiter | None = None,
     ) -> None:
         self.model, self.name, self.provider = model, cfg.name, cfg.provider
         self.kind = kind  # the provider's wire format (openai | anthropic | local)
@@ -91,9 +96,10 @@ class Deployment:
         self.strikes = 0  # cooldowns in a row
         self.cooldown_until = 0.0  # 0: healthy; else a cooldown ends (or ended: a probe is due) then
         self.probing = False
-        self.window_start = 0.0
-        self.window_requests = 0
-        self.window_tokens = 0
+        # its rpm/tpm (None: neither set); in this process unless the router was given shared limits
+        if window is None and (cfg.rpm is not None or cfg.tpm is not None):
+            window = DeploymentWindow(cfg.rpm, cfg.tpm)
+        self.window = window
         self._metrics = metrics
         self._m_errors: dict[str, Any] = {}
         if metrics is not None:
@@ -106,28 +112,21 @@ class Deployment:
 
     # --- limits ----------------------------------------------------------------------------------
     def _limited(self, now: float) -> bool:
-        if self.rpm is None and self.tpm is None:
-            return False
-        if now - self.window_start >= WINDOW_S:
-            self.window_start, self.window_requests, self.window_tokens = now, 0, 0
-            return False
-        return (self.rpm is not None and self.window_requests >= self.rpm) or (
-            self.tpm is not None and self.window_tokens >= self.tpm
-        )
+        window = self.window
+        return window is not None and window.limited(now)
 
     def usable_at(self, now: float) -> float:
         """When this deployment may next be picked without forcing (``now`` or later)."""
         t = self.cooldown_until if self.cooldown_until > now else now
-        if self._limited(now):
-            t = max(t, self.window_start + WINDOW_S)
+        if self.window is not None and self.window.limited(now):
+            t = max(t, self.window.free_at(now))
         return t
 
     # --- an attempt's life -----------------------------------------------------------------------
     def begin(self, tokens: int) -> None:
         self.in_flight += 1
-        if self.rpm is not None or self.tpm is not None:
-            self.window_requests += 1
-            self.window_tokens += tokens
+        if self.window is not None:
+            self.window.begin(tokens)
         if self._metrics is not None:
             self._m_requests.inc()
             self._m_in_flight.inc()
@@ -139,8 +138,8 @@ class Deployment:
             self._m_in_flight.dec()
 
     def settle(self, estimate: int, actual: int) -> None:
-        if self.tpm is not None:
-            self.window_tokens = max(0, self.window_tokens + actual - estimate)
+        if self.window is not None:
+            self.window.settle(estimate, actual)
 
     def ok(self) -> None:
         self.fails = self.strikes = 0
@@ -235,7 +234,8 @@ class ModelDeployments:
 
 class Router:
     """The deployments of every public model of one gateway. ``clock``: monotonic seconds (tests replace
-    it to end a cooldown without sleeping)."""
+    it to end a cooldown without sleeping). ``limits``: where deployments' rpm/tpm are counted (the
+    gateway's ``Limiters``: shared through Redis with ``redis_url``); None: in this process."""
 
     def __init__(
         self,
@@ -245,6 +245,7 @@ class Router:
         *,
         clock: Callable[[], float] = time.monotonic,
         environ: Mapping[str, str] = os.environ,
+        limits: Limiters | None = None,
     ) -> None:
         self.cfg = settings.routing
         self.retry = settings.retry
@@ -267,10 +268,19 @@ class Router:
                             "deployment %s/%s: environment variable %s is not set; it uses provider %s's key",
                             model, dc.name, dc.api_key_env, dc.provider,
                         )  # fmt: skip
-                deps.append(Deployment(model, dc, provider.kind, clients.get(dc.provider), auth, metrics))
+                window = None
+                if limits is not None and (dc.rpm is not None or dc.tpm is not None):
+                    window = limits.deployment(model, dc.name, dc.rpm, dc.tpm)
+                deps.append(
+                    Deployment(model, dc, provider.kind, clients.get(dc.provider), auth, metrics, window)
+                )
             self.models[model] = ModelDeployments(
                 model, deps, list(route.fallbacks), list(route.context_window_fallbacks)
             )
+        # any deployment counted in Redis: every attempt takes its target's counters first (RoutePlan.claim)
+        self.shared = any(
+            d.window is not None and d.window.shared for md in self.models.values() for d in md.deployments
+        )
 
     def plan(
         self,
@@ -289,11 +299,12 @@ class Router:
 class RoutePlan:
     """Where one request's attempts go. It sends like an UpstreamClient (``send``), so the pipeline's send
     stage takes either; ``target`` is the deployment of the latest attempt, ``fallback_from`` the public
-    model asked for when a fallback model is serving it."""
+    model asked for when a fallback model is serving it. ``claim``: awaited by the retry loop before each
+    attempt when the router's deployment limits are shared (None otherwise)."""
 
     __slots__ = (
         "router", "primary", "models", "fallback_on", "tokens", "prepare", "target", "fallback_from",
-        "tried", "_fallbacks", "_cw_used",
+        "tried", "claim", "_fallbacks", "_cw_used", "_forced",
     )  # fmt: skip
 
     def __init__(
@@ -313,8 +324,12 @@ class RoutePlan:
         self.target: Deployment | None = None
         self.fallback_from: str | None = None
         self.tried: set[Deployment] | None = None
+        self.claim: Callable[[Deployment], Awaitable[Deployment]] | None = (
+            self._claim if router.shared else None
+        )
         self._fallbacks: list[str] | None = None
         self._cw_used = False
+        self._forced: Deployment | None = None  # the target chosen although at its limits (taken anyway)
 
     @property
     def kind(self) -> str:
@@ -342,9 +357,28 @@ class RoutePlan:
         if target is None and self._may_fall_back(None):
             target = self._next_fallback(now)
         if target is None:
-            target = self.primary.force(now)
+            target = self._force(self.primary, now)
         self.target = target
         return target
+
+    async def _claim(self, target: Deployment) -> Deployment:
+        """Take ``target``'s shared rpm/tpm for the attempt about to go (one atomic step in Redis). When other
+        processes used them up meanwhile: the next choice, as ``first`` makes it (another deployment of the
+        model being served not yet tried, a fallback model, else the soonest usable, sent anyway)."""
+        now = self.router.clock()
+        while True:
+            window = target.window
+            if window is None or not window.shared:
+                return target
+            # a forced target or a probe (its cooldown is over) goes anyway: it is counted, never refused
+            force = target is self._forced or target.cooldown_until != 0.0
+            self._forced = None
+            if await window.take(now, self.tokens, force):
+                return target
+            nxt = self.models.pick(now, self.tried or frozenset())
+            if nxt is None and self._may_fall_back(None):
+                nxt = self._next_fallback(now)
+            target = nxt if nxt is not None else self._force(self.models, now, self.tried or frozenset())
 
     def request(
         self, target: Deployment, path: str, headers: Mapping[str, str]
@@ -392,7 +426,7 @@ class RoutePlan:
     def again(self, target: Deployment) -> Deployment:
         """The target of a retry after a backoff: the model's best deployment now, or the soonest usable."""
         now = self.router.clock()
-        return self.models.pick(now) or self.models.force(now)
+        return self.models.pick(now) or self._force(self.models, now)
 
     def context_fallback(self, target: Deployment, status: int, body: bytes | None) -> Deployment | None:
         """The target a context-window error is re-sent to (once), or None."""
@@ -407,7 +441,7 @@ class RoutePlan:
         self._cw_used = True
         models = self.router.models[self.models.context_window_fallbacks[0]]
         now = self.router.clock()
-        return self._move_to(models, models.pick(now) or models.force(now))
+        return self._move_to(models, models.pick(now) or self._force(models, now))
 
     def settle(self, actual_tokens: int) -> None:
         """The request's real tokens, for its deployment's tpm window."""
@@ -430,10 +464,19 @@ class RoutePlan:
             models = self.router.models[self._fallbacks.pop(0)]
             target = models.pick(now)
             if target is None and not self._fallbacks:
-                target = models.force(now)  # the last fallback is tried even when it cools down
+                target = self._force(models, now)  # the last fallback is tried even when it cools down
             if target is not None:
                 return self._move_to(models, target)
         return None
+
+    def _force(
+        self,
+        models: ModelDeployments,
+        now: float,
+        exclude: set[Deployment] | frozenset[Deployment] = frozenset(),
+    ) -> Deployment:
+        self._forced = target = models.force(now, exclude)
+        return target
 
     def _move_to(self, models: ModelDeployments, target: Deployment) -> Deployment:
         if models is not self.models:

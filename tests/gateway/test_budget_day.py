@@ -7,7 +7,8 @@ from datetime import UTC, datetime
 import pytest
 
 from gateway.config import ProjectConfig
-from gateway.limits.local import LimitExceeded, ProjectLimits
+from gateway.limits.base import LimitExceeded
+from gateway.limits.local import ProjectLimits
 
 
 async def test_the_budget_resets_at_utc_midnight_and_the_refusal_says_how_long_until_then():

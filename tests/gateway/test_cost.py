@@ -19,7 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.config import ConfigError, ProjectConfig, load_settings
 from gateway.core.pricing import DEFAULT_PRICES, PriceTable
 from gateway.core.usage import usage_details
-from gateway.limits.local import LimitExceeded, ProjectLimits, share_of
+from gateway.limits.base import LimitExceeded
+from gateway.limits.local import ProjectLimits, share_of
 from gateway.ops.cli import gateway as cli
 from gateway.ops.cli import usage_rows
 from gateway.testing.fake_upstream import Fault

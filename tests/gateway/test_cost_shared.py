@@ -1,6 +1,5 @@
-"""The daily cost budget through the shared state (gateway.redis.shared, a real redis-server): two gateway
-apps
-on one database and one Redis spend one budget, overshooting it by at most one request's reservation, and
+"""The daily cost budget through the shared state (gateway.limits.redis, a real redis-server): two gateway
+apps on one database and one Redis spend one budget, overshooting it by at most one request's reservation, and
 a Redis that comes back empty rebuilds the day's cost from the ledger."""
 
 from __future__ import annotations
@@ -58,7 +57,7 @@ async def test_two_gateways_share_one_cost_budget_rebuilt_from_the_ledger(start_
         assert st == 429 and "has used its daily cost budget" in body["error"]["message"], body
         r = redis.Redis.from_url(a.gw.settings.redis_url)
         try:
-            rebuilt = int(r.get(b.gw.shared.cost_key("alpha", int(time.time() // 86400)))) / 1e9
+            rebuilt = int(r.get(b.gw.limits.cost_key("alpha", int(time.time() // 86400)))) / 1e9
         finally:
             r.close()
     assert rebuilt == pytest.approx(spent, abs=1e-6)  # gpt-beta has no price: its request counts nothing

@@ -173,7 +173,7 @@ def _limits(**cfg):
 
 
 async def test_tpm_rejections_do_not_use_up_rpm():
-    from gateway.limits.local import LimitExceeded
+    from gateway.limits.base import LimitExceeded
 
     pl = _limits(rpm=5, tpm=100)
     held = await pl.admit(60)
@@ -188,7 +188,7 @@ async def test_tpm_rejections_do_not_use_up_rpm():
 
 
 async def test_queue_timeout_and_cancel_refund_rpm_and_tpm():
-    from gateway.limits.local import LimitExceeded
+    from gateway.limits.base import LimitExceeded
 
     pl = _limits(rpm=2, tpm=100, max_concurrency=1, queue_timeout_s=0.05)
     held = await pl.admit(30)

@@ -1,8 +1,8 @@
-"""Shared state through a real redis-server (gateway.redis.shared): two gateway apps in one event loop, one
-database, one Redis, act as one gateway: rpm, tpm, concurrency and the daily budget hold across both, a
-key revoked through one is refused by the other at once, one summaries batch costs one model call; with
-Redis stopped both keep serving (``degraded``) and the shared limits come back with it. Each test runs
-under a key prefix of its own on the session's redis-server (the outage test on a server of its own)."""
+"""Shared state through a real redis-server (gateway.redis, gateway.limits.redis): two gateway apps in one
+event loop, one database, one Redis, act as one gateway: rpm, tpm, concurrency and the daily budget hold
+across both, a key revoked through one is refused by the other at once, one summaries batch costs one model
+call; with Redis stopped both keep serving (``degraded``) and the shared limits come back with it. Each test
+runs under a key prefix of its own on the session's redis-server (the outage test on a server of its own)."""
 
 from __future__ import annotations
 
@@ -256,7 +256,7 @@ async def test_redis_stopped_mid_load_degrades_without_errors_and_shared_limits_
         srv = start_server(tmp_path / "own-redis")
     except Unavailable as e:
         services.missing("redis", str(e))
-    caplog.set_level(logging.INFO, logger="gateway.redis.shared")
+    caplog.set_level(logging.INFO, logger="gateway.redis.state")
     try:
         a, b = await start_shared(
             redis_url=srv.url,

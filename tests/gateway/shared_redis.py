@@ -1,0 +1,55 @@
+"""What the tests of gateway.redis and gateway.limits.redis share: settings for a ``SharedState`` on the
+session's redis-server (tests/gateway/conftest.py ``redis_server``) under a key prefix of its own, and the
+``shared_states`` fixture (import it into a test module to use it), which starts processes' worth of shared
+state in one event loop and stops them at the end."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from gateway.config import GatewaySettings
+from gateway.limits.redis import SharedLimits
+from gateway.redis.state import SharedState
+
+
+def settings(url: str, prefix: str, projects: dict | None = None, **overrides) -> GatewaySettings:
+    return GatewaySettings(
+        providers={"oa": {"kind": "openai", "base_url": "http://127.0.0.1:9"}},
+        models={"m": {"provider": "oa", "upstream_model": "m"}},
+        projects={name: {"models": ["m"], **cfg} for name, cfg in (projects or {"alpha": {}}).items()},
+        redis_url=url,
+        redis_key_prefix=prefix,
+        **overrides,
+    )
+
+
+@pytest.fixture
+async def shared_states(redis_server):
+    """``start(projects=None, *, url=None, keys=None, seed_source=None, cost_seed_source=None, **settings)
+    -> (state, limits)``: one process's shared state and shared limits, started (on the session's Redis
+    unless ``url``); every one of a test shares one key prefix, as the processes of one gateway do."""
+    started: list[SharedState] = []
+    prefix = f"t{uuid.uuid4().hex[:12]}"
+
+    async def start(
+        projects: dict | None = None,
+        *,
+        url: str | None = None,
+        keys=None,
+        seed_source=None,
+        cost_seed_source=None,
+        **overrides,
+    ) -> tuple[SharedState, SharedLimits]:
+        s = settings(url or redis_server.url, prefix, projects, **overrides)
+        state = SharedState(s, keys=keys)
+        limits = SharedLimits(state, s.projects, seed_source=seed_source, cost_seed_source=cost_seed_source)
+        started.append(state)
+        await state.start()
+        return state, limits
+
+    start.prefix = prefix  # type: ignore[attr-defined]
+    yield start
+    for state in started:
+        await state.stop()
