@@ -53,6 +53,7 @@ gpu-check:
 lint: $(STAMP)
 	$(BIN)/ruff check cluster gateway kernels jobs tests benchmarks
 	$(BIN)/ruff format --check cluster gateway kernels jobs tests benchmarks
+	$(BIN)/lint-imports
 
 gateway: $(STAMP)
 	$(BIN)/farm gateway serve --config gateway/example-config.yaml

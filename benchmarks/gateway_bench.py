@@ -12,8 +12,7 @@ Bounded in count and time (well under a minute).
 
 Routed case: the same non-stream run against ``bench-routed``, a public model of two deployments
 (gateway.upstream.routing) of which one cools down for the whole run (its provider refuses connections; the
-first
-warm-up request cools it), so each request pays the picker skipping a cooling deployment and the routing
+first warm-up request cools it), so each request pays the picker skipping a cooling deployment and the routing
 headers. Its gateway CPU per request is printed beside the plain proxy's (target: at most 25% more).
 
 Translated case: chat completions clients on ``bench-translated``, a model served by an anthropic provider

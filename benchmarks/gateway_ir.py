@@ -112,7 +112,7 @@ def _make_free(gw, free: str | None, key: str) -> None:
     if free == "ledger":
         gw.ledger.submit = lambda row, owned=False: None
     elif free == "account":
-        gw.pipeline.account = lambda rec: setattr(rec, "accounted", True)
+        gw.pipeline.account = lambda rec: setattr(rec, "closed", True)
     elif free == "auth":
         real, project = gw.pipeline.authenticate, gw.settings.projects["bench"]
         cached: list = []
@@ -138,9 +138,9 @@ def _make_free(gw, free: str | None, key: str) -> None:
                 pass
 
         async def admit(rec, cap, estimate=0):
-            return Free()
+            return Free(), False
 
-        gw.pipeline.admit = admit
+        gw.pipeline._admit = admit
 
 
 def _count(mode: str, n: int, stream: bool, free: str | None) -> int:

@@ -8,9 +8,8 @@ divided by the requests done, after a warm-up (connections open), the best of `-
         [--kinds client,transport,aiohttp-default]
 
 Kinds: ``client`` = gateway.upstream.client.UpstreamClient.send (fair slots, retry loop, transport) and a
-whole read;
-``transport`` = gateway.upstream.transport.AiohttpTransport.post + read; ``aiohttp-default`` = a stock
-``aiohttp.ClientSession().post`` for reference.
+whole read; ``transport`` = gateway.upstream.transport.AiohttpTransport.post + read; ``aiohttp-default`` = a
+stock ``aiohttp.ClientSession().post`` for reference.
 """
 
 from __future__ import annotations

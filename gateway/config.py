@@ -15,11 +15,39 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from gateway.core.pricing import ModelPrice
-
 log = logging.getLogger("gateway.config")
 
 DEFAULT_DB_URL = "sqlite+aiosqlite:///.farm/gateway.db"
+
+
+class ModelPrice(BaseModel):
+    """One model's prices in US dollars per million tokens (``prices.<model id>`` in the config; the
+    table and the defaults: gateway.core.pricing)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    input_per_mtok: float = Field(ge=0)
+    output_per_mtok: float = Field(ge=0)
+    cached_input_per_mtok: float | None = Field(None, ge=0)  # a cache read; None: the input price
+    cache_write_per_mtok: float | None = Field(None, ge=0)  # Anthropic's cache creation; None: input price
+
+    def cost(
+        self, input_tokens: int, output_tokens: int, cached_input: int = 0, cache_write: int = 0
+    ) -> float:
+        """US dollars for these counts (``input_tokens`` includes the cached and cache-write ones)."""
+        cached_input = max(0, min(cached_input, input_tokens))
+        cache_write = max(0, min(cache_write, input_tokens - cached_input))
+        uncached = input_tokens - cached_input - cache_write
+        cached_price = (
+            self.input_per_mtok if self.cached_input_per_mtok is None else self.cached_input_per_mtok
+        )
+        write_price = self.input_per_mtok if self.cache_write_per_mtok is None else self.cache_write_per_mtok
+        return (
+            uncached * self.input_per_mtok
+            + cached_input * cached_price
+            + cache_write * write_price
+            + output_tokens * self.output_per_mtok
+        ) / 1_000_000
 
 
 class _Strict(BaseModel):
@@ -197,8 +225,7 @@ class GatewaySettings(BaseSettings):
     key_rotation_grace_s: float = Field(3600.0, ge=0)
     access_log: bool = False
     uvloop: bool = True  # use uvloop for `serve` when it is installed
-    # Shared state (gateway.redis): with a Redis URL (redis://, rediss://, unix://), every gateway
-    # process
+    # Shared state (gateway.redis): with a Redis URL (redis://, rediss://, unix://), every gateway process
     # using that Redis and key prefix shares limits, key revocations and the summaries cache; None: each
     # process has its own, as before.
     redis_url: str | None = None

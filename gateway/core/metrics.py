@@ -18,16 +18,51 @@ from __future__ import annotations
 import asyncio
 import os
 from bisect import bisect_left
-from typing import TYPE_CHECKING, NamedTuple
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from gateway.limits.local import Limits
-
 if TYPE_CHECKING:
-    from gateway.redis.state import SharedState
-    from gateway.store.ledger import LedgerWriter
+    from gateway.config import ProjectConfig
+
+
+# What the scrape-time gauges read from the services (gateway.limits, gateway.store.ledger, gateway.redis):
+# structural views, so that this module depends on none of them.
+class _ProjectView(Protocol):
+    cfg: ProjectConfig
+
+    @property
+    def in_flight(self) -> int: ...
+
+    @property
+    def waiting(self) -> int: ...
+
+    def budget_remaining(self) -> int | None: ...
+
+
+class LimitsView(Protocol):
+    @property
+    def projects(self) -> Mapping[str, _ProjectView]: ...
+
+
+class LedgerView(Protocol):
+    pending_rows: int
+    written: int
+    dropped: int
+    failed_flushes: int
+    spool_errors: int
+    replayed: int
+
+    def oldest_pending_s(self) -> float: ...
+
+
+class SharedView(Protocol):
+    up: bool
+    outages: int
+    fallback_admissions: int
+
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
@@ -334,7 +369,7 @@ class GatewayMetrics:
         for t in self._tallies.values():
             t.drain()
 
-    def bind_limits(self, limits: Limits) -> None:
+    def bind_limits(self, limits: LimitsView) -> None:
         """Gauges read live from the limiters at scrape time (nothing on the request path)."""
         if self._mirror is not None:
             self._mirror.limits = limits
@@ -350,14 +385,14 @@ class GatewayMetrics:
                 self.budget_remaining.labels(name).set_function(lambda pl=pl: pl.budget_remaining() or 0)
                 self.budget.labels(name).set(pl.cfg.daily_token_budget)
 
-    def bind_ledger(self, writer: LedgerWriter) -> None:
+    def bind_ledger(self, writer: LedgerView) -> None:
         """The ledger writer's backlog and counters, read at scrape time."""
         if self._mirror is not None:
             self._mirror.bind(_LedgerCollector(writer))
             return
         self.registry.register(_LedgerCollector(writer))
 
-    def bind_shared(self, shared: SharedState) -> None:
+    def bind_shared(self, shared: SharedView) -> None:
         """The shared state's health (gateway.redis.state; only with ``redis_url``), read at scrape time."""
         if self._mirror is not None:
             self._mirror.bind(_SharedCollector(shared))
@@ -403,7 +438,7 @@ class _Mirror:
     multiprocess files as ordinary gauges and counters (counters by their increase since the last sync)."""
 
     def __init__(self) -> None:
-        self.limits: Limits | None = None
+        self.limits: LimitsView | None = None
         self.budget_gauges: tuple[Gauge, Gauge, Gauge, Gauge] | None = None
         self._collectors: list = []
         self._gauges: dict[str, Gauge] = {}
@@ -444,7 +479,7 @@ class _Mirror:
 
 
 class _SharedCollector:
-    def __init__(self, shared: SharedState) -> None:
+    def __init__(self, shared: SharedView) -> None:
         self._s = shared
 
     def describe(self):
@@ -476,7 +511,7 @@ class _SharedCollector:
 
 
 class _LedgerCollector:
-    def __init__(self, writer: LedgerWriter) -> None:
+    def __init__(self, writer: LedgerView) -> None:
         self._w = writer
 
     def describe(self):

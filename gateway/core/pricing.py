@@ -7,9 +7,8 @@ never 0), and ``PriceTable.unpriced`` names the configured models the gateway ca
 at start).
 
 Token counts as the gateway records them (``gateway.core.usage``): ``input_tokens`` is every input token,
-cached
-ones included, for all three APIs (Anthropic reports cache reads and writes apart from ``input_tokens``;
-the gateway adds them in). So the cost of a request is
+cached ones included, for all three APIs (Anthropic reports cache reads and writes apart from
+``input_tokens``; the gateway adds them in). So the cost of a request is
 
     (input - cached_input - cache_write) x input price
     + cached_input x cached input price + cache_write x cache write price + output x output price,
@@ -22,37 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field
-
-
-class ModelPrice(BaseModel):
-    """One model's prices in US dollars per million tokens (``prices.<model id>`` in the config)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    input_per_mtok: float = Field(ge=0)
-    output_per_mtok: float = Field(ge=0)
-    cached_input_per_mtok: float | None = Field(None, ge=0)  # a cache read; None: the input price
-    cache_write_per_mtok: float | None = Field(None, ge=0)  # Anthropic's cache creation; None: input price
-
-    def cost(
-        self, input_tokens: int, output_tokens: int, cached_input: int = 0, cache_write: int = 0
-    ) -> float:
-        """US dollars for these counts (``input_tokens`` includes the cached and cache-write ones)."""
-        cached_input = max(0, min(cached_input, input_tokens))
-        cache_write = max(0, min(cache_write, input_tokens - cached_input))
-        uncached = input_tokens - cached_input - cache_write
-        cached_price = (
-            self.input_per_mtok if self.cached_input_per_mtok is None else self.cached_input_per_mtok
-        )
-        write_price = self.input_per_mtok if self.cache_write_per_mtok is None else self.cache_write_per_mtok
-        return (
-            uncached * self.input_per_mtok
-            + cached_input * cached_price
-            + cache_write * write_price
-            + output_tokens * self.output_per_mtok
-        ) / 1_000_000
-
+from gateway.config import ModelPrice
 
 # Published list prices (OpenAI and Anthropic pricing pages, 2025), standard tier, prompts under 200k
 # tokens. Prices change: a `prices:` entry in the config overrides any of these.

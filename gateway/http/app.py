@@ -26,6 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.config import GatewaySettings
 from gateway.core.metrics import GatewayMetrics
+from gateway.core.pricing import PriceTable
 from gateway.errors import (
     ApiStyle,
     GatewayError,
@@ -34,9 +35,11 @@ from gateway.errors import (
     StoreUnavailable,
     error_response,
 )
-from gateway.http.endpoints.proxy import ENDPOINTS, Proxy
+from gateway.http.endpoints.proxy import ENDPOINTS, Endpoint, Proxy
+from gateway.http.endpoints.summaries import PipelineModelCalls, SummariesEndpoint
 from gateway.http.pipeline import Pipeline
 from gateway.http.server import install_log_filter, serve_forever
+from gateway.http.services import Services
 from gateway.limits.base import Limiters
 from gateway.limits.local import Limits
 from gateway.store.db import create_engine, ensure_schema
@@ -83,14 +86,18 @@ class Gateway:
         self.metrics.bind_ledger(self.ledger)
         self.limits: Limiters = Limits({})
         # gateway.redis.state.SharedState with `redis_url` (built in start): limits (gateway.limits.redis),
-        # key revocations and the summaries cache shared by every process using that Redis; None: all of it
-        # in this process
+        # key revocations and the summaries cache shared by every process using that Redis; None: all of it in
+        # this process
         self.shared: SharedState | None = None
         self.clients: dict[str, UpstreamClient] = {}
         # the deployments of every public model (gateway.upstream.routing), built in start once the clients
         # are
         self.router: Router | None = None
-        self.pipeline = Pipeline(self)
+        # built in start, once every service is: the request path, the proxy and the summaries endpoint
+        self.pipeline: Pipeline | None = None
+        self.proxy: Proxy | None = None
+        self.batcher: SummaryBatcher | None = None
+        self.summaries: SummariesEndpoint | None = None
         self.ready = False
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -130,6 +137,20 @@ class Gateway:
             self.clients[name] = client
         # ValueError: a deployment's bad key; deployments' rpm/tpm counted where the projects' limits are
         self.router = Router(self.settings, self.clients, self.metrics, limits=self.limits)
+        services = Services(
+            settings=self.settings,
+            keys=self.keys,
+            limits=self.limits,
+            router=self.router,
+            metrics=self.metrics,
+            ledger=self.ledger,
+            prices=_prices(self.settings),
+            shared=self.shared,
+        )
+        self.pipeline = Pipeline(services)
+        self.proxy = Proxy(self.pipeline)
+        self.batcher = SummaryBatcher(self.settings, self.shared, PipelineModelCalls(self.pipeline))
+        self.summaries = SummariesEndpoint(self.pipeline, self.batcher)
         for warning in pool_warnings(self.settings):  # projects that can starve each other of connections
             log.warning("%s", warning)
         self.ready = True
@@ -142,6 +163,8 @@ class Gateway:
 
     async def stop(self, _app: web.Application | None = None) -> None:
         self.ready = False
+        if self.batcher is not None:
+            await self.batcher.stop()
         if self.shared is not None:
             await self.shared.stop()  # sends the last releases and settlements first
         await self.ledger.stop()
@@ -180,9 +203,11 @@ class Gateway:
 
     async def models_route(self, request: web.Request) -> web.StreamResponse:
         style: ApiStyle = "anthropic" if "anthropic-version" in request.headers else "openai"
+        assert self.pipeline is not None  # routes are served once start has run
         return await self.pipeline.serve(request, "models", style, self._models, ledger=False)
 
     async def _models(self, request: web.Request, _rec) -> web.Response:
+        assert self.pipeline is not None
         _info, project = await self.pipeline.authenticate(request)
         if "anthropic-version" in request.headers:
             data = [
@@ -203,8 +228,34 @@ class Gateway:
         ]
         return web.json_response({"object": "list", "data": data})
 
-    def log_credential_refused(self, provider: str | None, status: int) -> None:
-        log.error("upstream %r refused the gateway's provider credential (HTTP %d)", provider, status)
+    # --- the model routes: served by what start built ----------------------------------------------
+    def proxy_route(self, ep: Endpoint):
+        async def handle(request: web.Request) -> web.StreamResponse:
+            assert self.proxy is not None
+            return await self.proxy.handle(request, ep)
+
+        return handle
+
+    async def summaries_route(self, request: web.Request) -> web.StreamResponse:
+        assert self.summaries is not None
+        return await self.summaries.handle(request)
+
+
+def _prices(settings: GatewaySettings) -> PriceTable:
+    """The price table of the config; a public model without a price is named once in the log."""
+    prices = PriceTable(settings.prices)
+    routes = [
+        (name, d.upstream_model)
+        for name, route in settings.models.items()
+        for d in getattr(route, "deployments", None) or [route]
+    ]
+    for name in dict.fromkeys(prices.unpriced(routes)):  # once per public model
+        log.warning(
+            "model %s has no price (add it to `prices:` in the config): its ledger rows get no cost "
+            "and it counts nothing against daily cost budgets",
+            name,
+        )
+    return prices
 
 
 async def _from_ledger(read: Callable[[AsyncEngine], Awaitable[_T]], engine: AsyncEngine) -> _T:
@@ -275,35 +326,15 @@ def create_app(
     app[GATEWAY] = gw
     app.on_startup.append(gw.start)
     app.on_cleanup.append(gw.stop)
-    proxy = Proxy(gw, gw.pipeline)
     for path, ep in ENDPOINTS.items():
-        _add_routes(app, path, post=proxy.route(ep))
+        _add_routes(app, path, post=gw.proxy_route(ep))
     _add_routes(app, "/v1/models", get=gw.models_route)
-    summaries = SummaryBatcher(gw)
-    app.on_cleanup.insert(0, summaries.stop)
-    _add_routes(app, SUMMARIES_PATH, post=summaries.handle)
+    _add_routes(app, SUMMARIES_PATH, post=gw.summaries_route)
     _add_routes(app, "/metrics", get=gw.metrics_route)
     _add_routes(app, "/healthz", get=gw.healthz)
     _add_routes(app, "/readyz", get=gw.readyz)
     app.router.add_route("*", "/{path:.*}", _no_route)  # last: any other path is a 404 in the API's shape
     return app
-
-
-def serve(
-    settings: GatewaySettings, host: str | None = None, port: int | None = None, *, workers: int = 1
-) -> int:
-    """Run the gateway until interrupted (graceful stop flushes the ledger); returns the exit status.
-
-    ``workers`` > 1: that many processes on one port under a supervisor (gateway.http.workers; needs
-    ``redis_url``). One process without ``redis_url`` holds an exclusive lock on its SQLite database for its
-    life, so a second one on the same file is refused (each would enforce the limits on its own)."""
-    from gateway.http.workers import hold_database_lock, supervise
-
-    if workers != 1:
-        return supervise(settings, host, port, workers)
-    hold_database_lock(settings)  # ConfigError naming redis_url when another process serves the database
-    run_one(settings, host, port)
-    return 0
 
 
 def run_one(

@@ -1,35 +1,33 @@
-"""The one request pipeline every model endpoint goes through: authenticate -> admit -> send -> account.
+"""The one request path every model call goes through: authenticate -> admit -> send -> settle -> account.
 
-The four proxy endpoints (gateway.http.endpoints.proxy) and the summaries endpoint
-(gateway.summaries.batcher) use the same
-stages, so every promise is kept in one place:
+Endpoints (gateway.http.endpoints) supply only how to read their body, what to send and how to shape the
+answer; the summaries batcher (gateway.summaries) makes its model calls through the same path. Every promise
+is kept here, once:
 
+- ``serve`` wraps a client request: it makes the ``Record``, turns any ``GatewayError`` into an error in the
+  caller's API shape (a client error logs one line, never a traceback) and writes the record's one ledger
+  row and metrics when the request ends (a whole answer: before it leaves; a stream: ``relay`` writes it
+  before the client's last byte);
 - ``authenticate``: the gateway key from ``Authorization`` or ``x-api-key`` -> (key, project), or 401/403;
-- ``admit``: the project's limits (budget, rpm, tpm, concurrency), or a 429 naming the limit;
-- ``send``: one upstream call with its retries through the provider's client (gateway.upstream.client), which
-  raises only gateway.errors kinds; the wait for a connection slot counts as queue wait;
-- ``account``: exactly one ledger row and one set of metrics per ``Record``, written to the ledger's
-  spool before the client gets its last byte.
-
-``Pipeline.serve`` wraps an endpoint: it makes the ``Record``, turns any ``GatewayError`` into an error in
-the caller's API shape (a client error logs one line, never a traceback), and accounts the record.
+- ``exchange``: admit (the project's limits, or a 429 naming the limit) -> send (the routing plan's
+  attempts, retries, cooldowns and fallbacks, gateway.upstream) -> the caller reads the answer ->
+  release and settle the admission and the plan, exactly once, whatever happened;
+- ``model_call``: one internal model call (a summaries batch) as its own ledger row.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
+import contextlib
 import logging
-import os
 import time
-from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 
 from gateway.core import jsoncodec
-from gateway.core.pricing import ModelPrice, PriceTable
+from gateway.core.record import Record
 from gateway.errors import (
     ApiStyle,
     AuthError,
@@ -39,69 +37,69 @@ from gateway.errors import (
     GatewayError,
     PayloadTooLarge,
     RateLimited,
+    UpstreamError,
+    UpstreamTimeout,
     error_response,
 )
-from gateway.limits.base import Admission, LimitExceeded
+from gateway.limits.base import LimitExceeded
 from gateway.store.keys import KeyInfo, credential_from_headers
 
 if TYPE_CHECKING:
-    from gateway.config import ProjectConfig
-    from gateway.http.app import Gateway
-    from gateway.upstream.client import UpstreamClient, UpstreamResult
+    from collections.abc import Mapping
+
+    from gateway.config import ModelPrice, ProjectConfig
+    from gateway.http.services import Services
+    from gateway.limits.base import Admission
+    from gateway.upstream.client import UpstreamResponse, UpstreamResult
 
 log = logging.getLogger("gateway")
 
-# Request ids: a random prefix drawn once per process, then a counter (unique without a syscall each).
-_ID_PREFIX = os.urandom(6).hex()
-_ID_SEQ = itertools.count(int.from_bytes(os.urandom(3), "big") << 16)
+
+class Sender(Protocol):
+    """What the send stage sends through: an UpstreamClient, or a routing plan (gateway.upstream.routing)."""
+
+    async def send(
+        self,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        on_retry: Callable[[str], None] | None = None,
+        *,
+        project: str | None = None,
+    ) -> UpstreamResult: ...
 
 
-class Record:
-    """What one client request (or one summaries model call) did; becomes its ledger row and metrics."""
+class Settles(Protocol):
+    """A routing plan's side of ``exchange``: its deployments' tpm settled with the real tokens."""
 
-    __slots__ = (
-        "request_id", "ts", "t0", "endpoint", "project", "key_id", "public_model", "model_label",
-        "upstream_model", "provider", "task", "task_label", "session_id", "stream", "status",
-        "http_status", "error_class", "retries", "input_tokens", "output_tokens", "estimated",
-        "upstream_t0", "upstream_end", "ttft", "queue_wait", "upstream_request_id", "batch_size",
-        "accounted", "deployment", "fallback_from", "translation", "cost_usd", "cached_input_tokens",
-        "cache_write_tokens",
-    )  # fmt: skip
+    def settle(self, actual_tokens: int) -> None: ...
 
-    def __init__(self, endpoint: str) -> None:
-        self.request_id = f"{_ID_PREFIX}{next(_ID_SEQ):012x}"
-        self.ts = datetime.now(UTC)
-        self.t0 = time.perf_counter()
-        self.endpoint = endpoint
-        self.project = self.key_id = self.public_model = self.upstream_model = None
-        self.provider = self.task = self.session_id = self.error_class = None
-        self.upstream_request_id = None
-        self.model_label = "unknown"
-        self.task_label = "unknown"
-        self.stream = False
-        self.status = "error"
-        self.http_status: int | None = None
-        self.retries = self.input_tokens = self.output_tokens = 0
-        # parts of input_tokens: cache reads (OpenAI's cached tokens) and Anthropic's cache writes
-        self.cached_input_tokens = self.cache_write_tokens = 0
-        self.estimated = False
-        self.upstream_t0: float | None = None
-        self.upstream_end: float | None = None
-        self.ttft: float | None = None
-        self.queue_wait = 0.0
-        self.batch_size: int | None = None
-        self.accounted = False
-        self.deployment: str | None = None
-        self.fallback_from: str | None = None
-        self.translation: str | None = None
-        self.cost_usd: float | None = None
 
-    def tag(self, project: ProjectConfig, task: str | None) -> None:
-        """The task (header or the project's default) and its bounded metrics label."""
-        self.task = task or project.default_task
-        self.task_label = (
-            self.task if self.task == project.default_task or self.task in project.tasks else "other"
-        )
+class RoutedSender(Sender, Settles, Protocol):
+    pass
+
+
+class StreamShape(Protocol):
+    """How an endpoint shapes a streamed answer (``relay``): the upstream's bytes in, the client's out."""
+
+    def feed(self, chunk: bytes) -> bytes: ...
+    def finish(self) -> bytes: ...
+    def error_event(self, status: int, message: str) -> bytes: ...
+    def count(self, rec: Record) -> None: ...  # the record's tokens from what was relayed
+
+    @property
+    def failed(self) -> str | None: ...  # an error event from the upstream ended the stream
+
+
+class _Relay(web.StreamResponse):
+    """A streamed answer whose head is held until its first body bytes, and written with them (aiohttp's
+    ``web.Response`` does this; a ``StreamResponse`` otherwise sends its head at ``prepare``)."""
+
+    _send_headers_immediately = False
+
+
+def log_credential_refused(provider: str | None, status: int) -> None:
+    log.error("upstream %r refused the gateway's provider credential (HTTP %d)", provider, status)
 
 
 def header(request: web.Request, name: str) -> str | None:
@@ -151,22 +149,11 @@ def dump_json(body: Any) -> bytes:
 
 
 class Pipeline:
-    """The stages, over the services of one ``Gateway`` (keys, limits, clients, ledger, metrics)."""
+    """The stages, over the services of one gateway (gateway.http.services)."""
 
-    def __init__(self, gw: Gateway) -> None:
-        self.gw = gw
-        self.prices = PriceTable(gw.settings.prices)
-        routes = [
-            (name, d.upstream_model)
-            for name, route in gw.settings.models.items()
-            for d in getattr(route, "deployments", None) or [route]
-        ]
-        for name in dict.fromkeys(self.prices.unpriced(routes)):  # once per public model
-            log.warning(
-                "model %s has no price (add it to `prices:` in the config): its ledger rows get no cost "
-                "and it counts nothing against daily cost budgets",
-                name,
-            )
+    def __init__(self, services: Services) -> None:
+        self.services = services
+        self.prices = services.prices
 
     def cost_of(self, rec: Record) -> float | None:
         """The record's cost in US dollars from its token counts (None: its model has no price)."""
@@ -179,7 +166,7 @@ class Pipeline:
             rec.cache_write_tokens,
         )
 
-    # --- wrapping an endpoint --------------------------------------------------------------------
+    # --- wrapping a client request ---------------------------------------------------------------
     async def serve(
         self,
         request: web.Request,
@@ -189,13 +176,14 @@ class Pipeline:
         *,
         ledger: bool = True,
     ) -> web.StreamResponse:
-        """Run ``handle`` with a fresh Record; shape its errors; account the record (unless ``ledger`` is
-        False: the summaries route accounts one record per model call instead)."""
+        """Run ``handle`` with a fresh Record; shape its errors; write the record's row when it ends (unless
+        ``ledger`` is False: a route that makes no model call of its own, e.g. the summaries route, whose
+        model calls are rows of their own through ``model_call``)."""
         rec = Record(endpoint)
         try:
             return await handle(request, rec)
         except GatewayError as e:
-            self._note_error(rec, e, request)
+            self._note_error(rec, e, request.method, request.path)
             resp = error_response(
                 style,
                 e.status,
@@ -215,26 +203,39 @@ class Pipeline:
             raise
         except Exception:
             log.exception("internal error on %s (request %s)", endpoint, rec.request_id)
-            rec.status, rec.http_status, rec.error_class = "error", 500, "internal_error"
+            rec.fail("error", 500, "internal_error")
             return error_response(style, 500, "internal gateway error", request_id=rec.request_id)
         finally:
             if ledger:
                 self.account(rec)
 
+    @contextlib.asynccontextmanager
+    async def model_call(self, rec: Record) -> AsyncIterator[Record]:
+        """One internal model call (not a client request) as its own ledger row: a GatewayError inside
+        is noted on the record (and raised on), and the row is written when the call ends."""
+        try:
+            yield rec
+        except GatewayError as e:
+            rec.status = "rejected" if e.limit else "error"
+            rec.http_status = rec.http_status or e.status
+            rec.error_class = rec.error_class or e.error_class
+            raise
+        finally:
+            self.account(rec)
+
     @staticmethod
-    def _note_error(rec: Record, e: GatewayError, request: web.Request) -> None:
-        rec.status = "rejected" if e.status in (401, 403, 404, 405) or e.limit else "error"
-        rec.http_status = e.status
-        rec.error_class = e.error_class
+    def _note_error(rec: Record, e: GatewayError, method: str, path: str) -> None:
+        rejected = e.status in (401, 403, 404, 405) or e.limit
+        rec.fail("rejected" if rejected else "error", e.status, e.error_class)
         if isinstance(e, ClientError):
-            log.info("%s %s -> %d %s: %s", request.method, request.path, e.status, e.error_class, e.message)
+            log.info("%s %s -> %d %s: %s", method, path, e.status, e.error_class, e.message)
         else:  # the upstream or the gateway's own store failed: one line, the request's fault is not at issue
-            log.warning(
-                "%s %s -> %d %s: %s", request.method, request.path, e.status, e.error_class, e.message
-            )
+            log.warning("%s %s -> %d %s: %s", method, path, e.status, e.error_class, e.message)
 
     # --- authenticate ----------------------------------------------------------------------------
-    async def authenticate(self, request: web.Request, rec: Record | None = None) -> tuple[KeyInfo, Any]:
+    async def authenticate(
+        self, request: web.Request, rec: Record | None = None
+    ) -> tuple[KeyInfo, ProjectConfig]:
         cred = credential_from_headers(request.headers)
         key = cred.key
         if not key:
@@ -243,10 +244,10 @@ class Pipeline:
                 error_class="auth_missing",
                 code="invalid_api_key",
             )
-        info = await self.gw.keys.authenticate(key)
+        info = await self.services.keys.authenticate(key)
         if info is None:
             raise AuthError(cred.invalid_message(), code="invalid_api_key")
-        project = self.gw.settings.projects.get(info.project)
+        project = self.services.settings.projects.get(info.project)
         if project is None:
             raise Forbidden(
                 f"the key's project {info.project!r} is not configured on this gateway",
@@ -256,15 +257,45 @@ class Pipeline:
             rec.project, rec.key_id = info.project, info.id
         return info, project
 
-    # --- admit -----------------------------------------------------------------------------------
-    async def admit(self, rec: Record, token_cap: int | None, input_estimate: int = 0) -> Admission:
+    # --- admit -> send -> settle -----------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def exchange(
+        self,
+        rec: Record,
+        plan: RoutedSender,
+        request: tuple[str, bytes, Mapping[str, str]],
+        *,
+        token_cap: int | None,
+        input_estimate: int,
+        on_target: Callable[[], None] | None = None,
+    ) -> AsyncIterator[UpstreamResult]:
+        """Admit ``rec`` against its project's limits, send ``request`` (path, body, headers) through
+        ``plan``, and yield the final attempt's result for the caller to read. When the block ends, however
+        it ends, the admission is released and settled and the plan settled, once, with the record's
+        tokens (so the caller sets them before it leaves the block). ``on_target`` runs after the send,
+        answered or not (the record notes where the request went)."""
+        admission, budgeted = await self._admit(rec, token_cap, input_estimate)
+        try:
+            try:
+                result = await self.send(rec, plan, *request)
+            finally:
+                if on_target is not None:
+                    on_target()
+            yield result
+        finally:
+            admission.release()
+            admission.settle(rec.tokens, (self.cost_of(rec) or 0.0) if budgeted else 0.0)
+            plan.settle(rec.tokens)
+
+    async def _admit(self, rec: Record, token_cap: int | None, input_estimate: int) -> tuple[Admission, bool]:
         """The project's limits; a refusal is a 429 that names the limit and carries Retry-After.
 
         With a daily cost budget the request reserves its most likely worst case, ``token_cap`` (or the
-        project's default) at the output price plus ``input_estimate`` at the input price, and its
-        admission settles the record's real cost."""
+        project's default) at the output price plus ``input_estimate`` at the input price; the settlement
+        then charges the record's real cost. Returns the admission and whether the project has a cost
+        budget."""
         assert rec.project is not None
-        limits = self.gw.limits[rec.project]
+        limits = self.services.limits[rec.project]
         cost_reserve = 0.0
         if limits.cfg.daily_cost_budget_usd is not None:
             cap = token_cap or limits.cfg.default_max_tokens
@@ -274,7 +305,7 @@ class Pipeline:
         try:
             admission = await limits.admit(token_cap, input_estimate, cost_reserve)
         except LimitExceeded as e:
-            self.gw.metrics.rejections.labels(rec.project, e.limit).inc()
+            self.services.metrics.rejections.labels(rec.project, e.limit).inc()
             raise RateLimited(
                 e.message,
                 error_class=f"limit_{e.limit}",
@@ -283,9 +314,7 @@ class Pipeline:
                 limit=e.limit,
             ) from None
         rec.queue_wait = admission.queue_wait_s
-        if limits.cfg.daily_cost_budget_usd is not None:
-            return _CostSettling(admission, rec, self)
-        return admission
+        return admission, limits.cfg.daily_cost_budget_usd is not None
 
     def _candidate_prices(self, rec: Record) -> list[ModelPrice]:
         """The prices the request may be billed at: its upstream model's when chosen already, else those
@@ -293,18 +322,17 @@ class Pipeline:
         if rec.upstream_model is not None:
             upstreams = [rec.upstream_model]
         else:
-            route = self.gw.settings.models.get(rec.public_model or "")
+            route = self.services.settings.models.get(rec.public_model or "")
             upstreams = [d.upstream_model for d in getattr(route, "deployments", None) or []] or [None]
         prices = (self.prices.price(u, rec.public_model) for u in upstreams)
         return [p for p in prices if p is not None]
 
-    # --- send ------------------------------------------------------------------------------------
     async def send(
-        self, rec: Record, client: UpstreamClient, path: str, raw: bytes, headers: dict[str, str]
+        self, rec: Record, sender: Sender, path: str, raw: bytes, headers: Mapping[str, str]
     ) -> UpstreamResult:
         """One upstream call with its retries. The time spent waiting for a connection slot of the
         provider's pool is queue wait, not upstream time."""
-        retries = self.gw.metrics.retries
+        retries = self.services.metrics.retries
 
         def on_retry(reason: str) -> None:
             rec.retries += 1
@@ -312,7 +340,7 @@ class Pipeline:
 
         rec.upstream_t0 = time.perf_counter()
         try:
-            result = await client.send(path, raw, headers, on_retry, project=rec.project)
+            result = await sender.send(path, raw, headers, on_retry, project=rec.project)
         except GatewayError:
             rec.upstream_end = time.perf_counter()
             raise
@@ -323,75 +351,113 @@ class Pipeline:
         rec.upstream_request_id = result.headers.get("x-request-id") or result.headers.get("request-id")
         return result
 
+    # --- relay a streamed answer ---------------------------------------------------------------
+    async def relay(
+        self,
+        request: web.Request,
+        rec: Record,
+        upstream: UpstreamResponse,
+        shape: StreamShape,
+        headers: Mapping[str, str],
+    ) -> web.StreamResponse:
+        """Relay an upstream stream to the client as ``shape`` shapes it. The record's row is written
+        before the client's last byte (a client that saw the end always has its row); an upstream that
+        breaks off or stalls ends the stream with an error event in the client's format, a fault of the
+        gateway's own ends it too (never a hung stream), and a client that goes away is a cancelled row."""
+        clean_end = False
+        try:
+            # Nothing has gone to the client yet: a failure here is still a clean error answer.
+            data = b""
+            while not data:
+                chunk = await upstream.readany()
+                if not chunk:
+                    break
+                data = shape.feed(chunk)
+
+            # Few system calls: the head goes out with the first bytes, and the bytes that end the upstream's
+            # body go out with the end of ours (a short answer is one write: head, events and end).
+            out = _Relay(status=200, headers=headers)
+            try:
+                await out.prepare(request)
+                rec.http_status = 200
+                while True:
+                    if upstream.at_eof():
+                        data += shape.finish()
+                        rec.status = "ok"
+                        if shape.failed is not None:  # an error event ended it
+                            rec.status, rec.error_class = "error", "upstream_stream_error"
+                        clean_end = True
+                        if data and rec.ttft is None:
+                            rec.ttft = time.perf_counter() - rec.t0
+                        shape.count(rec)
+                        self.account(rec)  # spooled before the client's last byte
+                        await out.write_eof(data)
+                        break
+                    if data:
+                        await out.write(data)
+                        if rec.ttft is None:
+                            rec.ttft = time.perf_counter() - rec.t0
+                    try:
+                        chunk = await upstream.readany()
+                    except UpstreamError as e:
+                        rec.status, rec.error_class = "error", e.error_class
+                        shape.count(rec)
+                        self.account(rec)
+                        how = (
+                            "stalled mid-stream" if isinstance(e, UpstreamTimeout) else "broke off the stream"
+                        )
+                        await out.write(
+                            shape.error_event(e.status, f"upstream {rec.provider!r} {how}: {e.message}")
+                        )
+                        break
+                    data = shape.feed(chunk) if chunk else b""
+                await out.write_eof()  # after an error event (a no-op when the end was written above)
+            except ConnectionResetError:
+                if not rec.closed:
+                    rec.status, rec.error_class = "cancelled", "client_disconnected"
+                clean_end = False
+            except Exception:  # a fault of the gateway's own once the stream began: end it, never hang it
+                log.exception(
+                    "internal error relaying a stream of %s (request %s)", rec.endpoint, rec.request_id
+                )
+                clean_end = False
+                if not rec.closed:
+                    rec.status, rec.error_class = "error", "internal_error"
+                    shape.count(rec)
+                    self.account(rec)
+                with contextlib.suppress(Exception):  # the client may be gone too
+                    await out.write(
+                        shape.error_event(500, "internal gateway error while relaying the stream")
+                    )
+                    await out.write_eof()
+            return out
+        finally:
+            rec.upstream_end = rec.upstream_end or time.perf_counter()
+            if clean_end:
+                upstream.release()
+            else:
+                upstream.close()  # drops the connection: the upstream sees the request cancelled
+            if not rec.closed:
+                shape.count(rec)
+
     # --- account ---------------------------------------------------------------------------------
     def account(self, rec: Record) -> None:
-        """The record's one ledger row (spooled before this returns) and its metrics. Idempotent."""
-        if rec.accounted:
+        """The record's one ledger row (spooled before this returns) and its metrics; a record already
+        written is not written again (a stream writes its row before its last byte, then ``serve`` ends)."""
+        if rec.closed:
             return
-        rec.accounted = True
+        rec.closed = True
         end = time.perf_counter()
-        latency = end - rec.t0
         upstream_s = None
         if rec.upstream_t0 is not None:
             upstream_s = max(0.0, (rec.upstream_end or end) - rec.upstream_t0)
         if rec.cost_usd is None:
             rec.cost_usd = self.cost_of(rec)
-        self.gw.ledger.submit(
-            {
-                "request_id": rec.request_id,
-                "ts": rec.ts,
-                "endpoint": rec.endpoint,
-                "upstream_request_id": rec.upstream_request_id,
-                "project": rec.project,
-                "key_id": rec.key_id,
-                "public_model": rec.public_model,
-                "upstream_model": rec.upstream_model,
-                "provider": rec.provider,
-                "task": rec.task,
-                "session_id": rec.session_id,
-                "stream": rec.stream,
-                "status": rec.status,
-                "http_status": rec.http_status,
-                "error_class": rec.error_class,
-                "retries": rec.retries,
-                "input_tokens": rec.input_tokens,
-                "output_tokens": rec.output_tokens,
-                "tokens_estimated": rec.estimated,
-                "cached_input_tokens": rec.cached_input_tokens,
-                "cache_write_tokens": rec.cache_write_tokens,
-                "latency_ms": latency * 1000,
-                "upstream_ms": upstream_s * 1000 if upstream_s is not None else None,
-                "ttft_ms": rec.ttft * 1000 if rec.ttft is not None else None,
-                "queue_wait_ms": rec.queue_wait * 1000,
-                "batch_size": rec.batch_size,
-                "deployment": rec.deployment,
-                "fallback_from": rec.fallback_from,
-                "translation": rec.translation,
-                "cost_usd": rec.cost_usd,
-            },
-            owned=True,
+        latency = end - rec.t0
+        self.services.ledger.submit(rec.row(latency, upstream_s), owned=True)
+        tally = self.services.metrics.tally(
+            rec.project or "unknown", rec.model_label, rec.task_label, rec.status
         )
-        project = rec.project or "unknown"
-        self.gw.metrics.tally(project, rec.model_label, rec.task_label, rec.status).record(
+        tally.record(
             latency, upstream_s, rec.queue_wait, rec.ttft, rec.input_tokens, rec.output_tokens, rec.cost_usd
         )
-
-
-class _CostSettling:
-    """An admission of a project with a daily cost budget: ``settle`` also settles the record's cost
-    (its token counts are final by then), so the endpoints keep calling ``settle(tokens)`` alone."""
-
-    __slots__ = ("inner", "rec", "pipeline")
-
-    def __init__(self, inner: Admission, rec: Record, pipeline: Pipeline) -> None:
-        self.inner, self.rec, self.pipeline = inner, rec, pipeline
-
-    @property
-    def queue_wait_s(self) -> float:
-        return self.inner.queue_wait_s
-
-    def release(self) -> None:
-        self.inner.release()
-
-    def settle(self, actual_tokens: int) -> None:
-        self.inner.settle(actual_tokens, self.pipeline.cost_of(self.rec) or 0.0)

@@ -359,3 +359,20 @@ def worker_main(
     except ConfigError as e:  # e.g. a schema the database lacks: one line, and the supervisor stops
         log.error("%s", e)
         raise SystemExit(1) from None
+
+
+def serve(
+    settings: GatewaySettings, host: str | None = None, port: int | None = None, *, workers: int = 1
+) -> int:
+    """Run the gateway until interrupted (graceful stop flushes the ledger); returns the exit status.
+
+    ``workers`` > 1: that many processes on one port under a supervisor (``supervise`` below; needs
+    ``redis_url``). One process without ``redis_url`` holds an exclusive lock on its SQLite database for its
+    life, so a second one on the same file is refused (each would enforce the limits on its own)."""
+    from gateway.http.app import run_one  # imports the whole app: not at module level (see above)
+
+    if workers != 1:
+        return supervise(settings, host, port, workers)
+    hold_database_lock(settings)  # ConfigError naming redis_url when another process serves the database
+    run_one(settings, host, port)
+    return 0

@@ -129,7 +129,7 @@ def gateway() -> None:
 )
 def serve(config_path: str | None, host: str | None, port: int | None, workers: int) -> None:
     """Run the gateway until interrupted (Ctrl-C stops it gracefully and flushes the ledger)."""
-    from gateway.http.app import serve as run_server
+    from gateway.http.workers import serve as run_server
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = _settings(config_path)

@@ -8,8 +8,8 @@ not the machine). A process holds an
 exclusive ``flock`` on every segment it owns until it deletes it, so several gateways can share a folder:
 a starting one replays only segments whose owner is gone (the kernel drops a dead process's locks). A
 segment is created under a temporary name, locked, then renamed, so nobody can take a fresh segment from
-under its owner. Rows submitted after the spool is closed go to one small unlocked file each (``-late``),
-left for the next start.
+under its owner. Rows submitted after the spool is closed go to one small unlocked file each (``-late``), left
+for the next start.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The summary batcher: ``POST /v1/farm/summaries``, compressed anomalies in, fixed-format drafts out.
+"""The summary batcher behind ``POST /v1/farm/summaries`` (the route: gateway.http.endpoints.summaries):
+compressed anomalies in, fixed-format drafts out.
 
 A caller (the farm, with a project key) sends ``{"task": "checklist"|"log_summary", "model"?: ...,
 "anomalies": [AnomalyIn, ...]}``. Requests of the same project, task and model that arrive within
@@ -32,8 +33,8 @@ projects never share answers. Only complete answers are cached: an answer with a
 waiting for it and is then dropped, so the same request asks the model again. Every model call (repairs
 included, the offline drafter too) is one ledger row on endpoint ``summaries`` with the task and
 ``batch_size`` (the anomalies sent). A model whose provider is ``local``, or whose provider's API key
-variable is unset, is served by the offline drafter (it covers every anomaly) and the answer says
-``"offline": true``.
+variable is unset, is served by the offline drafter (it covers every anomaly) and the answer says ``"offline":
+true``.
 
 With ``redis_url`` (gateway.redis.channels) the cache and the coalescing span every process sharing that
 Redis: a set's complete answer is also kept there, and the first process to take the set's lock makes the
@@ -44,39 +45,27 @@ all of this stays in the process.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
 import os
-import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from aiohttp import web
 from pydantic import ValidationError
 
-from gateway.core.usage import estimate_output_tokens, estimate_tokens, usage_from_body
-from gateway.errors import (
-    BadRequest,
-    Forbidden,
-    GatewayError,
-    NotFound,
-    PayloadTooLarge,
-    RateLimited,
-    UpstreamBadAnswer,
-    UpstreamCredentialRejected,
-    UpstreamError,
-)
-from gateway.http.pipeline import Record, parse_json_object, read_body
+from gateway.core.record import Record
+from gateway.errors import GatewayError, UpstreamBadAnswer
 from gateway.summaries.offline import offline_drafts
 from gateway.summaries.schema import SUMMARIES_PATH as SUMMARIES_PATH  # the path both sides use
-from gateway.summaries.schema import AnomalyIn, Draft, DraftList, SummaryRequest
-from gateway.upstream.client import client_retry_after
+from gateway.summaries.schema import AnomalyIn, Draft, DraftList
 
 if TYPE_CHECKING:
-    from gateway.http.app import Gateway
+    from gateway.config import GatewaySettings, ProjectConfig
+    from gateway.redis.state import SharedState
 
 log = logging.getLogger("gateway.summaries.batcher")
 
@@ -161,10 +150,32 @@ class _Batch:
     timer: asyncio.TimerHandle | None = None
 
 
+class ModelCalls(Protocol):
+    """How the batcher's model calls are made (gateway.http.endpoints.summaries: through the request path,
+    each one ledger row)."""
+
+    def row(self, rec: Record) -> contextlib.AbstractAsyncContextManager[Record]:
+        """A model call made here (the offline drafter) as its own ledger row, written when it ends."""
+        ...
+
+    async def complete(
+        self,
+        rec: Record,
+        project: ProjectConfig,
+        model: str,
+        system: str,
+        messages: list[dict[str, str]],
+        max_tokens: int,
+        temperature: float,
+    ) -> str:
+        """One upstream model call (its ledger row is ``rec``): the text of the answer."""
+        ...
+
+
 class SummaryBatcher:
-    def __init__(self, gw: Gateway) -> None:
-        self.gw = gw
-        self.cfg = gw.settings.summaries
+    def __init__(self, settings: GatewaySettings, shared: SharedState | None, calls: ModelCalls) -> None:
+        self.settings, self.shared, self.calls = settings, shared, calls
+        self.cfg = settings.summaries
         self._open: dict[tuple[str, str, str], _Batch] = {}
         self._in_flight: dict[str, asyncio.Future[SetAnswer]] = {}
         self._cache: OrderedDict[str, SetAnswer] = OrderedDict()
@@ -172,98 +183,23 @@ class SummaryBatcher:
         self.model_calls = 0
         self._shared_tasks: set[asyncio.Future[SetAnswer]] = set()  # coalescing across processes
 
-    # --- the route -------------------------------------------------------------------------------
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        # Through the pipeline; no ledger row for the request itself: each model call is one.
-        return await self.gw.pipeline.serve(request, "summaries", "openai", self._handle, ledger=False)
-
-    async def _handle(self, request: web.Request, _rec: Record) -> web.Response:
-        info, project = await self.gw.pipeline.authenticate(request)
-        req = self._parse(await read_body(request))
-        if len(req.anomalies) > self.cfg.max_anomalies_per_request:
-            raise PayloadTooLarge(
-                f"anomalies: {len(req.anomalies)} in one request, at most "
-                f"{self.cfg.max_anomalies_per_request}",
-                error_class="too_many_anomalies",
-            )
-        model = req.model or project.models[0]
-        if model not in self.gw.settings.models:
-            raise NotFound(f"model {model!r} does not exist", error_class="model_unknown")
-        if model not in project.models:
-            raise Forbidden(
-                f"project {info.project!r} is not allowed to use model {model!r}",
-                error_class="model_forbidden",
-            )
-        hashes: dict[str, AnomalyIn] = {}
-        ids_by_hash: dict[str, list[str]] = {}
-        for a in req.anomalies:
-            h = a.content_hash()
-            hashes.setdefault(h, a)
-            ids_by_hash.setdefault(h, []).append(a.id)
+    async def answer(
+        self, project: str, task: str, model: str, key_id: str, hashes: dict[str, AnomalyIn]
+    ) -> tuple[SetAnswer, bool]:
+        """The drafts for one request's anomaly set (content hash -> anomaly), and whether they came from
+        the cache."""
         # The project is part of the key: another project's answer was paid from its limits, budget and
         # ledger, so it is never handed out across projects (cached or in flight).
-        set_key = _digest([info.project, req.task, model, sorted(hashes)])
-        cached = set_key in self._cache
-        if cached:
+        set_key = _digest([project, task, model, sorted(hashes)])
+        if set_key in self._cache:
             self._cache.move_to_end(set_key)
-            answer = self._cache[set_key]
-        elif self.gw.shared is not None and self.gw.shared.up:
-            answer, cached = await self._shared_answer(
-                info.project, req.task, model, info.id, set_key, hashes
-            )
-        else:
-            fut = self._in_flight.get(set_key)
-            if fut is None:
-                fut = self._enqueue(info.project, req.task, model, info.id, set_key, hashes)
-            answer = await asyncio.shield(fut)
-        return web.json_response(self._reply(answer, ids_by_hash, cached))
-
-    def _parse(self, raw: bytes) -> SummaryRequest:
-        body = parse_json_object(raw)
-        try:
-            return SummaryRequest.model_validate(body)
-        except ValidationError as e:
-            err = e.errors()[0]
-            where = ".".join(str(p) for p in err["loc"])
-            msg = (
-                f"invalid request body: {where}: {err['msg']}"
-                if where
-                else f"invalid request body: {err['msg']}"
-            )
-            raise BadRequest(msg) from None
-
-    @staticmethod
-    def _reply(answer: SetAnswer, ids_by_hash: dict[str, list[str]], cached: bool) -> dict[str, Any]:
-        drafts = []
-        for d in answer.drafts:
-            ids = [i for h in d["anomaly_ids"] for i in ids_by_hash.get(h, [])]
-            if ids:
-                drafts.append({**d, "anomaly_ids": ids})
-        missing = set(answer.missing)
-        errors = [
-            {"anomaly_id": i, "error": UNCOVERED}
-            for h, ids in ids_by_hash.items()
-            if h in missing
-            for i in ids
-        ]
-        return {
-            "drafts": drafts,
-            "errors": errors,
-            "model": answer.model,
-            "provider": answer.provider,
-            "offline": answer.offline,
-            "cached": cached,
-            # this caller's share of the calls' tokens (by anomalies); a cache hit costs nothing
-            "usage": {
-                "input_tokens": 0 if cached else round(answer.input_tokens),
-                "output_tokens": 0 if cached else round(answer.output_tokens),
-            },
-            "batch": {
-                "requests": answer.batch_requests,
-                "items": answer.batch_items,
-                "request_ids": answer.request_ids,
-            },
-        }
+            return self._cache[set_key], True
+        if self.shared is not None and self.shared.up:
+            return await self._shared_answer(project, task, model, key_id, set_key, hashes)
+        fut = self._in_flight.get(set_key)
+        if fut is None:
+            fut = self._enqueue(project, task, model, key_id, set_key, hashes)
+        return await asyncio.shield(fut), False
 
     # --- the window ------------------------------------------------------------------------------
     def _enqueue(
@@ -376,7 +312,7 @@ class SummaryBatcher:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def stop(self, _app: web.Application | None = None) -> None:
+    async def stop(self) -> None:
         for bkey in list(self._open):
             self._flush(bkey)
         if self._tasks:
@@ -394,7 +330,7 @@ class SummaryBatcher:
         the set among all processes (this one's, or another's that this one waits for)."""
         from gateway.redis.errors import SharedUnavailable
 
-        shared = self.gw.shared
+        shared = self.shared
         assert shared is not None
         fut = self._in_flight.get(set_key)
         if fut is None:
@@ -428,7 +364,7 @@ class SummaryBatcher:
         wait for the process that holds it. Redis failing on the way: the call is made here."""
         from gateway.redis.errors import SharedUnavailable
 
-        shared = self.gw.shared
+        shared = self.shared
         assert shared is not None
         try:
             kind, value = await shared.summaries.claim(set_key)
@@ -497,7 +433,7 @@ class SummaryBatcher:
     async def _call(self, batch: _Batch) -> _CallAnswer:
         """The drafts of the batch (ids as content hashes) from the model, with one repair attempt for an
         invalid answer or one that leaves anomaly ids uncovered; the ids still uncovered after it."""
-        settings = self.gw.settings
+        settings = self.settings
         route = settings.models[batch.model]
         provider = settings.providers[route.provider]
         local_ids = {h: f"a{i + 1}" for i, h in enumerate(batch.items)}
@@ -507,10 +443,9 @@ class SummaryBatcher:
             provider.api_key_env and not os.environ.get(provider.api_key_env)
         )
         if offline:
-            rec = self._record(batch, "local", "offline-drafter")
-            drafts = _restrict_drafts(offline_drafts(items, batch.task), set(by_local))
-            rec.status, rec.http_status = "ok", 200
-            self.gw.pipeline.account(rec)
+            async with self.calls.row(self._record(batch, "local", "offline-drafter")) as rec:
+                drafts = _restrict_drafts(offline_drafts(items, batch.task), set(by_local))
+                rec.status, rec.http_status = "ok", 200
             self.model_calls += 1
             covered = {i for d in drafts for i in d.anomaly_ids}
             return _CallAnswer(
@@ -536,9 +471,7 @@ class SummaryBatcher:
         covered: set[str] = set()
         problem = ""
         for attempt in range(2):
-            text = await self._model_call(
-                batch, route, provider.kind, messages, max_tokens, totals, request_ids
-            )
+            text = await self._model_call(batch, route, messages, max_tokens, totals, request_ids)
             drafts, problem = _validate(text, set(by_local))
             if drafts is not None:
                 new = _restrict_drafts(drafts, set(by_local) - covered)
@@ -585,7 +518,7 @@ class SummaryBatcher:
         rec.project, rec.key_id = batch.project, batch.key_id
         rec.public_model = rec.model_label = batch.model
         rec.upstream_model, rec.provider = upstream_model, provider
-        rec.tag(self.gw.settings.projects[batch.project], batch.task)
+        rec.tag(self.settings.projects[batch.project], batch.task)
         rec.batch_size = len(batch.items)
         return rec
 
@@ -593,7 +526,6 @@ class SummaryBatcher:
         self,
         batch: _Batch,
         route: Any,
-        kind: str,
         messages: list[dict[str, str]],
         max_tokens: int,
         totals: list[int],
@@ -603,123 +535,13 @@ class SummaryBatcher:
         rec = self._record(batch, route.provider, route.upstream_model)
         request_ids.append(rec.request_id)
         self.model_calls += 1
-
-        def request(kind: str, model: str) -> tuple[str, bytes, dict[str, str]]:
-            """(path, body, headers) of this call for a provider of ``kind``: each wire format natively (a
-            fallback or deployment of the other kind gets its own, not a translation)."""
-            body: dict[str, Any] = {
-                "model": model,
-                "max_tokens": max_tokens,
-                "temperature": self.cfg.temperature,
-            }
-            if kind == "anthropic":
-                body.update(system=SYSTEM_PROMPT, messages=messages)
-                path, headers = "/messages", {"anthropic-version": "2023-06-01"}
-            else:
-                body.update(
-                    messages=[{"role": "system", "content": SYSTEM_PROMPT}, *messages],
-                    response_format={"type": "json_object"},
-                )
-                path, headers = "/chat/completions", {}
-            headers["Content-Type"] = "application/json"
-            return path, json.dumps(body).encode(), headers
-
-        path, raw, headers = request(kind, route.upstream_model)
-        pipeline = self.gw.pipeline
-        made: dict[tuple[str, str], tuple[str, bytes, dict[str, str]]] = {}
-
-        def prepare(
-            target: Any,
-        ) -> Any:  # what a deployment (gateway.upstream.routing) is sent: its kind, its model id
-            if target.kind == kind and target.upstream_model == route.upstream_model:
-                return raw
-            key = (target.kind, target.upstream_model)
-            if key not in made:
-                made[key] = request(target.kind, target.upstream_model)
-            return made[key] if target.kind != kind else made[key][1]
-
-        assert self.gw.router is not None
-        plan = self.gw.router.plan(
-            batch.model, self.gw.settings.projects[batch.project], tokens=len(raw) // 4 + max_tokens,
-            prepare=prepare,
-        )  # fmt: skip
-        try:
-            admission = await pipeline.admit(rec, max_tokens, estimate_tokens(raw))
-        except RateLimited as e:
-            rec.status, rec.http_status, rec.error_class = "rejected", 429, e.error_class
-            pipeline.account(rec)
-            raise
-        try:
-            data = await self._send(rec, plan, path, raw, headers)
-            try:
-                parsed = json.loads(data)
-            except ValueError:
-                parsed = None
-            answered = plan.target.kind if plan.target is not None else kind
-            api = "messages" if answered == "anthropic" else "chat"
-            usage = usage_from_body(api, parsed)  # type: ignore[arg-type]
-            if usage is not None:
-                rec.input_tokens, rec.output_tokens = usage
-            else:
-                rec.input_tokens, rec.output_tokens = estimate_tokens(raw), estimate_output_tokens(data)
-                rec.estimated = True
-            totals[0] += rec.input_tokens
-            totals[1] += rec.output_tokens
-            rec.status, rec.http_status = "ok", 200
-            return _answer_text(api, parsed)
-        finally:
-            admission.release()
-            admission.settle(rec.input_tokens + rec.output_tokens)
-            plan.settle(rec.input_tokens + rec.output_tokens)
-            self.gw.pipeline.account(rec)
-
-    async def _send(self, rec: Record, plan: Any, path: str, raw: bytes, headers: dict[str, str]) -> bytes:
-        """The answer body of one model call, sent through the model's routing plan
-        (gateway.upstream.routing: a
-        deployment, its fallbacks); an upstream error answer becomes an UpstreamError (a 429 or 504 keeps
-        its status, so the farm can tell "slow down" from "broken")."""
-        try:
-            try:
-                result = await self.gw.pipeline.send(rec, plan, path, raw, headers)
-            finally:
-                target = plan.target
-                if target is not None:
-                    rec.deployment, rec.provider = target.name, target.provider
-                    rec.upstream_model = target.upstream_model
-                    rec.fallback_from = plan.fallback_from
-            if result.status >= 400:
-                rec.status, rec.http_status, rec.error_class = (
-                    "error",
-                    result.status,
-                    f"upstream_{result.status}",
-                )
-                if result.status in (401, 403):  # the gateway's own provider key; its body stays here
-                    rec.http_status = 502
-                    raise UpstreamCredentialRejected(
-                        f"upstream {rec.provider!r} rejected the gateway's provider credential "
-                        f"(HTTP {result.status}); this is a gateway configuration problem, not your API "
-                        "key: tell the gateway operator",
-                        code="upstream_credential_rejected",
-                    )
-                detail = (result.body or b"")[:300].decode("utf-8", "replace").strip()
-                err = UpstreamError(
-                    f"upstream {rec.provider!r} returned HTTP {result.status}"
-                    + (f": {detail}" if detail else ""),
-                    error_class=f"upstream_{result.status}",
-                    retry_after=client_retry_after(result.headers),
-                )
-                if result.status in (429, 504):
-                    err.status = result.status
-                raise err
-            try:
-                return await result.response.read()
-            finally:
-                result.response.release()
-        except UpstreamError as e:
-            rec.http_status, rec.error_class = rec.http_status or e.status, rec.error_class or e.error_class
-            raise
-        finally:
-            rec.upstream_end = time.perf_counter()
+        project = self.settings.projects[batch.project]
+        text = await self.calls.complete(
+            rec, project, batch.model, SYSTEM_PROMPT, messages, max_tokens, self.cfg.temperature
+        )
+        totals[0] += rec.input_tokens
+        totals[1] += rec.output_tokens
+        return text
 
 
 def _encode_answer(answer: SetAnswer) -> bytes:
@@ -780,18 +602,6 @@ def _to_hashes(drafts: list[Draft], by_local: dict[str, str]) -> list[dict[str, 
         ids = [by_local[i] for i in dict.fromkeys(d.anomaly_ids) if i in by_local]
         out.append({**d.model_dump(mode="json"), "anomaly_ids": ids})
     return out
-
-
-def _answer_text(api: str, body: Any) -> str:
-    if not isinstance(body, dict):
-        return ""
-    if api == "messages":
-        parts = body.get("content") or []
-        return "".join(p.get("text", "") for p in parts if isinstance(p, dict) and p.get("type") == "text")
-    choices = body.get("choices") or []
-    if choices and isinstance(choices[0], dict):
-        return (choices[0].get("message") or {}).get("content") or ""
-    return ""
 
 
 def _validate(text: str, known_ids: set[str]) -> tuple[list[Draft] | None, str]:

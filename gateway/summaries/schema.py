@@ -2,10 +2,9 @@
 drafts out (pydantic).
 
 The farm sends only these fields (never raw logs or code); the model answers only drafts. This module is
-the one both sides import: the gateway (gateway.summaries.batcher, the batcher; gateway.summaries.offline,
-the offline
-drafter) and the farm, its client (jobs.drafts.client). So it depends on pydantic alone and never on the
-gateway's server code (tests/jobs/test_drafts.py checks what importing the farm's client loads).
+the one both sides import: the gateway (gateway.summaries.batcher, the batcher; gateway.summaries.offline, the
+offline drafter) and the farm, its client (jobs.drafts.client). So it depends on pydantic alone and never on
+the gateway's server code (tests/jobs/test_drafts.py checks what importing the farm's client loads).
 """
 
 from __future__ import annotations

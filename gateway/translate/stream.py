@@ -11,8 +11,8 @@ line); each event's JSON is read once by the source format's ``Decoder`` into hu
     ("finish", stop, stop_sequence, usage)         the answer is complete
     ("error", status, message)                     the upstream reported an error mid-stream
 
-and the client format's ``Encoder`` writes each as soon as it arrives. Nothing is held back except the
-tail of an unfinished event.
+and the client format's ``Encoder`` writes each as soon as it arrives. Nothing is held back except the tail of
+an unfinished event.
 
 The translator also counts the tokens for the gateway's ledger: ``tokens`` is a ``StreamUsage`` that the
 decoder hands the events carrying usage (already parsed), so the upstream's bytes are read once.

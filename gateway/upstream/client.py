@@ -22,9 +22,8 @@ across retries is capped too. Never retried: any other 4xx (a 400 above all), a 
 over the caps, or anything once a response's head has been returned to the caller.
 
 **Plans.** The loop itself (``send_planned``) asks a plan where each attempt goes: ``UpstreamClient.send``
-uses a plan of one target (itself); gateway.upstream.routing's ``RoutePlan`` spreads a public model's
-attempts over
-its deployments and fallback models. A plan may move a retry to another target at once instead of backing
+uses a plan of one target (itself); gateway.upstream.routing's ``RoutePlan`` spreads a public model's attempts
+over its deployments and fallback models. A plan may move a retry to another target at once instead of backing
 off; the rules above still bound the attempts (``max_retries``), and a 400 is never retried, except that a
 plan may re-send a context-window error once to a longer-context model. A plan gives each attempt's path, body
 and headers (``request``): a target of another wire format gets a translated request
@@ -62,8 +61,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("gateway.upstream.client")
 
 RETRYABLE_STATUS = frozenset({408, 409, 429})
-# Headers the gateway sets itself; a caller passing one is refused rather than overriding the provider key
-# or the framing.
+# Headers the gateway sets itself; a caller passing one is refused rather than overriding the provider key or
+# the framing.
 RESERVED_HEADERS = frozenset(
     {"authorization", "x-api-key", "proxy-authorization", "host", "content-length", "transfer-encoding",
      "connection", "upgrade", "te", "trailer", "keep-alive", "cookie"}

@@ -5,8 +5,7 @@ project's key through the openai SDK to ``POST <gateway>/v1/farm/summaries`` and
 the job (tables draft_runs, drafts), with the sizes before and after compression and the tokens spent.
 The gateway is named by ``FARM_GATEWAY_URL`` (with or without /v1) and the key by ``FARM_GATEWAY_KEY``
 (jobs.settings). Without a key, the gateway's offline drafter runs in-process (marked offline), so the
-workflow runs with no gateway and no network. `render_drafts` prints them next to the anomalies they
-explain.
+workflow runs with no gateway and no network. `render_drafts` prints them next to the anomalies they explain.
 
 The farm is the gateway's client only: it shares the endpoint's path and formats through
 gateway.summaries.schema (pydantic alone) and, for the offline case, calls gateway.summaries.offline (a pure

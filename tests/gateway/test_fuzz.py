@@ -1,6 +1,6 @@
 """Property-based fuzzing of the five endpoints' bodies and headers (hypothesis): whatever a client sends,
-the gateway answers in JSON without an error of its own (no 5xx that did not come from the upstream) and
-keeps serving.
+the gateway answers in JSON without an error of its own (no 5xx that did not come from the upstream) and keeps
+serving.
 
 The gateway and the fake upstream run in a thread with their own event loop, and requests go byte for byte
 over a socket, so header values no HTTP library would send (non-ASCII, latin-1) are tried too.

@@ -1,8 +1,8 @@
 """The schema is Alembic's (gateway/store/migrations), on SQLite and on PostgreSQL: an empty database is
 created
 at the newest revision, equal to the tables of gateway/store/db.py; a database from before migrations is
-refused
-by every start and command, naming `farm gateway db upgrade`, which adopts it (its rows kept); a database
+refused by every start and command, naming `farm gateway db upgrade`, which adopts it (its rows kept); a
+database
 from a newer release is refused; first starts at once create the tables once."""
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 The gateway reads a translated stream once: the translator's ``tokens`` (a ``StreamUsage`` that the decoder
 hands the parsed events carrying usage) replaces a second pass over the upstream's bytes. Every field the
-ledger uses must match that second pass, for whole streams, streams cut short anywhere, counts that are
-not counts, and cache writes.
+ledger uses must match that second pass, for whole streams, streams cut short anywhere, counts that are not
+counts, and cache writes.
 """
 
 from __future__ import annotations

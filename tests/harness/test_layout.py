@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("cluster", "jobs", "kernels", "gateway")
+PACKAGES = ("cluster", "jobs", "kernels", "gateway", "schemakit")
 
 EXERCISED_BY: dict[str, tuple[str, ...]] = {
     "cluster/environment.py": ("tests/cluster/test_worker.py", "tests/jobs/test_acceptance.py"),
@@ -40,10 +40,8 @@ EXERCISED_BY: dict[str, tuple[str, ...]] = {
     ),
     "kernels/paged_mla/flash_mla_adapter.py": ("tests/kernels/paged_mla/test_paged_mla_case.py",),
     "kernels/paged_mla/trace_bench.py": ("tests/kernels/paged_mla/test_paged_mla_trace.py",),
-    "gateway/http/pipeline.py": (
-        "tests/gateway/test_sdk_endpoints.py",
-        "tests/gateway/test_upstream_failures.py",
-    ),
+    "gateway/http/services.py": ("tests/gateway/http/test_pipeline.py",),  # the bundle the app hands down
+    "gateway/http/endpoints/summaries.py": ("tests/gateway/test_summaries.py",),
     "gateway/http/endpoints/proxy.py": (
         "tests/gateway/test_sdk_endpoints.py",
         "tests/gateway/test_translate_proxy.py",

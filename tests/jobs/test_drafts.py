@@ -161,4 +161,5 @@ def test_the_shared_contract_loads_no_server_code_and_names_one_path():
     )
     repo = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=repo, check=True)
-    assert out.stdout.strip() == "['gateway', 'gateway.summaries', 'gateway.summaries.offline', 'gateway.summaries.schema']"
+    loaded = ["gateway", "gateway.summaries", "gateway.summaries.offline", "gateway.summaries.schema"]
+    assert out.stdout.strip() == str(loaded)

@@ -1,34 +1,31 @@
 """The four proxy endpoints: chat completions, Responses, Messages and count_tokens.
 
 Each request goes through the pipeline (gateway.http.pipeline): authenticate, read and check the body, route
-the
-public model to its provider, admit, send, then relay the answer (whole or as a stream) while counting its
+the public model to its provider, admit, send, then relay the answer (whole or as a stream) while counting its
 tokens. Bodies pass through untouched except the model id and, for chat streams, ``stream_options``.
 
 **Any client on any model.** Each attempt's target (a deployment, gateway.upstream.routing) speaks its
-provider's wire
-format. A target of the client's own kind gets the body as above (no translation, no parsing of the answer
-beyond the usage). Any other target gets a translated request (gateway.translate): Anthropic Messages for an
-anthropic provider, chat completions for an openai one (every OpenAI-compatible API has those), on that
-format's path and with its headers (``anthropic-version`` for Anthropic; ``anthropic-beta`` and
-``openai-beta`` are not sent across: a beta flag only unlocks request fields, and every field the body uses
-is translated or refused by name). Its answer, whole, streamed (event by event as it arrives) or an error,
-is translated back to the client's format; its tokens are counted on the upstream's own bytes. A feature
-with no equivalent is a 400 naming it, before any upstream call. ``count_tokens`` on a model served by an
-openai provider is answered here, with the gateway's estimate of the translated request.
+provider's wire format. A target of the client's own kind gets the body as above (no translation, no parsing
+of the answer beyond the usage). Any other target gets a translated request (gateway.translate): Anthropic
+Messages for an anthropic provider, chat completions for an openai one (every OpenAI-compatible API has
+those), on that format's path and with its headers (``anthropic-version`` for Anthropic; ``anthropic-beta``
+and ``openai-beta`` are not sent across: a beta flag only unlocks request fields, and every field the body
+uses is translated or refused by name). Its answer, whole, streamed (event by event as it arrives) or an
+error, is translated back to the client's format; its tokens are counted on the upstream's own bytes. A
+feature with no equivalent is a 400 naming it, before any upstream call. ``count_tokens`` on a model served by
+an openai provider is answered here, with the gateway's estimate of the translated request.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gateway.core.record import Record
 from gateway.core.usage import Api, StreamUsage, estimate_output_tokens, estimate_tokens, usage_details
 from gateway.errors import (
     ApiStyle,
@@ -37,24 +34,28 @@ from gateway.errors import (
     GatewayError,
     NotFound,
     UpstreamError,
-    UpstreamTimeout,
     error_response,
     sse_error_event,
     upstream_error_is_shaped,
 )
-from gateway.http.pipeline import Pipeline, Record, dump_json, header, parse_json_object, read_body
+from gateway.http.pipeline import (
+    Pipeline,
+    StreamShape,
+    dump_json,
+    header,
+    log_credential_refused,
+    parse_json_object,
+    read_body,
+)
 from gateway.summaries.schema import SUMMARIES_PATH
 from gateway.translate import Format, StreamTranslator, translate_error, translate_request, translate_response
+from gateway.translate.api import ANTHROPIC_VERSION as DEFAULT_ANTHROPIC_VERSION
 from gateway.upstream.client import UpstreamResult, client_retry_after
 from gateway.upstream.routing import Deployment, ModelDeployments, RoutePlan
-
-if TYPE_CHECKING:
-    from gateway.http.app import Gateway
 
 log = logging.getLogger("gateway")
 
 FORWARD_HEADERS = ("anthropic-version", "anthropic-beta", "openai-beta", "accept")
-DEFAULT_ANTHROPIC_VERSION = "2023-06-01"
 SUMMARIES_HINT = SUMMARIES_PATH
 # After the gateway has retried, the client must not retry again on top (both SDKs honour this header):
 # one client call then costs at most max_retries + 1 upstream attempts.
@@ -129,25 +130,15 @@ def translated_headers(headers: dict[str, str], kind: str) -> dict[str, str]:
     return out
 
 
-class _Relay(web.StreamResponse):
-    """A streamed answer whose head is held until its first body bytes, and written with them (aiohttp's
-    ``web.Response`` does this; a ``StreamResponse`` otherwise sends its head at ``prepare``)."""
-
-    _send_headers_immediately = False
-
-
 class Proxy:
-    def __init__(self, gw: Gateway, pipeline: Pipeline) -> None:
-        self.gw = gw
+    def __init__(self, pipeline: Pipeline) -> None:
         self.pipeline = pipeline
+        self.router = pipeline.services.router
 
-    def route(self, ep: Endpoint):
-        async def handle(request: web.Request) -> web.StreamResponse:
-            return await self.pipeline.serve(
-                request, ep.name, ep.style, lambda req, rec: self._handle(req, rec, ep)
-            )
-
-        return handle
+    async def handle(self, request: web.Request, ep: Endpoint) -> web.StreamResponse:
+        return await self.pipeline.serve(
+            request, ep.name, ep.style, lambda req, rec: self._handle(req, rec, ep)
+        )
 
     async def _handle(self, request: web.Request, rec: Record, ep: Endpoint) -> web.StreamResponse:
         pipeline = self.pipeline
@@ -166,8 +157,8 @@ class Proxy:
             raise BadRequest(f"invalid request body: {field}: {err['msg']}") from None
         rec.public_model, rec.stream = head.model, head.stream
 
-        router = self.gw.router
-        models = router.models.get(head.model) if router is not None else None
+        router = self.router
+        models = router.models.get(head.model)
         if models is None:
             raise NotFound(
                 f"model {head.model!r} does not exist", error_class="model_unknown", code="model_not_found"
@@ -246,24 +237,23 @@ class Proxy:
 
         if ep.usage_api is None:  # count_tokens: no tokens consumed, no limits
             try:
-                result = await pipeline.send(rec, plan, ep.path, raw, headers)  # type: ignore[arg-type]
+                result = await pipeline.send(rec, plan, ep.path, raw, headers)
             finally:
                 self._note_target(rec, plan, ep)
             if result.status >= 400:
                 return self._upstream_error(result, ep, rec)
-            return self._with_route(result, await self._respond_whole(request, result, ep, rec, raw), ep)
+            return self._with_route(result, await self._respond_whole(result, ep, rec, raw), ep)
 
-        admission = await pipeline.admit(rec, cap, input_estimate)
         try:
-            try:
-                result = await pipeline.send(rec, plan, ep.path, raw, headers)  # type: ignore[arg-type]
-            finally:
-                self._note_target(rec, plan, ep)
-            if result.status >= 400:
-                return self._upstream_error(result, ep, rec)
-            if head.stream:
-                return await self._respond_stream(request, result, ep, rec, raw, strip_usage)
-            return self._with_route(result, await self._respond_whole(request, result, ep, rec, raw), ep)
+            async with pipeline.exchange(
+                rec, plan, (ep.path, raw, headers), token_cap=cap, input_estimate=input_estimate,
+                on_target=lambda: self._note_target(rec, plan, ep),
+            ) as result:  # fmt: skip
+                if result.status >= 400:
+                    return self._upstream_error(result, ep, rec)
+                if head.stream:
+                    return await self._respond_stream(request, result, ep, rec, raw, strip_usage)
+                return self._with_route(result, await self._respond_whole(result, ep, rec, raw), ep)
         except GatewayError as e:
             extra = self._route_headers(plan.target, ep)
             if rec.retries:
@@ -271,10 +261,6 @@ class Proxy:
             if e.headers is None:
                 e.headers = extra
             raise
-        finally:
-            admission.release()
-            admission.settle(rec.input_tokens + rec.output_tokens)
-            plan.settle(rec.input_tokens + rec.output_tokens)
 
     @staticmethod
     def _note_target(rec: Record, plan: RoutePlan, ep: Endpoint) -> None:
@@ -296,7 +282,6 @@ class Proxy:
         rec.translation = "messages->chat"
         rec.provider, rec.upstream_model = first.provider, first.upstream_model
         rec.status, rec.http_status = "ok", 200
-        self.pipeline.account(rec)
         return web.json_response(
             {"input_tokens": estimate_tokens(dump_json(chat))},
             headers={"x-request-id": rec.request_id, "x-farm-model": models.model},
@@ -329,7 +314,7 @@ class Proxy:
             extra.update(NO_CLIENT_RETRY)
         if status in (401, 403):
             rec.http_status = 502
-            self.pipeline.gw.log_credential_refused(rec.provider, status)
+            log_credential_refused(rec.provider, status)
             return error_response(
                 ep.style,
                 502,
@@ -364,7 +349,7 @@ class Proxy:
         )
 
     async def _respond_whole(
-        self, request: web.Request, result: UpstreamResult, ep: Endpoint, rec: Record, raw: bytes
+        self, result: UpstreamResult, ep: Endpoint, rec: Record, raw: bytes
     ) -> web.Response:
         upstream = result.response
         try:
@@ -393,13 +378,12 @@ class Proxy:
                 content_type = "application/json"
         rec.status, rec.http_status = "ok", result.status
         headers = {"Content-Type": content_type, "x-request-id": rec.request_id}
-        # The row is spooled before the answer leaves: a client that got it always has its row.
-        self.pipeline.account(rec)
+        # The row is written by the pipeline (serve) when this returns, before the answer leaves.
         return web.Response(status=result.status, body=data, headers=headers)
 
     def _translate_answer(self, rec: Record, parsed: dict | None, src: Format, dst: Format) -> bytes:
-        """A translated target's whole answer in the client's format; a 502 when it cannot be read (it is
-        accounted first: the upstream did answer, and its tokens are counted)."""
+        """A translated target's whole answer in the client's format; a 502 when it cannot be read (its
+        tokens are counted on the record all the same: the upstream did answer)."""
         try:
             if parsed is None:
                 raise ValueError("not a JSON object")
@@ -407,8 +391,6 @@ class Proxy:
         except (GatewayError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:
             detail = e.message if isinstance(e, GatewayError) else str(e)
             detail = detail.removeprefix("invalid request body: ")  # a field of the answer, not the request
-            rec.status, rec.http_status, rec.error_class = "error", 502, "untranslatable_answer"
-            self.pipeline.account(rec)
             raise UpstreamError(
                 f"upstream {rec.provider!r} sent an answer that cannot be translated to {dst}: {detail}",
                 error_class="untranslatable_answer",
@@ -425,108 +407,31 @@ class Proxy:
         strip_usage: bool,
     ) -> web.StreamResponse:
         upstream = result.response
+        assert upstream is not None  # an answer below 400 holds its open response
         target = result.target
-        responses_api = ep is RESPONSES
-        translator: StreamTranslator | None = None
         if target is None or target.kind == ep.style:  # the client's own format: bytes pass through
-            tracker = StreamUsage(ep.usage_api, strip_usage)
-            feed, finish = tracker.feed, tracker.finish
+            shape: StreamShape = _PassThrough(ep, raw, strip_usage)
             content_type = upstream.headers.get("Content-Type", "text/event-stream")
-
-            def error_event(status: int, message: str) -> bytes:
-                return sse_error_event(ep.style, status, message, responses_api=responses_api)
-
         else:  # translated event by event; the translator counts the upstream's tokens as it reads them
-            src = UPSTREAM_FORMAT[target.kind]
-            translator = StreamTranslator(
-                src, ep.fmt, public_model=rec.public_model or "", include_usage=not strip_usage
-            )
-            tracker = translator.tokens  # a StreamUsage fed the parsed events, not the bytes a second time
-            feed, finish = translator.feed, translator.finish
+            shape = _Translated(UPSTREAM_FORMAT[target.kind], ep, rec, raw, strip_usage)
             content_type = "text/event-stream"
-            error_event = translator.error_event
+        headers = {
+            "Content-Type": content_type,
+            "Cache-Control": "no-cache",
+            "x-request-id": rec.request_id,
+            **self._route_headers(target, ep),
+        }
+        return await self.pipeline.relay(request, rec, upstream, shape, headers)
 
-        clean_end = False
-        try:
-            # Nothing has gone to the client yet: a failure here is still a clean error answer.
-            data = b""
-            while not data:
-                chunk = await upstream.readany()
-                if not chunk:
-                    break
-                data = feed(chunk)
 
-            # Few system calls: the head goes out with the first bytes, and the bytes that end the upstream's
-            # body go out with the end of ours (a short answer is one write: head, events and end).
-            out = _Relay(
-                status=200,
-                headers={
-                    "Content-Type": content_type,
-                    "Cache-Control": "no-cache",
-                    "x-request-id": rec.request_id,
-                    **self._route_headers(result.target, ep),
-                },
-            )
-            try:
-                await out.prepare(request)
-                rec.http_status = 200
-                while True:
-                    if upstream.at_eof():
-                        data += finish()
-                        rec.status = "ok"
-                        if translator is not None and translator.failed is not None:  # an error event ended
-                            rec.status, rec.error_class = "error", "upstream_stream_error"
-                        clean_end = True
-                        if data and rec.ttft is None:
-                            rec.ttft = time.perf_counter() - rec.t0
-                        self._count_tokens(rec, tracker, raw)
-                        self.pipeline.account(rec)  # spooled before the client's last byte
-                        await out.write_eof(data)
-                        break
-                    if data:
-                        await out.write(data)
-                        if rec.ttft is None:
-                            rec.ttft = time.perf_counter() - rec.t0
-                    try:
-                        chunk = await upstream.readany()
-                    except UpstreamError as e:
-                        rec.status, rec.error_class = "error", e.error_class
-                        self._count_tokens(rec, tracker, raw)
-                        self.pipeline.account(rec)
-                        how = (
-                            "stalled mid-stream" if isinstance(e, UpstreamTimeout) else "broke off the stream"
-                        )
-                        msg = f"upstream {rec.provider!r} {how}: {e.message}"
-                        await out.write(error_event(e.status, msg))
-                        break
-                    data = feed(chunk) if chunk else b""
-                await out.write_eof()  # after an error event (a no-op when the end was written above)
-            except ConnectionResetError:
-                if not rec.accounted:
-                    rec.status, rec.error_class = "cancelled", "client_disconnected"
-                clean_end = False
-            except Exception:  # a fault of the gateway's own once the stream began: end it, never hang it
-                log.exception("internal error relaying a stream of %s (request %s)", ep.name, rec.request_id)
-                clean_end = False
-                if not rec.accounted:
-                    rec.status, rec.error_class = "error", "internal_error"
-                    self._count_tokens(rec, tracker, raw)
-                    self.pipeline.account(rec)
-                with contextlib.suppress(Exception):  # the client may be gone too
-                    await out.write(error_event(500, "internal gateway error while relaying the stream"))
-                    await out.write_eof()
-            return out
-        finally:
-            rec.upstream_end = rec.upstream_end or time.perf_counter()
-            if clean_end:
-                upstream.release()
-            else:
-                upstream.close()  # drops the connection: the upstream sees the request cancelled
-            if not rec.accounted:
-                self._count_tokens(rec, tracker, raw)
+class _Counted:
+    """A stream's tokens onto its record: the upstream's own count when it sent one, else an estimate."""
 
-    @staticmethod
-    def _count_tokens(rec: Record, tracker: StreamUsage, raw: bytes) -> None:
+    tracker: StreamUsage
+    raw: bytes
+
+    def count(self, rec: Record) -> None:
+        tracker = self.tracker
         if rec.upstream_end is None:
             rec.upstream_end = time.perf_counter()
         if tracker.seen_usage and not tracker.bad_usage:
@@ -537,6 +442,40 @@ class Proxy:
                 rec.output_tokens = max(rec.output_tokens, tracker.estimated_output_tokens())
                 rec.estimated = True
         elif rec.http_status == 200:
-            rec.input_tokens = estimate_tokens(raw)
+            rec.input_tokens = estimate_tokens(self.raw)
             rec.output_tokens = tracker.estimated_output_tokens()
             rec.estimated = True
+
+
+class _PassThrough(_Counted):
+    """The client's own format: the upstream's bytes as they are (a chat stream's usage chunk taken out
+    when the gateway asked for it), counted on the way."""
+
+    def __init__(self, ep: Endpoint, raw: bytes, strip_usage: bool) -> None:
+        self.tracker, self.raw = StreamUsage(ep.usage_api, strip_usage), raw
+        self.style, self.responses_api = ep.style, ep is RESPONSES
+        self.feed, self.finish = self.tracker.feed, self.tracker.finish
+
+    def error_event(self, status: int, message: str) -> bytes:
+        return sse_error_event(self.style, status, message, responses_api=self.responses_api)
+
+    @property
+    def failed(self) -> str | None:
+        return None  # an upstream error event passes through as it is
+
+
+class _Translated(_Counted):
+    """Another format's stream, translated event by event into the client's."""
+
+    def __init__(self, src: Format, ep: Endpoint, rec: Record, raw: bytes, strip_usage: bool) -> None:
+        self.translator = StreamTranslator(
+            src, ep.fmt, public_model=rec.public_model or "", include_usage=not strip_usage
+        )
+        self.tracker, self.raw = self.translator.tokens, raw  # fed the parsed events, not the bytes again
+        self.feed, self.finish = self.translator.feed, self.translator.finish
+        self.error_event = self.translator.error_event
+
+    @property
+    def failed(self) -> str | None:
+        """The upstream's error event that ended the stream (translated into the client's), if one did."""
+        return self.translator.failed

@@ -2,8 +2,7 @@
 
 ``farm gateway db upgrade`` (gateway.store.db.upgrade_schema) runs the migrations in-process with the same
 options (gateway.store.db.migration_options) and does not read this file. It is here for Alembic's own
-commands,
-e.g. writing the next revision from the tables in gateway/store/db.py against a database at head:
+commands, e.g. writing the next revision from the tables in gateway/store/db.py against a database at head:
 
     .venv/bin/alembic -c gateway/store/migrations/alembic.ini -x url=sqlite+aiosqlite:///.farm/gateway.db \
         revision --autogenerate -m "what changed"
