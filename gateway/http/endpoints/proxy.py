@@ -18,6 +18,7 @@ an openai provider is answered here, with the gateway's estimate of the translat
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -134,13 +135,13 @@ class Proxy:
     def __init__(self, pipeline: Pipeline) -> None:
         self.pipeline = pipeline
         self.router = pipeline.services.router
+        # what the pipeline runs for each endpoint (``serve``'s ``handle``), made once
+        self.handlers = {ep.name: functools.partial(self._handle, ep) for ep in ENDPOINTS.values()}
 
     async def handle(self, request: web.Request, ep: Endpoint) -> web.StreamResponse:
-        return await self.pipeline.serve(
-            request, ep.name, ep.style, lambda req, rec: self._handle(req, rec, ep)
-        )
+        return await self.pipeline.serve(request, ep.name, ep.style, self.handlers[ep.name])
 
-    async def _handle(self, request: web.Request, rec: Record, ep: Endpoint) -> web.StreamResponse:
+    async def _handle(self, ep: Endpoint, request: web.Request, rec: Record) -> web.StreamResponse:
         pipeline = self.pipeline
         _info, project = await pipeline.authenticate(request, rec)
         rec.tag(project, header(request, "X-Farm-Task"))
