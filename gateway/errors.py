@@ -133,6 +133,12 @@ class UpstreamError(_Fixed):
     """The provider failed (a 5xx to the client); raised by gateway.upstream.client at its boundary."""
 
     status_code, default_class = 502, "upstream_error"
+    # Noted by gateway.upstream on the way out: why the retry loop may retry this failure (a metrics label;
+    # None: it must not), the time its attempts waited for a provider slot, and the plan's target of the
+    # attempt that failed last.
+    retry_reason: str | None = None
+    slot_wait_s: float = 0.0
+    target: object = None
 
 
 class UpstreamUnreachable(UpstreamError):

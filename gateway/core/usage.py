@@ -56,7 +56,7 @@ def token_count(v: object) -> int | None:
     if isinstance(v, bool):
         return None
     try:
-        n = int(v)  # type: ignore[call-overload]
+        n = int(v)  # a str, float or int here; anything else raises below
     except (TypeError, ValueError, OverflowError):
         return None
     return n if 0 <= n <= MAX_TOKENS_PER_REQUEST else None

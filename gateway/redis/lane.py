@@ -20,7 +20,7 @@ import hashlib
 import ssl
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 from redis.asyncio.connection import SSLConnection, UnixDomainSocketConnection
 
@@ -141,7 +141,7 @@ class Lane(asyncio.Protocol):
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]
+        self._transport = cast(asyncio.Transport, transport)  # a stream connection's: a full Transport
 
     def connection_lost(self, exc: BaseException | None) -> None:
         err = ConnectionError(f"connection to Redis lost: {exc}" if exc else "connection to Redis closed")

@@ -210,7 +210,7 @@ def render_request(req: Request, model: str) -> dict:
                 assert isinstance(r, ToolResult)
                 if any(isinstance(p, Image) for p in r.content):
                     raise untranslatable(f"tool result {r.call_id}", "chat", "an image in a tool result")
-                content = "\n\n".join(p.text for p in r.content)  # type: ignore[union-attr]
+                content = "\n\n".join(p.text for p in r.content if isinstance(p, Text))
                 messages.append({"role": "tool", "tool_call_id": r.call_id, "content": content})
     body: dict = {"model": model, "messages": messages}
     if req.tools:

@@ -83,7 +83,9 @@ def _image(block: dict, where: str, dst: str) -> Image:
 def _blocks(content: object, where: str) -> list:
     if isinstance(content, str):
         return [{"type": "text", "text": content}] if content else []
-    return want(content, list, where)  # type: ignore[return-value]
+    blocks = want(content, list, where)
+    assert isinstance(blocks, list)  # want() refused anything else
+    return blocks
 
 
 def parse_request(body: dict, dst: str) -> Request:

@@ -205,7 +205,7 @@ def render_request(req: Request, model: str) -> dict:
                 if any(isinstance(p, Image) for p in r.content):
                     output: str | list = _input_parts(r.content, "input_text")
                 else:
-                    output = "\n\n".join(p.text for p in r.content)  # type: ignore[union-attr]
+                    output = "\n\n".join(p.text for p in r.content if isinstance(p, Text))
                 items.append({"type": "function_call_output", "call_id": r.call_id, "output": output})
     body: dict = {"model": model}
     if instructions:
@@ -392,12 +392,12 @@ class Decoder:
         self.usage = Usage()
         self.seen_usage = False
         self.finished = False
-        self._keys: dict[int, int] = {}  # output_index -> block key
+        self._keys: dict[object, int] = {}  # output_index (as the upstream sent it) -> block key
         self._args: dict[int, bool] = {}  # block key of a function call -> arguments seen
         self._next = 0
 
     def _key(self, obj: dict) -> int | None:
-        return self._keys.get(obj.get("output_index"))  # type: ignore[arg-type]
+        return self._keys.get(obj.get("output_index"))
 
     def feed(self, data: str, out: list) -> None:
         obj = loads(data)
@@ -419,7 +419,7 @@ class Decoder:
             item = obj.get("item") or {}
             if item.get("type") not in ("message", "function_call"):
                 return
-            key = self._keys[obj.get("output_index")] = self._next  # type: ignore[index]
+            key = self._keys[obj.get("output_index")] = self._next
             self._next += 1
             if item["type"] == "function_call":
                 self._args[key] = False

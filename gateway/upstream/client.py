@@ -550,15 +550,15 @@ async def send_planned(
                 delay = client._backoff(attempt)
                 if reason is None or attempt >= r.max_retries or waited + delay > r.max_total_wait_s:
                     if reason is None:
-                        err.slot_wait_s = slot_wait  # type: ignore[attr-defined]
-                        err.target = target  # type: ignore[attr-defined]
+                        err.slot_wait_s = slot_wait
+                        err.target = target
                         raise err
                     final = type(err)(
                         f"{err.message} (after {attempt} {'retry' if attempt == 1 else 'retries'})",
                         error_class=err.error_class,
                     )
-                    final.slot_wait_s = slot_wait  # type: ignore[attr-defined]
-                    final.target = target  # type: ignore[attr-defined]
+                    final.slot_wait_s = slot_wait
+                    final.target = target
                     raise final from None
         else:
             result = UpstreamResult(

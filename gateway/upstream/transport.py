@@ -94,13 +94,13 @@ class Transport(Protocol):
 
 def _fail(cls: type[UpstreamError], message: str, retry_reason: str | None = None) -> UpstreamError:
     err = cls(message)
-    err.retry_reason = retry_reason  # type: ignore[attr-defined]
+    err.retry_reason = retry_reason
     return err
 
 
 def retry_reason(err: GatewayError) -> str | None:
     """Why the retry loop may retry this failure (a metrics label), or None when it must not."""
-    return getattr(err, "retry_reason", None)
+    return err.retry_reason if isinstance(err, UpstreamError) else None
 
 
 def check_headers(headers: Mapping[str, str]) -> None:
@@ -311,12 +311,13 @@ class AiohttpTransport:
             f"{self.max_response_bytes} bytes",
         )
 
-    def translate(self, e: Exception, *, head: bool) -> UpstreamError:
-        """The gateway.errors kind for an exception from aiohttp (or the socket under it). ``head``: the
-        response head had not arrived yet (the request may be retried when nothing came back)."""
+    def translate(self, e: Exception, *, head: bool) -> GatewayError:
+        """The gateway.errors kind for an exception from aiohttp (or the socket under it; one of the
+        gateway's own passes as it is). ``head``: the response head had not arrived yet (the request may
+        be retried when nothing came back)."""
         name, where = self.name, self._where
         if isinstance(e, GatewayError):
-            return e  # type: ignore[return-value]
+            return e
         if isinstance(e, ce.ConnectionTimeoutError):
             return _fail(
                 UpstreamUnreachable,
