@@ -34,7 +34,7 @@ run: $(STAMP)
 
 # Two tiers (README, "Tests"): `make test` runs every test (what CI runs); `make test-fast` leaves out
 # those marked slow (browser, multi-node clusters, fresh farm processes, real sweep series): minutes, not
-# a quarter of an hour. PYTEST_ARGS narrows either, e.g. PYTEST_ARGS=tests/gateway/test_cost.py.
+# a quarter of an hour. PYTEST_ARGS narrows either, e.g. PYTEST_ARGS=tests/gateway/core/test_pricing_cost.py.
 test: $(STAMP) deps-debian
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 

@@ -41,26 +41,21 @@ EXERCISED_BY: dict[str, tuple[str, ...]] = {
     "kernels/paged_mla/flash_mla_adapter.py": ("tests/kernels/paged_mla/test_paged_mla_case.py",),
     "kernels/paged_mla/trace_bench.py": ("tests/kernels/paged_mla/test_paged_mla_trace.py",),
     "gateway/http/services.py": ("tests/gateway/http/test_pipeline.py",),  # the bundle the app hands down
-    "gateway/http/endpoints/summaries.py": ("tests/gateway/test_summaries.py",),
-    "gateway/http/endpoints/proxy.py": (
-        "tests/gateway/test_sdk_endpoints.py",
-        "tests/gateway/test_translate_proxy.py",
-    ),
     # the doctor's modules: test_doctor.py runs them through the package's public face, gateway.ops.doctor
-    "gateway/ops/doctor/checks.py": ("tests/gateway/test_doctor.py",),
-    "gateway/ops/doctor/inputs.py": ("tests/gateway/test_doctor.py",),
-    "gateway/ops/doctor/key.py": ("tests/gateway/test_doctor.py",),
-    "gateway/ops/doctor/probe.py": ("tests/gateway/test_doctor.py",),
-    "gateway/ops/doctor/refusals.py": ("tests/gateway/test_doctor.py",),
-    "gateway/ops/doctor/run.py": ("tests/gateway/test_doctor.py",),
-    "gateway/ops/doctor/settings.py": ("tests/gateway/test_doctor.py",),
-    "gateway/translate/api.py": ("tests/gateway/test_translate.py",),
+    "gateway/ops/doctor/checks.py": ("tests/gateway/ops/test_doctor.py",),
+    "gateway/ops/doctor/inputs.py": ("tests/gateway/ops/test_doctor.py",),
+    "gateway/ops/doctor/key.py": ("tests/gateway/ops/test_doctor.py",),
+    "gateway/ops/doctor/probe.py": ("tests/gateway/ops/test_doctor.py",),
+    "gateway/ops/doctor/refusals.py": ("tests/gateway/ops/test_doctor.py",),
+    "gateway/ops/doctor/run.py": ("tests/gateway/ops/test_doctor.py",),
+    "gateway/ops/doctor/settings.py": ("tests/gateway/ops/test_doctor.py",),
+    "gateway/translate/api.py": ("tests/gateway/translate/test_translate.py",),
     "gateway/translate/chat.py": (
-        "tests/gateway/test_translate.py",
-        "tests/gateway/test_translate_stream.py",
+        "tests/gateway/translate/test_translate.py",
+        "tests/gateway/translate/test_translate_stream.py",
     ),
-    "gateway/translate/messages.py": ("tests/gateway/test_translate.py",),
-    "gateway/translate/responses.py": ("tests/gateway/test_translate.py",),
+    "gateway/translate/messages.py": ("tests/gateway/translate/test_translate.py",),
+    "gateway/translate/responses.py": ("tests/gateway/translate/test_translate.py",),
 }
 
 

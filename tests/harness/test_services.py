@@ -17,7 +17,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 MARKED = ["tests/harness/needs_services.py"]
-REDIS_FIXTURE = ["tests/gateway/test_shared_state.py::test_rpm_admits_exactly_the_limit_across_two_gateways"]
+REDIS_FIXTURE = [
+    "tests/gateway/redis/test_redis_shared_state.py::test_rpm_admits_exactly_the_limit_across_two_gateways"
+]
 
 
 def _pytest(tmp_path: Path, *tests: str, **env: str) -> subprocess.CompletedProcess:

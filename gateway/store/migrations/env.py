@@ -9,7 +9,7 @@ commands, e.g. writing the next revision from the tables in gateway/store/db.py 
 
 Without ``-x url=...`` the gateway's own settings name the database (FARM_GATEWAY_DATABASE_URL, or the
 file FARM_GATEWAY_CONFIG names). A new revision must leave a database made by the older ones equal to the
-tables in gateway/store/db.py (tests/gateway/test_migrations.py compares them).
+tables in gateway/store/db.py (tests/gateway/store/test_db_migrations.py compares them).
 """
 
 from __future__ import annotations

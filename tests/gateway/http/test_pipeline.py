@@ -9,7 +9,6 @@ import asyncio
 import shutil
 
 import pytest
-from conftest import make_settings
 from multidict import CIMultiDict, CIMultiDictProxy
 from sqlalchemy import select
 
@@ -39,9 +38,11 @@ class ScriptedSender:
 
 
 @pytest.fixture
-async def gw(fake, tmp_path, sqlite_template):
+async def gw(fake, tmp_path, sqlite_template, settings_factory):
     shutil.copyfile(sqlite_template, tmp_path / "gw.db")
-    settings = make_settings(fake, tmp_path / "gw.db", projects={"alpha": {"rpm": 2, "max_concurrency": 1}})
+    settings = settings_factory(
+        fake, tmp_path / "gw.db", projects={"alpha": {"rpm": 2, "max_concurrency": 1}}
+    )
     g = Gateway(settings)
     await g.start()
     yield g

@@ -23,7 +23,7 @@ import yaml
 
 from gateway.testing.fake_upstream import FakeUpstream
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SECRET = "workers-secret-0123456789abcdef"
 MSGS = [{"role": "user", "content": "hi"}]
 

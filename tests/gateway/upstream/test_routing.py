@@ -331,7 +331,7 @@ async def test_context_window_fallback_anthropic_once_only(start_gateway, fake, 
 
 
 async def test_summaries_go_through_the_routing(start_gateway, fake, fake2):
-    from test_summaries import anomaly, model_reply, post
+    from tests.gateway.http.endpoints.test_summaries import anomaly, model_reply, post
 
     fake.reply = fake2.reply = model_reply
     gw = await start(start_gateway, fake2, Clock(), models=models(**{"gpt-fake": two("oa", "oa2")}))
@@ -348,7 +348,7 @@ async def test_summaries_go_through_the_routing(start_gateway, fake, fake2):
 async def test_summaries_reach_a_deployment_of_the_other_kind_in_its_own_format(start_gateway, fake, fake2):
     """A summaries model whose second deployment is an Anthropic one: that attempt is a Messages request (not
     the chat body), and its answer is read as Messages."""
-    from test_summaries import anomaly, model_reply, post
+    from tests.gateway.http.endpoints.test_summaries import anomaly, model_reply, post
 
     fake.reply = fake2.reply = model_reply
     gw = await start(start_gateway, fake2, Clock(), models=models(**{"gpt-fake": two("oa", "an2")}))

@@ -28,7 +28,7 @@ from gateway.store.keys import KeyStore
 from gateway.store.secret import SECRET_FILE_NAME, configured_secret, fingerprint, resolve_secret
 
 MSGS = [{"role": "user", "content": "hi"}]
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(params=DB_BACKENDS)

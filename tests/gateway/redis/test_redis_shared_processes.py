@@ -23,7 +23,7 @@ from pg import DB_BACKENDS
 
 from gateway.testing.fake_upstream import FakeUpstream, Fault
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SECRET = "shared-secret-0123456789abcdef"
 LEASE_S = 1.0
 MSGS = [{"role": "user", "content": "hi"}]

@@ -28,7 +28,7 @@ from gateway.translate import (
 from gateway.translate.ir import Text, ToolCall, ToolResult
 from gateway.translate.policy import TOP_LEVEL
 
-GOLDEN = Path(__file__).parent / "golden" / "translate"
+GOLDEN = Path(__file__).parents[1] / "golden" / "translate"
 CASES = sorted(GOLDEN.glob("*.json"))
 PARSERS = {
     "chat": chat.parse_request,

@@ -15,7 +15,7 @@ import pytest
 
 from gateway.core.usage import StreamUsage
 from gateway.translate import StreamTranslator
-from tests.gateway.test_translate_stream import PAIRS, UPSTREAMS, _sse
+from tests.gateway.translate.test_translate_stream import PAIRS, UPSTREAMS, _sse
 
 
 def _counts(u: StreamUsage) -> tuple:

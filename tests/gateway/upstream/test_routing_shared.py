@@ -8,9 +8,10 @@ import asyncio
 
 import aiohttp
 import pytest
-import test_routing
-import test_shared_state
-from test_shared_state import chat
+
+from tests.gateway.redis import test_redis_shared_state as test_shared_state
+from tests.gateway.redis.test_redis_shared_state import chat
+from tests.gateway.upstream import test_routing
 
 start_shared = test_shared_state.start_shared  # gateways on one database and one Redis
 fake2 = test_routing.fake2  # a second fake upstream

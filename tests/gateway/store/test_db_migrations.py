@@ -37,7 +37,7 @@ from gateway.store.db import (
 )
 
 SECRET = "migration-test-secret-0123"
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(params=DB_BACKENDS)

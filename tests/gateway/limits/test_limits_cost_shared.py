@@ -10,8 +10,9 @@ import time
 import aiohttp
 import pytest
 import redis
-import test_shared_state
-from test_shared_state import chat
+
+from tests.gateway.redis import test_redis_shared_state as test_shared_state
+from tests.gateway.redis.test_redis_shared_state import chat
 
 start_shared = test_shared_state.start_shared  # its fixture: gateways on one database and one Redis
 

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from gateway.ops.cli import gateway as cli
 from gateway.ops.onboarding import ConfigRequest, ProjectModels, project_models, render
 
-EXAMPLE = str(Path(__file__).parents[2] / "gateway" / "example-config.yaml")
+EXAMPLE = str(Path(__file__).parents[3] / "gateway" / "example-config.yaml")
 
 
 def make(gw, tool: str, project: str = "alpha", key: str | None = None, base: str | None = None) -> str:
