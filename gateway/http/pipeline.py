@@ -98,8 +98,14 @@ class _Relay(web.StreamResponse):
     _send_headers_immediately = False
 
 
-def log_credential_refused(provider: str | None, status: int) -> None:
+def credential_refused(provider: str | None, status: int) -> str:
+    """An upstream refused the gateway's own provider key (401/403): logged for the operator, and the
+    message the client gets (it is not the client's key that is wrong)."""
     log.error("upstream %r refused the gateway's provider credential (HTTP %d)", provider, status)
+    return (
+        f"upstream {provider!r} rejected the gateway's provider credential (HTTP {status}); "
+        "this is a gateway configuration problem, not your API key: tell the gateway operator"
+    )
 
 
 def header(request: web.Request, name: str) -> str | None:

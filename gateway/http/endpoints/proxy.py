@@ -42,9 +42,9 @@ from gateway.errors import (
 from gateway.http.pipeline import (
     Pipeline,
     StreamShape,
+    credential_refused,
     dump_json,
     header,
-    log_credential_refused,
     parse_json_object,
     read_body,
 )
@@ -315,12 +315,10 @@ class Proxy:
             extra.update(NO_CLIENT_RETRY)
         if status in (401, 403):
             rec.http_status = 502
-            log_credential_refused(rec.provider, status)
             return error_response(
                 ep.style,
                 502,
-                f"upstream {rec.provider!r} rejected the gateway's provider credential (HTTP {status}); "
-                "this is a gateway configuration problem, not your API key: tell the gateway operator",
+                credential_refused(rec.provider, status),
                 code="upstream_credential_rejected",
                 request_id=rec.request_id,
                 headers=extra,

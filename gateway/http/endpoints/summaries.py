@@ -28,7 +28,7 @@ from gateway.errors import (
     UpstreamError,
 )
 from gateway.http.endpoints.proxy import UPSTREAM_FORMAT, UPSTREAM_PATH, translated_headers
-from gateway.http.pipeline import Pipeline, dump_json, parse_json_object, read_body
+from gateway.http.pipeline import Pipeline, credential_refused, dump_json, parse_json_object, read_body
 from gateway.summaries.batcher import UNCOVERED, SetAnswer, SummaryBatcher
 from gateway.summaries.schema import AnomalyIn, SummaryRequest
 from gateway.translate import translate_request, translate_response
@@ -210,9 +210,7 @@ async def _answer_body(rec: Record, result: UpstreamResult) -> bytes:
             if result.status in (401, 403):  # the gateway's own provider key; its body stays here
                 rec.http_status = 502
                 raise UpstreamCredentialRejected(
-                    f"upstream {rec.provider!r} rejected the gateway's provider credential "
-                    f"(HTTP {result.status}); this is a gateway configuration problem, not your API "
-                    "key: tell the gateway operator",
+                    credential_refused(rec.provider, result.status),
                     code="upstream_credential_rejected",
                 )
             detail = (result.body or b"")[:300].decode("utf-8", "replace").strip()
