@@ -8,6 +8,7 @@ in CI and optional elsewhere: tests/services.py.
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import tempfile
@@ -25,6 +26,9 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 _RAY_TMP = tempfile.mkdtemp(prefix="kfray-", dir="/tmp")
 os.makedirs(os.path.join(_RAY_TMP, "ray"), exist_ok=True)
 os.environ["RAY_TMPDIR"] = _RAY_TMP
+# Removed at session end (below) and, for a run that stops before its session starts (a bad
+# FARM_TEST_SERVICES, a usage error), when the process exits.
+atexit.register(shutil.rmtree, _RAY_TMP, ignore_errors=True)
 
 import services  # noqa: E402  (tests/services.py; after the environment above)
 
