@@ -10,6 +10,10 @@ STAMP      := $(VENV)/.kernelfarm-installed
 PINS       := $(VENV)/.kernelfarm-pins
 SPEC       ?= jobs/specs/gemm_cpu.yaml
 PYTEST_ARGS ?=
+# Test worker processes (pytest-xdist), each a test file at a time with its own session services; 0 runs
+# the tests in the make process itself.
+TEST_WORKERS ?= 2
+PYTEST      = $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 .PHONY: all venv run test test-fast bench gpu-check lint gateway monitor deps-debian clean FORCE
 
@@ -36,10 +40,10 @@ run: $(STAMP)
 # those marked slow (browser, multi-node clusters, fresh farm processes, real sweep series): minutes, not
 # a quarter of an hour. PYTEST_ARGS narrows either, e.g. PYTEST_ARGS=tests/gateway/core/test_pricing_cost.py.
 test: $(STAMP) deps-debian
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(PYTEST) $(PYTEST_ARGS)
 
 test-fast: $(STAMP) deps-debian
-	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PYTEST) -m "not slow" $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks

@@ -22,6 +22,10 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+# The CLI's tables are 200 columns wide when piped and COLUMNS is unset (jobs.cli.common.console); tests
+# read them that way whatever the developer's terminal says or pytest-xdist's workers set (80).
+os.environ.pop("COLUMNS", None)
+os.environ.pop("LINES", None)
 # RAY_TMPDIR moves all of Ray's files (sessions, sockets, the current-cluster file) under one folder.
 _RAY_TMP = tempfile.mkdtemp(prefix="kfray-", dir="/tmp")
 os.makedirs(os.path.join(_RAY_TMP, "ray"), exist_ok=True)

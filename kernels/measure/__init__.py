@@ -22,6 +22,9 @@ _WHERE = {
     "kernels.measure.summary": ("SampleStats", "summarize"),
     "kernels.measure.timing": ("Measurement", "measure"),
 }  # fmt: skip
+# What the modules above import inside a function, only when it is called (stats: SciPy's stats, for
+# compare_samples); load_all imports them too.
+_IMPORTED_ON_USE = ("scipy.stats",)
 _MODULE_OF = {name: module for module, names in _WHERE.items() for name in names}
 
 
@@ -29,7 +32,7 @@ def load_all() -> None:
     """Import the whole measurement core now (torch, SciPy): a worker calls it before it reports ready, so
     that no trial's time or timeout pays for the first import (seen: under load every trial of a
     1.5 s timeout timed out, each fresh worker importing SciPy inside its first trial)."""
-    for module in _WHERE:
+    for module in (*_WHERE, *_IMPORTED_ON_USE):
         importlib.import_module(module)
 
 
