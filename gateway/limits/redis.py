@@ -3,8 +3,9 @@
 ``SharedLimits`` is ``gateway.limits.base.Limiters`` through Redis, and a participant of the shared state
 (``gateway.redis.state``): it seeds the day's budget counters, renews this process's leases, takes them
 again after a reconnection, and wakes this process's waiters on a release. Its parts:
-``gateway.limits.redis_project`` (one project: admission, queue, release, settlement) and
-``gateway.limits.redis_deployment`` (a deployment's rpm/tpm for routing).
+``gateway.limits.redis_project`` (one project: admission, queue, release, settlement; its Lua scripts in
+``gateway.limits.redis_scripts``) and ``gateway.limits.redis_deployment`` (a deployment's rpm/tpm for
+routing).
 
 - **The daily budgets**: one counter per project and UTC day (tokens; cost in nano-dollars, integers as
   INCRBY needs) plus the reservations of the requests in flight; a request is admitted only while used +
@@ -33,18 +34,8 @@ from gateway.config import ProjectConfig
 from gateway.errors import StoreUnavailable
 from gateway.limits.local import share_of
 from gateway.limits.redis_deployment import DEPLOY_SETTLE, DEPLOY_TAKE, SharedDeploymentWindow
-from gateway.limits.redis_project import (
-    ADMIT,
-    DAY_TTL_S,
-    NOW,
-    REFUND,
-    SETTLE,
-    SLOT,
-    FallbackLimits,
-    SharedProjectLimits,
-    nanos,
-    utc_day,
-)
+from gateway.limits.redis_project import FallbackLimits, SharedProjectLimits
+from gateway.limits.redis_scripts import ADMIT, DAY_TTL_S, NOW, REFUND, SETTLE, SLOT, nanos, utc_day
 from gateway.redis.errors import SharedUnavailable
 from gateway.redis.lane import Lane, Script, evalsha, ignore, resolve
 from gateway.redis.state import SharedState

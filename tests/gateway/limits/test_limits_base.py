@@ -9,7 +9,7 @@ import string
 import pytest
 
 from gateway.limits.base import BY_CODE, MIDNIGHT, ONE_SECOND, ROOM, RULES, LimitExceeded, refusal
-from gateway.limits.redis_project import ADMIT
+from gateway.limits.redis_scripts import ADMIT
 
 FIGURES = {
     "name": "alpha", "used": 7, "reserved": 3, "budget": 10, "rpm": 60, "tpm": 1000, "reserve": 300,

@@ -13,7 +13,8 @@ from gateway.errors import StoreUnavailable
 from gateway.limits.base import LimitExceeded
 from gateway.limits.local import LocalAdmission
 from gateway.limits.redis import SharedLimits
-from gateway.limits.redis_project import SharedAdmission, utc_day
+from gateway.limits.redis_project import SharedAdmission
+from gateway.limits.redis_scripts import utc_day
 
 
 async def test_the_day_is_seeded_from_the_ledger_once(shared_states):  # noqa: F811
