@@ -7,12 +7,10 @@ Nothing above this module sees an aiohttp or asyncio exception: ``UpstreamClient
 for a header that cannot be sent). An upstream's own error answer is not an exception: it comes back as an
 ``UpstreamResult`` with its status and body.
 
-**Fair slots.** A provider has ``max_connections`` slots. A request holds one from the moment it is sent
-until its response is released or closed (a stream holds it to its end); the waits between retries do not
-hold one. While slots are free, anyone gets one at once. When they are scarce, a freed slot goes to the
-project with waiters that holds the fewest slots (ties: the one served least recently), so a project with one
-request waiting is served next, not behind another project's forty. The time spent waiting for a slot is
-returned as ``slot_wait_s``: queueing, not upstream time.
+**Fair slots.** A provider has ``max_connections`` slots, shared fairly between projects
+(gateway.upstream.slots). A request holds one from the moment it is sent until its response is released or
+closed (a stream holds it to its end); the waits between retries do not hold one. The time spent waiting for
+a slot is returned as ``slot_wait_s``: queueing, not upstream time.
 
 **Retries.** Retried: 408, 409, 429, 5xx, and connection failures where nothing of the response came back
 (refused, DNS, connect timeout, a connection dropped before the head), with backoff
@@ -37,7 +35,6 @@ import logging
 import math
 import random
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
@@ -47,6 +44,7 @@ from multidict import CIMultiDictProxy
 
 from gateway.config import ProviderConfig, RetryConfig
 from gateway.errors import BadRequest, GatewayError, UpstreamBadAnswer, UpstreamError, UpstreamTimeout
+from gateway.upstream.slots import FairSlots
 from gateway.upstream.transport import (
     AiohttpTransport,
     Transport,
@@ -156,85 +154,6 @@ def client_retry_after(headers: Mapping[str, str]) -> str | None:
     if seconds is None:
         return None
     return str(max(1, math.ceil(seconds)))
-
-
-# --- fair slots ------------------------------------------------------------------------------------
-class _Share:
-    __slots__ = ("held", "waiters", "last")
-
-    def __init__(self) -> None:
-        self.held = 0  # slots this project holds now
-        self.waiters: deque[asyncio.Future[None]] = deque()
-        self.last = 0  # sequence number of its latest grant
-
-
-class FairSlots:
-    """``capacity`` slots shared by projects: free slots are taken at once; when a project has to wait, a
-    freed slot goes to the waiting project holding the fewest (ties: the least recently served)."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self.free = capacity
-        self._shares: dict[str, _Share] = {}
-        self._queued: dict[str, _Share] = {}  # projects with waiters
-        self._seq = 0
-
-    @property
-    def waiting(self) -> int:
-        return sum(len(s.waiters) for s in self._queued.values())
-
-    def held(self, project: str) -> int:
-        s = self._shares.get(project)
-        return s.held if s is not None else 0
-
-    async def acquire(self, project: str) -> float:
-        """Take a slot for ``project``; returns the seconds waited for it."""
-        share = self._shares.get(project)
-        if share is None:
-            share = self._shares[project] = _Share()
-        if self.free > 0 and not self._queued:
-            self.free -= 1
-            share.held += 1
-            self._seq += 1
-            share.last = self._seq
-            return 0.0
-        t0 = time.perf_counter()
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        share.waiters.append(fut)
-        self._queued[project] = share
-        try:
-            await fut
-        except asyncio.CancelledError:
-            if fut.done() and not fut.cancelled():  # granted, then cancelled before it ran: pass it on
-                self.release(project)
-            else:
-                self._forget(project, share, fut)
-            raise
-        return time.perf_counter() - t0
-
-    def _forget(self, project: str, share: _Share, fut: asyncio.Future[None]) -> None:
-        try:
-            share.waiters.remove(fut)
-        except ValueError:
-            pass
-        if not share.waiters:
-            self._queued.pop(project, None)
-
-    def release(self, project: str) -> None:
-        self._shares[project].held -= 1
-        while self._queued:
-            name, share = min(self._queued.items(), key=lambda kv: (kv[1].held, kv[1].last))
-            fut = share.waiters.popleft()
-            if not share.waiters:
-                del self._queued[name]
-            if fut.done():  # cancelled while waiting; its task will find it gone
-                continue
-            share.held += 1
-            self._seq += 1
-            share.last = self._seq
-            fut.set_result(None)
-            return
-        self.free += 1
 
 
 # --- responses and results -----------------------------------------------------------------------
