@@ -16,6 +16,9 @@ Usage it reports is deterministic and logged in ``fake.usage_log`` so tests can 
 
 Tool calls: with ``fake.tool_call = {...}`` (the arguments), a chat or Messages request that defines tools is
 answered (whole or streamed) with one call of its first tool, with those arguments, instead of text.
+
+The answers are shaped in gateway.testing.fake_apis (``FakeAPIs``, which ``FakeUpstream`` extends); this
+module is the server: requests counted and recorded, faults queued or drawn and played on the wire, stats.
 """
 
 from __future__ import annotations
@@ -23,12 +26,13 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiohttp import web
+
+from gateway.testing.fake_apis import FakeAPIs
 
 
 @dataclass
@@ -59,27 +63,11 @@ class Seen:
     body: dict
 
 
-def _words(seq: int) -> list[str]:
-    n = 3 + seq % 5
-    return [f"w{seq}-{i} " for i in range(n)]
-
-
-def _input_tokens(body: dict) -> int:
-    src = body.get("messages", body.get("input", ""))
-    return 5 + len(json.dumps(src)) // 8
-
-
-def _sse(data: dict | str, event: str | None = None) -> bytes:
-    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
-    head = f"event: {event}\n" if event else ""
-    return f"{head}data: {payload}\n\n".encode()
-
-
 BAD_REQUEST_MARKER = "fake-upstream-bad-request"  # fault mode: a body containing it is answered 400
 FAULT_KINDS = ("429", "503", "stall", "close")
 
 
-class FakeUpstream:
+class FakeUpstream(FakeAPIs):
     def __init__(
         self,
         *,
@@ -329,263 +317,6 @@ class FakeUpstream:
 
     async def _stats(self, request: web.Request) -> web.Response:
         return web.json_response(self.stats())
-
-    def _text(self, body: dict, words: list[str]) -> str:
-        if self.replies:
-            return self.replies.popleft()
-        return self.reply(body) if self.reply is not None else "".join(words)
-
-    def _log(self, path: str, stream: bool, inp: int, out: int) -> None:
-        self.usage_log.append((path, stream, inp, out))
-
-    def _tool_to_call(self, body: dict) -> str | None:
-        """The name of the tool to call (the request's first), or None: answer with text."""
-        tools = body.get("tools")
-        if self.tool_call is None or not isinstance(tools, list) or not tools:
-            return None
-        first = tools[0]
-        return first["function"]["name"] if "function" in first else first["name"]
-
-    # --- OpenAI chat -----------------------------------------------------------------------------
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._wrap(request, False, self._chat_body)
-
-    async def _chat_body(self, request, body, seq, fault):
-        model = body.get("model", "?")
-        words = _words(seq)
-        inp, out = _input_tokens(body), len(words)
-        rid = f"req_fake_{seq}"
-        cid = f"chatcmpl-{seq}"
-        created = int(time.time())
-        stream = bool(body.get("stream"))
-        usage = {"prompt_tokens": inp, "completion_tokens": out, "total_tokens": inp + out}
-        if self.cache_read_tokens:
-            usage["prompt_tokens_details"] = {"cached_tokens": min(self.cache_read_tokens, inp)}
-        tool = self._tool_to_call(body)
-        args = json.dumps(self.tool_call)
-        call_id = f"call_{seq}"
-        finish_reason = "tool_calls" if tool else "stop"
-        if not stream:
-            self._log("chat", False, inp, out)
-            msg = {"role": "assistant", "content": self._text(body, words), "refusal": None}
-            if tool:
-                fn = {"name": tool, "arguments": args}
-                msg = {"role": "assistant", "content": None, "refusal": None,
-                       "tool_calls": [{"id": call_id, "type": "function", "function": fn}]}  # fmt: skip
-            obj = {
-                "id": cid,
-                "object": "chat.completion",
-                "created": created,
-                "model": model,
-                "choices": [{"index": 0, "message": msg, "logprobs": None, "finish_reason": finish_reason}],
-                "usage": usage,
-            }
-            return await self._send_json(request, obj, fault, rid, "x-request-id")
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-
-        def chunk(delta: dict, finish: str | None) -> bytes:
-            c = {
-                "id": cid,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": model,
-                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
-            }
-            if include_usage:
-                c["usage"] = None
-            return _sse(c)
-
-        events = [chunk({"role": "assistant", "content": ""}, None)]
-        if tool:
-            head = {
-                "index": 0,
-                "id": call_id,
-                "type": "function",
-                "function": {"name": tool, "arguments": ""},
-            }
-            events.append(chunk({"tool_calls": [head]}, None))
-            half = len(args) // 2
-            for part in (args[:half], args[half:]):
-                events.append(chunk({"tool_calls": [{"index": 0, "function": {"arguments": part}}]}, None))
-        else:
-            events += [chunk({"content": w}, None) for w in words]
-        events.append(chunk({}, finish_reason))
-        if include_usage:
-            events.append(
-                _sse(
-                    {
-                        "id": cid,
-                        "object": "chat.completion.chunk",
-                        "created": created,
-                        "model": model,
-                        "choices": [],
-                        "usage": usage,
-                    }
-                )
-            )
-        events.append(_sse("[DONE]"))
-        self._log("chat", True, inp, out)
-        return await self._send_stream(request, events, fault, rid, "x-request-id")
-
-    # --- OpenAI Responses ------------------------------------------------------------------------
-    async def _responses(self, request: web.Request) -> web.StreamResponse:
-        return await self._wrap(request, False, self._responses_body)
-
-    async def _responses_body(self, request, body, seq, fault):
-        model = body.get("model", "?")
-        words = _words(seq)
-        inp, out = _input_tokens(body), len(words)
-        rid = f"req_fake_{seq}"
-        text = "".join(words)
-        msg_id = f"msg_{seq}"
-
-        def response(status: str, output: list, usage: dict | None) -> dict:
-            return {
-                "id": f"resp_{seq}",
-                "object": "response",
-                "created_at": int(time.time()),
-                "status": status,
-                "model": model,
-                "output": output,
-                "parallel_tool_calls": True,
-                "tool_choice": "auto",
-                "tools": [],
-                "usage": usage,
-            }
-
-        part = {"type": "output_text", "text": text, "annotations": []}
-        item = {
-            "type": "message",
-            "id": msg_id,
-            "status": "completed",
-            "role": "assistant",
-            "content": [part],
-        }
-        usage = {
-            "input_tokens": inp,
-            "output_tokens": out,
-            "total_tokens": inp + out,
-            "input_tokens_details": {"cached_tokens": min(self.cache_read_tokens, inp)},
-            "output_tokens_details": {"reasoning_tokens": 0},
-        }
-        self._log("responses", bool(body.get("stream")), inp, out)
-        if not body.get("stream"):
-            return await self._send_json(
-                request, response("completed", [item], usage), fault, rid, "x-request-id"
-            )
-        n = 0
-
-        def ev(kind: str, **fields) -> bytes:
-            nonlocal n
-            n += 1
-            return _sse({"type": kind, "sequence_number": n - 1, **fields}, kind)
-
-        loc = {"item_id": msg_id, "output_index": 0, "content_index": 0}
-        events = [
-            ev("response.created", response=response("in_progress", [], None)),
-            ev(
-                "response.output_item.added",
-                output_index=0,
-                item={**item, "status": "in_progress", "content": []},
-            ),
-            ev("response.content_part.added", part={**part, "text": ""}, **loc),
-        ]
-        events += [ev("response.output_text.delta", delta=w, logprobs=[], **loc) for w in words]
-        events += [
-            ev("response.output_text.done", text=text, logprobs=[], **loc),
-            ev("response.content_part.done", part=part, **loc),
-            ev("response.output_item.done", output_index=0, item=item),
-            ev("response.completed", response=response("completed", [item], usage)),
-        ]
-        return await self._send_stream(request, events, fault, rid, "x-request-id")
-
-    # --- Anthropic Messages ----------------------------------------------------------------------
-    async def _messages(self, request: web.Request) -> web.StreamResponse:
-        return await self._wrap(request, True, self._messages_body)
-
-    async def _messages_body(self, request, body, seq, fault):
-        model = body.get("model", "?")
-        words = _words(seq)
-        inp, out = _input_tokens(body), len(words)
-        rid = f"req_fake_{seq}"
-        message = {
-            "id": f"msg_{seq}",
-            "type": "message",
-            "role": "assistant",
-            "model": model,
-            "content": [
-                {
-                    "type": "text",
-                    "text": self._text(body, words) if not body.get("stream") else "".join(words),
-                }
-            ],
-            "stop_reason": "end_turn",
-            "stop_sequence": None,
-            "usage": {"input_tokens": inp, "output_tokens": out, **self._anthropic_cache()},
-        }
-        tool = self._tool_to_call(body)
-        if tool:
-            use = {"type": "tool_use", "id": f"toolu_{seq}", "name": tool, "input": self.tool_call}
-            message.update(content=[use], stop_reason="tool_use")
-        self._log("messages", bool(body.get("stream")), inp, out)
-        if not body.get("stream"):
-            return await self._send_json(request, message, fault, rid, "request-id")
-        start = {
-            **message,
-            "content": [],
-            "stop_reason": None,
-            "usage": {"input_tokens": inp, "output_tokens": 1, **self._anthropic_cache()},
-        }
-        block = {"type": "text", "text": ""}
-        if tool:
-            block = {"type": "tool_use", "id": f"toolu_{seq}", "name": tool, "input": {}}
-        events = [
-            _sse({"type": "message_start", "message": start}, "message_start"),
-            _sse({"type": "content_block_start", "index": 0, "content_block": block}, "content_block_start"),
-            _sse({"type": "ping"}, "ping"),
-        ]
-        if tool:
-            args = json.dumps(self.tool_call)
-            half = len(args) // 2
-            deltas = [{"type": "input_json_delta", "partial_json": p} for p in (args[:half], args[half:])]
-        else:
-            deltas = [{"type": "text_delta", "text": w} for w in words]
-        events += [
-            _sse({"type": "content_block_delta", "index": 0, "delta": d}, "content_block_delta")
-            for d in deltas
-        ]
-        events += [
-            _sse({"type": "content_block_stop", "index": 0}, "content_block_stop"),
-            _sse(
-                {
-                    "type": "message_delta",
-                    "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
-                    "usage": {"output_tokens": out},
-                },
-                "message_delta",
-            ),
-            _sse({"type": "message_stop"}, "message_stop"),
-        ]
-        return await self._send_stream(request, events, fault, rid, "request-id")
-
-    def _anthropic_cache(self) -> dict:
-        if not (self.cache_read_tokens or self.cache_write_tokens):
-            return {}
-        return {
-            "cache_read_input_tokens": self.cache_read_tokens,
-            "cache_creation_input_tokens": self.cache_write_tokens,
-        }
-
-    async def _count_tokens(self, request: web.Request) -> web.StreamResponse:
-        async def make(request, body, seq, fault):
-            return web.json_response(
-                {"input_tokens": _input_tokens(body)}, headers={"request-id": f"req_{seq}"}
-            )
-
-        return await self._wrap(request, True, make)
-
-    async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
 
 
 async def _main(port: int) -> None:  # pragma: no cover - used by the benchmark as a subprocess
