@@ -171,7 +171,7 @@ def seed_job(store: Store) -> int:
 
 
 def figure(log_bytes: int = 200_000) -> dict[str, Any]:
-    from gateway.summaries.batcher import SYSTEM_PROMPT, TASK_PROMPTS
+    from gateway.summaries.drafts import SYSTEM_PROMPT, TASK_PROMPTS
     from jobs.drafts.compress import compress, facts_from_job
 
     log = realistic_log(log_bytes)
