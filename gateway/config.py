@@ -204,6 +204,8 @@ class GatewaySettings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8787, ge=0, le=65535)
     database_url: str = DEFAULT_DB_URL
+    # how long a start or a command waits for the database to answer before it gives up, saying so
+    database_connect_timeout_s: float = Field(10.0, gt=0, le=300)
     secret: SecretStr | None = None
     providers: dict[str, ProviderConfig] = Field(default_factory=dict)
     models: dict[str, ModelRoute] = Field(default_factory=dict)
@@ -238,6 +240,9 @@ class GatewaySettings(BaseSettings):
     # while Redis is down each process enforces 1/N of each limit (the number of gateway processes)
     redis_fallback_processes: int = Field(1, ge=1)
     redis_summaries_ttl_s: float = Field(86400.0, ge=1)  # how long a summaries answer stays in Redis
+    # `serve` refuses to start when nothing answers at redis_url (a mistyped URL would otherwise leave every
+    # process on its share of the limits for good); true: start degraded and reconnect, as after an outage
+    redis_start_degraded: bool = False
 
     @classmethod
     def settings_customise_sources(
@@ -309,8 +314,51 @@ class GatewaySettings(BaseSettings):
         return self.secret.get_secret_value().encode()
 
 
-class ConfigError(Exception):
+# Exit statuses of a start (``farm gateway serve``) or command refused before it could run (gateway/README.md,
+# "Start-up errors"); the farm's CLI uses the same two (jobs/errors.py).
+EXIT_CONFIG = 2  # the configuration is wrong: fix the config file, the environment or the flags
+EXIT_UNAVAILABLE = 4  # something the configuration names cannot be used: a database, Redis, the port
+
+
+class StartupError(Exception):
+    """The gateway cannot start (or a command run) as set up. The message is one line naming what is wrong
+    and the fix; ``exit_code`` tells a bad configuration from unavailable infrastructure."""
+
+    exit_code = 1
+
+
+class ConfigError(StartupError):
     """Invalid configuration; the message names the field."""
+
+    exit_code = EXIT_CONFIG
+
+
+class UnavailableError(StartupError):
+    """Something the configuration names (the database, Redis, the port) cannot be used: not reachable, not
+    answering within its deadline, not ready (a schema to upgrade), or taken by another gateway."""
+
+    exit_code = EXIT_UNAVAILABLE
+
+
+def check_database_url(url: str) -> str:
+    """``url`` if it is an async SQLAlchemy URL whose dialect this install has, else a ConfigError naming
+    ``database_url`` and the forms that work (the driver's own module is imported when the engine is made)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    forms = "sqlite+aiosqlite:///path/to/gateway.db or postgresql+asyncpg://user:password@host:5432/name"
+    try:
+        # the dialect create_async_engine would pick (psycopg's async variant for postgresql+psycopg)
+        dialect = make_url(url).get_dialect(_is_async=True)
+    except NoSuchModuleError:  # before ArgumentError, its base class
+        name = url.split("://", 1)[0]
+        raise ConfigError(f"database_url: unknown database driver {name!r}: use {forms}") from None
+    except ArgumentError:
+        raise ConfigError(f"database_url {url!r} is not a database URL: write it as {forms}") from None
+    if not getattr(dialect, "is_async", False):
+        name = url.split("://", 1)[0]
+        raise ConfigError(f"database_url: driver {name!r} is not an async driver: use {forms}")
+    return url
 
 
 def _format_validation_error(err: ValidationError) -> str:
@@ -338,7 +386,9 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> GatewaySe
         data.update(raw)
     data.update(overrides)
     try:
-        return GatewaySettings(**data)
+        settings = GatewaySettings(**data)
     except ValidationError as e:
         where = f" {path}" if path else ""
         raise ConfigError(f"invalid gateway config{where}: {_format_validation_error(e)}") from e
+    check_database_url(settings.database_url)
+    return settings

@@ -42,7 +42,7 @@ from gateway.http.server import install_log_filter, serve_forever
 from gateway.http.services import Services
 from gateway.limits.base import Limiters
 from gateway.limits.local import Limits
-from gateway.store.db import create_engine, ensure_schema
+from gateway.store.db import create_engine, ensure_ready
 from gateway.store.keys import KeyStore, utcnow
 from gateway.store.ledger import LedgerWriter
 from gateway.store.ledger_queries import cost_used_today, tokens_used_today
@@ -102,7 +102,8 @@ class Gateway:
 
     # --- lifecycle -------------------------------------------------------------------------------
     async def start(self, _app: web.Application | None = None) -> None:
-        await ensure_schema(self.engine)  # SchemaError (a ConfigError): run `farm gateway db upgrade`
+        # StartupError: the database unreachable, missing or silent, or its schema to upgrade (SchemaError)
+        await ensure_ready(self.engine, self.settings.database_url, self.settings.database_connect_timeout_s)
         self.keys.set_secret(await resolve_secret(self.settings, self.engine))  # ConfigError: wrong secret
         await self.ledger.start()  # first: replays a dead process's spool, so the budgets below count it
         used_today = await tokens_used_today(self.engine)

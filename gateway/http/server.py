@@ -23,6 +23,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 
+from gateway.config import UnavailableError
 from gateway.errors import protocol_error_response
 
 
@@ -112,7 +113,13 @@ def serve_forever(
         await runner.setup()
         try:
             site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None)
-            await site.start()
+            try:
+                await site.start()
+            except OSError as e:  # the port is taken (by something other than a gateway: startup.py)
+                raise UnavailableError(
+                    f"cannot listen on {host}:{port}: {e.strerror or e}; stop what serves it, or choose "
+                    "another port with --port"
+                ) from None
             if announce is not None:
                 announce(f"======== Running on {site.name} ========\n(Press CTRL+C to quit)")
             await asyncio.Event().wait()  # until a signal raises GracefulExit

@@ -19,7 +19,8 @@ get SIGTERM from the kernel should the supervisor itself die (``PR_SET_PDEATHSIG
 Metrics: the supervisor points ``PROMETHEUS_MULTIPROC_DIR`` at a fresh folder of its own; every worker
 writes its metrics there (prometheus_client's multiprocess mode) and any worker's ``/metrics`` serves the
 sum over all of them (gateway.core.metrics). A dead worker's live gauges are removed (``mark_process_dead``);
-its counters stay, so totals never go backwards. The folder is removed when the supervisor stops.
+its counters stay, so totals never go backwards. The folder is removed when the supervisor stops, and a
+killed supervisor's by the next one to start (gateway.http.startup).
 
 Also here: the database lock of ``serve`` (``hold_database_lock``): a process without ``redis_url`` takes
 an exclusive ``flock`` on ``<SQLite file>.lock`` for its life, one with it a shared one, so a second
@@ -31,6 +32,7 @@ metrics folder before prometheus_client is first imported.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import logging
@@ -38,7 +40,6 @@ import os
 import shutil
 import signal
 import socket
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,9 +47,18 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import make_url
 
-from gateway.config import ConfigError, GatewaySettings
+from gateway.config import (
+    EXIT_CONFIG,
+    EXIT_UNAVAILABLE,
+    ConfigError,
+    GatewaySettings,
+    StartupError,
+    UnavailableError,
+)
+from gateway.http.startup import check_dependencies, hold_port_lock, metrics_folder, sweep_metrics_folders
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from multiprocessing.connection import Connection
     from multiprocessing.process import BaseProcess
 
@@ -146,7 +156,7 @@ def reserve_port(host: str, port: int) -> socket.socket:
         sock.bind(addr)
     except OSError as e:
         sock.close()
-        raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+        raise UnavailableError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     return sock
 
 
@@ -187,7 +197,9 @@ class Supervisor:
     def run(self) -> int:
         reserved = reserve_port(self.host, self.port)
         self.port = reserved.getsockname()[1]
-        self.metrics_dir = tempfile.mkdtemp(prefix="farm-gateway-metrics-")
+        for stale in sweep_metrics_folders():  # left by supervisors that were killed
+            log.info("supervisor: removed the metrics folder %s of a supervisor that is gone", stale)
+        self.metrics_dir = metrics_folder()
         os.environ[MULTIPROC_ENV] = self.metrics_dir  # inherited by every worker spawned from here
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
@@ -263,7 +275,8 @@ class Supervisor:
                 "supervisor: worker %d (pid %d) %s before it was ready (its error is above); stopping",
                 w.index, proc.pid, describe_exit(code),
             )  # fmt: skip
-            self.exit_code = 1
+            # a refused start (gateway.config.StartupError) keeps its status: 2 configuration, 4 the rest
+            self.exit_code = code if code in (EXIT_CONFIG, EXIT_UNAVAILABLE) else 1
             return False
         w.failures = 0 if ran >= HEALTHY_RUN_S else w.failures + 1
         delay = 0.0 if w.failures == 0 else min(BACKOFF_S[0] * 2 ** (w.failures - 1), BACKOFF_S[1])
@@ -303,8 +316,7 @@ class Supervisor:
         log.info("supervisor: stopped")
 
 
-def supervise(settings: GatewaySettings, host: str | None, port: int | None, workers: int) -> int:
-    """Run ``workers`` gateway processes on one port until SIGTERM/SIGINT; returns the exit status."""
+def check_workers(settings: GatewaySettings, workers: int) -> None:
     if workers < 1:
         raise ConfigError(f"--workers must be at least 1, not {workers}")
     if workers > 1 and not settings.redis_url:
@@ -313,6 +325,11 @@ def supervise(settings: GatewaySettings, host: str | None, port: int | None, wor
             f"every project limit (concurrency, rpm, tpm, daily budget) on its own, {workers} times the "
             f"configured amounts; set redis_url (or FARM_GATEWAY_REDIS_URL) or run one worker"
         )
+
+
+def supervise(settings: GatewaySettings, host: str | None, port: int | None, workers: int) -> int:
+    """Run ``workers`` gateway processes on one port until SIGTERM/SIGINT; returns the exit status."""
+    check_workers(settings, workers)
     hold_database_lock(settings)  # shared (redis_url is set): refused while a Redis-less process serves it
     return Supervisor(
         settings, host or settings.host, port if port is not None else settings.port, workers
@@ -356,21 +373,36 @@ def worker_main(
 
     try:
         run_one(settings, host, port, reuse_port=True, worker=(index, count), on_ready=on_ready)
-    except ConfigError as e:  # e.g. a schema the database lacks: one line, and the supervisor stops
+    except StartupError as e:  # e.g. a schema the database lacks: one line, and the supervisor stops
         log.error("%s", e)
-        raise SystemExit(1) from None
+        raise SystemExit(e.exit_code) from None
 
 
 def serve(
-    settings: GatewaySettings, host: str | None = None, port: int | None = None, *, workers: int = 1
+    settings: GatewaySettings,
+    host: str | None = None,
+    port: int | None = None,
+    *,
+    workers: int = 1,
+    on_checked: Callable[[], None] | None = None,
 ) -> int:
     """Run the gateway until interrupted (graceful stop flushes the ledger); returns the exit status.
 
     ``workers`` > 1: that many processes on one port under a supervisor (``supervise`` below; needs
     ``redis_url``). One process without ``redis_url`` holds an exclusive lock on its SQLite database for its
-    life, so a second one on the same file is refused (each would enforce the limits on its own)."""
+    life, so a second one on the same file is refused (each would enforce the limits on its own). A bad
+    setup raises a StartupError before anything starts; ``on_checked`` runs once the checks have passed."""
     from gateway.http.app import run_one  # imports the whole app: not at module level (see above)
 
+    host = host or settings.host
+    port = port if port is not None else settings.port
+    # Refused in one line before anything starts (gateway.http.startup): the configuration first, then
+    # what it names (ConfigError exits 2, UnavailableError 4)
+    check_workers(settings, workers)
+    hold_port_lock(host, port)  # another gateway on this port, with --workers or not
+    asyncio.run(check_dependencies(settings))  # the database (and its schema) and Redis answer
+    if on_checked is not None:
+        on_checked()
     if workers != 1:
         return supervise(settings, host, port, workers)
     hold_database_lock(settings)  # ConfigError naming redis_url when another process serves the database

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -22,7 +23,7 @@ from rich.table import Table
 from sqlalchemy import case, func, select
 from sqlalchemy.exc import SQLAlchemyError
 
-from gateway.config import ConfigError, GatewaySettings, load_settings
+from gateway.config import GatewaySettings, StartupError, load_settings
 from gateway.ops.doctor import (
     DOCTOR_TOOLS,
     DoctorInput,
@@ -43,7 +44,15 @@ from gateway.ops.onboarding import (
     render,
     write_config,
 )
-from gateway.store.db import SchemaError, create_engine, display_url, ensure_schema, ledger, upgrade_schema
+from gateway.store.db import (
+    SchemaError,
+    create_engine,
+    database_problem,
+    display_url,
+    ensure_ready,
+    ledger,
+    upgrade_schema,
+)
 from gateway.store.keys import KeyStore, parse_duration
 from gateway.store.secret import reset_secret, resolve_secret
 
@@ -51,12 +60,21 @@ DEFAULT_CONFIG = Path(__file__).parents[1] / "example-config.yaml"
 T = TypeVar("T")
 
 
+class Refused(click.ClickException):
+    """A StartupError at the command line: ``Error: <its one line>`` and its exit status (2: the
+    configuration, 4: infrastructure; gateway.config)."""
+
+    def __init__(self, e: StartupError) -> None:
+        super().__init__(str(e))
+        self.exit_code = e.exit_code
+
+
 def _settings(config_path: str | None) -> GatewaySettings:
     path = Path(config_path) if config_path else (DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None)
     try:
         return load_settings(path)
-    except ConfigError as e:
-        raise click.ClickException(str(e)) from None
+    except StartupError as e:
+        raise Refused(e) from None
 
 
 def _duration(value: str | None, what: str) -> timedelta | None:
@@ -78,7 +96,8 @@ def _with_store(
     async def run() -> T:
         engine = create_engine(settings.database_url)
         try:
-            await ensure_schema(engine)  # SchemaError: run `farm gateway db upgrade`
+            # StartupError: the database unreachable, missing or silent, or SchemaError: run `db upgrade`
+            await ensure_ready(engine, settings.database_url, settings.database_connect_timeout_s)
             store = KeyStore(engine, cache_ttl_s=0)
             if secret:
                 store.set_secret(await resolve_secret(settings, engine))
@@ -88,8 +107,8 @@ def _with_store(
 
     try:
         return asyncio.run(run())
-    except ConfigError as e:
-        raise click.ClickException(str(e)) from None
+    except StartupError as e:
+        raise Refused(e) from None
 
 
 def _console() -> Console:
@@ -127,21 +146,31 @@ def gateway() -> None:
     help="Gateway processes on the port, supervised by this one (restarted when they die); "
     "more than 1 needs redis_url (shared limits).",
 )
-def serve(config_path: str | None, host: str | None, port: int | None, workers: int) -> None:
-    """Run the gateway until interrupted (Ctrl-C stops it gracefully and flushes the ledger)."""
+@click.option("--debug", is_flag=True, help="On a refused start, print the traceback after its one line.")
+def serve(config_path: str | None, host: str | None, port: int | None, workers: int, debug: bool) -> None:
+    """Run the gateway until interrupted (Ctrl-C stops it gracefully and flushes the ledger).
+
+    A bad setup is refused before anything starts, in one line naming the fix: exit 2 for the
+    configuration (a field, a URL, a driver, credentials), 4 for infrastructure (the database or Redis not
+    answering, a schema to upgrade, the port served by another gateway)."""
     from gateway.http.workers import serve as run_server
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = _settings(config_path)
-    click.echo(
-        f"gateway: {len(settings.projects)} projects, {len(settings.models)} models, "
-        f"store {settings.database_url}",
-        err=True,
-    )
+
+    def checked() -> None:  # the log from here on: a refused start is its one line alone
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        click.echo(
+            f"gateway: {len(settings.projects)} projects, {len(settings.models)} models, "
+            f"store {display_url(settings.database_url)}",
+            err=True,
+        )
+
     try:
-        status = run_server(settings, host=host, port=port, workers=workers)
-    except ConfigError as e:  # e.g. a server secret the database's keys were not made with
-        raise click.ClickException(str(e)) from None
+        status = run_server(settings, host=host, port=port, workers=workers, on_checked=checked)
+    except StartupError as e:  # e.g. the database down, or a server secret the keys were not made with
+        if debug:
+            traceback.print_exc()
+        raise Refused(e) from None
     if status:
         sys.exit(status)
 
@@ -237,15 +266,15 @@ def keys_reset_secret(config_path: str | None) -> None:
     async def run() -> tuple[int, str]:
         engine = create_engine(settings.database_url)
         try:
-            await ensure_schema(engine)
+            await ensure_ready(engine, settings.database_url, settings.database_connect_timeout_s)
             return await reset_secret(settings, engine)
         finally:
             await engine.dispose()
 
     try:
         revoked, source = asyncio.run(run())
-    except ConfigError as e:
-        raise click.ClickException(str(e)) from None
+    except StartupError as e:
+        raise Refused(e) from None
     click.echo(
         f"revoked {revoked} keys; keys are now hashed with the secret from {source}. Restart running "
         "gateways, then create new keys (`farm gateway keys create`)."
@@ -299,7 +328,7 @@ async def usage_rows(settings: GatewaySettings, by: str | None, since: datetime 
     q = q.order_by(date, *dim_cols)
     engine = create_engine(settings.database_url)
     try:
-        await ensure_schema(engine)
+        await ensure_ready(engine, settings.database_url, settings.database_connect_timeout_s)
         async with engine.connect() as conn:
             rows = (await conn.execute(q)).all()
     finally:
@@ -337,8 +366,8 @@ def usage(config_path: str | None, by: str | None, since: str | None) -> None:
     settings = _settings(config_path)
     try:
         names, rows = asyncio.run(usage_rows(settings, by, _since(since)))
-    except ConfigError as e:  # SchemaError: an out-of-date database
-        raise click.ClickException(str(e)) from None
+    except StartupError as e:  # the database unreachable, or SchemaError: an out-of-date one
+        raise Refused(e) from None
     table = Table(*names)
     for r in rows:
         table.add_row(*(_cell(n, v) for n, v in zip(names, r, strict=True)))
@@ -375,8 +404,11 @@ def db_upgrade(config_path: str | None) -> None:
     try:
         before, after = asyncio.run(run())
     except SchemaError as e:
-        raise click.ClickException(str(e)) from None
+        raise Refused(e) from None
     except (OSError, SQLAlchemyError) as e:
+        problem = database_problem(e, settings.database_url)
+        if problem is not None:
+            raise Refused(problem) from None
         first = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
         raise click.ClickException(f"cannot upgrade the gateway database {where}: {first}") from None
     if before.up_to_date:

@@ -14,6 +14,7 @@ this module passes it the gateway's tables, migrations folder, version table, lo
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +30,11 @@ from sqlalchemy import (
     event,
 )
 from sqlalchemy.engine import Dialect, make_url
+from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import schemakit
-from gateway.config import ConfigError
+from gateway.config import ConfigError, StartupError, UnavailableError
 from schemakit import display_url as display_url  # the URL without its password (gateway.ops.cli)
 
 metadata = MetaData()
@@ -135,7 +137,7 @@ def create_engine(url: str) -> AsyncEngine:
 
 
 # --- the schema's version (schemakit: the logic the farm's store shares) ----------------------------------
-class SchemaError(ConfigError):
+class SchemaError(UnavailableError):
     """The database's schema is not the one this code needs; the message says what to run."""
 
 
@@ -187,6 +189,88 @@ async def ensure_schema(engine: AsyncEngine) -> SchemaState:
     line naming ``farm gateway db upgrade``. Another first start creating the tables right now is waited
     for (schemakit reads the state again under the migration lock)."""
     return await MIGRATIONS.ensure_async(engine)
+
+
+# SQLSTATEs of a connection the server refused (asyncpg and psycopg carry them as ``sqlstate``)
+_NO_SUCH_DATABASE = "3D000"
+_BAD_CREDENTIALS = ("28000", "28P01")
+
+
+def database_problem(e: BaseException, url: str) -> StartupError | None:
+    """What a failure to open the database at ``url`` means for whoever configured it, in one line naming
+    ``database_url`` and the fix; None for an error that is not about reaching the database."""
+    where = display_url(url)
+    u = make_url(url)
+    seen: list[BaseException] = []
+    cause: BaseException | None = e
+    while cause is not None and cause not in seen:  # the driver's error, under SQLAlchemy's wrapping
+        seen.append(cause)
+        cause = getattr(cause, "orig", None) or cause.__cause__
+    for err in seen:
+        state = getattr(err, "sqlstate", None)
+        if state == _NO_SUCH_DATABASE:
+            return UnavailableError(
+                f"database {u.database!r} does not exist on {u.host or 'localhost'}:{u.port or 5432} "
+                f"(database_url {where}): create it (createdb {u.database}) or fix database_url"
+            )
+        if state in _BAD_CREDENTIALS:
+            return ConfigError(
+                f"the database refused the credentials of database_url {where} (user {u.username!r}): "
+                f"{_first_line(err)}; fix the user or password in database_url"
+            )
+        if isinstance(err, ModuleNotFoundError):
+            return ConfigError(
+                f"database_url {where}: its driver needs the Python package {err.name!r}, which is not "
+                f"installed (pip install {err.name}), or use another driver"
+            )
+        if isinstance(err, (OSError, ConnectionError)):
+            if u.get_backend_name() == "sqlite":
+                return UnavailableError(
+                    f"cannot open the SQLite database {u.database} (database_url): {_first_line(err)}; "
+                    "check that its folder exists and is writable, or fix database_url"
+                )
+            return UnavailableError(
+                f"cannot connect to the database at {u.host or 'localhost'}:{u.port or 5432} "
+                f"(database_url {where}): {_first_line(err)}; start it, or fix database_url"
+            )
+        if u.get_backend_name() == "sqlite" and "unable to open database file" in str(err):
+            return UnavailableError(
+                f"cannot open the SQLite database {u.database} (database_url): check that its folder "
+                "exists and is writable, or fix database_url"
+            )
+    if isinstance(e, (OperationalError, InterfaceError)):  # any other driver's "cannot reach the server"
+        what = getattr(e, "orig", None) or e
+        return UnavailableError(
+            f"cannot use the database at database_url {where}: {_first_line(what)}; start it, or fix "
+            "database_url"
+        )
+    return None
+
+
+async def ensure_ready(engine: AsyncEngine, url: str, deadline_s: float) -> SchemaState:
+    """``ensure_schema`` within ``deadline_s``, for a start or a command: a database that cannot be
+    reached, does not exist, refuses the credentials or does not answer in time raises a StartupError of
+    one line (``database_problem``), as an out-of-date schema raises SchemaError."""
+    try:
+        async with asyncio.timeout(deadline_s):
+            return await ensure_schema(engine)
+    except StartupError:
+        raise
+    except TimeoutError:
+        raise UnavailableError(
+            f"the database at database_url {display_url(url)} did not answer within {deadline_s:g} s "
+            "(a hung or overloaded server?); check it, or fix database_url"
+        ) from None
+    except Exception as e:
+        problem = database_problem(e, url)
+        if problem is None:
+            raise
+        raise problem from e
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__
 
 
 async def create_tables(engine: AsyncEngine) -> None:

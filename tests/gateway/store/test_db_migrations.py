@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from pg import DB_BACKENDS
 from sqlalchemy import Table, insert, inspect, select, text
 
-from gateway.config import ConfigError, GatewaySettings
+from gateway.config import GatewaySettings, StartupError
 from gateway.http.app import Gateway
 from gateway.ops.cli import gateway as cli
 from gateway.store.db import (
@@ -103,7 +103,7 @@ async def _cli(*args: str):
 async def _start_refused(url: str, tmp_path: Path) -> str:
     gw = Gateway(GatewaySettings(database_url=url, secret=SECRET, ledger_spool_dir=str(tmp_path / "spool")))
     try:
-        with pytest.raises(ConfigError) as ei:
+        with pytest.raises(StartupError) as ei:
             await gw.start()
     finally:
         await gw.stop()
@@ -141,7 +141,8 @@ async def test_an_old_style_database_is_refused_until_db_upgrade_adopts_it(
     assert await _start_refused(empty_url, tmp_path) == message  # Gateway.start (so `serve`) too
     cfg = _config(tmp_path, empty_url)
     res = await _cli("keys", "list", "--config", cfg)  # and so does every command on the database
-    assert res.exit_code == 1 and "farm gateway db upgrade" in res.output and "Traceback" not in res.output
+    # exit 4: infrastructure (the database needs an upgrade), not the configuration
+    assert res.exit_code == 4 and "farm gateway db upgrade" in res.output and "Traceback" not in res.output
     async with engine.connect() as conn:  # nothing was changed by the refusals
         assert "batch_size" not in {c["name"] for c in await conn.run_sync(_columns)}
 
@@ -177,7 +178,7 @@ async def test_a_database_from_a_newer_release_is_refused(engine, empty_url, tmp
     with pytest.raises(SchemaError, match="0099"):
         await upgrade_schema(engine)  # never "downgraded" by an older release
     res = await _cli("db", "upgrade", "--config", _config(tmp_path, empty_url))
-    assert res.exit_code == 1 and "does not know" in res.output
+    assert res.exit_code == 4 and "does not know" in res.output
 
 
 async def test_first_starts_at_once_create_the_tables_once(empty_url):
@@ -207,7 +208,7 @@ async def test_serve_refuses_an_old_style_database_in_one_line_naming_db_upgrade
         env=env, cwd=tmp_path, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
     out = (await asyncio.wait_for(proc.communicate(), 60))[0].decode()
-    assert proc.returncode == 1, out
+    assert proc.returncode == 4, out  # infrastructure: the database needs an upgrade
     errors = [line for line in out.splitlines() if line.startswith("Error: ")]
     assert len(errors) == 1 and "run `farm gateway db upgrade` (with the same --config)" in errors[0], out
     assert "Traceback" not in out

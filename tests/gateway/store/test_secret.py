@@ -169,11 +169,12 @@ async def test_another_secret_is_refused_by_the_gateway_the_cli_and_serve(start_
 
     cfg = config_file(gw.gw.settings, tmp_path / "cfg.yaml", secret="another-secret-9876543210")
     res = await run_cli("keys", "create", "--config", cfg, "--project", "alpha")
-    assert res.exit_code == 1 and "made with another secret" in res.output and "kf_" not in res.output
+    # exit 2: the configuration (its secret) is wrong
+    assert res.exit_code == 2 and "made with another secret" in res.output and "kf_" not in res.output
     assert (await run_cli("keys", "list", "--config", cfg)).exit_code == 0  # needs no secret
 
     code, out = await cli_process("serve", "--config", cfg, "--port", "0")
-    assert code == 1, out
+    assert code == 2, out  # the configuration's secret
     assert "Error: the gateway keys in this database were made with another secret" in out
     assert "Traceback" not in out and "another-secret-9876543210" not in out
 
