@@ -49,6 +49,9 @@ def test_the_tour_block_is_found_and_names_the_jobs_it_creates():
 
 @pytest.mark.skipif(not FARM.exists(), reason=f"no `farm` entry point at {FARM} (pip install -e .)")
 @pytest.mark.slow  # every tour command in a fresh `farm` process
+# about 17 `farm` processes, 4 of them with a Ray of their own: 1.5-2.5 min on an idle 2-core machine and
+# over 5 (the suite's hang guard) on a busy one; each command has its own 600 s limit below
+@pytest.mark.timeout(1200)
 def test_the_readme_tour_runs_in_order_and_each_command_exits_0(tmp_path):
     (tmp_path / "jobs").mkdir()
     (tmp_path / "jobs" / "specs").symlink_to(ROOT / "jobs" / "specs")
