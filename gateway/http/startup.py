@@ -14,6 +14,8 @@ request or left as a traceback:
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
 import fcntl
 import os
 import re
@@ -53,20 +55,33 @@ def hold_port_lock(host: str, port: int) -> None:
     if port == 0:
         return
     path = port_lock_path(host, port)
-    fd = _lock(path)
-    if fd is None:
-        try:
-            holder = path.read_text().strip()
-        except OSError:
-            holder = ""
-        who = f" (pid {holder})" if holder.isdigit() else ""
-        raise UnavailableError(
-            f"another gateway{who} already serves {host}:{port} (lock {path}): stop it, or choose another "
-            "port with --port"
-        )
+    while True:
+        fd = _lock(path)
+        if fd is None:
+            try:
+                holder = path.read_text().strip()
+            except OSError:
+                holder = ""
+            who = f" (pid {holder})" if holder.isdigit() else ""
+            raise UnavailableError(
+                f"another gateway{who} already serves {host}:{port} (lock {path}): stop it, or choose "
+                "another port with --port"
+            )
+        try:  # the file is still the one at the path (its last holder removes it as it exits)?
+            if os.fstat(fd).st_ino == path.stat().st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     _held.append(fd)
+    atexit.register(_remove_while_held, path)  # a killed process leaves the file: the next one reuses it
+
+
+def _remove_while_held(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        path.unlink()
 
 
 # --- the dependencies --------------------------------------------------------------------------------------

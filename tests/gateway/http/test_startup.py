@@ -19,6 +19,7 @@ import aiohttp
 import pytest
 import yaml
 
+from gateway.http.startup import port_lock_path
 from tests.gateway.http.test_workers import Serve, _children, _config, _free_port
 
 pytestmark = pytest.mark.slow  # gateway processes of their own
@@ -154,6 +155,9 @@ async def test_a_port_another_gateway_serves_is_refused_and_the_first_goes_on(tm
             assert f"pid {first.proc.pid}" in line and "--port" in line
             async with s.get(first.url + "/workerz") as r:  # only the first supervisor's workers answer
                 assert (await r.json())["pid"] in _children(first.proc.pid)
+        assert port_lock_path("127.0.0.1", first.port).exists()
+        first.stop()
+        assert not port_lock_path("127.0.0.1", first.port).exists()  # removed by its holder as it exits
     finally:
         first.stop()
 
