@@ -225,6 +225,10 @@ class GatewaySettings(BaseSettings):
     # made by another process (the CLI, another instance) bites
     key_cache_ttl_s: float = Field(1.0, ge=0, le=1.0)
     key_rotation_grace_s: float = Field(3600.0, ge=0)
+    # while the database is down or hung, a key verified within this long still authenticates (the last
+    # known good; a revocation seen through Redis still bites); keys not seen lately get a 503
+    key_stale_ttl_s: float = Field(600.0, ge=0)
+    key_lookup_timeout_s: float = Field(1.0, gt=0, le=30)  # a key lookup's deadline (a hung database)
     access_log: bool = False
     uvloop: bool = True  # use uvloop for `serve` when it is installed
     # Shared state (gateway.redis): with a Redis URL (redis://, rediss://, unix://), every gateway process

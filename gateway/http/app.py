@@ -75,7 +75,13 @@ class Gateway:
         self.engine = create_engine(settings.database_url)
         # the server secret is resolved in start (gateway.store.secret: FARM_GATEWAY_SECRET or the secret
         # file)
-        self.keys = KeyStore(self.engine, cache_ttl_s=settings.key_cache_ttl_s, clock=clock)
+        self.keys = KeyStore(
+            self.engine,
+            cache_ttl_s=settings.key_cache_ttl_s,
+            clock=clock,
+            stale_ttl_s=settings.key_stale_ttl_s,
+            lookup_timeout_s=settings.key_lookup_timeout_s,
+        )
         self.ledger = LedgerWriter(
             self.engine,
             interval_s=settings.ledger_flush_interval_s,
@@ -182,10 +188,12 @@ class Gateway:
         if not self.ready:
             problems.append("not started")
         problems += self.ledger.problems()  # not running, behind, flushes failing, spool not writable
-        try:
-            async with asyncio.timeout(2):
+        try:  # within the key lookup's deadline: a hung database makes /readyz late by that much at most
+            async with asyncio.timeout(self.settings.key_lookup_timeout_s):
                 async with self.engine.connect() as conn:
                     await conn.execute(text("SELECT 1"))
+        except TimeoutError:
+            problems.append(f"store unreachable: no answer within {self.settings.key_lookup_timeout_s:g} s")
         except Exception as e:
             problems.append(f"store unreachable: {e.__class__.__name__}")
         ledger = self.ledger.stats()

@@ -1,9 +1,10 @@
 """What processes tell each other through Redis besides limits: key revocations and summary claims.
 
-- **Key revocation and rotation** (``KeyRevocations``): ``KeyStore.revoke``/``rotate`` publish; every
-  process subscribes and drops its key cache at once (milliseconds; ``key_cache_ttl_s``, at most 1 s, still
-  bounds it when a message is lost, and bounds the CLI's revocations, which do not publish). After Redis
-  was away the cache is dropped too: revocations published meanwhile were lost.
+- **Key revocation and rotation** (``KeyRevocations``): ``KeyStore.revoke``/``rotate`` publish the key's id;
+  every process subscribes and forgets that key at once (milliseconds; ``key_cache_ttl_s``, at most 1 s,
+  still bounds it when a message is lost, and bounds the CLI's revocations, which do not publish); a
+  revoked key is never served from the last known good (gateway.store.keys). After Redis was away the
+  whole cache is dropped: revocations published meanwhile were lost.
 - **The summaries cache and coalescing** (``SummaryClaims``, for ``gateway.summaries.batcher``): a complete
   answer is stored under its set key for ``redis_summaries_ttl_s``; the first process to take the set's lock
   (renewed like a lease) makes the model call; the others wait for its outcome (pub/sub, polling every
@@ -72,19 +73,25 @@ class KeyRevocations:
             state.subscribe(self.channel, self._message)
             state.join(self)
 
-    async def publish(self) -> None:
-        """KeyStore.revoke/rotate: every process drops its key cache (best effort; the cache TTL bounds
-        a lost message)."""
+    async def publish(self, key_id: str, revoked: bool) -> None:
+        """KeyStore.revoke/rotate: every process forgets the key (best effort; the cache TTL bounds a lost
+        message). The message is ``revoked <id>`` or ``changed <id>``."""
         state = self.state
         if not state.up:
             return
+        message = f"{'revoked' if revoked else 'changed'} {key_id}"
         try:
-            await state.call("publishing a key change", lambda r: r.publish(self.channel, state.token))
+            await state.call("publishing a key change", lambda r: r.publish(self.channel, message))
         except SharedUnavailable as e:
             log.warning("shared state: could not publish a key change: %s", e)
 
-    def _message(self, _data: str) -> None:
-        if self.keys is not None:
+    def _message(self, data: str) -> None:
+        if self.keys is None:
+            return
+        what, _, key_id = data.partition(" ")
+        if what in ("revoked", "changed") and key_id:
+            self.keys.forget_key(key_id, revoked=what == "revoked")
+        else:  # a message of another form (an older gateway's): forget every key
             self.keys._forget()
 
     async def connected(self, lane: Lane) -> None:

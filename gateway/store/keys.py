@@ -61,6 +61,7 @@ def is_gateway_key(value: str) -> bool:
 _HEADER_LABEL = {"authorization": "'Authorization: Bearer'", "x-api-key": "'x-api-key'"}
 MISSING_KEY_MESSAGE = "missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'"
 INVALID_KEY_MESSAGE = "invalid, expired or revoked API key"
+_RETRY_S = 1.0  # after a failed lookup, how long the store is not asked again (the last known good serves)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,10 +155,21 @@ class KeyStore:
         *,
         cache_ttl_s: float = 1.0,
         clock: Clock = utcnow,
+        stale_ttl_s: float = 0.0,
+        lookup_timeout_s: float = 10.0,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._engine = engine
         self._secret = secret  # None until set_secret: only get/list/revoke work without it
         self._cache_ttl = cache_ttl_s
+        # Last known good: while the store cannot answer (down, or past ``lookup_timeout_s``), a key verified
+        # within ``stale_ttl_s`` still authenticates; for ``_RETRY_S`` after a failed lookup the store is not
+        # asked again (a hung database would otherwise cost every request its deadline)
+        self._stale_ttl = max(stale_ttl_s, cache_ttl_s)
+        self._lookup_timeout = lookup_timeout_s
+        self._mono = monotonic
+        self._store_down_until = 0.0
+        self.stale_served = 0  # authentications answered from the last known good while the store was away
         self._clock = clock
         # SHA-256 of a key that matched its row -> (info, monotonic fetch time); holds no plaintext key. The
         # HMAC with the server secret (what the store holds) is computed only on a miss: it costs 4x more.
@@ -165,9 +177,10 @@ class KeyStore:
         # key id -> the store lookup in flight: requests that miss the cache together share one query
         self._loading: dict[str, asyncio.Future[tuple[KeyInfo, str] | None]] = {}
         self._generation = 0  # bumped by revoke/rotate: a lookup begun before one is not cached
-        # awaited after revoke/rotate: gateway.redis.channels publishes the change, so every process sharing
-        # its Redis drops its key cache at once (not just this one)
-        self.on_change: Callable[[], Awaitable[None]] | None = None
+        self._revoked: set[str] = set()  # key ids revoked while this process ran (never served stale)
+        # awaited after revoke/rotate with (key id, revoked): gateway.redis.channels publishes the change, so
+        # every process sharing its Redis forgets that key at once (not just this one)
+        self.on_change: Callable[[str, bool], Awaitable[None]] | None = None
 
     def set_secret(self, secret: bytes) -> None:
         """The server secret (from gateway.store.secret.resolve_secret); a store built without one gets it
@@ -232,7 +245,7 @@ class KeyStore:
                 .where(api_keys.c.id == key_id, api_keys.c.revoked_at.is_(None))
                 .values(revoked_at=self._clock())
             )
-        await self._changed()
+        await self._changed(key_id, revoked=True)
         return res.rowcount > 0
 
     async def rotate(self, key_id: str, grace: timedelta) -> tuple[str, KeyInfo]:
@@ -254,17 +267,28 @@ class KeyStore:
                 .where(api_keys.c.id == key_id)
                 .values(expires_at=old_expiry, rotated_to=new_info.id)
             )
-        await self._changed()
+        await self._changed(key_id, revoked=False)
         return new_key, new_info
 
-    async def _changed(self) -> None:
-        """A key changed: forget here, and tell the other processes (``on_change``)."""
-        self._forget()
+    async def _changed(self, key_id: str, *, revoked: bool) -> None:
+        """A key changed: forget it here, and tell the other processes (``on_change``)."""
+        self.forget_key(key_id, revoked=revoked)
         if self.on_change is not None:
-            await self.on_change()
+            await self.on_change(key_id, revoked)
+
+    def forget_key(self, key_id: str, *, revoked: bool) -> None:
+        """Another process (or this one) changed ``key_id``: it is looked up again before it is served, and
+        a revoked one is never served from the last known good."""
+        if revoked:
+            self._revoked.add(key_id)
+        for tag in [t for t, (info, _at) in self._cache.items() if info.id == key_id]:
+            del self._cache[tag]
+        self._loading.pop(key_id, None)
+        self._generation += 1
 
     def _forget(self) -> None:
-        """Drop what this process knows about keys (after it changed one)."""
+        """Drop what this process knows about keys (a new secret, or key changes that may have been
+        missed): nothing is served from the last known good after this."""
         self._cache.clear()
         self._loading.clear()
         self._generation += 1
@@ -274,14 +298,25 @@ class KeyStore:
         m = _KEY_RE.match(key)
         if m is None:
             return None
-        mono = time.monotonic()
+        if self._revoked and m.group(1) in self._revoked:
+            return None  # revoked while this process ran: no lookup needed, the database or not
+        mono = self._mono()
         tag = hashlib.sha256(key.encode()).digest()
         cached = self._cache.get(tag)
         if cached is not None and mono - cached[1] <= self._cache_ttl:
             info = cached[0]  # this key matched its row's hash when it was cached
         else:
             generation = self._generation
-            loaded = await self._load(m.group(1))
+            try:
+                if mono < self._store_down_until:
+                    raise self._unavailable("did not answer a moment ago")
+                loaded = await self._load(m.group(1))
+            except StoreUnavailable:
+                if cached is None or mono - cached[1] > self._stale_ttl or cached[0].id in self._revoked:
+                    raise  # a key not verified lately: a 503 with Retry-After
+                self.stale_served += 1
+                info = cached[0]  # the last known good
+                return info if info.usable(self._clock()) else None
             if loaded is None:
                 return None
             info, row_hash = loaded
@@ -290,6 +325,11 @@ class KeyStore:
             if generation == self._generation:
                 self._cache[tag] = (info, mono)
         return info if info.usable(self._clock()) else None
+
+    def _unavailable(self, why: str) -> StoreUnavailable:
+        return StoreUnavailable(
+            f"the gateway's key store is unavailable ({why}); retry shortly", retry_after="1"
+        )
 
     async def _load(self, key_id: str) -> tuple[KeyInfo, str] | None:
         """The key row's info and hash, one query per key id however many requests wait for it (when the
@@ -305,11 +345,12 @@ class KeyStore:
 
     async def _query(self, key_id: str) -> tuple[KeyInfo, str] | None:
         try:
-            async with self._engine.connect() as conn:
+            async with asyncio.timeout(self._lookup_timeout), self._engine.connect() as conn:
                 row = (await conn.execute(select(api_keys).where(api_keys.c.id == key_id))).first()
-        except (DBAPIError, OSError, TimeoutError) as e:  # the database, not the key: a 503, not a 500
-            raise StoreUnavailable(
-                f"the gateway's key store is unavailable ({e.__class__.__name__}); retry shortly",
-                retry_after="1",
-            ) from None
+        except TimeoutError:  # a hung database: the request's deadline, not the database's
+            self._store_down_until = self._mono() + _RETRY_S
+            raise self._unavailable(f"no answer within {self._lookup_timeout:g} s") from None
+        except (DBAPIError, OSError) as e:  # the database, not the key: a 503, not a 500
+            self._store_down_until = self._mono() + _RETRY_S
+            raise self._unavailable(e.__class__.__name__) from None
         return (_row_to_info(row), row.key_hash) if row is not None else None

@@ -230,19 +230,25 @@ async def test_anthropic_stream_cut_before_message_delta_has_its_output_estimate
 
 
 async def test_an_unreachable_key_store_is_a_503_not_a_500(gateway, oai, caplog, tmp_path):
-    """Seen: while the database was down, a key not looked up in the last second got a 500."""
+    """Seen: while the database was down, a key not looked up in the last second got a 500. A key verified
+    lately is served from the last known good (gateway.store.keys); any other gets a 503 with Retry-After."""
     from gateway.store.db import create_engine
 
     gw = gateway.gw
+    unseen, _ = await gw.keys.create("alpha", "never used")
+    await _still_serving(gateway, oai)  # the project's key, verified by the database
     real = gw.keys._engine
     gw.keys._engine = create_engine(f"sqlite+aiosqlite:///{tmp_path}/missing-dir/nothing/keys.db")
+    gw.keys._cache_ttl = 0  # every request asks the store
     try:
         with pytest.raises(openai.APIStatusError) as ei:
-            await oai(gateway).chat.completions.create(model="gpt-fake", messages=MSGS)
+            await oai(gateway, project=unseen).chat.completions.create(model="gpt-fake", messages=MSGS)
         assert ei.value.status_code == 503
         assert "key store is unavailable" in ei.value.message
         assert ei.value.response.headers["Retry-After"] == "1"
         assert "Traceback" not in caplog.text
+        await _still_serving(gateway, oai)  # the key verified a moment ago: the last known good
+        assert gw.keys.stale_served >= 1
     finally:
         await gw.keys._engine.dispose()
         gw.keys._engine = real
