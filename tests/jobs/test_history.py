@@ -51,8 +51,9 @@ def test_one_change_point_at_job_20_the_size_the_real_sweeps_measured(history):
                                 if t.shape["n"] == n]))  # fmt: skip
 
     measured = {n: real_level(REAL[3:], n) / real_level(REAL[:3], n) - 1 for n in (0, 1)}
-    # 4x the work: idle, +300%; a busy machine moves the phases' shares of a core, never to below +100%
-    assert all(step > 1.0 for step in measured.values()), measured
+    # 4x the work: idle, +300%; a busy machine moves the phases' shares of a core (seen: +90% beside the
+    # other pytest-xdist worker on an idle machine), never to a step the change point could miss
+    assert all(step > 0.5 for step in measured.values()), measured
     spins = collect(store, Selection(family="probe", backend="spin"))
     assert len(spins) == 2  # one series per shape: the knob is not part of the point
     for series in spins:
