@@ -6,6 +6,7 @@ without ``redis_url`` on a SQLite database that one already serves. Free ports, 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import re
 import signal
@@ -21,6 +22,7 @@ import aiohttp
 import pytest
 import yaml
 
+from gateway.http.startup import port_lock_path
 from gateway.testing.fake_upstream import FakeUpstream
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -107,6 +109,24 @@ class Serve:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        drop_stale_port_lock(self.port)
+
+
+def drop_stale_port_lock(port: int) -> None:
+    """A gateway killed with SIGKILL (on purpose, or by ``stop``) leaves its port's lock file: removed after
+    the test unless another gateway still holds it (a stopped one removed its own already)."""
+    path = port_lock_path("127.0.0.1", port)
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        path.unlink(missing_ok=True)
+    except BlockingIOError:
+        pass  # its gateway still serves
+    finally:
+        os.close(fd)
 
 
 def _children(pid: int) -> set[int]:

@@ -22,6 +22,7 @@ import yaml
 from pg import DB_BACKENDS
 
 from gateway.testing.fake_upstream import FakeUpstream, Fault
+from tests.gateway.http.test_workers import drop_stale_port_lock
 
 ROOT = Path(__file__).resolve().parents[3]
 SECRET = "shared-secret-0123456789abcdef"
@@ -83,6 +84,7 @@ class _Gateway:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        drop_stale_port_lock(self.port)  # left by a SIGKILLed process
 
 
 @pytest.fixture(params=DB_BACKENDS)
