@@ -252,8 +252,10 @@ def test_a_regression_farm_accept_caught_is_on_the_page(tmp_path, ray_local):
     out = CliRunner().invoke(main, ["accept", str(cand), "--baseline", "main", "--db", db])
     assert out.exit_code == 1, out.output  # the regression fails the verdict
     slowed = next(t for t in store.trials(cand) if "_slowdown" in t.config)
-    (failure,) = [f for f in store.failures() if f.job_id == cand and f.outcome == "fail"]
-    assert failure.assertion == "regression" and failure.trial_id == slowed.id  # stored by acceptance
+    # the slowed trial's regression is stored by acceptance (on a busy machine the plain point, measured
+    # seconds after the baseline under another share of a core, may fail beside it: seen once)
+    failed = [f for f in store.failures() if f.job_id == cand and f.outcome == "fail"]
+    assert [f.assertion for f in failed if f.trial_id == slowed.id] == ["regression"], failed
 
     report = tmp_path / "cand.html"
     out = CliRunner().invoke(main, ["report", str(cand), "--db", db, "--html", str(report)])
@@ -262,10 +264,10 @@ def test_a_regression_farm_accept_caught_is_on_the_page(tmp_path, ray_local):
     # the verdict names the failed regression assertion and the slowed trial
     verdict = re.search(r'<p class="verdict fail">Acceptance: FAIL.*?</table>', page, re.S)
     assert verdict, "no failed verdict on the page"
-    row = re.search(
+    rows = re.findall(
         r'<tr class="bad"><td class="l">FAIL</td><td class="l">regression</td>(.*?)</tr>', verdict[0]
     )
-    assert row and "_slowdown" in row[1] and f"#{slowed.seq}" in row[1], verdict[0]
+    assert any("_slowdown" in row and f"#{slowed.seq}" in row for row in rows), verdict[0]
     # the speedup against the stored baseline's job: the slowed trial below 1, about 1 / 4 of the plain one
     # measured beside it (the baseline job ran earlier, under another load: its ratios are looser)
     data, layout = _plot_data(page, "plot-speedup-stored-baseline")
