@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 from gateway.config import GatewaySettings, UnavailableError
-from gateway.store.db import create_engine, database_problem, display_url, ensure_ready
+from gateway.store.db import create_engine, database_problem, display_url, ensure_ready, first_line
 
 METRICS_PREFIX = "farm-gateway-metrics-"
 _OWNER = ".owner.lock"  # inside a metrics folder: locked by the supervisor that made it
@@ -120,7 +120,7 @@ async def _ping_redis(settings: GatewaySettings) -> None:
         async with asyncio.timeout(deadline):
             await client.ping()
     except (RedisError, OSError, TimeoutError) as e:
-        why = str(e).strip().splitlines()[0] if str(e).strip() else "no answer"
+        why = first_line(e)
         raise UnavailableError(
             f"nothing answers at redis_url {display_url(settings.redis_url)} within {deadline:g} s ({why}): "
             "start Redis or fix redis_url; to start anyway, each process on its share of the limits until "

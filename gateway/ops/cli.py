@@ -50,6 +50,7 @@ from gateway.store.db import (
     database_problem,
     display_url,
     ensure_ready,
+    first_line,
     ledger,
     upgrade_schema,
 )
@@ -409,8 +410,7 @@ def db_upgrade(config_path: str | None) -> None:
         problem = database_problem(e, settings.database_url)
         if problem is not None:
             raise Refused(problem) from None
-        first = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
-        raise click.ClickException(f"cannot upgrade the gateway database {where}: {first}") from None
+        raise click.ClickException(f"cannot upgrade the gateway database {where}: {first_line(e)}") from None
     if before.up_to_date:
         click.echo(f"{where}: schema already at the newest revision, {after.current}")
         return

@@ -216,7 +216,7 @@ def database_problem(e: BaseException, url: str) -> StartupError | None:
         if state in _BAD_CREDENTIALS:
             return ConfigError(
                 f"the database refused the credentials of database_url {where} (user {u.username!r}): "
-                f"{_first_line(err)}; fix the user or password in database_url"
+                f"{first_line(err)}; fix the user or password in database_url"
             )
         if isinstance(err, ModuleNotFoundError):
             return ConfigError(
@@ -226,12 +226,12 @@ def database_problem(e: BaseException, url: str) -> StartupError | None:
         if isinstance(err, (OSError, ConnectionError)):
             if u.get_backend_name() == "sqlite":
                 return UnavailableError(
-                    f"cannot open the SQLite database {u.database} (database_url): {_first_line(err)}; "
+                    f"cannot open the SQLite database {u.database} (database_url): {first_line(err)}; "
                     "check that its folder exists and is writable, or fix database_url"
                 )
             return UnavailableError(
                 f"cannot connect to the database at {u.host or 'localhost'}:{u.port or 5432} "
-                f"(database_url {where}): {_first_line(err)}; start it, or fix database_url"
+                f"(database_url {where}): {first_line(err)}; start it, or fix database_url"
             )
         if u.get_backend_name() == "sqlite" and "unable to open database file" in str(err):
             return UnavailableError(
@@ -241,7 +241,7 @@ def database_problem(e: BaseException, url: str) -> StartupError | None:
     if isinstance(e, (OperationalError, InterfaceError)):  # any other driver's "cannot reach the server"
         what = getattr(e, "orig", None) or e
         return UnavailableError(
-            f"cannot use the database at database_url {where}: {_first_line(what)}; start it, or fix "
+            f"cannot use the database at database_url {where}: {first_line(what)}; start it, or fix "
             "database_url"
         )
     return None
@@ -268,7 +268,8 @@ async def ensure_ready(engine: AsyncEngine, url: str, deadline_s: float) -> Sche
         raise problem from e
 
 
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
+    """An error's first line of text, or its class name when it has none (one-line messages)."""
     lines = str(e).strip().splitlines()
     return lines[0] if lines else type(e).__name__
 
