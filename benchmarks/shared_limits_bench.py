@@ -73,11 +73,12 @@ async def _local(n: int, concurrency: int) -> float:
 
 
 async def _shared(url: str, n: int, concurrency: int) -> tuple[float, float]:
+    from gateway.core.record import DayUsage
     from gateway.limits.redis import SharedLimits
     from gateway.redis.state import SharedState
 
-    async def seed() -> dict[str, int]:
-        return {}
+    async def seed() -> DayUsage:
+        return DayUsage({}, {}, [])
 
     settings = _settings(url)
     shared = SharedState(settings)

@@ -12,7 +12,7 @@ import itertools
 import os
 import time
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, NamedTuple, TypedDict
 
 if TYPE_CHECKING:
     from gateway.config import ProjectConfig
@@ -55,6 +55,17 @@ class LedgerRow(TypedDict):
     fallback_from: str | None
     translation: str | None
     cost_usd: float | None
+    shared_pending: bool | None  # True: admitted on this process's own share while Redis was unreachable
+
+
+class DayUsage(NamedTuple):
+    """The day's usage in the ledger, read in one statement (one snapshot): per project its tokens and US
+    dollars, and the ids of the rows flagged ``shared_pending`` (their usage is not in the shared counters
+    unless a process adds it: gateway.limits.redis)."""
+
+    tokens: dict[str, int]
+    cost: dict[str, float]
+    shared_pending: list[str]
 
 
 class Record:
@@ -66,7 +77,7 @@ class Record:
         "http_status", "error_class", "retries", "input_tokens", "output_tokens", "estimated",
         "upstream_t0", "upstream_end", "ttft", "queue_wait", "upstream_request_id", "batch_size",
         "closed", "deployment", "fallback_from", "translation", "cost_usd", "cached_input_tokens",
-        "cache_write_tokens",
+        "cache_write_tokens", "shared_pending",
     )  # fmt: skip
 
     def __init__(self, endpoint: str) -> None:
@@ -102,6 +113,8 @@ class Record:
         self.fallback_from: str | None = None
         self.translation: str | None = None
         self.cost_usd: float | None = None
+        # admitted on this process's own share of the limits while Redis was unreachable (None: not)
+        self.shared_pending: bool | None = None
 
     def tag(self, project: ProjectConfig, task: str | None) -> None:
         """The task (header or the project's default) and its bounded metrics label."""
@@ -149,4 +162,5 @@ class Record:
             "fallback_from": self.fallback_from,
             "translation": self.translation,
             "cost_usd": self.cost_usd,
+            "shared_pending": self.shared_pending,
         }

@@ -45,7 +45,7 @@ from gateway.limits.local import Limits
 from gateway.store.db import create_engine, ensure_ready
 from gateway.store.keys import KeyStore, utcnow
 from gateway.store.ledger import LedgerWriter
-from gateway.store.ledger_queries import cost_used_today, tokens_used_today
+from gateway.store.ledger_queries import usage_today
 from gateway.store.secret import resolve_secret
 from gateway.store.spool import default_spool_dir
 from gateway.summaries.batcher import SUMMARIES_PATH, SummaryBatcher
@@ -112,8 +112,7 @@ class Gateway:
         await ensure_ready(self.engine, self.settings.database_url, self.settings.database_connect_timeout_s)
         self.keys.set_secret(await resolve_secret(self.settings, self.engine))  # ConfigError: wrong secret
         await self.ledger.start()  # first: replays a dead process's spool, so the budgets below count it
-        used_today = await tokens_used_today(self.engine)
-        cost_today = await cost_used_today(self.engine)
+        today = await usage_today(self.engine)
         if self.settings.redis_url:
             # imports redis only when configured
             from gateway.limits.redis import SharedLimits
@@ -123,15 +122,13 @@ class Gateway:
             self.limits = SharedLimits(
                 self.shared,
                 self.settings.projects,
-                used_today,
-                cost_today,
-                seed_source=lambda: _from_ledger(tokens_used_today, self.engine),
-                cost_seed_source=lambda: _from_ledger(cost_used_today, self.engine),
+                today,
+                seed_source=lambda: _from_ledger(usage_today, self.engine),
             )
             await self.shared.start()  # Redis down: starts degraded, on this process's share of the limits
             self.metrics.bind_shared(self.shared)
         else:
-            self.limits = Limits(self.settings.projects, used_today, cost_today)
+            self.limits = Limits(self.settings.projects, today.tokens, today.cost)
         self.metrics.bind_limits(self.limits)
         for name, cfg in self.settings.providers.items():
             if cfg.kind == "local":  # the offline drafter: nothing to connect to

@@ -297,7 +297,7 @@ class Pipeline:
                 (p.cost(max(0, input_estimate), cap) for p in self._candidate_prices(rec)), default=0.0
             )
         try:
-            admission = await limits.admit(token_cap, input_estimate, cost_reserve)
+            admission = await limits.admit(token_cap, input_estimate, cost_reserve, rec.request_id)
         except LimitExceeded as e:
             self.services.metrics.rejections.labels(rec.project, e.limit).inc()
             raise RateLimited(
@@ -308,6 +308,8 @@ class Pipeline:
                 limit=e.limit,
             ) from None
         rec.queue_wait = admission.queue_wait_s
+        if admission.shared_pending:  # Redis unreachable: the row tells the rebuild of the counters
+            rec.shared_pending = True
         return admission, limits.cfg.daily_cost_budget_usd is not None
 
     def _candidate_prices(self, rec: Record) -> list[ModelPrice]:

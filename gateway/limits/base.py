@@ -116,6 +116,12 @@ class Admission(Protocol):
 
     queue_wait_s: float  # how long it waited for a concurrency slot
 
+    @property
+    def shared_pending(self) -> bool:
+        """Admitted on this process's own share of shared limits (Redis unreachable): its usage reaches the
+        shared counters later (gateway.limits.redis), and its ledger row says so."""
+        ...
+
     def release(self) -> None:
         """The upstream is done: the concurrency slot goes back (once; later calls do nothing)."""
         ...
@@ -142,9 +148,10 @@ class ProjectLimiter(Protocol):
         ...
 
     async def admit(
-        self, max_tokens: int | None, input_estimate: int = 0, cost_reserve: float = 0.0
+        self, max_tokens: int | None, input_estimate: int = 0, cost_reserve: float = 0.0, request_id: str = ""
     ) -> Admission:
-        """Admit one request that may produce ``max_tokens`` (None: the project's default) after an input
+        """Admit one request (``request_id``, the ledger's) that may produce ``max_tokens`` (None: the
+        project's default) after an input
         of about ``input_estimate`` tokens, costing at most about ``cost_reserve`` US dollars, or raise
         ``LimitExceeded`` (from ``RULES``). Order: cost budget, token budget, rpm, tpm, concurrency (which
         waits up to ``queue_timeout_s``); a request refused by one limit uses up none of the others."""

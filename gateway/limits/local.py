@@ -75,6 +75,12 @@ class LocalAdmission:
     budget_reserved: int = 0  # held against the daily budget until settled
     cost_reserved: float = 0.0  # US dollars held against the daily cost budget until settled
     released: bool = False
+    request_id: str = ""
+
+    @property
+    def shared_pending(self) -> bool:
+        """Admitted on a process's own share of shared limits (``gateway.limits.base.Admission``)."""
+        return self.project.SHARED_PENDING
 
     def release(self) -> None:
         if not self.released:
@@ -83,7 +89,12 @@ class LocalAdmission:
 
     def settle(self, actual_tokens: int, cost_usd: float = 0.0) -> None:
         self.project._settle(
-            self.reserved_tokens, self.budget_reserved, actual_tokens, self.cost_reserved, cost_usd
+            self.reserved_tokens,
+            self.budget_reserved,
+            actual_tokens,
+            self.cost_reserved,
+            cost_usd,
+            self.request_id,
         )
         self.reserved_tokens = self.budget_reserved = 0
         self.cost_reserved = 0.0
@@ -91,6 +102,8 @@ class LocalAdmission:
 
 class ProjectLimits:
     """One project's limits in this process (``gateway.limits.base.ProjectLimiter``)."""
+
+    SHARED_PENDING = False  # its admissions' usage is in shared counters already (there are none)
 
     def __init__(
         self,
@@ -132,7 +145,7 @@ class ProjectLimits:
             self.cost_today = 0.0
 
     async def admit(
-        self, max_tokens: int | None, input_estimate: int = 0, cost_reserve: float = 0.0
+        self, max_tokens: int | None, input_estimate: int = 0, cost_reserve: float = 0.0, request_id: str = ""
     ) -> LocalAdmission:
         """``gateway.limits.base.ProjectLimiter.admit``."""
         cfg = self.cfg
@@ -197,7 +210,9 @@ class ProjectLimits:
         else:
             await self._sem.acquire()
         self.in_flight += 1
-        return LocalAdmission(self, reserve, time.perf_counter() - t0, budget_reserve, cost_reserve)
+        return LocalAdmission(
+            self, reserve, time.perf_counter() - t0, budget_reserve, cost_reserve, request_id=request_id
+        )
 
     def _check_cost_budget(self, budget: float) -> None:
         """Refuse while the day's cost plus the reservations in flight reach the cost budget."""
@@ -227,7 +242,13 @@ class ProjectLimits:
         self._sem.release()
 
     def _settle(
-        self, reserved: int, budget_reserved: int, actual: int, cost_reserved: float = 0.0, cost: float = 0.0
+        self,
+        reserved: int,
+        budget_reserved: int,
+        actual: int,
+        cost_reserved: float = 0.0,
+        cost: float = 0.0,
+        request_id: str = "",  # the request settled (FallbackLimits notes it)
     ) -> None:
         if self._tpm is not None and actual != reserved:
             _adjust_level(self._tpm, actual - reserved)

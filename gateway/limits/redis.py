@@ -12,25 +12,40 @@ routing).
   reserved is under the budget, so a budget is overshot by at most one request's reservation. The first
   process to find a day without its marker key (``SEED``, ``SET NX``: Redis started empty, or a new day)
   rebuilds the counters from the ledger, so processes sharing Redis should share the ledger database.
+  The marker holds a fresh id per rebuild.
 - **Leases**: every ``redis_lease_s / 3`` this process renews the slots, queue places and budget
   reservations of its requests (``RENEW``), so a process that dies (SIGKILL) frees them within
   ``redis_lease_s``.
 
 **Redis down**: every process keeps serving with its own limits: each limit divided by
 ``redis_fallback_processes`` (``gateway.limits.local.share_of``; a budget's used part from the last counter
-seen), and the tokens and cost used meanwhile are added to the shared counters once Redis is back (unless it
-came back empty: then the ledger rebuilds them).
+seen). The tokens and cost used meanwhile are kept per request, and added to the shared counters once Redis
+is back, each request once (``PUSH``), whichever way it came back:
+
+- *with its data* (the marker is the one this process knew): every request's usage is added;
+- *empty*: the first process back rebuilds the counters from the ledger, which already holds some of the
+  outage's rows. The rows of requests admitted on a process's own share say so (the ledger's
+  ``shared_pending``), and the rebuild lists their ids in Redis (``counted``, read in the same statement as
+  the sums), so a process adds only the requests whose rows the rebuild did not read. A request that was
+  admitted through Redis and could not settle there (in flight when Redis went) is added only if Redis
+  kept its data: after a rebuild its row is in the ledger that was read, most likely.
+
+After recovery, with nothing in flight, the counters equal the ledger: exactly, but for the requests in flight
+when Redis went and those settled in the lost Redis whose rows were still in a writer's batch at the rebuild.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.config import ProjectConfig
+from gateway.core.record import DayUsage
 from gateway.errors import StoreUnavailable
 from gateway.limits.local import share_of
 from gateway.limits.redis_deployment import DEPLOY_SETTLE, DEPLOY_TAKE, SharedDeploymentWindow
@@ -58,15 +73,59 @@ return 0
 """,
 )
 
-# The first process to find the day unseeded sets the counters from the ledger (run through redis-py).
-# KEYS: 1 seeded(day) 2.. used(project, day), then cost(project, day); ARGV: 1 ttl_s 2.. their values
+# The first process to find the day unseeded sets the counters from the ledger and lists the request ids of
+# its shared_pending rows, whose usage the counters now hold (run through redis-py).
+# KEYS: 1 seeded(day) 2 counted(day) 3.. used(project, day), then cost(project, day)
+# ARGV: 1 ttl_s 2 the seed's id 3 n, the number of counters 4..3+n their values, then the request ids
 SEED = """
-if redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) then
-  for i = 2, #KEYS do redis.call('SET', KEYS[i], ARGV[i], 'EX', ARGV[1]) end
-  return 1
+if not redis.call('SET', KEYS[1], ARGV[2], 'NX', 'EX', ARGV[1]) then return 0 end
+local n = tonumber(ARGV[3])
+for i = 1, n do redis.call('SET', KEYS[2 + i], ARGV[3 + i], 'EX', ARGV[1]) end
+redis.call('DEL', KEYS[2])
+for i = 4 + n, #ARGV, 1000 do
+  redis.call('SADD', KEYS[2], unpack(ARGV, i, math.min(i + 999, #ARGV)))
 end
-return 0
+redis.call('EXPIRE', KEYS[2], ARGV[1])
+return 1
 """
+
+# The usage a process counted while Redis was away, each request once (module docstring): -1 while the day
+# is not seeded (a rebuild would overwrite what is added), else how many requests were added.
+# KEYS: 1 seeded(day) 2 counted(day) 3.. counters; ARGV: 1 ttl_s, then per request 7 values: the index in
+# KEYS of its tokens counter (0: none), tokens, of its cost counter (0: none), nano-dollars, its request id,
+# the seed id known when it was counted ('' none), '1' when it was admitted on the process's own share
+PUSH = """
+local seed = redis.call('GET', KEYS[1])
+if not seed then return -1 end
+local added = 0
+for i = 2, #ARGV, 7 do
+  if (ARGV[i + 5] == seed or ARGV[i + 6] == '1') and redis.call('SADD', KEYS[2], ARGV[i + 4]) == 1 then
+    for j = i, i + 2, 2 do
+      local k = tonumber(ARGV[j])
+      if k > 0 then
+        redis.call('INCRBY', KEYS[k], ARGV[j + 1])
+        redis.call('EXPIRE', KEYS[k], ARGV[1])
+      end
+    end
+    added = added + 1
+  end
+end
+redis.call('EXPIRE', KEYS[2], ARGV[1])
+return added
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    """One request's usage that the shared counters lack (Redis was away when it settled)."""
+
+    project: str
+    day: int
+    tokens: int
+    nanos: int
+    request_id: str
+    seed: str  # the day's seed id this process knew then ('': none)
+    admitted_locally: bool  # on this process's own share (its ledger row is flagged shared_pending)
 
 
 # --- every project -------------------------------------------------------------------------------------
@@ -75,8 +134,8 @@ class SharedLimits:
     state (``gateway.redis.state``): seeds the day's budget counters, renews this process's leases, takes
     them again after a reconnection, and wakes this process's waiters on a release.
 
-    ``seed_source`` / ``cost_seed_source``: the day's tokens / US dollars per project from the ledger
-    (raising ``gateway.errors.StoreUnavailable`` when it cannot be read); None: counters start from 0."""
+    ``today``: the day's usage in the ledger at start; ``seed_source``: reads it again (raising
+    ``gateway.errors.StoreUnavailable`` when it cannot be read); None: counters start from 0."""
 
     scripts = (ADMIT, SLOT, SETTLE, REFUND, RENEW, DEPLOY_TAKE, DEPLOY_SETTLE)
 
@@ -84,23 +143,21 @@ class SharedLimits:
         self,
         state: SharedState,
         projects: dict[str, ProjectConfig],
-        used_today: dict[str, int] | None = None,
-        cost_today: dict[str, float] | None = None,
+        today: DayUsage | None = None,
         *,
-        seed_source: Callable[[], Awaitable[dict[str, int]]] | None = None,
-        cost_seed_source: Callable[[], Awaitable[dict[str, float]]] | None = None,
+        seed_source: Callable[[], Awaitable[DayUsage]] | None = None,
     ) -> None:
-        used_today = used_today or {}
-        cost_today = cost_today or {}
+        used_today = today.tokens if today is not None else {}
+        cost_today = today.cost if today is not None else {}
         n = state.fallback_processes
         self.state = state
         self.configs = projects
         self._seed_source = seed_source
-        self._cost_seed_source = cost_seed_source
         self._seed: Any = None  # SEED registered with redis-py
+        self._push: Any = None  # PUSH registered with redis-py
         self._seeding: dict[int, asyncio.Future[bool]] = {}
-        self._pending_used: dict[tuple[str, int], int] = {}  # tokens used while Redis was down
-        self._pending_cost: dict[tuple[str, int], int] = {}  # nano-dollars spent while Redis was down
+        self._seed_ids: dict[int, str] = {}  # day -> the id of its seed, as last seen in Redis
+        self._pending: list[_Pending] = []  # usage the shared counters lack, per request
         self._waiters: dict[str, deque[asyncio.Future]] = {}  # project -> waiting for a release
         self.ch_release = state.channel("release")
         self.projects = {
@@ -130,8 +187,8 @@ class SharedLimits:
         for pl in self.projects.values():
             if pl._slots:
                 ignore(lane.send(evalsha(RENEW, [pl.k_slots], [self.state.lease_ms, "ADD", *pl._slots])))
-        seeded = await self.ensure_seeded(utc_day())
-        await self._push_pending(seeded)
+        await self.ensure_seeded(utc_day())
+        await self._push_pending()
 
     def down(self) -> None:
         for pl in self.projects.values():
@@ -191,6 +248,10 @@ class SharedLimits:
     def seeded_key(self, day: int) -> str:
         return f"{self.state.prefix}:seeded:{day}"
 
+    def counted_key(self, day: int) -> str:
+        """The request ids of the outage usage the day's counters hold (PUSH, SEED)."""
+        return f"{self.state.prefix}:counted:{day}"
+
     async def ensure_seeded(self, day: int) -> bool:
         """Seed the day's budget counters from the ledger unless a process did already (one marker key per
         day, SET NX). True when this call seeded them. Concurrent callers share one ledger query. Raises
@@ -210,65 +271,93 @@ class SharedLimits:
         st = self.state
         if not (budgets or cbudgets) or st.redis is None:
             return False
-        if await st.call("checking the day's budget counters", lambda r: r.exists(self.seeded_key(day))):
+        marker = self.seeded_key(day)
+        current = await st.call("checking the day's budget counters", lambda r: r.get(marker))
+        if current is not None:
+            self._seed_ids[day] = current.decode()
             return False
         try:
-            used = await self._seed_source() if budgets and self._seed_source is not None else {}
-            cost = await self._cost_seed_source() if cbudgets and self._cost_seed_source is not None else {}
+            today = await self._seed_source() if self._seed_source is not None else DayUsage({}, {}, [])
         except StoreUnavailable as e:
             raise SharedUnavailable(f"seeding the budget from the ledger failed: {e}", "seed") from e
         if self._seed is None:
             self._seed = st.redis.register_script(SEED)
-        seed = self._seed
+        seed, seed_id = self._seed, uuid.uuid4().hex
+        used, cost = today.tokens, today.cost
         keys = [
-            self.seeded_key(day),
+            marker,
+            self.counted_key(day),
             *(self.used_key(p, day) for p in budgets),
             *(self.cost_key(p, day) for p in cbudgets),
         ]
-        values = [
-            DAY_TTL_S,
-            *(int(used.get(p, 0)) for p in budgets),
-            *(nanos(cost.get(p, 0.0)) for p in cbudgets),
-        ]
+        counters = [*(int(used.get(p, 0)) for p in budgets), *(nanos(cost.get(p, 0.0)) for p in cbudgets)]
+        values = [DAY_TTL_S, seed_id, len(counters), *counters, *today.shared_pending]
         done = await st.call("seeding the day's budget counters", lambda _r: seed(keys=keys, args=values))
         if done:
+            self._seed_ids[day] = seed_id
             log.info("shared state: daily budgets of day %d rebuilt from the ledger", day)
             for p in budgets:
                 self.projects[p].saw_used(day, int(used.get(p, 0)))
             for p in cbudgets:
                 self.projects[p].saw_cost(day, nanos(cost.get(p, 0.0)))
-        return bool(done)
+            return True
+        current = await st.call("checking the day's budget counters", lambda r: r.get(marker))
+        if current is not None:  # another process seeded it meanwhile
+            self._seed_ids[day] = current.decode()
+        return False
 
-    def add_pending(self, project: str, tokens: int, usd: float = 0.0) -> None:
-        """Tokens and US dollars used while Redis was down: added to the shared counters when it is back."""
+    def add_pending(
+        self, project: str, tokens: int, usd: float, request_id: str, *, admitted_locally: bool
+    ) -> None:
+        """One request's tokens and US dollars that did not reach the shared counters (Redis was away):
+        added when it is back (``_push_pending``). ``admitted_locally``: on this process's own share."""
         cfg = self.configs[project]
-        k = (project, utc_day())
-        if tokens > 0 and cfg.daily_token_budget is not None:
-            self._pending_used[k] = self._pending_used.get(k, 0) + tokens
-        if usd > 0 and cfg.daily_cost_budget_usd is not None:
-            self._pending_cost[k] = self._pending_cost.get(k, 0) + nanos(usd)
+        tokens = tokens if tokens > 0 and cfg.daily_token_budget is not None else 0
+        cost = nanos(usd) if usd > 0 and cfg.daily_cost_budget_usd is not None else 0
+        if tokens or cost:
+            day = utc_day()
+            self._pending.append(
+                _Pending(
+                    project, day, tokens, cost, request_id, self._seed_ids.get(day, ""), admitted_locally
+                )
+            )
 
-    async def _push_pending(self, seeded: bool) -> None:
-        pending, self._pending_used = self._pending_used, {}
-        pending_cost, self._pending_cost = self._pending_cost, {}
-        day_now = utc_day()
-        if seeded or not (pending or pending_cost) or self.state.redis is None:
-            return  # seeded: the ledger counted them
+    async def _push_pending(self) -> None:
+        """Add the usage counted while Redis was away, each request once (``PUSH``); a day not seeded yet is
+        seeded first. What cannot be added now is kept for the next connection (and the error raised)."""
+        day = utc_day()
+        pending, self._pending = [p for p in self._pending if p.day == day], []  # past days: too late
+        if not pending or self.state.redis is None:
+            return
+        keys = [self.seeded_key(day), self.counted_key(day)]
+        index: dict[str, int] = {}
 
-        async def push(r: Any) -> None:
-            async with r.pipeline(transaction=False) as pipe:
-                for counts, key in ((pending, self.used_key), (pending_cost, self.cost_key)):
-                    for (project, day), n in counts.items():
-                        if day == day_now:
-                            pipe.incrby(key(project, day), n)
-                            pipe.expire(key(project, day), DAY_TTL_S)
-                await pipe.execute()
+        def at(key: str) -> int:
+            if key not in index:
+                keys.append(key)
+                index[key] = len(keys)
+            return index[key]
 
+        values: list[Any] = [DAY_TTL_S]
+        for p in pending:
+            values += [
+                at(self.used_key(p.project, day)) if p.tokens else 0, p.tokens,
+                at(self.cost_key(p.project, day)) if p.nanos else 0, p.nanos,
+                p.request_id, p.seed, "1" if p.admitted_locally else "0",
+            ]  # fmt: skip
+        if self._push is None:
+            self._push = self.state.redis.register_script(PUSH)
+        push = self._push
         try:
-            await self.state.call("adding the usage counted while Redis was down", push)
+            for _ in range(3):
+                added = await self.state.call(
+                    "adding the usage counted while Redis was away", lambda _r: push(keys=keys, args=values)
+                )
+                if added >= 0:
+                    log.info("shared state: %d requests' usage counted while Redis was away added", added)
+                    return
+                await self.ensure_seeded(day)  # not seeded: a rebuild would overwrite what is added
+            raise SharedUnavailable("the day's budget counters are not seeded", "seed")
         except BaseException:  # not added: kept for the next connection (and re-raised)
-            for k, v in pending.items():
-                self._pending_used[k] = self._pending_used.get(k, 0) + v
-            for k, v in pending_cost.items():
-                self._pending_cost[k] = self._pending_cost.get(k, 0) + v
+            self._pending = pending + self._pending
             raise

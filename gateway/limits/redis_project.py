@@ -60,7 +60,9 @@ class SharedLimits(Protocol):
 
     async def ensure_seeded(self, day: int) -> bool: ...
 
-    def add_pending(self, project: str, tokens: int, usd: float = 0.0) -> None: ...
+    def add_pending(
+        self, project: str, tokens: int, usd: float, request_id: str, *, admitted_locally: bool
+    ) -> None: ...
 
     def wait_release(self, project: str, delay: float) -> Awaitable[bool]: ...
 
@@ -70,7 +72,9 @@ class SharedLimits(Protocol):
 # --- one project ---------------------------------------------------------------------------------------
 class FallbackLimits(ProjectLimits):
     """This process's share of a project's limits, used while Redis is down; its usage is added to the
-    shared counter once Redis is back."""
+    shared counter once Redis is back (its admissions' ledger rows say ``shared_pending``)."""
+
+    SHARED_PENDING = True
 
     def __init__(
         self, name: str, cfg: ProjectConfig, used_today: int, limits: SharedLimits, cost_today: float = 0.0
@@ -79,10 +83,16 @@ class FallbackLimits(ProjectLimits):
         self._limits = limits
 
     def _settle(
-        self, reserved: int, budget_reserved: int, actual: int, cost_reserved: float = 0.0, cost: float = 0.0
+        self,
+        reserved: int,
+        budget_reserved: int,
+        actual: int,
+        cost_reserved: float = 0.0,
+        cost: float = 0.0,
+        request_id: str = "",
     ) -> None:
         super()._settle(reserved, budget_reserved, actual, cost_reserved, cost)
-        self._limits.add_pending(self.name, actual, cost)
+        self._limits.add_pending(self.name, actual, cost, request_id, admitted_locally=True)
 
 
 class SharedAdmission:
@@ -91,11 +101,15 @@ class SharedAdmission:
 
     __slots__ = (
         "project", "lid", "day", "reserved_tokens", "budget_reserved", "queue_wait_s", "released",
-        "_release_due", "_settle_due", "_actual", "_scheduled", "_cost",
+        "_release_due", "_settle_due", "_actual", "_scheduled", "_cost", "request_id",
     )  # fmt: skip
+    shared_pending = False  # admitted through Redis
 
-    def __init__(self, project: SharedProjectLimits, lid: str, day: int, reserve: int, budget: int) -> None:
+    def __init__(
+        self, project: SharedProjectLimits, lid: str, day: int, reserve: int, budget: int, request_id: str
+    ) -> None:
         self.project = project
+        self.request_id = request_id
         self.lid = lid
         self.day = day
         self.reserved_tokens = reserve
@@ -232,13 +246,13 @@ class SharedProjectLimits:
         self._prefix_day = day
 
     async def admit(
-        self, max_tokens: int | None, input_estimate: int = 0, cost_reserve: float = 0.0
+        self, max_tokens: int | None, input_estimate: int = 0, cost_reserve: float = 0.0, request_id: str = ""
     ) -> SharedAdmission | LocalAdmission:
         """``gateway.limits.base.ProjectLimiter.admit``; this process's share while Redis is down."""
         st = self.state
         if st._state is not True:
             st.fallback_admissions += 1
-            return await self.local.admit(max_tokens, input_estimate, cost_reserve)
+            return await self.local.admit(max_tokens, input_estimate, cost_reserve, request_id)
         cfg = self.cfg
         cost_budget = nanos(cfg.daily_cost_budget_usd) if cfg.daily_cost_budget_usd is not None else 0
         cap = max_tokens or cfg.default_max_tokens
@@ -261,7 +275,7 @@ class SharedProjectLimits:
                     raise SharedUnavailable("the day's budget counters are not seeded", "seed")
         except SharedUnavailable:
             st.fallback_admissions += 1
-            return await self.local.admit(max_tokens, input_estimate, cost_reserve)
+            return await self.local.admit(max_tokens, input_estimate, cost_reserve, request_id)
         status = res[0]
         if status == 2 and res[1] in (5, 6):  # the cost budget: used and reserved are nano-dollars
             self._cost = (day, res[3])
@@ -269,7 +283,7 @@ class SharedProjectLimits:
             self._used = (day, res[3] if status == 2 else res[1])
         if status == 2:
             raise self._refusal(res, reserve)
-        adm = SharedAdmission(self, lid, day, reserve, budget_reserve)
+        adm = SharedAdmission(self, lid, day, reserve, budget_reserve, request_id)
         if self._budgeted:
             self._held.add(lid)
         if status == 0:
@@ -330,7 +344,7 @@ class SharedProjectLimits:
             self._queue.discard(adm.lid)
             self._held.discard(adm.lid)
             st.fallback_admissions += 1
-            return await self.local.admit(max_tokens, input_estimate, cost_reserve)
+            return await self.local.admit(max_tokens, input_estimate, cost_reserve, adm.request_id)
         except BaseException:  # cancelled while queued: it never reached the upstream
             self._refund(adm)
             raise
@@ -392,11 +406,12 @@ class SharedProjectLimits:
         try:
             fut = self.state.send(payload)
         except SharedUnavailable:
-            self.limits.add_pending(self.name, actual, cost)  # a settlement Redis did not take: counted later
+            # a settlement Redis did not take: counted later
+            self.limits.add_pending(self.name, actual, cost, adm.request_id, admitted_locally=False)
             return
         if release and self._waiting:
             self.limits.wake(self.name)  # a local waiter's retry goes out after this release
-        fut.add_done_callback(lambda f: self._settled(f, day, actual, cost, payload))
+        fut.add_done_callback(lambda f: self._settled(f, day, actual, cost, payload, adm.request_id))
 
     def _saw_settled(self, day: int, reply: Any) -> None:
         """The settle script's reply: [the day's used tokens, the day's cost in nano-dollars] (-1: not
@@ -408,7 +423,9 @@ class SharedProjectLimits:
             if isinstance(cost, int) and cost >= 0:
                 self._cost = (day, cost)
 
-    def _settled(self, fut: asyncio.Future, day: int, actual: int, cost: float, payload: bytes) -> None:
+    def _settled(
+        self, fut: asyncio.Future, day: int, actual: int, cost: float, payload: bytes, request_id: str
+    ) -> None:
         if fut.cancelled():  # the lane was closed on purpose (stop): counted when a process seeds the day
             return
         err = fut.exception()
@@ -416,19 +433,22 @@ class SharedProjectLimits:
             self._saw_settled(day, fut.result())
             return
         if isinstance(err, ReplyError) and err.noscript:  # Redis restarted: load the scripts, send it again
-            self.state.spawn(self._resend(payload, day, actual, cost))
+            self.state.spawn(self._resend(payload, day, actual, cost, request_id))
             return
-        self.limits.add_pending(self.name, actual, cost)
+        if isinstance(err, ReplyError):  # refused: not counted
+            self.limits.add_pending(self.name, actual, cost, request_id, admitted_locally=False)
+        # A timeout or a lost connection after it went out: not added again. Redis runs what it received
+        # (a hung one, once it resumes), and a Redis that lost it lost the day too (the ledger rebuilds it).
         if isinstance(err, REDIS_ERRORS):
             self.state.lost(err)
         else:
             raise err  # not a Redis failure: a bug, reported by the event loop with its traceback
 
-    async def _resend(self, payload: bytes, day: int, actual: int, cost: float) -> None:
+    async def _resend(self, payload: bytes, day: int, actual: int, cost: float, request_id: str) -> None:
         try:
             reply = await self.state.run(SETTLE, payload)
         except SharedUnavailable:
-            self.limits.add_pending(self.name, actual, cost)
+            self.limits.add_pending(self.name, actual, cost, request_id, admitted_locally=False)
         else:
             self._saw_settled(day, reply)
 

@@ -98,6 +98,10 @@ ledger = Table(
     # cache_read_input_tokens) and Anthropic's cache writes (cache_creation_input_tokens)
     Column("cached_input_tokens", Integer, nullable=True),
     Column("cache_write_tokens", Integer, nullable=True),
+    # (revision 0003) True: admitted on the process's own share of the limits while Redis was unreachable;
+    # the usage reaches the shared counters through that process, or through a rebuild from the ledger that
+    # lists these rows' ids (gateway.limits.redis). NULL otherwise (most rows: left out of the INSERT)
+    Column("shared_pending", Boolean, nullable=True),
 )
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"

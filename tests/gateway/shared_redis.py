@@ -27,7 +27,7 @@ def settings(url: str, prefix: str, projects: dict | None = None, **overrides) -
 
 @pytest.fixture
 async def shared_states(redis_server):
-    """``start(projects=None, *, url=None, keys=None, seed_source=None, cost_seed_source=None, **settings)
+    """``start(projects=None, *, url=None, keys=None, seed_source=None, **settings)
     -> (state, limits)``: one process's shared state and shared limits, started (on the session's Redis
     unless ``url``); every one of a test shares one key prefix, as the processes of one gateway do."""
     started: list[SharedState] = []
@@ -39,12 +39,11 @@ async def shared_states(redis_server):
         url: str | None = None,
         keys=None,
         seed_source=None,
-        cost_seed_source=None,
         **overrides,
     ) -> tuple[SharedState, SharedLimits]:
         s = settings(url or redis_server.url, prefix, projects, **overrides)
         state = SharedState(s, keys=keys)
-        limits = SharedLimits(state, s.projects, seed_source=seed_source, cost_seed_source=cost_seed_source)
+        limits = SharedLimits(state, s.projects, seed_source=seed_source)
         started.append(state)
         await state.start()
         return state, limits

@@ -9,6 +9,7 @@ import asyncio
 import pytest
 from shared_redis import shared_states  # noqa: F401  (the fixture)
 
+from gateway.core.record import DayUsage
 from gateway.errors import StoreUnavailable
 from gateway.limits.base import LimitExceeded
 from gateway.limits.local import LocalAdmission
@@ -20,10 +21,10 @@ from gateway.limits.redis_scripts import utc_day
 async def test_the_day_is_seeded_from_the_ledger_once(shared_states):  # noqa: F811
     calls = []
 
-    async def ledger() -> dict[str, int]:
+    async def ledger() -> DayUsage:
         calls.append(1)
         await asyncio.sleep(0)  # concurrent callers overlap here
-        return {"alpha": 40}
+        return DayUsage({"alpha": 40}, {}, [])
 
     project = {"alpha": {"daily_token_budget": 100}}
     (state, one), (_, two) = (
@@ -38,7 +39,7 @@ async def test_the_day_is_seeded_from_the_ledger_once(shared_states):  # noqa: F
 
 
 async def test_a_ledger_that_cannot_be_read_keeps_the_process_on_its_share(shared_states):  # noqa: F811
-    async def unreadable() -> dict[str, int]:
+    async def unreadable() -> DayUsage:
         raise StoreUnavailable("the ledger could not be read: OperationalError: database is locked")
 
     state, limits = await shared_states({"alpha": {"daily_token_budget": 100}}, seed_source=unreadable)

@@ -8,6 +8,7 @@ import pytest
 from shared_redis import shared_states  # noqa: F401  (the fixture)
 
 from gateway.config import ProjectConfig
+from gateway.core.record import DayUsage
 from gateway.limits.base import ONE_SECOND, RULES, LimitExceeded
 from gateway.limits.local import ProjectLimits
 from gateway.limits.redis_project import SharedAdmission
@@ -40,13 +41,10 @@ async def test_redis_refuses_with_the_in_process_limiters_message(reason, shared
     cfg, (tokens, usd), before, admit = CASES[reason]
     local = ProjectLimits("alpha", ProjectConfig(models=["m"], **cfg), used_today=tokens, cost_today=usd)
 
-    async def seed() -> dict:
-        return {"alpha": tokens}
+    async def seed() -> DayUsage:
+        return DayUsage({"alpha": tokens}, {"alpha": usd}, [])
 
-    async def cost_seed() -> dict:
-        return {"alpha": usd}
-
-    _, limits = await shared_states({"alpha": cfg}, seed_source=seed, cost_seed_source=cost_seed)
+    _, limits = await shared_states({"alpha": cfg}, seed_source=seed)
     shared = limits["alpha"]
     refusals = []
     for limiter in (local, shared):

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import gateway.store.ledger as ledger_mod
 import gateway.store.ledger_rows as ledger_rows
 from gateway.core.usage import MAX_TOKENS_PER_REQUEST, StreamUsage, usage_from_body
-from gateway.store.ledger_queries import tokens_used_today
+from gateway.store.ledger_queries import usage_today
 from gateway.store.ledger_rows import clean_row
 from gateway.testing.fake_upstream import Fault
 
@@ -202,7 +202,7 @@ async def test_absurd_upstream_usage_is_estimated_and_the_budget_not_poisoned(st
         "gateway_daily_budget_remaining_tokens", {"project": "alpha"}
     )
     assert 990_000 < remaining < 1_000_000
-    used = await tokens_used_today(gw.gw.engine)  # what the next start seeds the budget with
+    used = (await usage_today(gw.gw.engine)).tokens  # what the next start seeds the budget with
     assert 0 < used["alpha"] < 10_000
 
 
