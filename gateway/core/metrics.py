@@ -58,6 +58,11 @@ class LedgerView(Protocol):
     def oldest_pending_s(self) -> float: ...
 
 
+class KeysView(Protocol):
+    stale_served: int
+    unavailable: int
+
+
 class SharedView(Protocol):
     up: bool
     outages: int
@@ -392,6 +397,13 @@ class GatewayMetrics:
             return
         self.registry.register(_LedgerCollector(writer))
 
+    def bind_keys(self, keys: KeysView) -> None:
+        """How the key store's outages were met (gateway.store.keys), read at scrape time."""
+        if self._mirror is not None:
+            self._mirror.bind(_KeysCollector(keys))
+            return
+        self.registry.register(_KeysCollector(keys))
+
     def bind_shared(self, shared: SharedView) -> None:
         """The shared state's health (gateway.redis.state; only with ``redis_url``), read at scrape time."""
         if self._mirror is not None:
@@ -506,6 +518,32 @@ class _SharedCollector:
                 "gateway_shared_fallback_admissions",
                 "Requests admitted by this process's own limits while the shared state was unreachable",
                 value=fallback,
+            ),
+        ]
+
+
+class _KeysCollector:
+    def __init__(self, keys: KeysView) -> None:
+        self._k = keys
+
+    def describe(self):
+        return self._families(0, 0)
+
+    def collect(self):
+        return self._families(self._k.stale_served, self._k.unavailable)
+
+    @staticmethod
+    def _families(stale, unavailable):
+        return [
+            CounterMetricFamily(
+                "gateway_keys_stale_served",
+                "Keys authenticated from the last known good while the key store could not answer",
+                value=stale,
+            ),
+            CounterMetricFamily(
+                "gateway_keys_store_unavailable",
+                "Requests refused with a 503 because the key store could not answer",
+                value=unavailable,
             ),
         ]
 

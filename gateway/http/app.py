@@ -90,6 +90,7 @@ class Gateway:
         )
         self.metrics = GatewayMetrics(registry)
         self.metrics.bind_ledger(self.ledger)
+        self.metrics.bind_keys(self.keys)
         self.limits: Limiters = Limits({})
         # gateway.redis.state.SharedState with `redis_url` (built in start): limits (gateway.limits.redis),
         # key revocations and the summaries cache shared by every process using that Redis; None: all of it in

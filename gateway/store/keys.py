@@ -170,6 +170,7 @@ class KeyStore:
         self._mono = monotonic
         self._store_down_until = 0.0
         self.stale_served = 0  # authentications answered from the last known good while the store was away
+        self.unavailable = 0  # authentications refused (503) because the store could not answer
         self._clock = clock
         # SHA-256 of a key that matched its row -> (info, monotonic fetch time); holds no plaintext key. The
         # HMAC with the server secret (what the store holds) is computed only on a miss: it costs 4x more.
@@ -313,6 +314,7 @@ class KeyStore:
                 loaded = await self._load(m.group(1))
             except StoreUnavailable:
                 if cached is None or mono - cached[1] > self._stale_ttl or cached[0].id in self._revoked:
+                    self.unavailable += 1
                     raise  # a key not verified lately: a 503 with Retry-After
                 self.stale_served += 1
                 info = cached[0]  # the last known good

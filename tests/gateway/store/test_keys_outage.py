@@ -10,8 +10,10 @@ import asyncio
 import socket
 
 import pytest
+from prometheus_client import CollectorRegistry
 from sqlalchemy import event
 
+from gateway.core.metrics import GatewayMetrics
 from gateway.errors import StoreUnavailable
 from gateway.redis.channels import KeyRevocations
 from gateway.store.db import create_engine
@@ -70,6 +72,10 @@ async def test_a_key_seen_lately_authenticates_through_an_outage_and_an_unseen_o
         clock.now += 60  # past key_stale_ttl_s: no longer vouched for
         with pytest.raises(StoreUnavailable):
             await keys.authenticate(seen)
+        metrics = GatewayMetrics(CollectorRegistry())  # what /metrics says of it
+        metrics.bind_keys(keys)
+        assert metrics.registry.get_sample_value("gateway_keys_stale_served_total") == 1
+        assert metrics.registry.get_sample_value("gateway_keys_store_unavailable_total") == 3
     finally:
         keys._engine = engine
         await dead.dispose()
