@@ -69,6 +69,11 @@ class SharedView(Protocol):
     fallback_admissions: int
 
 
+class PendingUsageView(Protocol):
+    @property
+    def pending_requests(self) -> int: ...
+
+
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
 MIRROR_INTERVAL_S = 1.0  # multiprocess mode: how stale another process's gauges may be at a scrape
@@ -404,12 +409,13 @@ class GatewayMetrics:
             return
         self.registry.register(_KeysCollector(keys))
 
-    def bind_shared(self, shared: SharedView) -> None:
-        """The shared state's health (gateway.redis.state; only with ``redis_url``), read at scrape time."""
+    def bind_shared(self, shared: SharedView, usage: PendingUsageView) -> None:
+        """The shared state's health (gateway.redis.state; only with ``redis_url``) and the usage the shared
+        limits still have to add to its counters (gateway.limits.redis), read at scrape time."""
         if self._mirror is not None:
-            self._mirror.bind(_SharedCollector(shared))
+            self._mirror.bind(_SharedCollector(shared, usage))
             return
-        self.registry.register(_SharedCollector(shared))
+        self.registry.register(_SharedCollector(shared, usage))
 
     # --- multiprocess mode ---------------------------------------------------------------------------
     def sync(self) -> None:
@@ -491,19 +497,26 @@ class _Mirror:
 
 
 class _SharedCollector:
-    def __init__(self, shared: SharedView) -> None:
+    def __init__(self, shared: SharedView, usage: PendingUsageView) -> None:
         self._s = shared
+        self._u = usage
 
     def describe(self):
-        return self._families(0, 0, 0)
+        return self._families(0, 0, 0, 0)
 
     def collect(self):
         s = self._s
-        return self._families(1 if s.up else 0, s.outages, s.fallback_admissions)
+        return self._families(1 if s.up else 0, s.outages, s.fallback_admissions, self._u.pending_requests)
 
     @staticmethod
-    def _families(up, outages, fallback):
+    def _families(up, outages, fallback, pending):
         return [
+            GaugeMetricFamily(
+                "gateway_shared_pending_requests",
+                "Requests whose tokens and cost are still to be added to the shared budget counters (Redis "
+                "was away when they settled)",
+                value=pending,
+            ),
             GaugeMetricFamily(
                 "gateway_shared_state_up",
                 "1 while the shared state (Redis) is reachable; 0: each process enforces its own share",

@@ -15,6 +15,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, NamedTuple, TypedDict
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from gateway.config import ProjectConfig
 
 # Request ids: a random prefix drawn once per process, then a counter (unique without a syscall each).
@@ -77,7 +79,7 @@ class Record:
         "http_status", "error_class", "retries", "input_tokens", "output_tokens", "estimated",
         "upstream_t0", "upstream_end", "ttft", "queue_wait", "upstream_request_id", "batch_size",
         "closed", "deployment", "fallback_from", "translation", "cost_usd", "cached_input_tokens",
-        "cache_write_tokens", "shared_pending",
+        "cache_write_tokens", "shared_pending", "settle",
     )  # fmt: skip
 
     def __init__(self, endpoint: str) -> None:
@@ -115,6 +117,8 @@ class Record:
         self.cost_usd: float | None = None
         # admitted on this process's own share of the limits while Redis was unreachable (None: not)
         self.shared_pending: bool | None = None
+        # the request path's settlement of its admission, run before the row is written (then None)
+        self.settle: Callable[[], None] | None = None
 
     def tag(self, project: ProjectConfig, task: str | None) -> None:
         """The task (header or the project's default) and its bounded metrics label."""

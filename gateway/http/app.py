@@ -125,9 +125,11 @@ class Gateway:
                 self.settings.projects,
                 today,
                 seed_source=lambda: _from_ledger(usage_today, self.engine),
+                before_connect=self.ledger.review_pending,
             )
+            self.ledger.before_write = self.limits.mark_rows
             await self.shared.start()  # Redis down: starts degraded, on this process's share of the limits
-            self.metrics.bind_shared(self.shared)
+            self.metrics.bind_shared(self.shared, self.limits)
         else:
             self.limits = Limits(self.settings.projects, today.tokens, today.cost)
         self.metrics.bind_limits(self.limits)

@@ -308,8 +308,6 @@ class Pipeline:
                 limit=e.limit,
             ) from None
         rec.queue_wait = admission.queue_wait_s
-        if admission.shared_pending:  # Redis unreachable: the row tells the rebuild of the counters
-            rec.shared_pending = True
         return admission, limits.cfg.daily_cost_budget_usd is not None
 
     def _candidate_prices(self, rec: Record) -> list[ModelPrice]:
@@ -444,6 +442,8 @@ class Pipeline:
         if rec.closed:
             return
         rec.closed = True
+        if rec.settle is not None:  # first: the row says whether Redis took the usage (shared_pending)
+            rec.settle()
         end = time.perf_counter()
         upstream_s = None
         if rec.upstream_t0 is not None:
@@ -483,6 +483,7 @@ class Exchange:
     async def __aenter__(self) -> UpstreamResult:
         pipeline, rec = self.pipeline, self.rec
         self._held = await pipeline._admit(rec, self.token_cap, self.input_estimate)
+        rec.settle = self._settle  # a stream writes its row before the block ends: settled then
         try:
             result = await pipeline.send(rec, self.plan, *self.request)
         except BaseException:
@@ -503,6 +504,9 @@ class Exchange:
             return
         admission, budgeted = held
         rec = self.rec
+        rec.settle = None
         admission.release()
         admission.settle(rec.tokens, (self.pipeline.cost_of(rec) or 0.0) if budgeted else 0.0)
+        if admission.shared_pending:  # Redis could not take it: the row says so
+            rec.shared_pending = True
         self.plan.settle(rec.tokens)

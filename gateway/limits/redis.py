@@ -20,18 +20,28 @@ routing).
 **Redis down**: every process keeps serving with its own limits: each limit divided by
 ``redis_fallback_processes`` (``gateway.limits.local.share_of``; a budget's used part from the last counter
 seen). The tokens and cost used meanwhile are kept per request, and added to the shared counters once Redis
-is back, each request once (``PUSH``), whichever way it came back:
+is back, each request once (``PUSH``), whichever way it came back. The ledger rows whose usage the shared
+counters may lack say so (``shared_pending``), and the usage is kept per request, of three kinds:
 
-- *with its data* (the marker is the one this process knew): every request's usage is added;
-- *empty*: the first process back rebuilds the counters from the ledger, which already holds some of the
-  outage's rows. The rows of requests admitted on a process's own share say so (the ledger's
-  ``shared_pending``), and the rebuild lists their ids in Redis (``counted``, read in the same statement as
-  the sums), so a process adds only the requests whose rows the rebuild did not read. A request that was
-  admitted through Redis and could not settle there (in flight when Redis went) is added only if Redis
-  kept its data: after a rebuild its row is in the ledger that was read, most likely.
+- ``L``: never in Redis (admitted on the process's own share, or settled while Redis was known down; the
+  pipeline settles before it writes the row, so the row is flagged as it is written);
+- ``R``: settled in Redis, its row written while this process has no Redis (the ledger writer passes each
+  batch through ``mark_rows`` then, and every unwritten row on a new connection): in that Redis if it kept
+  its data, lost if it came back empty;
+- ``U``: refused by Redis after the row was written (an error reply; rare): its row is not flagged.
 
-After recovery, with nothing in flight, the counters equal the ledger: exactly, but for the requests in flight
-when Redis went and those settled in the lost Redis whose rows were still in a writer's batch at the rebuild.
+A settlement sent that got no answer (a timeout, a lost connection) counts as taken: Redis runs what it
+received (a hung one, once it resumes), and a Redis that lost it lost the day too.
+
+- *back with its data* (its marker, a fresh id per rebuild, is the one this process knew): ``L`` and ``U``
+  are added;
+- *back empty*: the first process back rebuilds the counters from the ledger, in one statement that also
+  lists the ids of today's flagged rows (``counted``: the same snapshot as the sums), and ``L`` and ``R``
+  are added unless their rows were read, so each request counts once however the writes and the rebuild
+  interleave.
+
+After recovery, with nothing in flight, the counters equal the ledger. Not counted: a ``U`` after a rebuild,
+and a row whose write was already under way when Redis went and ended after a rebuild read the ledger.
 """
 
 from __future__ import annotations
@@ -93,13 +103,15 @@ return 1
 # is not seeded (a rebuild would overwrite what is added), else how many requests were added.
 # KEYS: 1 seeded(day) 2 counted(day) 3.. counters; ARGV: 1 ttl_s, then per request 7 values: the index in
 # KEYS of its tokens counter (0: none), tokens, of its cost counter (0: none), nano-dollars, its request id,
-# the seed id known when it was counted ('' none), '1' when it was admitted on the process's own share
+# the seed id known when it was kept ('' none), its kind (``_Pending``)
 PUSH = """
 local seed = redis.call('GET', KEYS[1])
 if not seed then return -1 end
 local added = 0
 for i = 2, #ARGV, 7 do
-  if (ARGV[i + 5] == seed or ARGV[i + 6] == '1') and redis.call('SADD', KEYS[2], ARGV[i + 4]) == 1 then
+  local kind, known = ARGV[i + 6], ARGV[i + 5]
+  local lost = kind == 'L' or (kind == 'R' and known ~= seed) or (kind == 'U' and known == seed)
+  if lost and redis.call('SADD', KEYS[2], ARGV[i + 4]) == 1 then
     for j = i, i + 2, 2 do
       local k = tonumber(ARGV[j])
       if k > 0 then
@@ -125,7 +137,8 @@ class _Pending:
     nanos: int
     request_id: str
     seed: str  # the day's seed id this process knew then ('': none)
-    admitted_locally: bool  # on this process's own share (its ledger row is flagged shared_pending)
+    kind: str  # 'L' never in Redis, 'R' in the Redis of ``seed`` (both: the row says shared_pending), 'U'
+    # refused by Redis after its row was written (the row does not say so)
 
 
 # --- every project -------------------------------------------------------------------------------------
@@ -135,7 +148,9 @@ class SharedLimits:
     them again after a reconnection, and wakes this process's waiters on a release.
 
     ``today``: the day's usage in the ledger at start; ``seed_source``: reads it again (raising
-    ``gateway.errors.StoreUnavailable`` when it cannot be read); None: counters start from 0."""
+    ``gateway.errors.StoreUnavailable`` when it cannot be read); None: counters start from 0.
+    ``before_connect``: run on a new connection before anything else (the gateway has its ledger writer
+    pass the rows it has not written yet through ``mark_rows``: see the module docstring)."""
 
     scripts = (ADMIT, SLOT, SETTLE, REFUND, RENEW, DEPLOY_TAKE, DEPLOY_SETTLE)
 
@@ -146,6 +161,7 @@ class SharedLimits:
         today: DayUsage | None = None,
         *,
         seed_source: Callable[[], Awaitable[DayUsage]] | None = None,
+        before_connect: Callable[[], None] | None = None,
     ) -> None:
         used_today = today.tokens if today is not None else {}
         cost_today = today.cost if today is not None else {}
@@ -153,11 +169,13 @@ class SharedLimits:
         self.state = state
         self.configs = projects
         self._seed_source = seed_source
+        self._before_connect = before_connect
         self._seed: Any = None  # SEED registered with redis-py
         self._push: Any = None  # PUSH registered with redis-py
         self._seeding: dict[int, asyncio.Future[bool]] = {}
         self._seed_ids: dict[int, str] = {}  # day -> the id of its seed, as last seen in Redis
         self._pending: list[_Pending] = []  # usage the shared counters lack, per request
+        self._pushing = False  # a push is scheduled (``_keep`` while Redis is up)
         self._waiters: dict[str, deque[asyncio.Future]] = {}  # project -> waiting for a release
         self.ch_release = state.channel("release")
         self.projects = {
@@ -187,6 +205,8 @@ class SharedLimits:
         for pl in self.projects.values():
             if pl._slots:
                 ignore(lane.send(evalsha(RENEW, [pl.k_slots], [self.state.lease_ms, "ADD", *pl._slots])))
+        if self._before_connect is not None:  # rows settled before this connection: marked as unwritten
+            self._before_connect()
         await self.ensure_seeded(utc_day())
         await self._push_pending()
 
@@ -200,6 +220,9 @@ class SharedLimits:
                     f.set_result(False)
 
     async def renew(self, lane: Lane) -> None:
+        if self._pending and not self._pushing:  # kept while a connection was being made: added now
+            self._pushing = True
+            self.state.spawn(self._push_later(), name="shared-limits-push")
         for pl in self.projects.values():
             for key, lids in pl.live():
                 if lids:
@@ -306,21 +329,56 @@ class SharedLimits:
             self._seed_ids[day] = current.decode()
         return False
 
-    def add_pending(
-        self, project: str, tokens: int, usd: float, request_id: str, *, admitted_locally: bool
-    ) -> None:
-        """One request's tokens and US dollars that did not reach the shared counters (Redis was away):
-        added when it is back (``_push_pending``). ``admitted_locally``: on this process's own share."""
+    def add_pending(self, project: str, tokens: int, usd: float, request_id: str, *, flagged: bool) -> None:
+        """One request's tokens and US dollars that Redis did not take (it was away): added when it is back
+        (``_push_pending``). ``flagged``: its ledger row says ``shared_pending`` (else it was written
+        already)."""
+        self._keep(project, tokens, nanos(usd) if usd > 0 else 0, request_id, "L" if flagged else "U")
+
+    def mark_rows(self, rows: list[dict]) -> None:
+        """Ledger rows about to be written while Redis is not up (and, on a new connection, every row not
+        written yet): those of requests settled in Redis are flagged ``shared_pending`` and their usage kept
+        as in the Redis of the seed known now, to be added only if that Redis is gone and the rebuild from
+        the ledger did not read their rows (``PUSH``). The ledger writer runs it on each batch."""
+        if self.state.up:
+            return
+        for row in rows:
+            if row.get("shared_pending") or row.get("project") not in self.configs:
+                continue  # flagged already (its usage is kept), or not a project of this gateway
+            tokens = (row.get("input_tokens") or 0) + (row.get("output_tokens") or 0)
+            cost = row.get("cost_usd") or 0.0
+            if self._keep(row["project"], tokens, nanos(cost) if cost > 0 else 0, row["request_id"], "R"):
+                row["shared_pending"] = True
+
+    def _keep(self, project: str, tokens: int, cost: int, request_id: str, kind: str) -> bool:
+        """Keep one request's usage for ``_push_pending`` (what its project has budgets for); whether any."""
         cfg = self.configs[project]
         tokens = tokens if tokens > 0 and cfg.daily_token_budget is not None else 0
-        cost = nanos(usd) if usd > 0 and cfg.daily_cost_budget_usd is not None else 0
-        if tokens or cost:
-            day = utc_day()
-            self._pending.append(
-                _Pending(
-                    project, day, tokens, cost, request_id, self._seed_ids.get(day, ""), admitted_locally
-                )
-            )
+        cost = cost if cfg.daily_cost_budget_usd is not None else 0
+        if not (tokens or cost):
+            return False
+        day = utc_day()
+        self._pending.append(
+            _Pending(project, day, tokens, cost, request_id, self._seed_ids.get(day, ""), kind)
+        )
+        if self.state.up and not self._pushing:  # e.g. a request admitted on the share that ended after the
+            self._pushing = True  # reconnection: added now, not at the next one
+            self.state.spawn(self._push_later(), name="shared-limits-push")
+        return True
+
+    async def _push_later(self) -> None:
+        try:
+            while self._pending and self.state.up:  # and what came meanwhile
+                await self._push_pending()
+        except SharedUnavailable:
+            pass  # kept for the next connection
+        finally:
+            self._pushing = False
+
+    @property
+    def pending_requests(self) -> int:
+        """Requests whose usage waits to be added to the shared counters (a gauge)."""
+        return len(self._pending)
 
     async def _push_pending(self) -> None:
         """Add the usage counted while Redis was away, each request once (``PUSH``); a day not seeded yet is
@@ -343,7 +401,7 @@ class SharedLimits:
             values += [
                 at(self.used_key(p.project, day)) if p.tokens else 0, p.tokens,
                 at(self.cost_key(p.project, day)) if p.nanos else 0, p.nanos,
-                p.request_id, p.seed, "1" if p.admitted_locally else "0",
+                p.request_id, p.seed, p.kind,
             ]  # fmt: skip
         if self._push is None:
             self._push = self.state.redis.register_script(PUSH)

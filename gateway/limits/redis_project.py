@@ -61,7 +61,7 @@ class SharedLimits(Protocol):
     async def ensure_seeded(self, day: int) -> bool: ...
 
     def add_pending(
-        self, project: str, tokens: int, usd: float, request_id: str, *, admitted_locally: bool
+        self, project: str, tokens: int, usd: float, request_id: str, *, flagged: bool
     ) -> None: ...
 
     def wait_release(self, project: str, delay: float) -> Awaitable[bool]: ...
@@ -92,24 +92,26 @@ class FallbackLimits(ProjectLimits):
         request_id: str = "",
     ) -> None:
         super()._settle(reserved, budget_reserved, actual, cost_reserved, cost)
-        self._limits.add_pending(self.name, actual, cost, request_id, admitted_locally=True)
+        self._limits.add_pending(self.name, actual, cost, request_id, flagged=True)
 
 
 class SharedAdmission:
     """An admission through Redis (``gateway.limits.base.Admission``). ``release`` and ``settle`` are sent
-    together as one script (they are called one right after the other), without waiting for the answer."""
+    together as one script (the pipeline calls one right after the other), without waiting for the answer:
+    ``settle`` sends at once, so ``shared_pending`` says right after it whether Redis was there to take it
+    (the ledger row, written next, says so too)."""
 
     __slots__ = (
         "project", "lid", "day", "reserved_tokens", "budget_reserved", "queue_wait_s", "released",
-        "_release_due", "_settle_due", "_actual", "_scheduled", "_cost", "request_id",
+        "_release_due", "_settle_due", "_actual", "_scheduled", "_cost", "request_id", "shared_pending",
     )  # fmt: skip
-    shared_pending = False  # admitted through Redis
 
     def __init__(
         self, project: SharedProjectLimits, lid: str, day: int, reserve: int, budget: int, request_id: str
     ) -> None:
         self.project = project
         self.request_id = request_id
+        self.shared_pending = False  # its settlement could not be sent: counted when Redis is back
         self.lid = lid
         self.day = day
         self.reserved_tokens = reserve
@@ -133,7 +135,7 @@ class SharedAdmission:
         self._settle_due = True
         self._actual += max(0, actual_tokens)
         self._cost += max(0.0, cost_usd)
-        self._schedule()
+        self.project._flush(self)  # with the release before it, if due (its scheduled flush finds nothing)
 
     def _schedule(self) -> None:
         if not self._scheduled:
@@ -376,6 +378,8 @@ class SharedProjectLimits:
     def _flush(self, adm: SharedAdmission) -> None:
         adm._scheduled = False
         release, settle = adm._release_due, adm._settle_due
+        if not (release or settle):
+            return
         actual, cost = adm._actual, adm._cost
         reserve = adm.reserved_tokens
         adm._release_due = adm._settle_due = False
@@ -406,8 +410,10 @@ class SharedProjectLimits:
         try:
             fut = self.state.send(payload)
         except SharedUnavailable:
-            # a settlement Redis did not take: counted later
-            self.limits.add_pending(self.name, actual, cost, adm.request_id, admitted_locally=False)
+            # a settlement Redis did not take: counted later, and the request's ledger row says so
+            if settle:
+                adm.shared_pending = True
+                self.limits.add_pending(self.name, actual, cost, adm.request_id, flagged=True)
             return
         if release and self._waiting:
             self.limits.wake(self.name)  # a local waiter's retry goes out after this release
@@ -435,8 +441,8 @@ class SharedProjectLimits:
         if isinstance(err, ReplyError) and err.noscript:  # Redis restarted: load the scripts, send it again
             self.state.spawn(self._resend(payload, day, actual, cost, request_id))
             return
-        if isinstance(err, ReplyError):  # refused: not counted
-            self.limits.add_pending(self.name, actual, cost, request_id, admitted_locally=False)
+        if isinstance(err, ReplyError):  # refused: not counted (the row, written already, does not say so)
+            self.limits.add_pending(self.name, actual, cost, request_id, flagged=False)
         # A timeout or a lost connection after it went out: not added again. Redis runs what it received
         # (a hung one, once it resumes), and a Redis that lost it lost the day too (the ledger rebuilds it).
         if isinstance(err, REDIS_ERRORS):
@@ -448,7 +454,7 @@ class SharedProjectLimits:
         try:
             reply = await self.state.run(SETTLE, payload)
         except SharedUnavailable:
-            self.limits.add_pending(self.name, actual, cost, request_id, admitted_locally=False)
+            self.limits.add_pending(self.name, actual, cost, request_id, flagged=False)
         else:
             self._saw_settled(day, reply)
 

@@ -23,6 +23,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import select
@@ -117,6 +118,9 @@ class LedgerWriter:
         self._inflight = 0  # rows of the flush in progress
         self._inflight_since: float | None = None
         self._wake = asyncio.Event()
+        # sees every batch before it is written, and may change its rows (the shared limits flag the rows
+        # written while Redis is away: gateway.limits.redis); must be idempotent (a failed batch comes back)
+        self.before_write: Callable[[list[dict]], None] | None = None
         self._lock = asyncio.Lock()
         self._task: asyncio.Task | None = None
         self._stopping = False
@@ -164,6 +168,11 @@ class LedgerWriter:
         pending.append(row)
         if len(pending) >= self._batch_size:
             self._wake.set()
+
+    def review_pending(self) -> None:
+        """Run ``before_write`` over the rows not yet written (those of a write in progress had theirs)."""
+        if self.before_write is not None and self._pending:
+            self.before_write(self._pending)
 
     def _spool_failed(self, e: Exception) -> None:
         self.spool_errors += 1
@@ -296,6 +305,8 @@ class LedgerWriter:
             if not self._pending:
                 return 0
             batch, self._pending = self._pending, []
+            if self.before_write is not None:
+                self.before_write(batch)
             since, self._pending_since = self._pending_since, None
             mark = self._spool.seal() if self._spool is not None else 0
             self._inflight, self._inflight_since = len(batch), since

@@ -314,3 +314,94 @@ async def test_a_second_process_on_one_sqlite_database_without_redis_is_refused(
         first.stop()
         if second is not None:
             second.stop()
+
+
+async def test_two_workers_reconcile_the_budget_after_redis_dies_under_load(tmp_path):
+    """Redis SIGKILLed while both workers serve, the load going on through the outage (each worker on its
+    own share), Redis back empty: once both are back, the day's counters equal the ledger (before: the
+    worker that did not rebuild them added its outage tokens, which the rebuild had read already: 43% more
+    than the ledger in one run)."""
+    import redis as redis_py
+    import services
+    from redis_server import Unavailable, start_server
+
+    (tmp_path / "redis").mkdir()
+    try:
+        srv = start_server(tmp_path / "redis")
+    except Unavailable as e:
+        services.missing("redis", str(e))
+    fake = FakeUpstream()
+    await fake.start()
+    cfg = _config(tmp_path, fake.base_url, srv.url)
+    settings = yaml.safe_load(cfg.read_text())
+    settings["projects"]["alpha"]["daily_token_budget"] = 10_000_000
+    settings |= {
+        "ledger_flush_interval_s": 0.1,
+        "redis_health_interval_s": 0.1,
+        "redis_fallback_processes": 2,
+    }
+    cfg.write_text(yaml.safe_dump(settings))
+    gw: Serve | None = None
+    statuses: list[int] = []
+    stop = asyncio.Event()
+
+    async def scrape(s: aiohttp.ClientSession, name: str) -> float:
+        async with s.get(gw.url + "/metrics") as r:
+            m = re.search(rf"^{name} (\S+)$", await r.text(), re.M)
+            return float(m.group(1)) if m else 0.0
+
+    async def until(s: aiohttp.ClientSession, name: str, ok, timeout: float = 20) -> None:
+        deadline = time.monotonic() + timeout
+        while not ok(await scrape(s, name)):
+            assert time.monotonic() < deadline, f"{name} never as wanted:\n{gw.output()[-3000:]}"
+            await asyncio.sleep(0.05)
+
+    async def load(s: aiohttp.ClientSession, key: str) -> None:
+        while not stop.is_set():
+            statuses.append(await _chat(s, gw.url, key))
+
+    try:
+        key = await _create_key(cfg)
+        gw = Serve(cfg, tmp_path, "reconcile", "--workers", "2")
+        async with aiohttp.ClientSession() as s:
+            await gw.ready(s)
+            await _worker_pids(s, gw.url, 2)
+            loaders = [asyncio.create_task(load(s, key)) for _ in range(6)]
+            while len(statuses) < 30:
+                await asyncio.sleep(0.02)
+            await asyncio.to_thread(srv.kill)
+            await until(s, "gateway_shared_fallback_admissions_total", lambda v: v >= 40)  # both workers' sum
+            await asyncio.to_thread(srv.start)  # empty
+            await until(s, "gateway_shared_state_up", lambda v: v == 1)  # the minimum over the workers
+            served = len(statuses)
+            while len(statuses) < served + 20:  # counting on through Redis
+                await asyncio.sleep(0.02)
+            stop.set()
+            await asyncio.gather(*loaders)
+        assert set(statuses) == {200}, sorted(set(statuses))
+        deadline = time.monotonic() + 20
+        while _ledger_rows(tmp_path) < len(statuses):  # every answer's row, flushed every 0.1 s
+            assert time.monotonic() < deadline, (_ledger_rows(tmp_path), len(statuses))
+            await asyncio.sleep(0.05)
+        with sqlite3.connect(tmp_path / "gw.db") as db:
+            tokens, flagged = db.execute(
+                "SELECT sum(input_tokens + output_tokens), sum(shared_pending IS 1) FROM gateway_ledger"
+            ).fetchone()
+        assert flagged >= 40
+        prefix = settings["redis_key_prefix"]
+        r = redis_py.Redis.from_url(srv.url)
+        try:  # the last pushes may still be under way: until the counter is the ledger's, or 15 s
+            deadline = time.monotonic() + 15
+            while (used := int(r.get(f"{prefix}:p:alpha:used:{int(time.time() // 86400)}"))) != tokens:
+                assert time.monotonic() < deadline, f"Redis counts {used} tokens, the ledger {tokens}"
+                await asyncio.sleep(0.05)
+        finally:
+            r.close()
+        async with aiohttp.ClientSession() as s:  # nothing left to add (another worker's gauge: <= 1 s old)
+            await until(s, "gateway_shared_pending_requests", lambda v: v == 0)
+    finally:
+        stop.set()
+        if gw is not None:
+            gw.stop()
+        await fake.close()
+        srv.kill()
