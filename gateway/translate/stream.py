@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from gateway.core.usage import StreamUsage
 from gateway.translate import chat, messages, responses
-from gateway.translate.ir import Format, Usage
+from gateway.translate.ir import Format, Usage, loads
 
 _DECODERS = {"chat": chat.Decoder, "responses": responses.Decoder, "messages": messages.Decoder}
 
@@ -75,6 +75,7 @@ class StreamTranslator:
 
     __slots__ = (
         "src", "dst", "tokens", "_decoder", "_encoder", "_buf", "_started", "_closed", "_identity", "failed",
+        "_calls",
     )  # fmt: skip
 
     def __init__(
@@ -97,6 +98,12 @@ class StreamTranslator:
         self._closed = False
         self._identity = src == dst
         self.failed: str | None = None  # the message of the error event that ended the stream, if one did
+        # Anthropic clients read a tool call's input as JSON pieces that must add up to an object (their SDK
+        # parses the pieces as they come): each call's name and pieces are held and checked at its end, then
+        # sent as one piece (OpenAI formats carry arguments as text, passed on as they come)
+        self._calls: dict[int, tuple[str, list[str]]] | None = (
+            {} if dst == "messages" and src != dst else None
+        )
 
     # -- usage, for the caller's accounting
     @property
@@ -195,13 +202,50 @@ class StreamTranslator:
             if tag == "text":
                 out.append(enc.text(ev[1], ev[2]))
             elif tag == "args":
-                out.append(enc.args(ev[1], ev[2]))
+                if self._calls is not None and ev[1] in self._calls:
+                    self._calls[ev[1]][1].append(ev[2])
+                else:
+                    out.append(enc.args(ev[1], ev[2]))
             elif tag == "tool":
                 out.append(enc.tool(ev[1], ev[2], ev[3]))
+                if self._calls is not None:
+                    self._calls[ev[1]] = (ev[3], [])
             elif tag == "end":
+                if not self._release_call(ev[1], out):
+                    break
                 out.append(enc.end(ev[1]))
             elif tag == "finish":
+                if not all(self._release_call(key, out) for key in list(self._calls or ())):
+                    break
                 out.append(enc.finish(ev[1], ev[2], ev[3]))
                 self._closed = True
                 break
         return b"".join(out)
+
+    def _release_call(self, key: int, out: list[bytes]) -> bool:
+        """The held tool call of block ``key`` (if any) to ``out``: its arguments as one piece when they are
+        a JSON object (or empty), else the error event that ends the stream. False when it ended."""
+        call = self._calls.pop(key, None) if self._calls is not None else None
+        if call is None:
+            return True
+        name, pieces = call
+        text = "".join(pieces)
+        if not text.strip():
+            return True  # no arguments: an empty input
+        try:
+            obj = loads(text)
+        except ValueError:
+            obj = None
+        if isinstance(obj, dict):
+            out.append(self._encoder.args(key, text))
+            return True
+        message = (
+            f"the upstream's tool call {name!r} has arguments that are not a JSON object: {text[:200]!r}"
+        )
+        out.append(self._fail(message))
+        return False
+
+    def _fail(self, message: str) -> bytes:
+        self._closed = True
+        self.failed = message
+        return self._encoder.error(502, message)

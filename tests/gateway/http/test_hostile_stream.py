@@ -242,3 +242,63 @@ async def test_an_anthropic_answer_with_a_number_for_text_is_a_502_naming_it(scr
     with pytest.raises(openai.APIStatusError) as ei:
         await oai(gw).chat.completions.create(model="claude-fake", messages=MSGS)
     assert ei.value.status_code == 502 and "content[0].text" in ei.value.message
+
+
+def tool_call_chunks(arguments: list[str]) -> list[bytes]:
+    """A chat stream whose answer is one tool call, its arguments in ``arguments`` pieces."""
+    first = {
+        "index": 0,
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "read_file", "arguments": ""},
+    }
+    chunks = [
+        sse(
+            {
+                "id": "c",
+                "object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": {"tool_calls": [first]}}],
+            }
+        )
+    ]
+    for piece in arguments:
+        delta = {"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}
+        chunks.append(
+            sse({"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta}]})
+        )
+    done = {"index": 0, "delta": {}, "finish_reason": "tool_calls"}
+    chunks.append(sse({"id": "c", "object": "chat.completion.chunk", "choices": [done]}))
+    return [*chunks, sse(b"[DONE]")]
+
+
+@pytest.mark.parametrize(
+    "arguments", [["{not json"], ['{"path": ', '"a.txt"'], ["[1, 2]"], ['{"a": 1}', "x"]]
+)
+async def test_a_streamed_tool_call_whose_arguments_are_no_json_object_ends_with_an_error_event(
+    scripted, anth, arguments
+):
+    """Seen: relayed to an Anthropic client as input_json_delta and a clean message_stop (row ``ok``); the
+    anthropic SDK then failed to parse the tool input. The whole answer was a 502 already."""
+    gw, up = scripted
+    up.chunks = tool_call_chunks(arguments)
+    with pytest.raises(anthropic.APIStatusError) as ei:
+        async with asyncio.timeout(20):
+            async with anth(gw).messages.stream(model="gpt-fake", max_tokens=16, messages=MSGS) as s:
+                async for _ in s:
+                    pass
+    assert "read_file" in str(ei.value) and "not a JSON object" in str(ei.value)
+    row = (await gw.rows())[-1]
+    assert (row["status"], row["error_class"]) == ("error", "upstream_stream_error")
+
+
+async def test_a_streamed_tool_call_with_json_arguments_in_pieces_is_whole_for_an_anthropic_client(
+    scripted, anth
+):
+    gw, up = scripted
+    up.chunks = tool_call_chunks(['{"pa', 'th": "a.txt"}'])
+    async with asyncio.timeout(20):
+        async with anth(gw).messages.stream(model="gpt-fake", max_tokens=16, messages=MSGS) as s:
+            final = await s.get_final_message()
+    (block,) = final.content
+    assert (block.type, block.name, block.input) == ("tool_use", "read_file", {"path": "a.txt"})
+    assert (await gw.rows())[-1]["status"] == "ok"
