@@ -185,6 +185,10 @@ class ProjectConfig(_Strict):
     # which upstream failures move a request to the model's fallbacks (context_window: its
     # context_window_fallbacks); fallbacks are operator config, usable by any project allowed the primary
     fallback_on: list[FallbackOn] = Field(default_factory=lambda: ["rate_limit", "server_error", "timeout"])
+    # a request field that translation does not know (or a server tool without an equivalent): "lenient"
+    # drops it and reports it (header x-farm-dropped, the ledger, a metric, a log line), "strict" refuses
+    # the request naming it (gateway.translate.policy)
+    translation: Literal["lenient", "strict"] = "lenient"
 
 
 class RetryConfig(_Strict):

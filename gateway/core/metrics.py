@@ -76,6 +76,18 @@ class PendingUsageView(Protocol):
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
+MAX_FIELD_LABELS = 100  # distinct (client, dropped field) labels per process; further ones count as "other"
+# What the User-Agents of the clients the gateway serves contain -> the client label of the metrics
+_CLIENTS = (
+    ("claude-cli", "claude-code"),
+    ("claude-code", "claude-code"),
+    ("codex", "codex"),
+    ("openai/python", "openai-sdk"),
+    ("openai/js", "openai-sdk"),
+    ("anthropic/python", "anthropic-sdk"),
+    ("anthropic/js", "anthropic-sdk"),
+    ("agents/python", "openai-agents"),
+)
 MIRROR_INTERVAL_S = 1.0  # multiprocess mode: how stale another process's gauges may be at a scrape
 
 
@@ -123,6 +135,18 @@ class _HistTally:
         for bucket, n in zip(child._buckets, counts, strict=True):
             if n:
                 bucket.inc(n)
+
+
+def client_label(user_agent: str | None) -> str:
+    """The client a User-Agent names, as a bounded metrics label: claude-code, codex, openai-sdk,
+    anthropic-sdk, openai-agents, or other."""
+    ua = (user_agent or "").lower()
+    for mark, label in _CLIENTS:
+        if (
+            mark in ua
+        ):  # "AsyncAnthropic/Python 0.49", "claude-cli/2.1.3 (external, cli)", "codex_cli_rs/0.17"
+            return label
+    return "other"
 
 
 class RequestTally:
@@ -304,6 +328,13 @@ class GatewayMetrics:
         self.rejections = Counter(
             "gateway_rejections", "Requests rejected by a project limit", ["project", "limit"], registry=r
         )
+        self.dropped_fields = Counter(
+            "gateway_translation_dropped_fields",
+            "Request fields translation left out, by client and field (gateway.translate.policy)",
+            ["client", "field"],
+            registry=r,
+        )
+        self._dropped_seen: set[str] = set()  # field labels given so far (at most MAX_FIELD_LABELS)
         # routing (gateway.upstream.routing): per deployment of a public model; both labels come from the
         # config
         md = ["model", "deployment"]
@@ -364,6 +395,22 @@ class GatewayMetrics:
                 self.cost.labels(project, model, task),
             )
         return c
+
+    def dropped(self, client: str, fields: list[str]) -> list[str]:
+        """Count a request's dropped fields; returns those this process had not seen before from this
+        client (to be logged once). Field names come from clients: past ``MAX_FIELD_LABELS`` distinct
+        ones, a new name is labelled "other" (a bounded label set)."""
+        new = []
+        for f in fields:
+            seen = f"{client}\0{f}"
+            if seen not in self._dropped_seen:
+                if len(self._dropped_seen) >= MAX_FIELD_LABELS:
+                    f = "other"
+                else:
+                    self._dropped_seen.add(seen)
+                    new.append(f)
+            self.dropped_fields.labels(client, f).inc()
+        return new
 
     def tally(self, project: str, model: str, task: str, status: str) -> RequestTally:
         """The request path's counts for one outcome (see RequestTally)."""

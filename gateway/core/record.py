@@ -57,7 +57,8 @@ class LedgerRow(TypedDict):
     fallback_from: str | None
     translation: str | None
     cost_usd: float | None
-    shared_pending: bool | None  # True: admitted on this process's own share while Redis was unreachable
+    shared_pending: bool | None  # True: Redis may lack its usage (gateway.limits.redis)
+    dropped_fields: str | None  # request fields translation left out, comma-separated (translate.policy)
 
 
 class DayUsage(NamedTuple):
@@ -79,7 +80,7 @@ class Record:
         "http_status", "error_class", "retries", "input_tokens", "output_tokens", "estimated",
         "upstream_t0", "upstream_end", "ttft", "queue_wait", "upstream_request_id", "batch_size",
         "closed", "deployment", "fallback_from", "translation", "cost_usd", "cached_input_tokens",
-        "cache_write_tokens", "shared_pending", "settle",
+        "cache_write_tokens", "shared_pending", "settle", "dropped",
     )  # fmt: skip
 
     def __init__(self, endpoint: str) -> None:
@@ -119,6 +120,7 @@ class Record:
         self.shared_pending: bool | None = None
         # the request path's settlement of its admission, run before the row is written (then None)
         self.settle: Callable[[], None] | None = None
+        self.dropped: list[str] = []  # request fields translation left out (gateway.translate.policy)
 
     def tag(self, project: ProjectConfig, task: str | None) -> None:
         """The task (header or the project's default) and its bounded metrics label."""
@@ -167,4 +169,5 @@ class Record:
             "translation": self.translation,
             "cost_usd": self.cost_usd,
             "shared_pending": self.shared_pending,
+            "dropped_fields": ",".join(self.dropped) if self.dropped else None,
         }

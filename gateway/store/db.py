@@ -102,6 +102,9 @@ ledger = Table(
     # the usage reaches the shared counters through that process, or through a rebuild from the ledger that
     # lists these rows' ids (gateway.limits.redis). NULL otherwise (most rows: left out of the INSERT)
     Column("shared_pending", Boolean, nullable=True),
+    # (revision 0003) the request fields translation left out, comma-separated: fields the gateway does not
+    # know and server tools without an equivalent (gateway.translate.policy); NULL when none
+    Column("dropped_fields", String(256), nullable=True),
 )
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"

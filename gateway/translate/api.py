@@ -25,11 +25,14 @@ def translate_request(
     *,
     upstream_model: str,
     default_max_tokens: int = DEFAULT_MAX_TOKENS,
+    strict: bool = False,
+    dropped: list[str] | None = None,
 ) -> dict:
     """A client's request body in ``src`` -> the upstream's request body in ``dst``, naming
     ``upstream_model``. ``default_max_tokens`` fills Anthropic's required max_tokens when the client gave
     none. Raises ``BadRequest`` (error_class "untranslatable") naming the first field the target cannot
-    express; see ``gateway.translate.policy`` for what is dropped on purpose. With ``src == dst`` only the
+    express; see ``gateway.translate.policy`` for what is dropped on purpose. A field it does not know is
+    dropped and its name appended to ``dropped`` (``strict``: refused instead). With ``src == dst`` only the
     model (and, for a chat stream, ``stream_options.include_usage``) changes."""
     _check(src, dst)
     if not isinstance(body, dict):
@@ -42,11 +45,13 @@ def translate_request(
         return out
     try:
         if src == "chat":
-            req = chat.parse_request(body, dst)
+            req = chat.parse_request(body, dst, strict)
         elif src == "responses":
-            req = responses.parse_request(body, dst)
+            req = responses.parse_request(body, dst, strict)
         else:
-            req = messages.parse_request(body, dst)
+            req = messages.parse_request(body, dst, strict)
+        if dropped is not None:
+            dropped.extend(f for f in req.dropped if f not in dropped)
         if dst == "chat":
             return chat.render_request(req, upstream_model)
         if dst == "responses":

@@ -83,14 +83,16 @@ def _parts(content: object, where: str, dst: str) -> list:
     return parts
 
 
-def parse_request(body: dict, dst: str) -> Request:
-    req = Request()
+def parse_request(body: dict, dst: str, strict: bool = False) -> Request:
+    req = Request(strict=strict)
     for key, value in body.items():
         if key in _HANDLED or key in policy.TOP_LEVEL["chat"]:
             continue
-        if key in _NEUTRAL and value in (None, _NEUTRAL[key]):
-            continue
-        raise untranslatable(key, dst, f"the value {json.dumps(value)[:40]}")
+        if key in _NEUTRAL:
+            if value in (None, _NEUTRAL[key]):
+                continue
+            raise untranslatable(key, dst, f"the value {json.dumps(value)[:40]}")
+        req.unknown(key, dst)
     n = body.get("n")
     if n not in (None, 1):
         raise untranslatable("n", dst, f"{n} choices")

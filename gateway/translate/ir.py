@@ -100,9 +100,20 @@ class Request:
     response_format: dict | None = None
     # canonical name -> the field as the client spelled it, for error messages ("stop" -> "stop_sequences")
     source_fields: dict[str, str] = field(default_factory=dict)
+    # a field the gateway does not know: refused by name (``strict``) or dropped and named in ``dropped``
+    strict: bool = False
+    dropped: list[str] = field(default_factory=list)
 
     def src(self, name: str) -> str:
         return self.source_fields.get(name, name)
+
+    def unknown(self, name: str, dst: str, what: str = "this field") -> None:
+        """A field the gateway does not know (or a tool with no equivalent): left out and reported, or in
+        strict mode a 400 naming it (gateway.translate.policy)."""
+        if self.strict:
+            raise untranslatable(name, dst, what)
+        if name not in self.dropped:
+            self.dropped.append(name)
 
 
 @dataclass(slots=True)

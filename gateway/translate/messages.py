@@ -65,6 +65,8 @@ _ERROR_STATUS = {
 _HANDLED = frozenset(
     "model system messages tools tool_choice max_tokens temperature top_p stop_sequences stream".split()
 )
+# Fields that change the answer and have no equivalent in the OpenAI formats: refused by name, always.
+_REFUSED = {"top_k": "top-k sampling"}
 
 
 # ------------------------------------------------------------------------------------------------ request
@@ -88,11 +90,18 @@ def _blocks(content: object, where: str) -> list:
     return blocks
 
 
-def parse_request(body: dict, dst: str) -> Request:
-    req = Request()
-    for key in body:
+def parse_request(body: dict, dst: str, strict: bool = False) -> Request:
+    req = Request(strict=strict)
+    for key, value in body.items():
+        if key in _REFUSED and value is not None:
+            raise untranslatable(key, dst, _REFUSED[key])
         if key not in _HANDLED and key not in policy.TOP_LEVEL["messages"]:
-            raise untranslatable(key, dst, "this field")
+            req.unknown(key, dst)
+    config = body.get("output_config")
+    if isinstance(config, dict):  # Claude Code: {"effort": ...}, a hint (policy.DROPPED); the rest unknown
+        for key in config:
+            if key != "effort":
+                req.unknown(f"output_config.{key}", dst)
     system = body.get("system")
     if system:
         parts = []
@@ -105,8 +114,14 @@ def parse_request(body: dict, dst: str) -> Request:
     for i, m in enumerate(want(body.get("messages"), list, "messages")):
         w = f"messages[{i}]"
         role = want(m, dict, w).get("role")
+        if role == "system":  # Claude Code puts system messages in its conversation
+            parts = [Text(want(b.get("text"), str, f"{w}.content[{j}].text"))
+                     for j, b in enumerate(_blocks(m.get("content"), f"{w}.content"))
+                     if want(b, dict, f"{w}.content[{j}]").get("type") == "text"]  # fmt: skip
+            req.messages.append(Message("system", parts))
+            continue
         if role not in ("user", "assistant"):
-            raise invalid(f"{w}.role", f"must be user or assistant, not {role!r}")
+            raise invalid(f"{w}.role", f"must be user, assistant or system, not {role!r}")
         pending: list = []  # text/images of this turn, flushed around tool results to keep their order
 
         def flush(role=role, pending=pending) -> None:
@@ -148,8 +163,9 @@ def parse_request(body: dict, dst: str) -> Request:
 
     for i, t in enumerate(body.get("tools") or []):
         w = f"tools[{i}]"
-        if want(t, dict, w).get("type") not in (None, "custom"):
-            raise untranslatable(f"{w}.type", dst, f"the Anthropic server tool {t.get('type')!r}")
+        if want(t, dict, w).get("type") not in (None, "custom"):  # a server tool (web search, ...)
+            req.unknown(f"tools[{t.get('type')}]", dst, f"the Anthropic server tool {t.get('type')!r}")
+            continue
         schema = t.get("input_schema") or {"type": "object", "properties": {}}
         req.tools.append(Tool(want(t.get("name"), str, f"{w}.name"), t.get("description"), schema))
     tc = body.get("tool_choice")

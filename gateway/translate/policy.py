@@ -1,11 +1,16 @@
 """What translation leaves out on purpose: THE one table of dropped fields, with the reason for each.
 
 Rule: a field that changes the answer and has no equivalent in the target format is a 400 naming it
-(``error_class="untranslatable"``); only fields that hint (caching, storage, accounting, effort) and leave
+(``error_class="untranslatable"``); fields that only hint (caching, storage, accounting, effort) and leave
 the answer's meaning alone are dropped, and each of them is listed here. The request readers consult
 ``TOP_LEVEL`` for whole top-level fields; the rows marked (content) document drops inside messages and
-answers, done in the format modules. A field that is in neither a reader's handled set nor this table is
-refused, so a new API field is never lost silently.
+answers, done in the format modules.
+
+A field that is in neither a reader's handled set nor this table (a new API field, say), and a server or
+built-in tool with no equivalent (web search), is unknown: dropped and reported (the ``x-farm-dropped``
+response header, the ledger row's ``dropped_fields``, ``gateway_translation_dropped_fields_total`` by client
+and field, one log line per field), or refused by name for a project with ``translation: strict``. Nothing
+is dropped unreported.
 
 Decisions about the fields that only hint:
 - Responses ``reasoning`` {effort, summary} and chat ``reasoning_effort``: carried between the two OpenAI
@@ -44,6 +49,13 @@ DROPPED: tuple[Dropped, ...] = (
     Dropped("responses", "stream_options", "obfuscation padding of stream events"),
     Dropped("messages", "thinking", "extended thinking budget; see the module docstring"),
     Dropped("messages", "context_management", "server-side trimming of old tool results"),
+    Dropped(
+        "messages",
+        "output_config",
+        "{effort}: an effort hint (Claude Code sends it); not mapped to reasoning_effort, which chat models "
+        "without reasoning refuse; any other key of it is unknown",
+    ),  # fmt: skip
+    Dropped("responses", "client_metadata", "bookkeeping for the client's own use (Codex sends it)"),
     # -- requests, shared fields dropped only towards a format without them
     Dropped("chat", "reasoning_effort", "to anthropic messages: an effort hint without a token budget"),
     Dropped("chat", "verbosity", "to anthropic messages: a length/style hint"),
@@ -67,6 +79,7 @@ DROPPED: tuple[Dropped, ...] = (
     Dropped("responses", "reasoning items", "(content) encrypted prior reasoning, valid only for OpenAI"),
     Dropped("*", "image detail", "(content) a resolution hint; Anthropic has none"),
     Dropped("*", "tools[].strict", "(content) to anthropic messages: schema adherence hint"),
+    Dropped("messages", "tools[].defer_loading", "(content) a tool-search loading hint (Claude Code)"),
     Dropped("*", "message name", "(content) chat participant names; others have none"),
     Dropped(
         "*", "reasoning output", "(content) answers: thinking blocks / reasoning items are not the answer"

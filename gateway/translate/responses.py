@@ -73,13 +73,13 @@ def _parts(content: object, where: str, dst: str) -> list:
     return parts
 
 
-def parse_request(body: dict, dst: str) -> Request:
-    req = Request()
+def parse_request(body: dict, dst: str, strict: bool = False) -> Request:
+    req = Request(strict=strict)
     for key, value in body.items():
         if key in _STATEFUL_OR_UNIQUE and value not in (None, False, 0):
             raise untranslatable(key, dst, _STATEFUL_OR_UNIQUE[key])
         if key not in _HANDLED and key not in policy.TOP_LEVEL["responses"]:
-            raise untranslatable(key, dst, "this field")
+            req.unknown(key, dst)
     if body.get("truncation") not in (None, "disabled"):
         raise untranslatable("truncation", dst, f"truncation {body['truncation']!r}")
     if "message.output_text.logprobs" in (body.get("include") or ()):
@@ -126,8 +126,9 @@ def parse_request(body: dict, dst: str) -> Request:
     for i, t in enumerate(body.get("tools") or []):
         w = f"tools[{i}]"
         kind = want(t, dict, w).get("type")
-        if kind != "function":
-            raise untranslatable(f"{w}.type", dst, f"the built-in tool {kind!r}")
+        if kind != "function":  # a built-in tool (web_search, ...) that runs at OpenAI
+            req.unknown(f"tools[{kind}]", dst, f"the built-in tool {kind!r}")
+            continue
         params = t.get("parameters") or {"type": "object", "properties": {}}
         req.tools.append(Tool(want(t.get("name"), str, f"{w}.name"), t.get("description"), params))
     tc = body.get("tool_choice")

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gateway.core.metrics import client_label
 from gateway.core.record import Record
 from gateway.core.usage import Api, StreamUsage, estimate_output_tokens, estimate_tokens, usage_details
 from gateway.errors import (
@@ -194,6 +195,7 @@ class Proxy:
         else:
             bodies[head.model] = raw  # sent as it came when the upstream id is the public one
         translated: dict[tuple[str, str], tuple[str, bytes, dict[str, str]]] = {}
+        dropped_by: dict[tuple[str, str], list[str]] = {}  # the fields each translation left out
 
         def prepare(target: Deployment) -> bytes | tuple[str, bytes, dict[str, str]]:
             """What one attempt's target gets: the body with its upstream model id (encoded once per id), or
@@ -211,10 +213,12 @@ class Proxy:
             key = (dst, target.upstream_model)
             out = translated.get(key)
             if out is None:
+                dropped = dropped_by[key] = []
                 try:
                     tb = translate_request(
                         body, ep.fmt, dst, upstream_model=target.upstream_model,
                         default_max_tokens=project.default_max_tokens,
+                        strict=project.translation == "strict", dropped=dropped,
                     )  # fmt: skip
                 except BadRequest as e:
                     if target.model != head.model:  # a fallback model's format: say which
@@ -245,10 +249,18 @@ class Proxy:
                 return self._upstream_error(result, ep, rec)
             return self._with_route(result, await self._respond_whole(result, ep, rec, raw), ep)
 
+        def on_target() -> None:
+            self._note_target(rec, plan, ep)
+            target = plan.target
+            if target is not None and target.kind != ep.style:
+                rec.dropped = dropped_by.get((UPSTREAM_FORMAT[target.kind], target.upstream_model), [])
+                if rec.dropped:
+                    self._report_dropped(rec, request)
+
         try:
             async with pipeline.exchange(
                 rec, plan, (ep.path, raw, headers), token_cap=cap, input_estimate=input_estimate,
-                on_target=lambda: self._note_target(rec, plan, ep),
+                on_target=on_target,
             ) as result:  # fmt: skip
                 if result.status >= 400:
                     return self._upstream_error(result, ep, rec)
@@ -262,6 +274,17 @@ class Proxy:
             if e.headers is None:
                 e.headers = extra
             raise
+
+    def _report_dropped(self, rec: Record, request: web.Request) -> None:
+        """Fields the translation left out: counted by client and field, and logged the first time each
+        (the ledger row and the x-farm-dropped header carry them too)."""
+        client = client_label(request.headers.get("User-Agent"))
+        for name in self.pipeline.services.metrics.dropped(client, rec.dropped):
+            log.warning(
+                "translation dropped the request field %r of a %s client (%s -> %s): not known to the "
+                "gateway; set the project's translation: strict to refuse it instead (reported once)",
+                name, client, rec.endpoint, rec.translation,
+            )  # fmt: skip
 
     @staticmethod
     def _note_target(rec: Record, plan: RoutePlan, ep: Endpoint) -> None:
@@ -377,6 +400,8 @@ class Proxy:
                 content_type = "application/json"
         rec.status, rec.http_status = "ok", result.status
         headers = {"Content-Type": content_type, "x-request-id": rec.request_id}
+        if rec.dropped:
+            headers["x-farm-dropped"] = ",".join(rec.dropped)
         # The row is written by the pipeline (serve) when this returns, before the answer leaves.
         return web.Response(status=result.status, body=data, headers=headers)
 
@@ -420,6 +445,8 @@ class Proxy:
             "x-request-id": rec.request_id,
             **self._route_headers(target, ep),
         }
+        if rec.dropped:
+            headers["x-farm-dropped"] = ",".join(rec.dropped)
         return await self.pipeline.relay(request, rec, upstream, shape, headers)
 
 

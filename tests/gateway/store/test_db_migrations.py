@@ -77,7 +77,7 @@ def _old_style(conn) -> None:
     old = MetaData()
     Table("gateway_api_keys", old, *(c._copy() for c in api_keys.columns))
     since = {"batch_size", "deployment", "fallback_from", "translation", "cost_usd"}  # added later
-    since |= {"cached_input_tokens", "cache_write_tokens", "shared_pending"}
+    since |= {"cached_input_tokens", "cache_write_tokens", "shared_pending", "dropped_fields"}
     Table("gateway_ledger", old, *(c._copy() for c in ledger.columns if c.name not in since))
     old.create_all(conn)
     now = datetime.now(UTC)

@@ -221,7 +221,6 @@ UNTRANSLATABLE = [
     ("chat", "messages", {**CHAT, "frequency_penalty": 0.5}, "frequency_penalty"),
     ("chat", "messages", {**CHAT, "logit_bias": {"50256": -100}}, "logit_bias"),
     ("chat", "messages", {**CHAT, "modalities": ["text", "audio"], "audio": {"voice": "alloy"}}, "audio"),
-    ("chat", "messages", {**CHAT, "web_search_options": {}}, "web_search_options"),
     ("chat", "messages", {**CHAT, "response_format": {"type": "json_object"}}, "response_format"),
     (
         "chat",
@@ -249,14 +248,6 @@ UNTRANSLATABLE = [
     ("responses", "messages", {**RESP, "previous_response_id": "resp_1"}, "previous_response_id"),
     ("responses", "chat", {**RESP, "conversation": "conv_1"}, "conversation"),
     ("responses", "messages", {**RESP, "background": True}, "background"),
-    ("responses", "messages", {**RESP, "tools": [{"type": "web_search"}]}, "tools[0].type"),
-    (
-        "responses",
-        "chat",
-        {**RESP, "tools": [{"type": "file_search", "vector_store_ids": ["v"]}]},
-        "tools[0].type",
-    ),
-    ("responses", "messages", {**RESP, "tools": [{"type": "computer_use_preview"}]}, "tools[0].type"),
     ("responses", "messages", {**RESP, "text": {"format": {"type": "json_object"}}}, "response_format"),
     ("responses", "messages", {**RESP, "include": ["message.output_text.logprobs"]}, "include"),
     ("responses", "messages", {**RESP, "top_logprobs": 2}, "top_logprobs"),
@@ -274,13 +265,6 @@ UNTRANSLATABLE = [
         "input[0].content[0].type",
     ),
     ("messages", "chat", {**MSGS, "top_k": 5}, "top_k"),
-    (
-        "messages",
-        "chat",
-        {**MSGS, "tools": [{"type": "web_search_20250305", "name": "web_search"}]},
-        "tools[0].type",
-    ),
-    ("messages", "chat", {**MSGS, "mcp_servers": [{"url": "x"}]}, "mcp_servers"),
     (
         "messages",
         "chat",
@@ -315,8 +299,55 @@ UNTRANSLATABLE = [
         },
         "tool result t",
     ),
-    ("chat", "messages", {**CHAT, "brand_new_field": 1}, "brand_new_field"),
 ]
+
+
+# Fields and tools the gateway does not know or cannot serve (server tools): dropped and reported, or refused
+# by name in strict mode (gateway.translate.policy)
+UNKNOWN = [
+    ("responses", "messages", {**RESP, "tools": [{"type": "web_search"}]}, "tools[web_search]"),
+    (
+        "responses",
+        "chat",
+        {**RESP, "tools": [{"type": "file_search", "vector_store_ids": ["v"]}]},
+        "tools[file_search]",
+    ),
+    (
+        "responses",
+        "messages",
+        {**RESP, "tools": [{"type": "computer_use_preview"}]},
+        "tools[computer_use_preview]",
+    ),
+    (
+        "messages",
+        "chat",
+        {**MSGS, "tools": [{"type": "web_search_20250305", "name": "web_search"}]},
+        "tools[web_search_20250305]",
+    ),
+    ("messages", "chat", {**MSGS, "mcp_servers": [{"url": "x"}]}, "mcp_servers"),
+    ("chat", "messages", {**CHAT, "brand_new_field": 1}, "brand_new_field"),
+    (
+        "messages",
+        "responses",
+        {**MSGS, "output_config": {"effort": "high", "format": {}}},
+        "output_config.format",
+    ),
+    ("responses", "chat", {**RESP, "brand_new_field": {"a": 1}}, "brand_new_field"),
+    ("chat", "messages", {**CHAT, "web_search_options": {}}, "web_search_options"),
+]
+
+
+@pytest.mark.parametrize("src,dst,body,field", UNKNOWN, ids=[f"{c[0]}-{c[3]}" for c in UNKNOWN])
+def test_an_unknown_field_is_dropped_and_reported_or_refused_when_strict(src, dst, body, field):
+    dropped: list[str] = []
+    out = translate_request(body, src, dst, upstream_model="x", dropped=dropped)
+    assert dropped == [field]
+    top = field.split("[")[0].split(".")[0]
+    assert top == "tools" or top not in out
+    with pytest.raises(BadRequest) as e:
+        translate_request(body, src, dst, upstream_model="x", strict=True)
+    assert e.value.status == 400 and e.value.error_class == "untranslatable"
+    assert e.value.message.startswith(field) and "cannot be translated to" in e.value.message
 
 
 @pytest.mark.parametrize("src,dst,body,field", UNTRANSLATABLE, ids=[f"{c[0]}-{c[3]}" for c in UNTRANSLATABLE])
@@ -444,3 +475,42 @@ def test_tool_choice_mapping():
 )
 def test_translate_error(src, body, status, dst, expected):
     assert translate_error(body, src, dst, status=status) == expected
+
+
+def test_what_claude_code_and_codex_send_translates_without_a_refusal():
+    """Seen: Claude Code on a chat model refused for output_config, then for a system message in its
+    conversation; Codex on an Anthropic model refused for client_metadata. Hints are dropped by the policy
+    table (not reported), a system message anywhere in the conversation is kept in its place."""
+    claude_code = {
+        **MSGS,
+        "output_config": {"effort": "medium"},
+        "messages": [
+            {"role": "user", "content": "read a.txt"},
+            {"role": "system", "content": [{"type": "text", "text": "be brief"}]},
+            {"role": "user", "content": "now"},
+        ],
+        "tools": [{"name": "Read", "input_schema": {"type": "object"}, "defer_loading": True}],
+    }
+    for dst in ("chat", "responses"):
+        dropped: list[str] = []
+        out = translate_request(claude_code, "messages", dst, upstream_model="x", dropped=dropped)
+        assert dropped == [] and "output_config" not in out
+        turns = out["messages"] if dst == "chat" else out["input"]
+        system = "system" if dst == "chat" else "developer"  # the Responses API's name for it
+        assert [t["role"] for t in turns][-3:] == ["user", system, "user"]
+        assert "defer_loading" not in json.dumps(out)
+    codex = {**RESP, "client_metadata": {"x-codex-turn": "1"}, "store": False}
+    for dst in ("chat", "messages"):
+        dropped = []
+        out = translate_request(codex, "responses", dst, upstream_model="x", dropped=dropped)
+        assert dropped == [] and "client_metadata" not in out
+
+
+def test_the_client_label_comes_from_the_user_agent():
+    from gateway.core.metrics import client_label
+
+    assert client_label("claude-cli/2.1.3 (external, cli)") == "claude-code"
+    assert client_label("codex_cli_rs/0.17.0 (Debian 12; x86_64) xterm") == "codex"
+    assert client_label("AsyncOpenAI/Python 1.99.1") == "openai-sdk"
+    assert client_label("AsyncAnthropic/Python 0.49.0") == "anthropic-sdk"
+    assert client_label("curl/8.5.0") == client_label(None) == "other"

@@ -7,6 +7,7 @@ conftest's project alpha has ``gpt-fake`` (openai provider, upstream ``gpt-upstr
 from __future__ import annotations
 
 import json
+import logging
 
 import anthropic
 import openai
@@ -223,7 +224,8 @@ async def test_native_requests_are_not_translated(gateway, fake, oai):
 
 
 # --- untranslatable features: a 400 naming the field, nothing sent -----------------------------------
-async def test_untranslatable_field_is_a_400_in_the_clients_format(gateway, fake, oai, anth):
+async def test_untranslatable_field_is_a_400_in_the_clients_format(start_gateway, fake, oai, anth):
+    gateway = await start_gateway(projects={"alpha": {"translation": "strict"}})
     with pytest.raises(openai.BadRequestError) as e:
         await oai(gateway).chat.completions.create(
             model="claude-fake", messages=[{"role": "user", "content": "hi"}], n=2
@@ -232,18 +234,51 @@ async def test_untranslatable_field_is_a_400_in_the_clients_format(gateway, fake
     assert "anthropic messages" in e.value.message
     assert e.value.body["type"] == "invalid_request_error"  # OpenAI's error shape
 
-    with pytest.raises(anthropic.BadRequestError) as e2:
+    with pytest.raises(anthropic.BadRequestError) as e2:  # strict: a server tool without an equivalent
         await anth(gateway).messages.create(
             model="gpt-fake",
             max_tokens=10,
             messages=[{"role": "user", "content": "hi"}],
             tools=[{"type": "web_search_20250305", "name": "web_search"}],
         )
-    assert e2.value.status_code == 400 and "tools" in e2.value.message
+    assert e2.value.status_code == 400 and "tools[web_search_20250305]" in e2.value.message
     assert e2.value.body["type"] == "error" and e2.value.body["error"]["type"] == "invalid_request_error"
     assert fake.seen == []
     rows = await gateway.rows()
     assert [(r["http_status"], r["error_class"]) for r in rows] == [(400, "untranslatable")] * 2
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_unknown_field_is_dropped_and_reported_by_default(gateway, fake, anth, caplog, stream):
+    """Lenient (the default): the request is served without the field, which is named in the x-farm-dropped
+    header, the ledger row and a metric by client and field, and logged once."""
+    caplog.set_level(logging.WARNING, logger="gateway")
+    client = anth(gateway)
+    for _ in range(2):
+        raw = await client.messages.with_raw_response.create(
+            model="gpt-fake",
+            max_tokens=10,
+            messages=[{"role": "user", "content": "hi"}],
+            tools=[{"type": "web_search_20250305", "name": "web_search"}],
+            extra_body={"brand_new_field": {"x": 1}},
+            stream=stream,
+        )
+        assert raw.headers["x-farm-dropped"] == "brand_new_field,tools[web_search_20250305]"
+        if stream:
+            async for _ in await raw.parse():
+                pass
+    sent = fake.seen[-1].body
+    assert "brand_new_field" not in sent and "tools" not in sent  # the upstream got neither
+    rows = await gateway.rows()
+    assert [r["dropped_fields"] for r in rows] == ["brand_new_field,tools[web_search_20250305]"] * 2
+    assert all(r["status"] == "ok" for r in rows)
+    metrics = gateway.gw.metrics.registry
+    value = metrics.get_sample_value(
+        "gateway_translation_dropped_fields_total", {"client": "anthropic-sdk", "field": "brand_new_field"}
+    )
+    assert value == 2
+    logged = [r.getMessage() for r in caplog.records if "translation dropped" in r.getMessage()]
+    assert len(logged) == 2 and "'brand_new_field'" in logged[0]  # one line per field, not per request
 
 
 async def test_upstream_error_of_a_translated_target_is_in_the_clients_format(gateway, fake, anth):
