@@ -22,7 +22,16 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from gateway.core.metrics_live import (
+    KeysCollector,
+    KeysView,
+    LedgerCollector,
+    LedgerView,
+    PendingUsageView,
+    SharedCollector,
+    SharedView,
+)
 
 if TYPE_CHECKING:
     from gateway.config import ProjectConfig
@@ -45,33 +54,6 @@ class _ProjectView(Protocol):
 class LimitsView(Protocol):
     @property
     def projects(self) -> Mapping[str, _ProjectView]: ...
-
-
-class LedgerView(Protocol):
-    pending_rows: int
-    written: int
-    dropped: int
-    failed_flushes: int
-    spool_errors: int
-    replayed: int
-
-    def oldest_pending_s(self) -> float: ...
-
-
-class KeysView(Protocol):
-    stale_served: int
-    unavailable: int
-
-
-class SharedView(Protocol):
-    up: bool
-    outages: int
-    fallback_admissions: int
-
-
-class PendingUsageView(Protocol):
-    @property
-    def pending_requests(self) -> int: ...
 
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -445,24 +427,24 @@ class GatewayMetrics:
     def bind_ledger(self, writer: LedgerView) -> None:
         """The ledger writer's backlog and counters, read at scrape time."""
         if self._mirror is not None:
-            self._mirror.bind(_LedgerCollector(writer))
+            self._mirror.bind(LedgerCollector(writer))
             return
-        self.registry.register(_LedgerCollector(writer))
+        self.registry.register(LedgerCollector(writer))
 
     def bind_keys(self, keys: KeysView) -> None:
         """How the key store's outages were met (gateway.store.keys), read at scrape time."""
         if self._mirror is not None:
-            self._mirror.bind(_KeysCollector(keys))
+            self._mirror.bind(KeysCollector(keys))
             return
-        self.registry.register(_KeysCollector(keys))
+        self.registry.register(KeysCollector(keys))
 
     def bind_shared(self, shared: SharedView, usage: PendingUsageView) -> None:
         """The shared state's health (gateway.redis.state; only with ``redis_url``) and the usage the shared
         limits still have to add to its counters (gateway.limits.redis), read at scrape time."""
         if self._mirror is not None:
-            self._mirror.bind(_SharedCollector(shared, usage))
+            self._mirror.bind(SharedCollector(shared, usage))
             return
-        self.registry.register(_SharedCollector(shared, usage))
+        self.registry.register(SharedCollector(shared, usage))
 
     # --- multiprocess mode ---------------------------------------------------------------------------
     def sync(self) -> None:
@@ -541,109 +523,3 @@ class _Mirror:
                         last[0] = value
                 else:
                     self._gauges[fam.name].set(value)
-
-
-class _SharedCollector:
-    def __init__(self, shared: SharedView, usage: PendingUsageView) -> None:
-        self._s = shared
-        self._u = usage
-
-    def describe(self):
-        return self._families(0, 0, 0, 0)
-
-    def collect(self):
-        s = self._s
-        return self._families(1 if s.up else 0, s.outages, s.fallback_admissions, self._u.pending_requests)
-
-    @staticmethod
-    def _families(up, outages, fallback, pending):
-        return [
-            GaugeMetricFamily(
-                "gateway_shared_pending_requests",
-                "Requests whose tokens and cost are still to be added to the shared budget counters (Redis "
-                "was away when they settled)",
-                value=pending,
-            ),
-            GaugeMetricFamily(
-                "gateway_shared_state_up",
-                "1 while the shared state (Redis) is reachable; 0: each process enforces its own share",
-                value=up,
-            ),
-            CounterMetricFamily(
-                "gateway_shared_state_outages",
-                "Times the shared state (Redis) became unreachable",
-                value=outages,
-            ),
-            CounterMetricFamily(
-                "gateway_shared_fallback_admissions",
-                "Requests admitted by this process's own limits while the shared state was unreachable",
-                value=fallback,
-            ),
-        ]
-
-
-class _KeysCollector:
-    def __init__(self, keys: KeysView) -> None:
-        self._k = keys
-
-    def describe(self):
-        return self._families(0, 0)
-
-    def collect(self):
-        return self._families(self._k.stale_served, self._k.unavailable)
-
-    @staticmethod
-    def _families(stale, unavailable):
-        return [
-            CounterMetricFamily(
-                "gateway_keys_stale_served",
-                "Keys authenticated from the last known good while the key store could not answer",
-                value=stale,
-            ),
-            CounterMetricFamily(
-                "gateway_keys_store_unavailable",
-                "Requests refused with a 503 because the key store could not answer",
-                value=unavailable,
-            ),
-        ]
-
-
-class _LedgerCollector:
-    def __init__(self, writer: LedgerView) -> None:
-        self._w = writer
-
-    def describe(self):
-        return self._families(0, 0.0, 0, 0, 0, 0, 0)
-
-    def collect(self):
-        w = self._w
-        return self._families(
-            w.pending_rows, w.oldest_pending_s(), w.written, w.dropped, w.failed_flushes, w.spool_errors,
-            w.replayed,
-        )  # fmt: skip
-
-    @staticmethod
-    def _families(pending, oldest, written, dropped, failures, spool_errors, replayed):
-        return [
-            GaugeMetricFamily("gateway_ledger_pending_rows", "Ledger rows not yet written", value=pending),
-            GaugeMetricFamily(
-                "gateway_ledger_oldest_pending_seconds",
-                "Age of the oldest unwritten ledger row",
-                value=oldest,
-            ),
-            CounterMetricFamily("gateway_ledger_written_rows", "Ledger rows written", value=written),
-            CounterMetricFamily(
-                "gateway_ledger_dropped_rows", "Ledger rows refused for their data and dropped", value=dropped
-            ),
-            CounterMetricFamily(
-                "gateway_ledger_flush_failures", "Ledger flushes that failed (rows kept)", value=failures
-            ),
-            CounterMetricFamily(
-                "gateway_ledger_spool_errors", "Ledger rows the spool could not write", value=spool_errors
-            ),
-            CounterMetricFamily(
-                "gateway_ledger_replayed_rows",
-                "Rows of a previous process written from the spool",
-                value=replayed,
-            ),
-        ]
