@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from gateway.errors import error_body
 from gateway.translate import chat, messages, responses
 from gateway.translate.ir import FORMATS, Format, invalid
@@ -62,11 +64,18 @@ def translate_request(
 
 
 def translate_response(
-    body: dict, src: Format, dst: Format, *, public_model: str, created: int | None = None
+    body: dict,
+    src: Format,
+    dst: Format,
+    *,
+    public_model: str,
+    created: int | None = None,
+    tool_names: Mapping[str, tuple[str, str]] | None = None,
 ) -> dict:
     """A whole (non-streamed) upstream answer in ``src`` -> the client's format ``dst``, naming
     ``public_model``. Ids get the target's prefix, derived from the upstream's id; tool call ids are kept.
-    ``created``: the timestamp to stamp when the source has none (default: now)."""
+    ``created``: the timestamp to stamp when the source has none (default: now). ``tool_names``: a
+    Responses client's namespaced tools (gateway.translate.namespaces), whose calls it gets split again."""
     _check(src, dst)
     if src == dst:
         return {**body, "model": public_model}
@@ -79,7 +88,7 @@ def translate_response(
     if dst == "chat":
         return chat.render_response(reply, public_model, created)
     if dst == "responses":
-        return responses.render_response(reply, public_model, created)
+        return responses.render_response(reply, public_model, created, tool_names)
     return messages.render_response(reply, public_model)
 
 

@@ -9,10 +9,10 @@ sent with ``store: false`` (the client never asked the provider to keep them).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from gateway.errors import error_type
-from gateway.translate import policy
+from gateway.translate import namespaces, policy
 from gateway.translate.ir import (
     Image,
     Message,
@@ -34,6 +34,7 @@ from gateway.translate.ir import (
     want,
 )
 
+ToolNames = Mapping[str, tuple[str, str]]  # flat tool name -> (namespace, name): gateway.translate.namespaces
 _HANDLED = frozenset(
     "model instructions input tools tool_choice parallel_tool_calls max_output_tokens temperature top_p "
     "stream user reasoning text truncation previous_response_id conversation background top_logprobs "
@@ -103,9 +104,12 @@ def parse_request(body: dict, dst: str, strict: bool = False) -> Request:
             else:
                 raise invalid(f"{w}.role", f"unknown role {role!r}")
         elif kind == "function_call":
+            name = want(item.get("name"), str, f"{w}.name")
+            if isinstance(item.get("namespace"), str):  # a namespaced tool's call (Codex): its flat name
+                name = namespaces.flat_name(item["namespace"], name)
             call = ToolCall(
                 want(item.get("call_id"), str, f"{w}.call_id"),
-                want(item.get("name"), str, f"{w}.name"),
+                name,
                 want(item.get("arguments", ""), str, f"{w}.arguments"),
             )
             last = req.messages[-1] if req.messages else None
@@ -126,6 +130,17 @@ def parse_request(body: dict, dst: str, strict: bool = False) -> Request:
     for i, t in enumerate(body.get("tools") or []):
         w = f"tools[{i}]"
         kind = want(t, dict, w).get("type")
+        if kind == "namespace":  # Codex: function tools grouped under a name, flattened (namespaces)
+            ns = want(t.get("name"), str, f"{w}.name")
+            for j, sub in enumerate(want(t.get("tools") or [], list, f"{w}.tools")):
+                sw = f"{w}.tools[{j}]"
+                if want(sub, dict, sw).get("type", "function") != "function":
+                    req.unknown(f"tools[{ns}.{sub.get('type')}]", dst, f"the {sub.get('type')!r} tool")
+                    continue
+                params = sub.get("parameters") or {"type": "object", "properties": {}}
+                name = namespaces.flat_name(ns, want(sub.get("name"), str, f"{sw}.name"))
+                req.tools.append(Tool(name, sub.get("description"), params))
+            continue
         if kind != "function":  # a built-in tool (web_search, ...) that runs at OpenAI
             req.unknown(f"tools[{kind}]", dst, f"the built-in tool {kind!r}")
             continue
@@ -356,18 +371,22 @@ def _message_item(item_id: str, text: str, status: str = "completed") -> dict:
     return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": [part]}
 
 
-def _call_item(call: ToolCall, status: str = "completed") -> dict:
-    return {
+def _call_item(call: ToolCall, status: str = "completed", names: ToolNames | None = None) -> dict:
+    namespace, name = namespaces.split(call.name, names)
+    item = {
         "id": new_id("fc_", call.id),
         "type": "function_call",
         "status": status,
         "call_id": call.id,
-        "name": call.name,
+        "name": name,
         "arguments": call.arguments or "{}",
     }
+    if namespace is not None:
+        item["namespace"] = namespace
+    return item
 
 
-def render_response(reply: Reply, model: str, created: int | None) -> dict:
+def render_response(reply: Reply, model: str, created: int | None, names: ToolNames | None = None) -> dict:
     rid = new_id("resp_", reply.id)
     status, incomplete = _status(reply.stop)
     body = _shell(rid, model, created or reply.created or int(time.time()), status)
@@ -375,7 +394,7 @@ def render_response(reply: Reply, model: str, created: int | None) -> dict:
     text = "".join(p.text for p in reply.parts if isinstance(p, Text))
     if text:
         body["output"].append(_message_item(new_id("msg_", f"{rid}_0"), text))
-    body["output"].extend(_call_item(p) for p in reply.parts if isinstance(p, ToolCall))
+    body["output"].extend(_call_item(p, names=names) for p in reply.parts if isinstance(p, ToolCall))
     if reply.usage is not None:
         body["usage"] = render_usage(reply.usage)
     return body
@@ -463,9 +482,10 @@ class Decoder:
 class Encoder:
     """Hub stream events -> Responses SSE, each event with its ``type`` and ``sequence_number``."""
 
-    def __init__(self, model: str, created: int | None) -> None:
+    def __init__(self, model: str, created: int | None, names: ToolNames | None = None) -> None:
         self.model = model
         self.created = created
+        self.names = names  # namespaced tools of the client's request (gateway.translate.namespaces)
         self._seq = 0
         self._id = ""
         self._items: dict[
@@ -519,7 +539,7 @@ class Encoder:
     def tool(self, key: int, call_id: str, name: str) -> bytes:
         index = len(self._items)
         call = ToolCall(call_id, name, "")
-        item = _call_item(call, "in_progress")
+        item = _call_item(call, "in_progress", self.names)
         item["arguments"] = ""
         self._items[key] = [index, item["id"], "function_call", [], call]
         return self._event("response.output_item.added", f'"output_index":{index},"item":{dumps(item)}')
@@ -556,11 +576,11 @@ class Encoder:
             )
         call: ToolCall = state[4]
         call.arguments = "".join(state[3]) or "{}"
-        item = _call_item(call)
+        item = _call_item(call, names=self.names)
         self._done.append(item)
         return self._event(
             "response.function_call_arguments.done",
-            f'"item_id":"{item_id}","output_index":{index},"name":{dumps(call.name)},"arguments":{dumps(call.arguments)}',
+            f'"item_id":"{item_id}","output_index":{index},"name":{dumps(item["name"])},"arguments":{dumps(call.arguments)}',
         ) + self._event("response.output_item.done", f'"output_index":{index},"item":{dumps(item)}')
 
     def finish(self, stop: Stop, stop_sequence: str | None, usage: Usage | None) -> bytes:

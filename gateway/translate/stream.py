@@ -27,11 +27,11 @@ from gateway.translate.ir import Format, Usage, loads
 _DECODERS = {"chat": chat.Decoder, "responses": responses.Decoder, "messages": messages.Decoder}
 
 
-def _encoder(dst: Format, model: str, created: int | None, include_usage: bool):
+def _encoder(dst: Format, model: str, created: int | None, include_usage: bool, tool_names):
     if dst == "chat":
         return chat.Encoder(model, created, include_usage)
     if dst == "responses":
-        return responses.Encoder(model, created)
+        return responses.Encoder(model, created, tool_names)
     return messages.Encoder(model)
 
 
@@ -86,13 +86,15 @@ class StreamTranslator:
         public_model: str,
         include_usage: bool = True,
         created: int | None = None,
+        tool_names: responses.ToolNames | None = None,
     ) -> None:
         """``include_usage``: chat clients only get the final usage chunk when they asked for it;
-        ``created``: the timestamp to stamp (default: the upstream's, else now)."""
+        ``created``: the timestamp to stamp (default: the upstream's, else now); ``tool_names``: a Responses
+        client's namespaced tools (gateway.translate.namespaces)."""
         self.src, self.dst = src, dst
         self.tokens = StreamUsage(src)
         self._decoder = _DECODERS[src](self.tokens.observe)
-        self._encoder = _encoder(dst, public_model, created, include_usage)
+        self._encoder = _encoder(dst, public_model, created, include_usage, tool_names)
         self._buf = b""
         self._started = False
         self._closed = False

@@ -52,6 +52,7 @@ from gateway.http.pipeline import (
 from gateway.summaries.schema import SUMMARIES_PATH
 from gateway.translate import Format, StreamTranslator, translate_error, translate_request, translate_response
 from gateway.translate.api import ANTHROPIC_VERSION as DEFAULT_ANTHROPIC_VERSION
+from gateway.translate.namespaces import tool_names
 from gateway.upstream.client import UpstreamResult, client_retry_after
 from gateway.upstream.routing import Deployment, ModelDeployments, RoutePlan
 
@@ -265,8 +266,8 @@ class Proxy:
                 if result.status >= 400:
                     return self._upstream_error(result, ep, rec)
                 if head.stream:
-                    return await self._respond_stream(request, result, ep, rec, raw, strip_usage)
-                return self._with_route(result, await self._respond_whole(result, ep, rec, raw), ep)
+                    return await self._respond_stream(request, result, ep, rec, raw, strip_usage, body)
+                return self._with_route(result, await self._respond_whole(result, ep, rec, raw, body), ep)
         except GatewayError as e:
             extra = self._route_headers(plan.target, ep)
             if rec.retries:
@@ -371,7 +372,7 @@ class Proxy:
         )
 
     async def _respond_whole(
-        self, result: UpstreamResult, ep: Endpoint, rec: Record, raw: bytes
+        self, result: UpstreamResult, ep: Endpoint, rec: Record, raw: bytes, body: dict | None = None
     ) -> web.Response:
         upstream = result.response
         try:
@@ -396,7 +397,7 @@ class Proxy:
                 rec.input_tokens, rec.output_tokens = estimate_tokens(raw), estimate_output_tokens(data)
                 rec.estimated = True
             if src is not None:
-                data = self._translate_answer(rec, parsed, src, ep.fmt)
+                data = self._translate_answer(rec, parsed, src, ep.fmt, body)
                 content_type = "application/json"
         rec.status, rec.http_status = "ok", result.status
         headers = {"Content-Type": content_type, "x-request-id": rec.request_id}
@@ -405,13 +406,16 @@ class Proxy:
         # The row is written by the pipeline (serve) when this returns, before the answer leaves.
         return web.Response(status=result.status, body=data, headers=headers)
 
-    def _translate_answer(self, rec: Record, parsed: dict | None, src: Format, dst: Format) -> bytes:
+    def _translate_answer(
+        self, rec: Record, parsed: dict | None, src: Format, dst: Format, body: dict | None = None
+    ) -> bytes:
         """A translated target's whole answer in the client's format; a 502 when it cannot be read (its
         tokens are counted on the record all the same: the upstream did answer)."""
         try:
             if parsed is None:
                 raise ValueError("not a JSON object")
-            out = translate_response(parsed, src, dst, public_model=rec.public_model or "")
+            names = tool_names(body) if dst == "responses" else None  # Codex's namespaced tools
+            out = translate_response(parsed, src, dst, public_model=rec.public_model or "", tool_names=names)
         except (GatewayError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:
             detail = e.message if isinstance(e, GatewayError) else str(e)
             detail = detail.removeprefix("invalid request body: ")  # a field of the answer, not the request
@@ -429,6 +433,7 @@ class Proxy:
         rec: Record,
         raw: bytes,
         strip_usage: bool,
+        body: dict | None = None,
     ) -> web.StreamResponse:
         upstream = result.response
         assert upstream is not None  # an answer below 400 holds its open response
@@ -437,7 +442,7 @@ class Proxy:
             shape: StreamShape = _PassThrough(ep, raw, strip_usage)
             content_type = upstream.headers.get("Content-Type", "text/event-stream")
         else:  # translated event by event; the translator counts the upstream's tokens as it reads them
-            shape = _Translated(UPSTREAM_FORMAT[target.kind], ep, rec, raw, strip_usage)
+            shape = _Translated(UPSTREAM_FORMAT[target.kind], ep, rec, raw, strip_usage, body)
             content_type = "text/event-stream"
         headers = {
             "Content-Type": content_type,
@@ -493,9 +498,12 @@ class _PassThrough(_Counted):
 class _Translated(_Counted):
     """Another format's stream, translated event by event into the client's."""
 
-    def __init__(self, src: Format, ep: Endpoint, rec: Record, raw: bytes, strip_usage: bool) -> None:
+    def __init__(
+        self, src: Format, ep: Endpoint, rec: Record, raw: bytes, strip_usage: bool, body: dict | None = None
+    ) -> None:
+        names = tool_names(body) if ep.fmt == "responses" else None  # Codex's namespaced tools
         self.translator = StreamTranslator(
-            src, ep.fmt, public_model=rec.public_model or "", include_usage=not strip_usage
+            src, ep.fmt, public_model=rec.public_model or "", include_usage=not strip_usage, tool_names=names
         )
         self.tracker, self.raw = self.translator.tokens, raw  # fed the parsed events, not the bytes again
         self.feed, self.finish = self.translator.feed, self.translator.finish

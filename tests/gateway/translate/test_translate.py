@@ -514,3 +514,89 @@ def test_the_client_label_comes_from_the_user_agent():
     assert client_label("AsyncOpenAI/Python 1.99.1") == "openai-sdk"
     assert client_label("AsyncAnthropic/Python 0.49.0") == "anthropic-sdk"
     assert client_label("curl/8.5.0") == client_label(None) == "other"
+
+
+CODEX_NAMESPACED = {
+    "model": "m",
+    "input": [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "spawn one"}]},
+        {"type": "function_call", "call_id": "call_1", "name": "spawn_agent", "namespace": "collaboration",
+         "arguments": '{"message": "a"}'},
+        {"type": "function_call_output", "call_id": "call_1", "output": "spawned"},
+    ],
+    "tools": [{"type": "namespace", "name": "collaboration", "description": "agents", "tools": [
+        {"type": "function", "name": "spawn_agent", "description": "Spawns an agent.",
+         "parameters": {"type": "object", "properties": {"message": {"type": "string"}}}},
+    ]}],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("dst", ["chat", "messages"])
+def test_codex_namespace_tools_travel_flat_and_come_back_split(dst):
+    """Seen: Codex on an Anthropic model refused for tools of type namespace."""
+    from gateway.translate.namespaces import tool_names
+
+    dropped: list[str] = []
+    out = translate_request(CODEX_NAMESPACED, "responses", dst, upstream_model="x", dropped=dropped)
+    assert dropped == []
+    if dst == "messages":
+        assert [t["name"] for t in out["tools"]] == ["collaboration__spawn_agent"]
+        (use,) = [b for m in out["messages"] if isinstance(m["content"], list) for b in m["content"]
+                  if b["type"] == "tool_use"]  # fmt: skip
+        assert use["name"] == "collaboration__spawn_agent"
+        answer = {"id": "msg_1", "type": "message", "role": "assistant", "model": "x", "stop_reason": "tool_use",
+                  "content": [{"type": "tool_use", "id": "toolu_2", "name": "collaboration__spawn_agent",
+                               "input": {"message": "b"}}],
+                  "usage": {"input_tokens": 5, "output_tokens": 3}}  # fmt: skip
+    else:
+        assert [t["function"]["name"] for t in out["tools"]] == ["collaboration__spawn_agent"]
+        call = {
+            "id": "call_2",
+            "type": "function",
+            "function": {"name": "collaboration__spawn_agent", "arguments": '{"message": "b"}'},
+        }
+        answer = {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "x",
+                  "choices": [{"index": 0, "finish_reason": "tool_calls",
+                               "message": {"role": "assistant", "content": None, "tool_calls": [call]}}],
+                  "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}}  # fmt: skip
+    back = translate_response(
+        answer, dst, "responses", public_model="p", tool_names=tool_names(CODEX_NAMESPACED)
+    )
+    (item,) = back["output"]
+    assert (item["type"], item["namespace"], item["name"]) == (
+        "function_call",
+        "collaboration",
+        "spawn_agent",
+    )
+    plain = translate_response(answer, dst, "responses", public_model="p")  # a client that declared none
+    assert (
+        plain["output"][0]["name"] == "collaboration__spawn_agent" and "namespace" not in plain["output"][0]
+    )
+
+
+def test_a_streamed_call_of_a_namespaced_tool_comes_back_split():
+    from gateway.translate import StreamTranslator
+    from gateway.translate.namespaces import tool_names
+
+    def ev(kind: str, obj: dict) -> bytes:
+        return f"event: {kind}\ndata: {json.dumps({'type': kind, **obj})}\n\n".encode()
+
+    msg = {"id": "msg_1", "type": "message", "role": "assistant", "content": [], "model": "x",
+           "usage": {"input_tokens": 5, "output_tokens": 0}}  # fmt: skip
+    upstream = b"".join([
+        ev("message_start", {"message": msg}),
+        ev("content_block_start", {"index": 0, "content_block": {
+            "type": "tool_use", "id": "toolu_2", "name": "collaboration__spawn_agent", "input": {}}}),
+        ev("content_block_delta", {"index": 0, "delta": {"type": "input_json_delta", "partial_json": '{"message": "b"}'}}),
+        ev("content_block_stop", {"index": 0}),
+        ev("message_delta", {"delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 3}}),
+        ev("message_stop", {}),
+    ])  # fmt: skip
+    t = StreamTranslator("messages", "responses", public_model="p", tool_names=tool_names(CODEX_NAMESPACED))
+    out = (t.feed(upstream) + t.finish()).decode()
+    done = [json.loads(line[6:]) for line in out.splitlines() if line.startswith("data: ")]
+    added = next(e for e in done if e["type"] == "response.output_item.added")["item"]
+    final = next(e for e in done if e["type"] == "response.completed")["response"]["output"][0]
+    for item in (added, final):
+        assert (item["namespace"], item["name"]) == ("collaboration", "spawn_agent")
+    assert json.loads(final["arguments"]) == {"message": "b"}
