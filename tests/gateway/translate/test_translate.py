@@ -544,8 +544,8 @@ def test_codex_namespace_tools_travel_flat_and_come_back_split(dst):
         (use,) = [b for m in out["messages"] if isinstance(m["content"], list) for b in m["content"]
                   if b["type"] == "tool_use"]  # fmt: skip
         assert use["name"] == "collaboration__spawn_agent"
-        answer = {"id": "msg_1", "type": "message", "role": "assistant", "model": "x", "stop_reason": "tool_use",
-                  "content": [{"type": "tool_use", "id": "toolu_2", "name": "collaboration__spawn_agent",
+        answer = {"id": "msg_1", "type": "message", "role": "assistant", "model": "x",
+                  "stop_reason": "tool_use", "content": [{"type": "tool_use", "id": "toolu_2", "name": "collaboration__spawn_agent",
                                "input": {"message": "b"}}],
                   "usage": {"input_tokens": 5, "output_tokens": 3}}  # fmt: skip
     else:
@@ -587,7 +587,8 @@ def test_a_streamed_call_of_a_namespaced_tool_comes_back_split():
         ev("message_start", {"message": msg}),
         ev("content_block_start", {"index": 0, "content_block": {
             "type": "tool_use", "id": "toolu_2", "name": "collaboration__spawn_agent", "input": {}}}),
-        ev("content_block_delta", {"index": 0, "delta": {"type": "input_json_delta", "partial_json": '{"message": "b"}'}}),
+        ev("content_block_delta", {"index": 0, "delta": {"type": "input_json_delta",
+                                                         "partial_json": '{"message": "b"}'}}),
         ev("content_block_stop", {"index": 0}),
         ev("message_delta", {"delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 3}}),
         ev("message_stop", {}),
