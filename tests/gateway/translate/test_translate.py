@@ -544,7 +544,7 @@ def test_codex_namespace_tools_travel_flat_and_come_back_split(dst):
         (use,) = [b for m in out["messages"] if isinstance(m["content"], list) for b in m["content"]
                   if b["type"] == "tool_use"]  # fmt: skip
         assert use["name"] == "collaboration__spawn_agent"
-        use = {"type": "tool_use", "id": "toolu_2", "name": "collaboration__spawn_agent", "input": {"message": "b"}}
+        use = {"type": "tool_use", "id": "toolu_2", "name": use["name"], "input": {"message": "b"}}
         answer = {"id": "msg_1", "type": "message", "role": "assistant", "model": "x",
                   "stop_reason": "tool_use", "content": [use],
                   "usage": {"input_tokens": 5, "output_tokens": 3}}  # fmt: skip
