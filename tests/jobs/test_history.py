@@ -52,8 +52,10 @@ def test_one_change_point_at_job_20_the_size_the_real_sweeps_measured(history):
 
     measured = {n: real_level(REAL[3:], n) / real_level(REAL[:3], n) - 1 for n in (0, 1)}
     # 4x the work: idle, +300%; a busy machine moves the phases' shares of a core (seen: +90% beside the
-    # other pytest-xdist worker on an idle machine), never to a step the change point could miss
-    assert all(step > 0.5 for step in measured.values()), measured
+    # other pytest-xdist worker on an idle machine, +46% with two busy loops and a second test run beside
+    # it): hiding the step would take a share of a core 3.6x smaller for the slowed sweeps than for the
+    # others, and any step of 10% stands far above the written jobs' 1-2% noise
+    assert all(step > 0.1 for step in measured.values()), measured
     spins = collect(store, Selection(family="probe", backend="spin"))
     assert len(spins) == 2  # one series per shape: the knob is not part of the point
     for series in spins:
