@@ -15,10 +15,12 @@ not named ``pg`` because tests/gateway/pg.py already is.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -107,6 +109,32 @@ class PgServer:
             timeout=60,
         )
         shutil.rmtree(self.root, ignore_errors=True)
+
+    def processes(self) -> list[int]:
+        """The server's processes: the postmaster (its pid file) and its children."""
+        try:
+            main = int((self.data / "postmaster.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return []
+        try:
+            children = Path(f"/proc/{main}/task/{main}/children").read_text().split()
+        except OSError:
+            children = []
+        return [main, *(int(c) for c in children)]
+
+    @contextlib.contextmanager
+    def frozen(self):
+        """The server hung (SIGSTOP to all its processes: connections stay open, nothing answers), then
+        resumed (SIGCONT) when the block ends."""
+        pids = self.processes()
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
 
     # --- databases -------------------------------------------------------------------------------
     @property

@@ -405,3 +405,65 @@ async def test_two_workers_reconcile_the_budget_after_redis_dies_under_load(tmp_
             gw.stop()
         await fake.close()
         srv.kill()
+
+
+@pytest.mark.service("postgresql")
+async def test_two_workers_ride_out_a_hung_postgresql_under_load(tmp_path, pg_server, redis_server):
+    """PostgreSQL hung (every process stopped, connections open) for 2 s under load on ``--workers 2``:
+    every request is answered 200 within 1.5 s (the key verified lately serves from the last known good
+    after one lookup deadline), and once it resumes every answer has its ledger row."""
+    import psycopg
+
+    fake = FakeUpstream()
+    await fake.start()
+    url = await pg_server.create_database()
+    cfg = _config(tmp_path, fake.base_url, redis_server.url)
+    settings = yaml.safe_load(cfg.read_text())
+    settings |= {"database_url": url, "ledger_flush_interval_s": 0.1, "key_lookup_timeout_s": 0.5}
+    cfg.write_text(yaml.safe_dump(settings))
+    gw: Serve | None = None
+    results: list[tuple[int, float]] = []
+    stop = asyncio.Event()
+
+    async def load(s: aiohttp.ClientSession, key: str) -> None:
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            status = await _chat(s, gw.url, key)
+            results.append((status, time.perf_counter() - t0))
+
+    def rows() -> int:
+        dsn = pg_server.server.admin_dsn.rsplit("/", 1)[0] + "/" + url.rsplit("/", 1)[1]
+        with psycopg.connect(dsn) as conn:
+            return conn.execute("SELECT count(*) FROM gateway_ledger").fetchone()[0]
+
+    try:
+        key = await _create_key(cfg)
+        gw = Serve(cfg, tmp_path, "pg-hung", "--workers", "2")
+        async with aiohttp.ClientSession() as s:
+            await gw.ready(s)
+            await _worker_pids(s, gw.url, 2)
+            loaders = [asyncio.create_task(load(s, key)) for _ in range(4)]
+            while len(results) < 40:  # both workers have verified the key
+                await asyncio.sleep(0.02)
+            before = len(results)
+            with pg_server.server.frozen():
+                deadline = time.monotonic() + 2
+                while time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+                hung = len(results) - before
+            stop.set()
+            await asyncio.gather(*loaders)
+        assert hung >= 10, f"only {hung} requests answered while PostgreSQL hung"
+        assert {st for st, _ in results} == {200}, sorted({st for st, _ in results})
+        slowest = max(t for _, t in results)
+        assert slowest < 1.5, f"a request took {slowest:.2f} s"
+        deadline = time.monotonic() + 20
+        while (n := await asyncio.to_thread(rows)) < len(results):  # written once it is back
+            assert time.monotonic() < deadline, (n, len(results))
+            await asyncio.sleep(0.1)
+        assert n == len(results)
+    finally:
+        stop.set()
+        if gw is not None:
+            gw.stop()
+        await fake.close()
