@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 PYTEST      = $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
-.PHONY: all venv run test test-fast bench gpu-check lint gateway monitor deps-debian clean FORCE
+.PHONY: all venv run test test-fast bench gpu-check lint gateway monitor deps-debian deps-agents clean FORCE
 
 all: test
 
@@ -39,7 +39,7 @@ run: $(STAMP)
 # Two tiers (README, "Tests"): `make test` runs every test (what CI runs); `make test-fast` leaves out
 # those marked slow (browser, multi-node clusters, fresh farm processes, real sweep series): minutes, not
 # a quarter of an hour. PYTEST_ARGS narrows either, e.g. PYTEST_ARGS=tests/gateway/core/test_pricing_cost.py.
-test: $(STAMP) deps-debian
+test: $(STAMP) deps-debian deps-agents
 	$(PYTEST) $(PYTEST_ARGS)
 
 test-fast: $(STAMP) deps-debian
@@ -71,9 +71,14 @@ gateway: $(STAMP)
 deps-debian:
 	@DEPS_OPTIONAL=$(if $(filter-out 0 false no,$(CI)),0,1) scripts/debian-deps.sh
 
+# Claude Code and the Codex CLI from npm at pinned versions, in .agents/ (the real-agent tests, which are
+# slow: `make test` only); as deps-debian, a failure in CI and a warning elsewhere without node and npm.
+deps-agents:
+	@DEPS_OPTIONAL=$(if $(filter-out 0 false no,$(CI)),0,1) scripts/agent-clis.sh
+
 # Prometheus on 127.0.0.1 with grafana/prometheus.yml, in the background; prints the URLs.
 monitor:
 	@scripts/monitor.sh start
 
 clean:
-	rm -rf $(VENV) .pytest_cache .farm
+	rm -rf $(VENV) .pytest_cache .farm .agents

@@ -40,6 +40,9 @@ class FakeAPIs:
     reply: Callable[[dict], str] | None
     replies: deque[str]
     tool_call: dict | None
+    # an agent's model (tests/gateway/ops/test_real_agents.py): the request -> (tool, arguments) to call one
+    # of its tools, or None to answer with text (``reply``); streamed text is then ``reply``'s too
+    agent: Callable[[dict], tuple[str, dict] | None] | None
     usage_log: list[tuple[str, bool, int, int]]
     cache_read_tokens: int
     cache_write_tokens: int
@@ -55,13 +58,20 @@ class FakeAPIs:
     def _log(self, path: str, stream: bool, inp: int, out: int) -> None:
         self.usage_log.append((path, stream, inp, out))
 
-    def _tool_to_call(self, body: dict) -> str | None:
-        """The name of the tool to call (the request's first), or None: answer with text."""
+    def _tool_to_call(self, body: dict) -> tuple[str, dict] | None:
+        """The tool to call and its arguments (``agent``'s choice, else the request's first tool with
+        ``tool_call``), or None: answer with text."""
+        if self.agent is not None:
+            return self.agent(body)
         tools = body.get("tools")
         if self.tool_call is None or not isinstance(tools, list) or not tools:
             return None
         first = tools[0]
-        return first["function"]["name"] if "function" in first else first["name"]
+        return (first["function"]["name"] if "function" in first else first["name"]), self.tool_call
+
+    def _stream_words(self, body: dict, words: list[str]) -> list[str]:
+        """The text deltas of a streamed answer: the numbered words, or an agent's reply in one piece."""
+        return [self._text(body, words)] if self.agent is not None else words
 
     # --- OpenAI chat -----------------------------------------------------------------------------
     async def _chat(self, request: web.Request) -> web.StreamResponse:
@@ -78,8 +88,8 @@ class FakeAPIs:
         usage = {"prompt_tokens": inp, "completion_tokens": out, "total_tokens": inp + out}
         if self.cache_read_tokens:
             usage["prompt_tokens_details"] = {"cached_tokens": min(self.cache_read_tokens, inp)}
-        tool = self._tool_to_call(body)
-        args = json.dumps(self.tool_call)
+        call = self._tool_to_call(body)
+        tool, args = (call[0], json.dumps(call[1])) if call else (None, "")
         call_id = f"call_{seq}"
         finish_reason = "tool_calls" if tool else "stop"
         if not stream:
@@ -125,7 +135,7 @@ class FakeAPIs:
             for part in (args[:half], args[half:]):
                 events.append(chunk({"tool_calls": [{"index": 0, "function": {"arguments": part}}]}, None))
         else:
-            events += [chunk({"content": w}, None) for w in words]
+            events += [chunk({"content": w}, None) for w in self._stream_words(body, words)]
         events.append(chunk({}, finish_reason))
         if include_usage:
             events.append(
@@ -240,9 +250,10 @@ class FakeAPIs:
             "stop_sequence": None,
             "usage": {"input_tokens": inp, "output_tokens": out, **self._anthropic_cache()},
         }
-        tool = self._tool_to_call(body)
-        if tool:
-            use = {"type": "tool_use", "id": f"toolu_{seq}", "name": tool, "input": self.tool_call}
+        call = self._tool_to_call(body)
+        tool = call[0] if call else None
+        if call:
+            use = {"type": "tool_use", "id": f"toolu_{seq}", "name": call[0], "input": call[1]}
             message.update(content=[use], stop_reason="tool_use")
         self._log("messages", bool(body.get("stream")), inp, out)
         if not body.get("stream"):
@@ -261,12 +272,12 @@ class FakeAPIs:
             _sse({"type": "content_block_start", "index": 0, "content_block": block}, "content_block_start"),
             _sse({"type": "ping"}, "ping"),
         ]
-        if tool:
-            args = json.dumps(self.tool_call)
+        if call:
+            args = json.dumps(call[1])
             half = len(args) // 2
             deltas = [{"type": "input_json_delta", "partial_json": p} for p in (args[:half], args[half:])]
         else:
-            deltas = [{"type": "text_delta", "text": w} for w in words]
+            deltas = [{"type": "text_delta", "text": w} for w in self._stream_words(body, words)]
         events += [
             _sse({"type": "content_block_delta", "index": 0, "delta": d}, "content_block_delta")
             for d in deltas

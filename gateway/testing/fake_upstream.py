@@ -87,6 +87,7 @@ class FakeUpstream(FakeAPIs):
         # When set: a chat/Messages request with tools is answered by a call of its first tool with these
         # arguments (its id: call_<n> / toolu_<n>).
         self.tool_call: dict | None = None
+        self.agent = None  # FakeAPIs.agent
         self.seen: list[Seen] = []
         self.usage_log: list[tuple[str, bool, int, int]] = []  # (path, stream, input, output)
         # Prompt caching to report: OpenAI's cached tokens (a part of the input, at most all of it);
