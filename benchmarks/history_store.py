@@ -1,7 +1,8 @@
 """A store with a history to look at: N jobs of one probe spec, a real slowdown injected from one job on.
 
-The spec is tiny: one backend, `spin` (a busy loop of a few ms of CPU time; its wall time grows when the
-machine is busy, as a kernel's would), on two shapes. From job `slow_from` on (1-based, in creation
+The spec is tiny: one probe backend, `spin` by default (a busy loop of a few ms of CPU time; its wall time
+grows when the machine is busy, as a kernel's would) or `wait` (a sleep of a few ms: a latency that a busy
+machine barely moves), on two shapes. From job `slow_from` on (1-based, in creation
 order) its config carries the probe's `_slowdown` test knob, so those jobs really run `slowdown`
 slower; the knob is not part of the point (jobs.judge.baselines strips `_` keys), so all 30 jobs are
 one history per shape.
@@ -38,7 +39,7 @@ SPEC = """
 name: history-probe
 family: probe
 backends:
-  - {name: spin, baseline: true, configs: {grid: {ms: [%(ms)s]%(knob)s}}}
+  - {name: %(backend)s, baseline: true, configs: {grid: {ms: [%(ms)s]%(knob)s}}}
 shapes: {grid: {n: [0, 1]}}
 measure: {warmup_ms: 0, min_samples: 7, max_samples: 7, max_time_s: 1, min_time_s: 0}
 timeout_s: 30
@@ -46,10 +47,10 @@ timeout_s: 30
 CPU_ENV = {"host": "history-host", "device_kind": "cpu", "device_name": "Synthetic CPU", "torch": "-"}
 
 
-def spec_yaml(slowdown: float = 0.0) -> str:
-    """The history spec; with `_slowdown` when `slowdown` is not 0."""
+def spec_yaml(slowdown: float = 0.0, backend: str = "spin") -> str:
+    """The history spec of one probe backend (spin or wait); with `_slowdown` when `slowdown` is not 0."""
     knob = f", _slowdown: [{slowdown}]" if slowdown else ""
-    return SPEC % {"ms": MS, "knob": knob}
+    return SPEC % {"ms": MS, "knob": knob, "backend": backend}
 
 
 @dataclass
@@ -148,6 +149,7 @@ def build_history_store(
     slow_from: int = 20,
     slowdown: float = 0.20,
     real: Collection[int] = (),
+    backend: str = "spin",
     seed: int = 20,
     echo: Callable[[str], None] = lambda _msg: None,
 ) -> HistoryStore:
@@ -158,7 +160,7 @@ def build_history_store(
         raise ValueError(f"need 1 < slow_from <= jobs (got slow_from={slow_from}, jobs={jobs})")
     if not set(real) <= set(range(1, jobs + 1)):
         raise ValueError(f"real job numbers must lie in 1..{jobs} (got {sorted(real)})")
-    plain, slowed = spec_yaml(), spec_yaml(slowdown)
+    plain, slowed = spec_yaml(backend=backend), spec_yaml(slowdown, backend)
     # what each point measured for real before and after the slowdown: the written jobs resample those
     measured: dict[tuple[bool, str], list[float]] = {}
     env = CPU_ENV

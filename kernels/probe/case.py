@@ -5,14 +5,17 @@ stores correctly before real kernels are trusted to it. Backends:
   noop   returns at once (the dispatch-overhead benchmark uses it)
   spin   busy-loops until it has used `config.ms` milliseconds of CPU time (scaling benchmark): a fixed
          amount of work, like a kernel's, so its wall time grows when other processes share its core
+  wait   sleeps `config.ms` milliseconds in the timed call: a time that is latency, not work, so other
+         processes on its core barely move it (the history test's real sweeps use it)
   sleep  sleeps `config.s` seconds (a hung trial when s exceeds the spec's timeout_s)
   crash  kills its own worker process (exit code 1), as a segfault or OOM kill would
 Every outcome reports the device the worker was pinned to (CUDA_VISIBLE_DEVICES).
 
 A test knob, like every `_` config key, changes the code that runs, not the point measured (baselines,
 fingerprints and history ignore it, see jobs.judge.baselines):
-  _slowdown: x   spin uses config.ms * (1 + x) milliseconds of CPU time: a real slowdown of x (0.2 = 20%
-                 slower), exact in CPU time whatever else runs on the machine
+  _slowdown: x   spin and wait use config.ms * (1 + x) milliseconds (of CPU time, of wall time): a real
+                 slowdown of x (0.2 = 20% slower); spin's is exact in CPU time whatever else runs on the
+                 machine, wait's in wall time
 """
 
 from __future__ import annotations
@@ -38,6 +41,12 @@ def _noop_call(config: dict[str, Any]) -> Callable[[], None]:
 )
 def _spin_call(config: dict[str, Any]) -> Callable[[], None]:
     return _spin(float(config.get("ms", 1.0)) * (1 + float(config.get("_slowdown", 0.0))))
+
+
+@BACKENDS.register("wait", "sleeps config.ms milliseconds in the timed call", config_keys=("ms", "_slowdown"))
+def _wait_call(config: dict[str, Any]) -> Callable[[], None]:
+    seconds = float(config.get("ms", 1.0)) * (1 + float(config.get("_slowdown", 0.0))) / 1e3
+    return lambda: time.sleep(seconds)
 
 
 @BACKENDS.register("sleep", "sleeps config.s seconds", config_keys=("s",))

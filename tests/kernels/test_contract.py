@@ -25,7 +25,7 @@ _ATTN = {"mode": "prefill", "batch": 1, "s_q": 16, "s_k": 16, "h_q": 1, "d": 16}
 # family -> (tiny shape, dtype, config per backend, the shape key that doubles the FLOPs)
 TINY: dict[str, tuple[dict[str, Any], str, dict[str, dict[str, Any]], str | None]] = {
     "gemm": ({"m": 8, "n": 8, "k": 8}, "float32", {}, "m"),
-    "probe": ({"n": 0}, "float32", {"spin": {"ms": 0.1}, "sleep": {"s": 0.0}}, None),
+    "probe": ({"n": 0}, "float32", {"spin": {"ms": 0.1}, "wait": {"ms": 0.1}, "sleep": {"s": 0.0}}, None),
     "fp8_gemm": (
         {"m": 16, "n": 32, "k": 128},
         "float8_e4m3fn",

@@ -1,5 +1,6 @@
-"""The probe family's `_slowdown` test knob: a real, proportional slowdown of `spin` that does not change
-the point's identity (jobs.judge.baselines strips `_` keys), and bad values named in the error."""
+"""The probe family's `_slowdown` test knob: a real, proportional slowdown of `spin` (CPU time) and `wait`
+(wall time) that does not change the point's identity (jobs.judge.baselines strips `_` keys), and bad
+values named in the error."""
 
 from __future__ import annotations
 
@@ -41,6 +42,18 @@ def test_the_farm_times_spin_no_faster_than_its_cpu_time():
     assert out.summary.min >= 4e6 * 0.99
 
 
+def test_slowdown_makes_wait_that_much_longer_in_wall_time():
+    """wait sleeps in the timed call: the farm measures the sleep (a sleep cannot end early, and the 12 ms
+    of the slowed one exceed the plain one's 4 ms by far more than a wake-up's delay on a busy machine)."""
+    plain = FAMILY.execute(TrialRequest("probe", "wait", {"n": 0}, {"ms": 4}, "float32", POLICY))
+    slowed = FAMILY.execute(
+        TrialRequest("probe", "wait", {"n": 0}, {"ms": 4, "_slowdown": 2}, "float32", POLICY)
+    )
+    assert plain.status == slowed.status == TrialStatus.OK
+    assert plain.summary.min >= 4e6 and slowed.summary.min >= 12e6
+    assert slowed.summary.median > plain.summary.median + 6e6
+
+
 def test_slowdown_is_a_knob_not_part_of_the_point():
     assert point_config({"ms": 2, "_slowdown": 0.2}) == {"ms": 2}
 
@@ -51,6 +64,6 @@ def test_bad_slowdown_is_named(bad):
         FAMILY.validate({"n": 0}, {"ms": 1, "_slowdown": bad}, "float32", "spin")
 
 
-def test_slowdown_applies_only_to_spin():
+def test_slowdown_applies_only_to_spin_and_wait():
     with pytest.raises(ValueError, match=r"\['_slowdown'\] do not apply to probe backend noop"):
         FAMILY.validate({"n": 0}, {"_slowdown": 0.2}, "float32", "noop")
