@@ -66,8 +66,11 @@ class FakeAPIs:
         tools = body.get("tools")
         if self.tool_call is None or not isinstance(tools, list) or not tools:
             return None
-        first = tools[0]
-        return (first["function"]["name"] if "function" in first else first["name"]), self.tool_call
+        named = [
+            t["function"]["name"] if "function" in t else t.get("name") for t in tools if isinstance(t, dict)
+        ]
+        named = [n for n in named if isinstance(n, str)]  # a built-in tool (web search) has no name
+        return (named[0], self.tool_call) if named else None
 
     def _stream_words(self, body: dict, words: list[str]) -> list[str]:
         """The text deltas of a streamed answer: the numbered words, or an agent's reply in one piece."""
@@ -180,14 +183,21 @@ class FakeAPIs:
                 "usage": usage,
             }
 
-        part = {"type": "output_text", "text": text, "annotations": []}
-        item = {
-            "type": "message",
-            "id": msg_id,
-            "status": "completed",
-            "role": "assistant",
-            "content": [part],
-        }
+        call = self._tool_to_call(body)
+        if call is not None:  # a function call: its id fc_<n>, its call id call_<n>
+            args = json.dumps(call[1])
+            item = {"type": "function_call", "id": f"fc_{seq}", "call_id": f"call_{seq}", "name": call[0],
+                    "arguments": args, "status": "completed"}  # fmt: skip
+        else:
+            text = self._text(body, words) if self.agent is not None else text
+            part = {"type": "output_text", "text": text, "annotations": []}
+            item = {
+                "type": "message",
+                "id": msg_id,
+                "status": "completed",
+                "role": "assistant",
+                "content": [part],
+            }
         usage = {
             "input_tokens": inp,
             "output_tokens": out,
@@ -207,6 +217,20 @@ class FakeAPIs:
             n += 1
             return _sse({"type": kind, "sequence_number": n - 1, **fields}, kind)
 
+        if call is not None:
+            at = {"item_id": item["id"], "output_index": 0}
+            half = len(item["arguments"]) // 2
+            events = [
+                ev("response.created", response=response("in_progress", [], None)),
+                ev("response.output_item.added", output_index=0,
+                   item={**item, "arguments": "", "status": "in_progress"}),
+                *(ev("response.function_call_arguments.delta", delta=d, **at)
+                  for d in (item["arguments"][:half], item["arguments"][half:])),
+                ev("response.function_call_arguments.done", arguments=item["arguments"], **at),
+                ev("response.output_item.done", output_index=0, item=item),
+                ev("response.completed", response=response("completed", [item], usage)),
+            ]  # fmt: skip
+            return await self._send_stream(request, events, fault, rid, "x-request-id")
         loc = {"item_id": msg_id, "output_index": 0, "content_index": 0}
         events = [
             ev("response.created", response=response("in_progress", [], None)),
@@ -217,7 +241,8 @@ class FakeAPIs:
             ),
             ev("response.content_part.added", part={**part, "text": ""}, **loc),
         ]
-        events += [ev("response.output_text.delta", delta=w, logprobs=[], **loc) for w in words]
+        deltas = [text] if self.agent is not None else words  # an agent's reply in one piece
+        events += [ev("response.output_text.delta", delta=d, logprobs=[], **loc) for d in deltas]
         events += [
             ev("response.output_text.done", text=text, logprobs=[], **loc),
             ev("response.content_part.done", part=part, **loc),

@@ -11,12 +11,13 @@ conversation; Codex for ``client_metadata``, then its namespace tools, then ``we
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 from pathlib import Path
 
 import pytest
 import services
+
+from gateway.testing.agents import play_model
 
 ROOT = Path(__file__).resolve().parents[3]
 BIN = ROOT / ".agents" / "node_modules" / ".bin"
@@ -30,42 +31,6 @@ def _cli(name: str) -> str:
     if not path.exists():
         services.missing("agent-clis", f"{path} not found: `make deps-agents` installs Claude Code and Codex")
     return str(path)
-
-
-def _tool_result(body: dict) -> str | None:
-    """The text of the tool result the conversation ends with (chat or Anthropic), or None."""
-    last = (body.get("messages") or [{}])[-1]
-    if last.get("role") == "tool":
-        content = last.get("content")
-        return content if isinstance(content, str) else "".join(p.get("text", "") for p in content or [])
-    for block in last.get("content") or [] if isinstance(last.get("content"), list) else []:
-        if isinstance(block, dict) and block.get("type") == "tool_result":
-            c = block.get("content")
-            return c if isinstance(c, str) else "".join(p.get("text", "") for p in c or [])
-    return None
-
-
-def play_model(path: Path):
-    """The model's side of the task: call the client's file-reading tool on ``path``, then answer with what
-    it returned. -> (FakeUpstream.agent, FakeUpstream.reply)."""
-
-    def agent(body: dict) -> tuple[str, dict] | None:
-        if _tool_result(body) is not None:
-            return None
-        names = {t.get("function", t).get("name") for t in body.get("tools") or []}
-        if str(path) not in json.dumps(body.get("messages")):
-            return None  # not the task (a title or a summary the CLI asks for): text
-        if "Read" in names:  # Claude Code
-            return "Read", {"file_path": str(path)}
-        if "exec_command" in names:  # Codex
-            return "exec_command", {"cmd": f"cat {path}"}
-        raise AssertionError(f"no file-reading tool among {sorted(names)}")
-
-    def reply(body: dict) -> str:
-        result = _tool_result(body)
-        return f"The file says: {result}" if result is not None else "ok"
-
-    return agent, reply
 
 
 async def _run(cmd: list[str], env: dict[str, str], cwd: Path) -> str:

@@ -12,12 +12,11 @@ import json
 import random
 
 import pytest
-from anthropic.lib.streaming._messages import accumulate_event
 from anthropic.types import Message, RawMessageStreamEvent
-from openai.lib.streaming.chat import ChatCompletionStreamState
-from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai.types.chat import ChatCompletion
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
+from sdk_streams import anthropic_final, chat_final, events, responses_final
 
 from gateway.translate import StreamTranslator, translate_response
 
@@ -222,22 +221,6 @@ def run(src: str, dst: str, data: bytes, cuts: list[int]) -> tuple[bytes, Stream
     return b"".join(out), t
 
 
-def events(data: bytes) -> list[tuple[str | None, str]]:
-    out = []
-    for block in data.decode().split("\n\n"):
-        if not block:
-            continue
-        name = None
-        payload = []
-        for line in block.split("\n"):
-            if line.startswith("event: "):
-                name = line[7:]
-            elif line.startswith("data: "):
-                payload.append(line[6:])
-        out.append((name, "\n".join(payload)))
-    return out
-
-
 @pytest.mark.parametrize("src,dst", PAIRS)
 def test_any_split_gives_the_same_bytes(src, dst):
     data, _ = UPSTREAMS[src]()
@@ -262,49 +245,6 @@ def test_output_is_produced_as_events_arrive(src, dst):
     assert b"[DONE]" not in early and b"message_stop" not in early and b"response.completed" not in early
 
 
-def _anthropic_final(data: bytes) -> Message:
-    adapter = TypeAdapter(RawMessageStreamEvent)
-    snapshot, bufs = None, {}
-    names = []
-    for name, payload in events(data):
-        event = adapter.validate_python(json.loads(payload))
-        assert name == event.type
-        names.append(name)
-        snapshot = accumulate_event(event=event, current_snapshot=snapshot, json_bufs=bufs)
-    assert names[0] == "message_start" and names[-2:] == ["message_delta", "message_stop"]
-    return Message.model_validate(snapshot.model_dump())
-
-
-def _chat_final(data: bytes) -> ChatCompletion:
-    state = ChatCompletionStreamState()
-    chunks = events(data)
-    assert chunks[-1][1] == "[DONE]"
-    first = ChatCompletionChunk.model_validate_json(chunks[0][1])
-    assert first.choices[0].delta.role == "assistant"
-    for _, payload in chunks[:-1]:
-        state.handle_chunk(ChatCompletionChunk.model_validate_json(payload))
-    return ChatCompletion.model_validate(state.get_final_completion().model_dump())
-
-
-def _responses_final(data: bytes) -> Response:
-    adapter = TypeAdapter(ResponseStreamEvent)
-    parsed = [adapter.validate_python(json.loads(p)) for _, p in events(data)]
-    assert [e.sequence_number for e in parsed] == list(range(len(parsed)))
-    kinds = [e.type for e in parsed]
-    assert kinds[:2] == ["response.created", "response.in_progress"]
-    needed = ["response.output_item.added", "response.output_item.done"]
-    if "response.output_text.delta" in kinds:
-        needed += ["response.content_part.added", "response.output_text.done", "response.content_part.done"]
-    if "response.function_call_arguments.delta" in kinds:
-        needed.append("response.function_call_arguments.done")
-    assert set(needed) <= set(kinds)
-    assert kinds[-1] == "response.completed"
-    text = "".join(e.delta for e in parsed if e.type == "response.output_text.delta")
-    final = parsed[-1].response
-    assert final.output_text == text
-    return final
-
-
 def _normalized(obj: object) -> object:
     """A model dump where tool-call argument strings are parsed (a stream relays the upstream's own
     spacing, a whole Anthropic answer is re-serialised) and the SDK's stream-only ``index`` is gone."""
@@ -325,12 +265,12 @@ def test_sdk_accumulates_the_stream_into_the_whole_translation(src, dst, tool):
     out, t = run(src, dst, data, [])
     expected = translate_response(whole_body, src, dst, public_model="public-model", created=CREATED)
     if dst == "messages":
-        assert _anthropic_final(out) == Message.model_validate(expected)
+        assert anthropic_final(out) == Message.model_validate(expected)
     elif dst == "chat":
-        got = _normalized(_chat_final(out).model_dump(exclude_none=True))
+        got = _normalized(chat_final(out).model_dump(exclude_none=True))
         assert got == _normalized(ChatCompletion.model_validate(expected).model_dump(exclude_none=True))
     else:
-        got = _normalized(_responses_final(out).model_dump())
+        got = _normalized(responses_final(out).model_dump())
         assert got == _normalized(Response.model_validate(expected).model_dump())
     assert (t.input_tokens, t.output_tokens, t.cached_input_tokens) == (100, 20, 40)
 
@@ -359,11 +299,11 @@ def test_tool_call_without_arguments_gets_an_empty_object():
         ]
     )
     out, _ = run("messages", "chat", stream, [])
-    final = _chat_final(out)
+    final = chat_final(out)
     assert final.choices[0].message.tool_calls[0].function.arguments == "{}"
     assert final.choices[0].finish_reason == "tool_calls"
     out, _ = run("messages", "responses", stream, [])
-    assert _responses_final(out).output[0].arguments == "{}"
+    assert responses_final(out).output[0].arguments == "{}"
 
 
 @pytest.mark.parametrize("src,dst", PAIRS)
