@@ -108,6 +108,10 @@ class DeploymentConfig(_Strict):
     weight: float = Field(1.0, gt=0)
     rpm: int | None = Field(None, ge=1)
     tpm: int | None = Field(None, ge=1)
+    # the model takes an effort hint in its own format (an OpenAI reasoning model's reasoning_effort, an
+    # Anthropic model's output_config.effort): a client of the other provider gets its hint mapped to it;
+    # without it that hint is dropped (gateway.translate.policy.EFFORT)
+    effort: bool = False
 
 
 class ModelRoute(_Strict):

@@ -29,13 +29,15 @@ def translate_request(
     default_max_tokens: int = DEFAULT_MAX_TOKENS,
     strict: bool = False,
     dropped: list[str] | None = None,
+    effort: bool = False,
 ) -> dict:
     """A client's request body in ``src`` -> the upstream's request body in ``dst``, naming
     ``upstream_model``. ``default_max_tokens`` fills Anthropic's required max_tokens when the client gave
     none. Raises ``BadRequest`` (error_class "untranslatable") naming the first field the target cannot
     express; see ``gateway.translate.policy`` for what is dropped on purpose. A field it does not know is
-    dropped and its name appended to ``dropped`` (``strict``: refused instead). With ``src == dst`` only the
-    model (and, for a chat stream, ``stream_options.include_usage``) changes."""
+    dropped and its name appended to ``dropped`` (``strict``: refused instead). ``effort``: the upstream
+    model takes an effort hint, so the other provider's is mapped to it (policy.EFFORT). With
+    ``src == dst`` only the model (and, for a chat stream, ``stream_options.include_usage``) changes."""
     _check(src, dst)
     if not isinstance(body, dict):
         raise invalid("body", "must be a JSON object")
@@ -54,6 +56,7 @@ def translate_request(
             req = messages.parse_request(body, dst, strict)
         if dropped is not None:
             dropped.extend(f for f in req.dropped if f not in dropped)
+        req.map_effort = effort
         if dst == "chat":
             return chat.render_request(req, upstream_model)
         if dst == "responses":

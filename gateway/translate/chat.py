@@ -239,6 +239,9 @@ def render_request(req: Request, model: str) -> dict:
         value = getattr(req, name)
         if value is not None:
             body[name] = value
+    effort = policy.effort_for_openai(req)
+    if effort is not None:
+        body["reasoning_effort"] = effort
     if req.stream:
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}

@@ -94,7 +94,11 @@ class Request:
     stop: list[str] | None = None
     stream: bool = False
     user: str | None = None
-    reasoning_effort: str | None = None  # OpenAI formats only (see policy.DROPPED)
+    reasoning_effort: str | None = None  # an OpenAI client's word (see policy.EFFORT)
+    effort: str | None = None  # an Anthropic client's output_config.effort (see policy.EFFORT)
+    # the target deployment takes an effort hint (its config's ``effort: true``): a hint from a client of
+    # the other provider is mapped to it, else dropped (policy.EFFORT)
+    map_effort: bool = False
     verbosity: str | None = None  # OpenAI formats only (see policy.DROPPED)
     # chat's shape: {"type": "json_object"} or {"type": "json_schema", "json_schema": {name, schema, ...}}
     response_format: dict | None = None

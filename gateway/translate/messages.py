@@ -98,10 +98,12 @@ def parse_request(body: dict, dst: str, strict: bool = False) -> Request:
         if key not in _HANDLED and key not in policy.TOP_LEVEL["messages"]:
             req.unknown(key, dst)
     config = body.get("output_config")
-    if isinstance(config, dict):  # Claude Code: {"effort": ...}, a hint (policy.DROPPED); the rest unknown
+    if isinstance(config, dict):  # Claude Code: {"effort": ...}, a hint (policy.EFFORT); the rest unknown
         for key in config:
             if key != "effort":
                 req.unknown(f"output_config.{key}", dst)
+        effort = config.get("effort")
+        req.effort = effort if isinstance(effort, str) else None
     system = body.get("system")
     if system:
         parts = []
@@ -292,6 +294,9 @@ def render_request(req: Request, model: str, default_max_tokens: int) -> dict:
         body["stream"] = True
     if req.user is not None:
         body["metadata"] = {"user_id": req.user}
+    effort = policy.EFFORT["to_anthropic"].get(req.reasoning_effort or "")
+    if req.map_effort and effort is not None:
+        body["output_config"] = {"effort": effort}
     return body
 
 

@@ -16,8 +16,13 @@ Decisions about the fields that only hint:
 - Responses ``reasoning`` {effort, summary} and chat ``reasoning_effort``: carried between the two OpenAI
   formats (``reasoning.effort`` <-> ``reasoning_effort``); dropped towards Anthropic, where thinking needs
   an explicit token budget that an effort word does not give (no budget is invented).
-- Anthropic ``thinking``: dropped towards OpenAI. The budget is not mapped to an effort either: chat models
-  without reasoning refuse ``reasoning_effort``, and the answer's content does not depend on it.
+- Effort between providers (Claude Code's ``output_config.effort``; OpenAI's ``reasoning_effort`` and
+  Responses ``reasoning.effort``): mapped word for word (``EFFORT``) to a deployment whose config says
+  ``effort: true`` (an OpenAI reasoning model; an Anthropic model that takes ``output_config.effort``), and
+  dropped for any other: a chat model without reasoning refuses ``reasoning_effort``, and the answer's
+  meaning does not depend on it. A word outside the table is not mapped (dropped as a hint).
+- Anthropic ``thinking``: dropped towards OpenAI. Its budget is not turned into an effort (the client's
+  effort, when it sends one, is the hint that is mapped).
 - Prior reasoning in the conversation (Anthropic ``thinking`` / ``redacted_thinking`` blocks, Responses
   ``reasoning`` items) is signed or encrypted for its own provider and cannot be replayed elsewhere: dropped.
 """
@@ -52,14 +57,20 @@ DROPPED: tuple[Dropped, ...] = (
     Dropped(
         "messages",
         "output_config",
-        "{effort}: an effort hint (Claude Code sends it); not mapped to reasoning_effort, which chat models "
-        "without reasoning refuse; any other key of it is unknown",
+        "{effort}: an effort hint (Claude Code sends it), mapped by EFFORT to a deployment with "
+        "effort: true, else dropped; any other key of it is unknown",
     ),  # fmt: skip
     Dropped("responses", "client_metadata", "bookkeeping for the client's own use (Codex sends it)"),
     # -- requests, shared fields dropped only towards a format without them
-    Dropped("chat", "reasoning_effort", "to anthropic messages: an effort hint without a token budget"),
+    Dropped(
+        "chat", "reasoning_effort", "to anthropic messages: mapped by EFFORT with effort: true, else not"
+    ),
     Dropped("chat", "verbosity", "to anthropic messages: a length/style hint"),
-    Dropped("responses", "reasoning", "to anthropic messages: effort/summary hints (effort kept for chat)"),
+    Dropped(
+        "responses",
+        "reasoning",
+        "to anthropic messages: summary dropped, effort as chat's reasoning_effort (kept for chat)",
+    ),  # fmt: skip
     Dropped("responses", "text.verbosity", "to anthropic messages: a length/style hint"),
     Dropped(
         "chat",
@@ -91,3 +102,20 @@ TOP_LEVEL: dict[str, frozenset[str]] = {
     fmt: frozenset(d.field for d in DROPPED if d.src in (fmt, "*") and not d.reason.startswith(("(", "to ")))
     for fmt in ("chat", "responses", "messages")
 }
+
+# An effort word between providers, for a deployment with ``effort: true`` (see the module docstring):
+# Anthropic's output_config.effort (low, medium, high; max on the largest models) and OpenAI's reasoning
+# effort (none, minimal, low, medium, high; xhigh on some models), each to the nearest the other has.
+EFFORT = {
+    "to_openai": {"low": "low", "medium": "medium", "high": "high", "max": "high"},
+    "to_anthropic": {"none": "low", "minimal": "low", "low": "low", "medium": "medium", "high": "high",
+                     "xhigh": "high"},
+}  # fmt: skip
+
+
+def effort_for_openai(req) -> str | None:
+    """The reasoning effort an Anthropic client's effort hint maps to (``req`` a translate.ir.Request), when
+    the target takes one and no OpenAI word was given; else None."""
+    if not req.map_effort or req.reasoning_effort is not None or req.effort is None:
+        return None
+    return EFFORT["to_openai"].get(req.effort)

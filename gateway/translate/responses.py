@@ -252,8 +252,9 @@ def render_request(req: Request, model: str) -> dict:
         body["top_p"] = req.top_p
     if req.user is not None:
         body["user"] = req.user
-    if req.reasoning_effort is not None:
-        body["reasoning"] = {"effort": req.reasoning_effort}
+    effort = req.reasoning_effort or policy.effort_for_openai(req)
+    if effort is not None:
+        body["reasoning"] = {"effort": effort}
     text: dict = {}
     rf = req.response_format
     if rf is not None:

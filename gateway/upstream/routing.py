@@ -69,9 +69,9 @@ class Deployment:
     """One deployment of one public model and its health; the explicit target of an attempt."""
 
     __slots__ = (
-        "model", "name", "provider", "kind", "upstream_model", "client", "auth", "weight", "rpm", "tpm",
-        "in_flight", "current", "fails", "strikes", "cooldown_until", "probing", "window", "_m_requests",
-        "_m_in_flight", "_m_cooldowns", "_m_errors", "_metrics",
+        "model", "name", "provider", "kind", "upstream_model", "effort", "client", "auth", "weight", "rpm",
+        "tpm", "in_flight", "current", "fails", "strikes", "cooldown_until", "probing", "window",
+        "_m_requests", "_m_in_flight", "_m_cooldowns", "_m_errors", "_metrics",
     )  # fmt: skip
 
     def __init__(
@@ -87,6 +87,7 @@ class Deployment:
         self.model, self.name, self.provider = model, cfg.name, cfg.provider
         self.kind = kind  # the provider's wire format (openai | anthropic | local)
         self.upstream_model = cfg.upstream_model
+        self.effort = cfg.effort  # takes an effort hint (gateway.translate.policy.EFFORT)
         self.client = client  # None: a `local` provider (the offline drafter)
         self.auth = auth  # this deployment's own key header, else None (the provider's key)
         self.weight, self.rpm, self.tpm = cfg.weight, cfg.rpm, cfg.tpm

@@ -195,8 +195,8 @@ class Proxy:
                 bodies[head.model] = raw[:end] + b',"stream_options":{"include_usage":true}}'
         else:
             bodies[head.model] = raw  # sent as it came when the upstream id is the public one
-        translated: dict[tuple[str, str], tuple[str, bytes, dict[str, str]]] = {}
-        dropped_by: dict[tuple[str, str], list[str]] = {}  # the fields each translation left out
+        translated: dict[tuple[str, str, bool], tuple[str, bytes, dict[str, str]]] = {}
+        dropped_by: dict[tuple[str, str, bool], list[str]] = {}  # the fields each translation left out
 
         def prepare(target: Deployment) -> bytes | tuple[str, bytes, dict[str, str]]:
             """What one attempt's target gets: the body with its upstream model id (encoded once per id), or
@@ -211,7 +211,7 @@ class Proxy:
 
         def translate_for(target: Deployment) -> tuple[str, bytes, dict[str, str]]:
             dst = UPSTREAM_FORMAT[target.kind]
-            key = (dst, target.upstream_model)
+            key = (dst, target.upstream_model, target.effort)
             out = translated.get(key)
             if out is None:
                 dropped = dropped_by[key] = []
@@ -219,7 +219,7 @@ class Proxy:
                     tb = translate_request(
                         body, ep.fmt, dst, upstream_model=target.upstream_model,
                         default_max_tokens=project.default_max_tokens,
-                        strict=project.translation == "strict", dropped=dropped,
+                        strict=project.translation == "strict", dropped=dropped, effort=target.effort,
                     )  # fmt: skip
                 except BadRequest as e:
                     if target.model != head.model:  # a fallback model's format: say which
@@ -254,7 +254,9 @@ class Proxy:
             self._note_target(rec, plan, ep)
             target = plan.target
             if target is not None and target.kind != ep.style:
-                rec.dropped = dropped_by.get((UPSTREAM_FORMAT[target.kind], target.upstream_model), [])
+                rec.dropped = dropped_by.get(
+                    (UPSTREAM_FORMAT[target.kind], target.upstream_model, target.effort), []
+                )
                 if rec.dropped:
                     self._report_dropped(rec, request)
 

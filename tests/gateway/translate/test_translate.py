@@ -601,3 +601,35 @@ def test_a_streamed_call_of_a_namespaced_tool_comes_back_split():
     for item in (added, final):
         assert (item["namespace"], item["name"]) == ("collaboration", "spawn_agent")
     assert json.loads(final["arguments"]) == {"message": "b"}
+
+
+# --- effort hints (policy.EFFORT) ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "src,body,dst,expected",
+    [
+        ("messages", {"output_config": {"effort": "medium"}}, "chat", {"reasoning_effort": "medium"}),
+        ("messages", {"output_config": {"effort": "low"}}, "responses", {"reasoning": {"effort": "low"}}),
+        ("chat", {"reasoning_effort": "xhigh"}, "messages", {"output_config": {"effort": "high"}}),
+        ("responses", {"reasoning": {"effort": "none"}}, "messages", {"output_config": {"effort": "low"}}),
+        ("chat", {"reasoning_effort": "minimal"}, "responses", {"reasoning": {"effort": "minimal"}}),
+        ("responses", {"reasoning": {"effort": "high"}}, "chat", {"reasoning_effort": "high"}),
+    ],
+)
+def test_an_effort_word_maps_to_the_nearest_the_target_has(src, body, dst, expected):
+    base = {"chat": {"messages": [{"role": "user", "content": "hi"}]}, "responses": {"input": "hi"},
+            "messages": {"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}}[src]  # fmt: skip
+    out = translate_request({**base, **body}, src, dst, upstream_model="m", effort=True)
+    assert {k: out[k] for k in expected} == expected
+    plain = translate_request({**base, **body}, src, dst, upstream_model="m")
+    # without the flag only the OpenAI formats keep their own word between them
+    kept = src != "messages" and dst != "messages"
+    assert ({k: plain.get(k) for k in expected} == expected) == kept
+
+
+def test_an_effort_word_outside_the_table_is_not_mapped():
+    body = {"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+    body["output_config"] = {"effort": "x"}
+    out = translate_request(body, "messages", "chat", upstream_model="m", effort=True)
+    assert "reasoning_effort" not in out

@@ -351,3 +351,43 @@ async def test_count_tokens_on_an_openai_model_is_answered_locally(gateway, fake
     assert [(r["endpoint"], r["translation"], r["http_status"]) for r in rows] == [
         ("count_tokens", "messages->chat", 200)
     ] * 2
+
+
+# --- effort hints between providers (gateway.translate.policy.EFFORT) ---------------------------------------
+
+
+def _effort_models(effort: bool) -> dict:
+    return {
+        "gpt-fake": {"deployments": [{"name": "oa", "provider": "oa", "upstream_model": "gpt-upstream",
+                                      "effort": effort}]},
+        "gpt-beta": {"provider": "oa", "upstream_model": "gpt-beta"},
+        "claude-fake": {"deployments": [{"name": "an", "provider": "an", "upstream_model": "claude-upstream",
+                                         "effort": effort}]},
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("effort", [True, False])
+async def test_an_effort_hint_is_mapped_only_to_a_deployment_that_takes_one(start_gateway, fake, anth, oai,
+                                                                           effort):  # fmt: skip
+    """Claude Code's output_config.effort reaches a chat model flagged ``effort: true`` as
+    reasoning_effort; an openai client's reasoning_effort an Anthropic one as output_config.effort (the
+    nearest word). Without the flag both are dropped: a chat model without reasoning refuses the field."""
+    gw = await start_gateway(models=_effort_models(effort))
+    await anth(gw).messages.create(
+        model="gpt-fake", max_tokens=10, messages=[{"role": "user", "content": "hi"}],
+        extra_body={"output_config": {"effort": "max"}},
+    )  # fmt: skip
+    await oai(gw).chat.completions.create(
+        model="claude-fake", messages=[{"role": "user", "content": "hi"}], reasoning_effort="minimal"
+    )
+    await oai(gw).responses.create(model="claude-fake", input="hi", reasoning={"effort": "high"})
+    to_chat, to_anthropic, from_responses = (s.body for s in fake.seen)
+    if effort:
+        assert to_chat["reasoning_effort"] == "high"  # max: the highest chat has
+        assert to_anthropic["output_config"] == {"effort": "low"}  # minimal: the lowest Anthropic has
+        assert from_responses["output_config"] == {"effort": "high"}
+    else:
+        assert "reasoning_effort" not in to_chat and "output_config" not in to_anthropic
+        assert "output_config" not in from_responses
+    rows = await gw.rows()
+    assert all(r["status"] == "ok" and not r["dropped_fields"] for r in rows)  # a hint, not an unknown field
