@@ -1,11 +1,12 @@
 """Record what real clients send: the request bodies of one tool-using task per client, for the conformance
-suite (tests/gateway/conformance/, whose README says when and how to refresh them).
+suite (tests/gateway/conformance/) and `farm gateway doctor` (gateway/ops/client_shapes/, whose README says
+when and how to refresh them).
 
 Each client runs against the fake upstream (gateway.testing.fake_upstream, a real HTTP server on
 127.0.0.1 speaking the client's own wire format, no gateway between) which plays the model of
 gateway.testing.agents: it asks for a file through the client's file-reading tool, then answers with its
 content. The two requests of that task (the first, and the one carrying the tool's result) are written to
-tests/gateway/conformance/recorded/<client>.json, with long strings shortened (the shapes matter, not
+gateway/ops/client_shapes/<client>.json, with long strings shortened (the shapes matter, not
 Claude Code's 20 kB system prompt) and the run's temporary paths replaced by /work.
 
     .venv/bin/python scripts/record_client_shapes.py                 # every client
@@ -21,7 +22,6 @@ import asyncio
 import datetime
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 from gateway.testing.agents import play_model  # noqa: E402
 from gateway.testing.fake_upstream import FakeUpstream  # noqa: E402
 
-OUT = ROOT / "tests" / "gateway" / "conformance" / "recorded"
+OUT = ROOT / "gateway" / "ops" / "client_shapes"
 BIN = ROOT / ".agents" / "node_modules" / ".bin"
 CONTENT = "KernelFarm conformance 4242"
 MAX_STRING = 240  # longer strings are cut to this, with a note of how much was cut
@@ -199,17 +199,31 @@ async def anthropic_sdk(fake: FakeUpstream, work: Path) -> str:
         uses = [b for b in final.content if b.type == "tool_use"]
         if not uses:
             break
-        messages.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in final.content]})
-        messages.append({"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": u.id, "content": _read(u.input["path"])} for u in uses]})
+        said = [b.model_dump(exclude_none=True) for b in final.content]
+        messages.append({"role": "assistant", "content": said})
+        messages.append(
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": u.id, "content": _read(u.input["path"])}
+                    for u in uses
+                ],
+            }
+        )
     return anthropic.__version__
 
 
 def _agents_sdk(use_chat: bool) -> Callable[[FakeUpstream, Path], Awaitable[str]]:
     async def run(fake: FakeUpstream, work: Path) -> str:
         import openai
-        from agents import Agent, OpenAIChatCompletionsModel, OpenAIResponsesModel, Runner, function_tool
-        from agents import set_tracing_disabled
+        from agents import (
+            Agent,
+            OpenAIChatCompletionsModel,
+            OpenAIResponsesModel,
+            Runner,
+            function_tool,
+            set_tracing_disabled,
+        )
 
         set_tracing_disabled(True)
 

@@ -59,6 +59,8 @@ from gateway.upstream.routing import Deployment, ModelDeployments, RoutePlan
 log = logging.getLogger("gateway")
 
 FORWARD_HEADERS = ("anthropic-version", "anthropic-beta", "openai-beta", "accept")
+# "translation": answer what each of the model's deployments would be sent, without sending it (the doctor)
+DRY_RUN_HEADER = "X-Farm-Dry-Run"
 SUMMARIES_HINT = SUMMARIES_PATH
 # After the gateway has retried, the client must not retry again on top (both SDKs honour this header):
 # one client call then costs at most max_retries + 1 upstream attempts.
@@ -235,6 +237,8 @@ class Proxy:
         for d in models.deployments:  # the primary's translations now: an untranslatable field is a 400 here
             if d.kind != ep.style:
                 translate_for(d)
+        if header(request, DRY_RUN_HEADER) == "translation":
+            return self._dry_run(rec, ep, models, dropped_by)
 
         input_estimate = estimate_tokens(raw)
         cap = head.token_cap()
@@ -300,6 +304,24 @@ class Proxy:
             if plan.fallback_from is not None:
                 rec.fallback_from = plan.fallback_from
             rec.translation = None if target.kind == ep.style else f"{ep.fmt}->{UPSTREAM_FORMAT[target.kind]}"
+
+    @staticmethod
+    def _dry_run(rec: Record, ep: Endpoint, models: ModelDeployments, dropped_by: dict) -> web.Response:
+        """``X-Farm-Dry-Run: translation`` (``farm gateway doctor``): what each of the model's deployments
+        would be sent, without sending it: the translation and the fields it would drop (a field it would
+        refuse was the 400 already). No upstream call, no tokens; the row says ``dry_run``."""
+        out = []
+        for d in models.deployments:
+            dst = UPSTREAM_FORMAT[d.kind] if d.kind != ep.style else ep.fmt
+            dropped = dropped_by.get((dst, d.upstream_model, d.effort), []) if dst != ep.fmt else []
+            how = f"{ep.fmt}->{dst}" if dst != ep.fmt else ""
+            out.append({"deployment": d.name, "provider": d.provider, "format": dst, "translation": how,
+                        "dropped": dropped})  # fmt: skip
+        rec.dropped = list(dict.fromkeys(f for d in out for f in d["dropped"]))
+        rec.translation = next((d["translation"] for d in out if d["translation"]), "")
+        rec.status, rec.http_status, rec.error_class = "ok", 200, "dry_run"
+        body = {"object": "farm.dry_run", "model": models.model, "format": ep.fmt, "deployments": out}
+        return web.json_response(body, headers={"x-request-id": rec.request_id, "x-farm-model": models.model})
 
     def _count_locally(self, rec: Record, body: dict, models: ModelDeployments) -> web.Response:
         """count_tokens for a model served by an openai provider (which has no such endpoint): the gateway's

@@ -1,7 +1,8 @@
 """The doctor's run: read the tool's settings, check the key locally, then probe the gateway exactly as
 the tool would: GET the model list (the base URL and the key), then one call with the smallest output
-(the model, and the translation path). Each step adds its checks; a step with no HTTP answer ends the
-run with the check that explains it."""
+(the model, and the translation path), and for Claude Code and Codex the client's recorded request shape
+as a dry run (what the model's translation would drop or refuse). Each step adds its checks; a step with
+no HTTP answer ends the run with the check that explains it."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from gateway.ops.doctor.key import check_key
 from gateway.ops.doctor.probe import TIMEOUT_FIX, ProbeFailed, Prober, Reply
 from gateway.ops.doctor.refusals import rate_limited, unauthorized
 from gateway.ops.doctor.settings import read_settings
+from gateway.ops.doctor.shape import check_shape
 from gateway.ops.onboarding import root_url
 from gateway.translate.api import ANTHROPIC_VERSION
 
@@ -182,6 +184,9 @@ class Doctor:
             self.add(_pass("model call", f"{model}{where} answered{via} in {reply.elapsed_ms:.0f} ms."))
             if not r.model:
                 await self.translation(probe, r, h, candidates[tried:], translated)
+            shape = await check_shape(probe, self.inp.tool, r.base_url, h, model)
+            if shape is not None:
+                self.add(shape)
             return
         code, msg = reply.error()
         setting = {"claude-code": "ANTHROPIC_MODEL", "codex": "model in config.toml"}.get(

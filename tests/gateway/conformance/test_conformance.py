@@ -1,8 +1,8 @@
-"""The conformance suite: what real clients send (recorded/*.json, one tool-using task per client: Claude
-Code, Codex, the openai SDK's chat and Responses, the anthropic SDK, the OpenAI Agents SDK on Responses and
-on chat; README.md says how they were recorded and how to refresh them), replayed through translation to
-every other wire format, both turns of the task (the first request; the one carrying the tool's result),
-whole and streamed.
+"""The conformance suite: what real clients send (gateway/ops/client_shapes/*.json, one tool-using task per
+client: Claude Code, Codex, the openai SDK's chat and Responses, the anthropic SDK, the OpenAI Agents SDK on
+Responses and on chat; the README there says how they were recorded and how to refresh them), replayed
+through translation to every other wire format, both turns of the task (the first request; the one
+carrying the tool's result), whole and streamed.
 
 - Requests, all six pairs: the conversation the upstream gets is the client's (system text, every text,
   tool call and tool result in order, the tools and the sampling settings), and what was left out is
@@ -40,7 +40,7 @@ from gateway.translate import (
 from gateway.translate.ir import FORMATS
 from gateway.translate.namespaces import flat_name, tool_names
 
-RECORDED = Path(__file__).parent / "recorded"
+RECORDED = Path(__file__).resolve().parents[3] / "gateway" / "ops" / "client_shapes"
 RECORDINGS = {p.stem: json.loads(p.read_text()) for p in sorted(RECORDED.glob("*.json"))}
 WORK_FILE = Path("/work/a.txt")  # the recordings' file (scripts/record_client_shapes.py writes /work)
 PARSE = {"chat": chat.parse_request, "responses": responses.parse_request, "messages": messages.parse_request}
