@@ -1,9 +1,10 @@
 """The agents the gateway exists for, the real CLIs from npm (pinned in scripts/agent-clis.sh, installed into
-.agents/ by `make test`), each through the gateway on a model of the other kind, so through translation,
-streamed: Claude Code (Anthropic Messages) on a model whose only deployment speaks OpenAI chat, and the Codex
-CLI (OpenAI Responses) on one whose only deployment speaks Anthropic Messages. The fake upstream plays the
-model (``FakeUpstream.agent``): it asks for the file through the client's own tool, then answers with what
-the tool returned; each CLI must print the file's content.
+.agents/ by `make test`), each through the gateway on a model of each kind, streamed: Claude Code (Anthropic
+Messages) on a model whose only deployment speaks OpenAI chat (through translation) and on an Anthropic
+one, the Codex CLI (OpenAI Responses) on one whose only deployment speaks Anthropic Messages (through
+translation) and on an OpenAI one. The fake upstream plays the model (gateway.testing.agents): it asks for
+the file through the client's own tool, then answers with what the tool returned; each CLI must print the
+file's content.
 
 Seen before (issue #29): Claude Code refused for ``output_config`` and then for a system message in its
 conversation; Codex for ``client_metadata``, then its namespace tools, then ``web_search``."""
@@ -11,6 +12,7 @@ conversation; Codex for ``client_metadata``, then its namespace tools, then ``we
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from pathlib import Path
 
@@ -53,13 +55,31 @@ def _base_env(home: Path) -> dict[str, str]:
     return {k: os.environ[k] for k in keep if k in os.environ} | {"HOME": str(home)}
 
 
-async def test_claude_code_reads_a_file_through_a_chat_only_model(start_gateway, fake, tmp_path):
-    claude = _cli("claude")
-    gw = await start_gateway()
+# model -> (the upstream path it is asked on, the ledger's translation for each client)
+UPSTREAM = {"gpt-fake": "/v1/chat/completions", "claude-fake": "/v1/messages"}
+
+
+def _task(tmp_path: Path, fake) -> Path:
     (tmp_path / "work").mkdir()
     target = tmp_path / "work" / "a.txt"
     target.write_text(SECRET_TEXT + "\n")
     fake.agent, fake.reply = play_model(target)
+    return target
+
+
+def _tool_result_went_up(fake, model: str) -> bool:
+    """The file's content reached the model in its own format, as a tool result."""
+    asked = [s.body for s in fake.seen if s.path == UPSTREAM[model] or (model == "gpt-fake" and
+             s.path == "/v1/responses")]  # fmt: skip
+    return any(SECRET_TEXT in json.dumps(b.get("messages") or b.get("input")) for b in asked)
+
+
+@pytest.mark.parametrize("model,translation", [("gpt-fake", "messages->chat"), ("claude-fake", "")])
+async def test_claude_code_reads_a_file(start_gateway, fake, tmp_path, model, translation):
+    """On a chat-only model (through translation) and on an Anthropic one (as it is)."""
+    claude = _cli("claude")
+    gw = await start_gateway()
+    target = _task(tmp_path, fake)
     env = _base_env(tmp_path) | {
         "ANTHROPIC_BASE_URL": gw.url,
         "ANTHROPIC_API_KEY": gw.keys["alpha"],
@@ -69,26 +89,25 @@ async def test_claude_code_reads_a_file_through_a_chat_only_model(start_gateway,
     }
     prompt = f"Read the file {target} and print its content"
     out = await _run(
-        [claude, "-p", prompt, "--model", "gpt-fake", "--allowedTools", "Read"], env, tmp_path / "work"
+        [claude, "-p", prompt, "--model", model, "--allowedTools", "Read"], env, tmp_path / "work"
     )
     assert SECRET_TEXT in out, out[-2000:]
-    rows = [r for r in await gw.rows() if r["translation"] == "messages->chat"]
+    rows = [r for r in await gw.rows() if r["public_model"] == model]
     assert len(rows) >= 2 and all(r["status"] == "ok" and r["stream"] for r in rows[-2:]), rows
-    used = [s.body for s in fake.seen if s.path.endswith("/chat/completions")]
-    assert any(m.get("role") == "tool" for b in used for m in b["messages"])  # the tool's result went up
+    assert {r["translation"] or "" for r in rows} == {translation}
+    assert _tool_result_went_up(fake, model)
 
 
-async def test_codex_reads_a_file_through_an_anthropic_only_model(start_gateway, fake, tmp_path):
+@pytest.mark.parametrize("model,translation", [("claude-fake", "responses->messages"), ("gpt-fake", "")])
+async def test_codex_reads_a_file(start_gateway, fake, tmp_path, model, translation):
+    """On an Anthropic-only model (through translation) and on an OpenAI one (as it is)."""
     codex = _cli("codex")
     gw = await start_gateway()
-    (tmp_path / "work").mkdir()
-    target = tmp_path / "work" / "a.txt"
-    target.write_text(SECRET_TEXT + "\n")
-    fake.agent, fake.reply = play_model(target)
+    target = _task(tmp_path, fake)
     home = tmp_path / "codex-home"
     home.mkdir()
     (home / "config.toml").write_text(
-        'model = "claude-fake"\nmodel_provider = "farm"\n\n[model_providers.farm]\nname = "farm"\n'
+        f'model = "{model}"\nmodel_provider = "farm"\n\n[model_providers.farm]\nname = "farm"\n'
         f'base_url = "{gw.url}/v1"\nenv_key = "FARM_KEY"\nwire_api = "responses"\n'
     )
     env = _base_env(tmp_path) | {"CODEX_HOME": str(home), "FARM_KEY": gw.keys["alpha"]}
@@ -96,7 +115,9 @@ async def test_codex_reads_a_file_through_an_anthropic_only_model(start_gateway,
     cmd = [codex, "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", prompt]
     out = await _run(cmd, env, tmp_path / "work")
     assert SECRET_TEXT in out, out[-2000:]
-    rows = [r for r in await gw.rows() if r["translation"] == "responses->messages"]
+    rows = [r for r in await gw.rows() if r["public_model"] == model]
     assert len(rows) >= 2 and all(r["status"] == "ok" and r["stream"] for r in rows[-2:]), rows
-    # what Codex sends that has no Anthropic equivalent is dropped and said (here: its web search tool)
-    assert all("tools[web_search]" in (r["dropped_fields"] or "").split(",") for r in rows), rows
+    assert {r["translation"] or "" for r in rows} == {translation}
+    assert _tool_result_went_up(fake, model)
+    if translation:  # what Codex sends that has no Anthropic equivalent is dropped and said (web search)
+        assert all("tools[web_search]" in (r["dropped_fields"] or "").split(",") for r in rows), rows
