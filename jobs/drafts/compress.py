@@ -188,17 +188,23 @@ def expected_metrics(kind: str, evidence: dict[str, Any], card: Card | None, on_
     ev = evidence
     out: list[dict[str, Any]] = []
 
-    def add(metric: str, expected: str, measured: Any) -> None:
+    def add(metric: str, expected: str, measured: Any, why: str | None = None) -> None:
+        """``why``: the reason a value that is None could not be computed ("undefined: ...")."""
+        if measured is None:
+            measured = f"undefined: {why}" if why else "not measured"
         out.append({"metric": metric, "expected": expected, "measured": _fmt(measured)})
 
     if kind in ("slower", "faster", "ambiguous") and card and card.performance:
-        add("median ratio to baseline", f"<= {1 + card.max_slowdown(on_cpu):.3g}", ev.get("ratio"))
+        ratio = ev.get("run_ratio", ev.get("ratio"))  # the run-level ratio the verdict is made on
+        add("median ratio to baseline", f"<= {1 + card.max_slowdown(on_cpu):.3g}", ratio, ev.get("reason"))
         if ev.get("p_value") is not None:
             add("Mann-Whitney p", f"< {card.performance.alpha:g}", ev.get("p_value"))
     if kind in ("noisy", "ambiguous") and card:
         limit = card.max_cv(on_cpu)
         if limit is not None:
-            add("cv of samples", f"<= {limit:.3g}", ev.get("cv"))
+            n = ev.get("n_candidate", ev.get("n"))
+            few = f"{n} sample(s), a cv needs 2" if isinstance(n, int) and n < 2 else None
+            add("cv of samples", f"<= {limit:.3g}", ev.get("cv", ev.get("cv_candidate")), few)
     if kind == "correctness":
         add("reference check", "pass on every seed", ev.get("max_abs_err", "fail"))
         if card and card.correctness:

@@ -154,7 +154,8 @@ def comparison(c: Context) -> tuple[RunComparison, dict[str, Any]] | str:
 
 
 def verdict_outcome(result: RunComparison, numbers: dict[str, Any], prefix: str = "") -> Outcome:
-    text = f"{prefix}{result.verdict}: ratio {result.run_ratio:.3f} ({result.reason})"
+    ratio = "undefined" if result.run_ratio is None else f"{result.run_ratio:.3f}"
+    text = f"{prefix}{result.verdict}: ratio {ratio} ({result.reason})"
     if result.verdict == "slower":
         return Outcome(FAIL, text, numbers, "slower")
     if result.verdict == "faster":

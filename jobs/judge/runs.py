@@ -64,9 +64,10 @@ class RunComparison:
     verdict: str
     reason: str
     within: Comparison  # the pooled-sample comparison (its p-value is about these runs only)
-    run_ratio: float
-    run_low: float
-    run_high: float
+    # None when no ratio can be computed (a run of fewer than 3 samples, a zero median): ``reason`` says why
+    run_ratio: float | None
+    run_low: float | None
+    run_high: float | None
     runs_baseline: int
     runs_candidate: int
     paired: bool
@@ -117,9 +118,8 @@ def compare_runs(
     within = compare_samples(pooled_b, pooled_c, min_effect=min_effect, alpha=alpha, max_cv=max_cv)
     nb, nc = len(baseline_runs), len(candidate_runs)
     if any(len(r) < 3 for r in (*baseline_runs, *candidate_runs)) or not math.isfinite(within.ratio):
-        nan = math.nan
         return RunComparison(
-            "ambiguous", f"a run has too few samples ({within.reason})", within, nan, nan, nan, nb, nc,
+            "ambiguous", f"a run has too few samples ({within.reason})", within, None, None, None, nb, nc,
             paired, prior, "prior",
         )  # fmt: skip
     lb, lc = _log_medians(baseline_runs), _log_medians(candidate_runs)

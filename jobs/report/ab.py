@@ -283,7 +283,7 @@ def render(result: CompareResult, console: Console) -> None:
         c = r.comparison
         verdict = r.note
         if c is not None:
-            ratio = "-" if c["ratio"] is None else f"x{c['ratio']:.3f}"
+            ratio = "ratio undefined" if c["ratio"] is None else f"x{c['ratio']:.3f}"
             verdict = f"{c['verdict']} {ratio} ({c['reason']})" + (f"; {r.note}" if r.note else "")
         table.add_row(shape, "A", *_side_cells(r.a), "")
         table.add_row("", "B", *_side_cells(r.b), verdict)

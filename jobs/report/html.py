@@ -652,7 +652,9 @@ def render_compare(result: Any, plotly_src: str | None = None) -> str:
         barmode="group",
         yaxis={"type": "log", "title": "median time (ms)"},
     )
-    judged = [(s, r.comparison) for s, r in zip(shapes, result.rows, strict=True) if r.comparison]
+    # a shape whose ratio is undefined (a side of one sample) has no point: the table says why
+    judged = [(s, r.comparison) for s, r in zip(shapes, result.rows, strict=True)
+              if r.comparison and r.comparison.get("ratio") is not None]  # fmt: skip
     ratio = go.Figure()
     if judged:
         ratio.add_scatter(
@@ -682,7 +684,7 @@ def render_compare(result: Any, plotly_src: str | None = None) -> str:
                 s,
                 _num(r.a.median_ns / 1e6 if r.a and r.a.median_ns else None, ".4f"),
                 _num(r.b.median_ns / 1e6 if r.b and r.b.median_ns else None, ".4f"),
-                _num(c.get("ratio"), ".3f"),
+                "undefined" if c and c.get("ratio") is None else _num(c.get("ratio"), ".3f"),
                 f"{_num(c.get('ci_low'), '.3f')}..{_num(c.get('ci_high'), '.3f')}",
                 _num(c.get("p_value"), ".2g"),
                 c.get("verdict", "n/a"),

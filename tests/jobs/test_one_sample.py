@@ -1,0 +1,126 @@
+"""Jobs of one sample per trial (`min_samples: 1, max_samples: 1`, or a trial stopped after its first
+sample): no ratio to a baseline can be computed, and every command says so instead of failing.
+
+What was seen (issue 30): the run-level ratio was NaN, written into the anomaly's JSON evidence, which
+PostgreSQL refuses ("invalid input syntax for type json": `farm accept` exited 4; SQLite took it);
+`farm compare --html` crashed with a TypeError on a shape without a ratio; the drafted checklists said
+"measured None". Now an undefined ratio is null with its reason, the store refuses a non-finite number in
+any JSON column on both databases alike, and pages and drafts say "undefined" with the reason."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from click.testing import CliRunner
+from sqlalchemy import text
+
+from jobs.cli import main
+from jobs.spec.sweep import loads_spec
+from jobs.store.finite_json import NonFiniteJSON
+from jobs.store.repository import Store
+
+SPEC = """
+name: one-sample
+family: probe
+backends: [{name: noop, baseline: true}, {name: spin, configs: {grid: {ms: [1]}}}]
+shapes: {grid: {n: [0, 1]}}
+measure: {min_samples: 1, max_samples: 1}
+card: probe
+"""
+ENV = {"host": "h", "device_kind": "cpu", "device_name": "Some CPU", "torch": "x"}
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request, tmp_path) -> str:
+    if request.param == "postgresql":
+        server = request.getfixturevalue("postgres")
+        return server.url(server.create_database("farm"))
+    return f"sqlite:///{tmp_path / 'farm.db'}"
+
+
+def one_sample_job(store: Store, ns: int) -> int:
+    spec = loads_spec(SPEC)
+    job = store.create_job(name=spec.name, family=spec.family, spec_yaml=SPEC, spec_hash=spec.spec_hash(),
+                           trials=spec.trials(), git_commit="abc")  # fmt: skip
+    store.record_results([
+        {"trial_id": t.id, "status": "ok", "attempt": 1, "worker": "w0", "node": "n",
+         "summary": {"median": float(ns + t.seq), "n": 1, "n_kept": 1, "cv": None},
+         "samples_ns": [ns + t.seq], "environment": ENV}
+        for t in store.trials(job)
+    ])  # fmt: skip
+    store.set_job_status(job, "completed")
+    return job
+
+
+def _non_finite_json(store_url: str) -> list[str]:
+    """Every JSON value in the store that holds a NaN or an infinity (as each database spells it)."""
+    store = Store(store_url)
+    found = []
+    try:
+        with store.engine.connect() as conn:
+            for table, column in (("anomalies", "evidence"), ("trials", "summary"), ("trials", "metrics")):
+                for (value,) in conn.execute(text(f"SELECT {column} FROM {table}")):
+                    raw = value if isinstance(value, str) else json.dumps(value)
+                    if any(w in str(raw) for w in ("NaN", "Infinity")):
+                        found.append(f"{table}.{column}: {raw[:200]}")
+    finally:
+        store.close()
+    return found
+
+
+def test_one_sample_jobs_are_judged_compared_and_reported(store_url, tmp_path):
+    store = Store(store_url)
+    base, cand = one_sample_job(store, 1000), one_sample_job(store, 1500)
+    store.close()
+    run = CliRunner().invoke
+    assert run(main, ["baseline", "set", str(base), "--name", "main", "--db", store_url]).exit_code == 0
+
+    accepted = run(main, ["accept", str(cand), "--baseline", "main", "--ambiguous", "warn", "--db", store_url,
+                          "--drafts", "--verbose"])  # fmt: skip
+    assert accepted.exit_code == 0, accepted.output  # ambiguous, warned: not a database error (4)
+    assert "ratio undefined" in accepted.output and "too few" in accepted.output
+    assert "nan" not in accepted.output.lower().replace("non-finite", "")
+    assert "measured None" not in accepted.output and "undefined" in accepted.output
+    assert _non_finite_json(store_url) == []
+
+    page = tmp_path / "ab.html"
+    compared = run(main, ["compare", str(base), str(cand), "--db", store_url, "--html", str(page)])
+    assert compared.exit_code == 0, compared.output
+    assert "undefined" in compared.output and "undefined" in page.read_text()
+    as_json = run(main, ["compare", str(base), str(cand), "--db", store_url, "--json"])
+    assert as_json.exit_code == 0 and "NaN" not in as_json.output, as_json.output
+
+    report_page = tmp_path / "report.html"
+    reported = run(main, ["report", str(cand), "--db", store_url, "--html", str(report_page)])
+    assert reported.exit_code == 0, reported.output
+    assert "nan" not in reported.output.replace("non-finite", "").lower()
+    exported = run(main, ["report", str(cand), "--db", store_url, "--format", "json"])
+    assert exported.exit_code == 0 and "NaN" not in exported.output and "Infinity" not in exported.output
+    json.loads(exported.output)  # standard JSON (the page's own script, plotly.js, spells NaN itself)
+
+
+def test_the_store_refuses_a_non_finite_number_in_json_on_any_database(store_url):
+    """A NaN reaching a JSON column is a defect of whoever computed it: both databases refuse it the same
+    way, naming where it sits, and nothing already stored is lost."""
+    store = Store(store_url)
+    try:
+        spec = loads_spec(SPEC)
+        job = store.create_job(name=spec.name, family=spec.family, spec_yaml=SPEC, git_commit="abc",
+                               spec_hash=spec.spec_hash(), trials=spec.trials())  # fmt: skip
+        first, second, *_ = store.trials(job)
+
+        def result(trial_id: int, median: float) -> dict:
+            return {"trial_id": trial_id, "status": "ok", "attempt": 1, "worker": "w0", "node": "n",
+                    "summary": {"median": median, "n": 1, "p90": median}, "samples_ns": [1000],
+                    "environment": ENV}  # fmt: skip
+
+        store.record_results([result(first.id, 1000.0)])
+        with pytest.raises(NonFiniteJSON, match=r"^median: a non-finite number"):
+            store.record_results([result(second.id, math.inf)])
+        trials = {t.id: t for t in store.trials(job)}
+        assert trials[first.id].median_ns == 1000 and trials[first.id].summary["median"] == 1000.0
+        assert trials[second.id].status == "pending"  # the refused write left nothing half-done
+    finally:
+        store.close()
