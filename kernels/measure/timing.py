@@ -10,8 +10,9 @@ why it was chosen):
                     launched before the start event: one launch, so the call's host overhead (Python,
                     argument handling) is not timed. The GPU default for calls under ~100 us;
   cuda_event_back_to_back  for calls under ~100 us that cannot be captured in a graph (host work,
-                    synchronisation): flush, start event, `reps` calls back to back, end event; the
-                    sample is the mean per call, so host overhead overlaps the queued kernels;
+                    synchronisation): `reps` calls launched back to back, each after its own flush and
+                    between its own events (flush, start, call, end: every call reads a cold L2), with no
+                    synchronisation until the batch ends; the sample is the mean per call;
   cupti             kernel-only time from the torch profiler (CUPTI), summed over the kernels whose name
                     contains the filter, per call. The filter must not match the L2 flush (a memset /
                     fill of a byte buffer) nor memcpy/memset records.
@@ -19,6 +20,8 @@ A measurement whose samples drift (`drift`: the last third's median far from the
 short run that rises or falls all the way) or, on the CPU, whose process got far less CPU time than
 the wall time of its timed loop (`contended`: another process had the cores) is also flagged `noisy`:
 its median describes the machine's load, not the kernel.
+Every CUDA call goes through kernels.measure.cuda_layer (torch's, or the recording fake of
+kernels.measure.fake_cuda), so the order of each method is checked on a CPU.
 Warm-up is by time (`warmup_ms`, after one first call that absorbs JIT compilation). The stopping rule
 (kernels.measure.stopping) decides when to stop. On a GPU, the SM clock is read when measuring starts and
 after each batch of samples (kernels.measure.clocks); a batch whose clock fell more than 5% below the
@@ -35,13 +38,12 @@ from typing import Any
 
 import torch
 
-from kernels.measure.clocks import ClockSampler
+from kernels.measure.cuda_layer import CudaLayer, TorchCuda, flush_bytes
 from kernels.measure.policy import MeasurePolicy
 from kernels.measure.stats import detect_step
 from kernels.measure.stopping import StoppingRule
 from kernels.measure.summary import SampleStats, summarize
 
-DEFAULT_FLUSH_BYTES = 256 * 1024 * 1024  # when the device does not report its L2 size
 CUPTI_MIN_BATCH = 50  # calls per profiler session: starting one costs far more than a kernel
 SHORT_CALL_NS = 100_000  # under this, host launch overhead is a visible part of an event-timed call
 PROBE_CALLS = 5
@@ -122,19 +124,27 @@ def measure(
     *,
     device: str | torch.device = "cpu",
     kernel_name: str | None = None,
+    cuda: CudaLayer | None = None,
 ) -> Measurement:
-    """Time `fn` under `policy`. `kernel_name` (or policy.kernel_name) filters kernel-only timing."""
+    """Time `fn` under `policy`. `kernel_name` (or policy.kernel_name) filters kernel-only timing.
+    `cuda`: the CUDA layer to time through (default: torch's; tests pass kernels.measure.fake_cuda's)."""
     policy = policy or MeasurePolicy()
     dev = torch.device(device)
     if dev.type == "cpu":
         return _measure_cpu(fn, policy)
     if dev.type != "cuda":
         raise ValueError(f"measure() times on 'cpu' or 'cuda', not {dev.type!r}")
-    if not torch.cuda.is_available():
-        raise RuntimeError("measure(device='cuda') needs a CUDA GPU; none is available here")
-    index = dev.index if dev.index is not None else torch.cuda.current_device()
-    with torch.cuda.device(index):
-        return _measure_cuda(fn, policy, index, kernel_name or policy.kernel_name)
+    if cuda is None:
+        if not torch.cuda.is_available():
+            raise RuntimeError("measure(device='cuda') needs a CUDA GPU; none is available here")
+        cuda = TorchCuda()
+    index = (
+        dev.index
+        if dev.index is not None
+        else (torch.cuda.current_device() if isinstance(cuda, TorchCuda) else 0)
+    )
+    with cuda.device(index):
+        return _measure_cuda(fn, policy, index, kernel_name or policy.kernel_name, cuda)
 
 
 # -- CPU ---------------------------------------------------------------------------------------------------
@@ -261,43 +271,38 @@ def drifts(samples: list[int]) -> bool:
 
 def l2_flush_bytes(device_index: int) -> int:
     """Twice the device's L2 size (the flush buffer must be at least that), 256 MB if it reports none."""
-    l2 = int(getattr(torch.cuda.get_device_properties(device_index), "L2_cache_size", 0) or 0)
-    return 2 * l2 if l2 > 0 else DEFAULT_FLUSH_BYTES
+    return flush_bytes(TorchCuda(), device_index)
 
 
 def _measure_cuda(
-    fn: Callable[[], object], policy: MeasurePolicy, index: int, kernel_name: str | None
+    fn: Callable[[], object], policy: MeasurePolicy, index: int, kernel_name: str | None, cuda: CudaLayer
 ) -> Measurement:
     timer = policy.timer_name(on_gpu=True)
     if timer == "cupti" and not kernel_name:
         raise ValueError("kernel-only timing needs a kernel name filter (kernel_name)")
-    stream = torch.cuda.current_stream(index)
-    flush_bytes = l2_flush_bytes(index) if policy.flush_l2 else None
-    flush_buf = torch.empty(flush_bytes or 0, dtype=torch.uint8, device=f"cuda:{index}")
-
-    def flush() -> None:
-        if flush_bytes:
-            flush_buf.zero_()
+    stream = cuda.stream(index)
+    flushed = flush_bytes(cuda, index) if policy.flush_l2 else None
+    flush = cuda.flusher(index, flushed)
 
     warmup = _warm_up(fn, policy.warmup_ms, stream.synchronize)
     probe_ns: float | None = None
     graph = None
     graph_error = None
     if timer == "cuda_event":
-        probe = sorted(_event_times(fn, flush, PROBE_CALLS, stream))
+        probe = sorted(_event_times(cuda, fn, flush, PROBE_CALLS, stream))
         probe_ns = float(probe[len(probe) // 2])
     if timer == "cuda_graph" or (probe_ns is not None and probe_ns < SHORT_CALL_NS):
         try:
-            graph = _capture_graph(fn, stream)
+            graph = cuda.capture(fn, stream)
         except Exception as exc:  # host work or a sync inside the call: it cannot be captured
             if timer == "cuda_graph":
                 raise
             graph_error = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
     timer, timer_reason = choose_gpu_timer(timer, probe_ns, graph_error)
-    call = graph.replay if timer == "cuda_graph" and graph is not None else fn  # replay keeps the graph
+    call = graph if timer == "cuda_graph" and graph is not None else fn  # the replay is what is timed
     reps = back_to_back_reps(probe_ns or SHORT_CALL_NS)
 
-    clock = ClockSampler.open(index, policy.throttle_max_drop)
+    clock = cuda.clock(index, policy.throttle_max_drop)
     rule = StoppingRule(policy)
     samples: list[int] = []
     throttled: list[bool] = []
@@ -306,11 +311,11 @@ def _measure_cuda(
         per_sync = max(policy.gpu_batch, CUPTI_MIN_BATCH) if timer == "cupti" else policy.gpu_batch
         batch = min(per_sync, policy.max_samples - rule.n_raw)
         if timer == "cupti":
-            times = _kernel_times(call, flush, batch, kernel_name or "", stream)
+            times = _kernel_times(cuda, call, flush, batch, kernel_name or "", stream)
         elif timer == "cuda_event_back_to_back":
-            times = _event_times(call, flush, batch, stream, reps=reps)
+            times = _event_times(cuda, call, flush, batch, stream, reps=reps)
         else:
-            times = _event_times(call, flush, batch, stream)
+            times = _event_times(cuda, call, flush, batch, stream)
         hot = clock.sample()
         for t in times:
             samples.append(t)
@@ -323,85 +328,62 @@ def _measure_cuda(
         rule,
         policy,
         timer=timer,
-        device=f"cuda:{index} ({torch.cuda.get_device_name(index)})",
+        device=f"cuda:{index} ({cuda.device_name(index)})",
         clocks=clock.to_dict(),
         warmup=warmup,
         wall_s=time.perf_counter() - start,
-        l2_flush_bytes=flush_bytes,
+        l2_flush_bytes=flushed,
         kernel_name=kernel_name if timer == "cupti" else None,
         timer_reason=timer_reason,
     )
 
 
 def _event_times(
+    cuda: CudaLayer,
     call: Callable[[], object],
     flush: Callable[[], None],
     batch: int,
-    stream: torch.cuda.Stream,
+    stream: Any,
     reps: int = 1,
 ) -> list[int]:
-    """Enqueue `batch` samples (flush launched, start event, `reps` calls, end event) and synchronise
-    once; a sample is the time per call."""
-    events = [
-        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(batch)
-    ]
-    for begin, end in events:
-        flush()
-        begin.record(stream)
-        for _ in range(reps):
+    """Enqueue `batch` samples of `reps` calls, each call after its own L2 flush and between its own
+    events (flush, start, call, end: the flush is never timed and no call finds a warm L2), and
+    synchronise once; a sample is the mean time of its calls."""
+    events = [[(cuda.event(), cuda.event()) for _ in range(reps)] for _ in range(batch)]
+    for sample in events:
+        for begin, end in sample:
+            flush()
+            begin.record(stream)
             call()
-        end.record(stream)
+            end.record(stream)
     stream.synchronize()
-    return [int(round(begin.elapsed_time(end) * 1e6 / reps)) for begin, end in events]
-
-
-def _capture_graph(fn: Callable[[], object], stream: torch.cuda.Stream) -> torch.cuda.CUDAGraph:
-    side = torch.cuda.Stream(device=stream.device)
-    side.wait_stream(stream)
-    with torch.cuda.stream(side):  # allocations settle outside capture, as torch asks
-        fn()
-    stream.wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    stream.synchronize()
-    return graph
+    return [int(round(sum(b.elapsed_time(e) for b, e in sample) * 1e6 / reps)) for sample in events]
 
 
 def _kernel_times(
+    cuda: CudaLayer,
     call: Callable[[], object],
     flush: Callable[[], None],
     batch: int,
     name_filter: str,
-    stream: torch.cuda.Stream,
+    stream: Any,
 ) -> list[int]:
     """Kernel-only time per call: the durations of the GPU kernels whose name contains `name_filter`,
-    from one profiler session over `batch` calls, grouped per call (each call must launch the same
-    number of matching kernels)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    def gpu_events(prof: Any) -> list[Any]:
-        return [
-            e
-            for e in prof.profiler.kineto_results.events()
-            if e.device_type() == torch.autograd.DeviceType.CUDA
-        ]
-
+    from one profiler session over `batch` calls, each after its flush, grouped per call (each call must
+    launch the same number of matching kernels)."""
     # The L2 flush launches kernels of its own (a fill, a memset): learn their names from a flush
     # alone, so a broad filter such as "kernel" can never add the flush to the kernel's time.
-    with profile(activities=[ProfilerActivity.CUDA]) as flush_prof:
-        flush()
-        stream.synchronize()
-    flush_names = {e.name() for e in gpu_events(flush_prof)}
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    flush_names = {name for _, _, name in cuda.kernel_records(flush, stream)}
+
+    def run() -> None:
         for _ in range(batch):
             flush()
             call()
-        stream.synchronize()
+
     kernels = sorted(
-        (e.start_ns(), e.duration_ns())
-        for e in gpu_events(prof)
-        if name_filter in e.name() and e.name() not in flush_names
+        (start, duration)
+        for start, duration, name in cuda.kernel_records(run, stream)
+        if name_filter in name and name not in flush_names
     )
     if not kernels or len(kernels) % batch:
         raise RuntimeError(
