@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from kernels.measure.clean_call import transfers
 from kernels.measure.cuda_layer import CudaLayer, TorchCuda, flush_bytes
 from kernels.measure.policy import MeasurePolicy
 from kernels.measure.stats import detect_step
@@ -281,6 +282,12 @@ def _measure_cuda(
     if timer == "cupti" and not kernel_name:
         raise ValueError("kernel-only timing needs a kernel name filter (kernel_name)")
     stream = cuda.stream(index)
+    moved = transfers(fn)  # also the first call, which absorbs compilation
+    if moved:
+        raise ValueError(
+            f"the timed call moves data between host and device ({'; '.join(moved)}): it would stall every "
+            "sample; do that once when the inputs are built"
+        )
     flushed = flush_bytes(cuda, index) if policy.flush_l2 else None
     flush = cuda.flusher(index, flushed)
 

@@ -441,6 +441,7 @@ def mla_decode_triton(
     if bm is None or bn is None:
         dm, dn = default_tiles(rows, page, kv_format, target or launch_target())
         bm, bn = bm or dm, bn or dn
+    built_here = plan is None  # then copied to q's device below (a caller that times passes one there)
     if plan is None and cache_seqlens.is_meta:  # compile evidence only: every block table full
         plan = plan_for(
             [block_table.shape[1] * page] * b, num_splits, rows=rows, block_m=bm, block_n=bn,
@@ -454,10 +455,16 @@ def mla_decode_triton(
             )
         lens = [n + _overread for n in lens]
         plan = plan_for(lens, num_splits, rows=rows, block_m=bm, block_n=bn, page_size=page, num_sms=num_sms)
+    if built_here:
+        plan = plan.to(q.device)
     if plan.batch != b:
         raise ValueError(f"the split plan is for a batch of {plan.batch}, q has {b}")
     dev = q.device
-    plan = plan.to(dev)
+    if plan.chunk_seq.device != dev:  # copied in every call, it would stall each timed sample
+        raise ValueError(
+            f"the split plan is on {plan.chunk_seq.device}, q on {dev}: move it there once, before the calls "
+            "(plan.to(device))"
+        )
     programs = plan.num_chunks * triton.cdiv(rows, bm)
     if programs > 2**31 - 1:
         raise ValueError(f"{plan.num_chunks} chunks x row blocks is {programs} programs (> 2^31 - 1)")

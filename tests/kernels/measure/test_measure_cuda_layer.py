@@ -117,3 +117,21 @@ def test_an_event_read_before_a_synchronize_is_an_error_of_the_fake():
         begin.elapsed_time(end)
     gpu.stream(0).synchronize()
     assert begin.elapsed_time(end) == 10 / 1e6
+
+
+def test_a_call_that_moves_data_between_host_and_device_is_refused_before_timing():
+    """kernels.measure.clean_call: a copy or a wait inside the timed call would stall every sample (on a
+    CPU the fake device's tensors live on the host, so the copy shown here is one to another device)."""
+    import torch
+
+    gpu = FakeCuda()
+    x = torch.ones(4)
+    launch = gpu.kernel("k", LONG_NS)
+
+    def copies() -> None:
+        x.to("meta")
+        launch()
+
+    with pytest.raises(ValueError, match=r"moves data between host and device \(Tensor.to\(meta\)"):
+        measure(copies, policy(), device="cuda:0", cuda=gpu)
+    assert "record" not in gpu.ops()  # refused before anything was timed

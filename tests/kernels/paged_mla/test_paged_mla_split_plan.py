@@ -101,3 +101,18 @@ def test_auto_is_the_balanced_plan_and_a_plan_for_another_batch_is_refused():
     assert torch.equal(got[0], mla_decode_triton(*args, d_v=32, plan=plan, block_n=16)[0])
     with pytest.raises(ValueError, match="batch of 3"):
         mla_decode_triton(*args, d_v=32, plan=balanced_plan([1, 2, 3], num_units=2, block=16))
+
+
+def test_a_plan_on_another_device_than_q_is_refused_not_copied_in_the_call():
+    """Issue 30: the plan was copied to q's device inside every call (five blocking copies in each timed
+    sample). A caller builds it on the device once; one left elsewhere is an error naming the fix, and the
+    trial's timed call makes no host-device copy (kernels.measure.clean_call)."""
+    from kernels.measure.clean_call import transfers
+
+    lens = [3, 200]
+    inp = build_decode_inputs(lens, h_q=2, page_size=16, d_qk=48, d_v=32, seed=4)
+    args = (inp.q, inp.kv_cache, inp.block_table, inp.cache_seqlens)
+    plan = plan_for(lens, "auto", rows=2, block_m=16, block_n=16, page_size=16, num_sms=6)
+    with pytest.raises(ValueError, match=r"the split plan is on meta, q on cpu: move it there once"):
+        mla_decode_triton(*args, d_v=32, plan=plan.to("meta"), block_n=16)
+    assert transfers(lambda: mla_decode_triton(*args, d_v=32, plan=plan, block_n=16)) == []
