@@ -22,6 +22,7 @@ Nothing here imports Ray, a database or HTTP.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 from collections.abc import Callable, Iterator, Mapping
@@ -87,44 +88,59 @@ class Cost:
     flops: float
     bytes_read: float
     bytes_written: float
+    # the bytes HBM must move when they are not bytes_read + bytes_written (data several programs read
+    # but stored once, scratch written and read back): the roofline and the HBM fraction use it; GB/s keeps
+    # `bytes`, the family's published convention. None: the same as `bytes`.
+    hbm_bytes_moved: float | None = field(default=None, kw_only=True)
 
     @property
     def bytes(self) -> float:
         return self.bytes_read + self.bytes_written
+
+    @property
+    def hbm_bytes(self) -> float:
+        return self.bytes if self.hbm_bytes_moved is None else self.hbm_bytes_moved
 
 
 @dataclass(frozen=True)
 class Rates:
     """What a Cost and a median time give. The roofline fields are None off a GPU of known limits."""
 
-    seconds: float
-    tflops: float
-    gbps: float
+    # None: no positive median to divide by (an undefined rate, never NaN)
+    seconds: float | None
+    tflops: float | None
+    gbps: float | None  # Cost.bytes per second (the family's convention)
     roofline_s: float | None = None  # the least time the hardware's bandwidth and peak FLOPS allow
     roofline_fraction: float | None = None  # roofline_s / seconds: 1.0 is at the roofline
-    bandwidth_fraction: float | None = None  # gbps over the HBM bandwidth
+    bandwidth_fraction: float | None = None  # HBM bytes moved per second over the HBM bandwidth
+    hbm_gbps: float | None = None  # Cost.hbm_bytes per second, where those differ from Cost.bytes
 
 
 def derive_rates(
     cost: Cost, median_ns: float, limits: DeviceLimits | None = None, precision: str = "bf16"
 ) -> Rates:
-    """TFLOPS, GB/s and, given the device's limits, the roofline fractions of one call of `median_ns`.
-    A median that is not a positive number gives NaN rates (nothing to divide by)."""
+    """TFLOPS, GB/s and, given the device's limits, the roofline fractions of one call of `median_ns`
+    (the roofline and the HBM fraction on the bytes HBM moves, Cost.hbm_bytes). A median that is not a
+    positive number gives undefined (None) rates: nothing to divide by."""
     seconds = median_ns / 1e9 if median_ns is not None else math.nan
     if not (seconds > 0 and math.isfinite(seconds)):
-        return Rates(seconds=seconds, tflops=math.nan, gbps=math.nan)
-    rates = Rates(seconds=seconds, tflops=cost.flops / seconds / 1e12, gbps=cost.bytes / seconds / 1e9)
+        return Rates(seconds=None, tflops=None, gbps=None)
+    hbm_gbps = cost.hbm_bytes / seconds / 1e9
+    rates = Rates(
+        seconds=seconds,
+        tflops=cost.flops / seconds / 1e12,
+        gbps=cost.bytes / seconds / 1e9,
+        hbm_gbps=hbm_gbps if cost.hbm_bytes != cost.bytes else None,
+    )
     if limits is None:
         return rates
     peak = limits.dense_tflops.get(precision, limits.dense_tflops["bf16"])
-    roof = max(cost.bytes / (limits.hbm_gbps * 1e9), cost.flops / (peak * 1e12))
-    return Rates(
-        seconds=seconds,
-        tflops=rates.tflops,
-        gbps=rates.gbps,
+    roof = max(cost.hbm_bytes / (limits.hbm_gbps * 1e9), cost.flops / (peak * 1e12))
+    return dataclasses.replace(
+        rates,
         roofline_s=roof,
         roofline_fraction=roof / seconds,
-        bandwidth_fraction=rates.gbps / limits.hbm_gbps,
+        bandwidth_fraction=hbm_gbps / limits.hbm_gbps,
     )
 
 

@@ -43,7 +43,7 @@ from sqlalchemy.exc import NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from jobs.errors import StoreError
-from jobs.store.finite_json import NonFiniteJSON, finite_json
+from jobs.store.finite_json import finite_json
 from jobs.store.schema import StoreSchemaError as StoreSchemaError  # Store() on an out-of-date store
 from jobs.store.schema import display_url, ensure_schema
 from kernels.base import FINISHED, NOT_FAILED, TrialStatus  # noqa: F401 - NOT_FAILED is re-exported
@@ -307,7 +307,6 @@ def make_engine(url: str | None = None, *, check_schema: bool = True) -> Engine:
         raise store_error(err, url) from err
     if engine.dialect.name == "sqlite":
         event.listen(engine, "connect", _sqlite_pragmas)
-    event.listen(engine, "handle_error", _non_finite_as_is)
     if check_schema:
         try:
             ensure_schema(engine, Base.metadata)
@@ -318,11 +317,6 @@ def make_engine(url: str | None = None, *, check_schema: bool = True) -> Engine:
             engine.dispose()
             raise
     return engine
-
-
-def _non_finite_as_is(ctx: Any) -> BaseException | None:
-    """A refused NaN is raised as itself (naming where it sat), not wrapped in a statement error."""
-    return ctx.original_exception if isinstance(ctx.original_exception, NonFiniteJSON) else None
 
 
 def _read_only_if_unwritable(url: str) -> str:

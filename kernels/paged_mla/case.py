@@ -42,6 +42,7 @@ a known GPU.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -64,7 +65,7 @@ from kernels.measure.memory import peak_memory
 from kernels.measure.timing import measure
 from kernels.paged_mla import flash_mla_adapter
 from kernels.paged_mla.check import check_decode
-from kernels.paged_mla.cost import mla_decode_cost
+from kernels.paged_mla.cost import mla_decode_cost, partial_bytes
 from kernels.paged_mla.inputs import (
     SEQLEN_DISTS,
     DecodeInputs,
@@ -118,6 +119,7 @@ class PagedMLAFamily(KernelFamily):
     shape_keys = SHAPE_KEYS
     report_metrics = (
         ("num_splits", "splits", ""),
+        ("hbm_gbps", "HBM GB/s", ".4g"),  # the distinct bytes (cost.py), where they differ from GB/s
         ("hbm_fraction", "of HBM", ".1%"),
         ("page_hit_rate", "hit rate", ".2f"),
         ("evictions", "evictions", "d"),
@@ -183,8 +185,9 @@ class PagedMLAFamily(KernelFamily):
 
     def cost(self, shape: dict[str, Any], dtype: str) -> Cost:
         return mla_decode_cost(
-            shape_seqlens(shape), h_q=shape["h_q"], s_q=shape["s_q"], kv_dtype=shape["kv_dtype"]
-        )
+            shape_seqlens(shape), h_q=shape["h_q"], s_q=shape["s_q"], kv_dtype=shape["kv_dtype"],
+            shared_prefix=shape.get("shared_prefix", 0), page_size=shape["page_size"],
+        )  # fmt: skip
 
     def execute(self, req: TrialRequest) -> TrialOutcome:
         """A triton trial is first compiled for the host's target where Triton compiles (a GPU host, or
@@ -486,7 +489,7 @@ def _run_decode(req: TrialRequest, build: Callable) -> TrialOutcome:
     inp: DecodeInputs | None = None
     call: Decode | None = None
     chosen: dict[str, Any] = {}
-    cost = mla_decode_cost(seqlens, h_q=shape["h_q"], s_q=shape["s_q"], kv_dtype=shape["kv_dtype"])
+    cost = FAMILY.cost(shape, req.dtype)
     memory: dict[str, Any] = {}
     for i, seed in enumerate(seeds):
         inp = call = None  # the previous seed's tensors go before the next are built
@@ -514,6 +517,11 @@ def _run_decode(req: TrialRequest, build: Callable) -> TrialOutcome:
         correctness["message"] = f"out: {out_c.message}; lse: {lse_c.message}"
 
     m = measure(call, req.policy, device=device)
+    # the split partials are this trial's plan's: HBM traffic FlashMLA's GB/s leaves out (cost.py)
+    partials = (
+        partial_bytes(chosen["plan_chunks"], shape["s_q"] * shape["h_q"]) if "plan_chunks" in chosen else 0.0
+    )
+    cost = dataclasses.replace(cost, hbm_bytes_moved=cost.hbm_bytes + partials) if partials else cost
     rates = derive_rates(cost, m.summary.median, device_limits(device))
     metrics: dict[str, Any] = {
         "flops": cost.flops,
@@ -521,6 +529,9 @@ def _run_decode(req: TrialRequest, build: Callable) -> TrialOutcome:
         "kv_bytes": cost.kv_bytes,
         "gbps": rates.gbps,
         "tflops": rates.tflops,
+        "hbm_bytes": cost.hbm_bytes,
+        "partial_bytes": partials,
+        "hbm_gbps": rates.hbm_gbps,
         "total_tokens": sum(seqlens),
         "mean_seqlen": sum(seqlens) / len(seqlens),
         "max_seqlen": max(seqlens),

@@ -1,8 +1,15 @@
-"""Cost model for paged MLA decode (FlashMLA's accounting).
+"""Cost model for paged MLA decode: FlashMLA's accounting for GB/s, the distinct bytes for the roofline.
 
 bytes = KV actually read (sum of seqlen x bytes per token: d_qk x elem size, plus the per-token fp32 scale
         for fp8; 656 for fp8_flashmla, as FlashMLA counts it)
-        + q + out. The block table, seqlens and lse are not counted (negligible).
+        + q + out. The block table, seqlens and lse are not counted (negligible). FlashMLA's convention:
+        every sequence's KV is counted, a shared prefix once per sequence that reads it, and the split
+        partials not at all. GB/s is on these bytes, so it compares with FlashMLA's published figures.
+hbm bytes (Cost.hbm_bytes: the roofline and hbm_fraction) = the distinct bytes HBM moves: a shared
+        prefix's pages once (they are stored once: kernels.paged_mla.inputs.pages_needed), plus, per
+        trial, the fp32 split partials the split kernel writes and the combine reads back
+        (`partial_bytes`: they depend on the trial's split plan, about +17% at b128 h128 s4096). Where
+        the two differ, a trial reports both (gbps and hbm_gbps).
 flops = sum over batch of 2 x h_q x s_q x seqlen x (d_qk + d_v). The causal mask inside an s_q > 1 block
         is ignored, as FlashMLA does.
 """
@@ -38,11 +45,18 @@ def mla_decode_cost(
     out_dtype: str = "bf16",
     d_qk: int = D_QK,
     d_v: int = D_V,
+    shared_prefix: int = 0,
+    page_size: int = 64,
 ) -> DecodeCost:
     lens = cache_seqlens.tolist() if isinstance(cache_seqlens, torch.Tensor) else list(cache_seqlens)
     batch = len(lens)
     total = sum(int(n) for n in lens)
-    kv_bytes = total * kv_bytes_per_token(kv_dtype, d_qk)
+    per_token = kv_bytes_per_token(kv_dtype, d_qk)
+    kv_bytes = total * per_token
+    # the prefix tokens every sequence after the first re-reads from the one stored copy: its full pages
+    # (a sequence's partial prefix page is its own, as kernels.paged_mla.inputs.pages_needed stores it)
+    shared = [min(int(n), shared_prefix) // page_size * page_size for n in lens]
+    reread = sum(shared) - max(shared, default=0)
     q_bytes = batch * s_q * h_q * d_qk * elem_size(q_dtype)
     out_bytes = batch * s_q * h_q * d_v * elem_size(out_dtype)
     flops = 2.0 * h_q * s_q * total * (d_qk + d_v)
@@ -50,7 +64,14 @@ def mla_decode_cost(
         flops=flops,
         bytes_read=float(kv_bytes + q_bytes),
         bytes_written=float(out_bytes),
+        hbm_bytes_moved=float(kv_bytes + q_bytes + out_bytes - reread * per_token) if reread else None,
         kv_bytes=float(kv_bytes),
         q_bytes=float(q_bytes),
         out_bytes=float(out_bytes),
     )
+
+
+def partial_bytes(chunks: int, rows: int, d_v: int = D_V) -> float:
+    """The split partials' HBM traffic: fp32 out [chunks, rows, d_v] and lse [chunks, rows], written by the
+    split kernel and read back by the combine."""
+    return 2.0 * chunks * rows * (d_v + 1) * 4

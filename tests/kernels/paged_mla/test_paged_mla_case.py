@@ -224,3 +224,32 @@ def test_gpu_spec_validates_at_flashmla_shapes():
     assert {s["kv_dtype"] for s in shapes} == {"bf16", "fp8", "fp8_flashmla"}
     assert {t.config.get("num_splits") for t in trials if t.backend == "triton"} >= {"auto", 1}
     assert any(t.backend == "cache_trace" for t in trials)
+
+
+def test_roofline_bytes_are_the_distinct_bytes_hbm_moves():
+    """Issue 30: a shared prefix was counted once per sequence, so hbm_fraction could exceed what HBM
+    delivered, and the fp32 split partials were not counted. GB/s keeps FlashMLA's convention (every
+    sequence's KV); the roofline and the HBM fraction use the distinct bytes (the prefix once, the
+    partials added per trial); both figures are reported where they differ."""
+    from kernels.base import Cost, derive_rates
+    from kernels.hardware import DeviceLimits
+    from kernels.paged_mla.cost import partial_bytes
+    from kernels.paged_mla.layout import kv_bytes_per_token
+
+    lens = [1000, 1000, 600, 100]
+    plain = mla_decode_cost(lens, h_q=16)
+    shared = mla_decode_cost(lens, h_q=16, shared_prefix=512, page_size=64)
+    assert shared.bytes == plain.bytes and plain.hbm_bytes == plain.bytes  # FlashMLA's GB/s unchanged
+    # the prefix's 8 full pages are stored once: the 2nd and 3rd sequences re-read them; the 4th (100
+    # tokens) holds one full prefix page, re-read too; its 36 tokens past it are its own
+    assert plain.bytes - shared.hbm_bytes == (512 + 512 + 64) * kv_bytes_per_token("bf16", 576)
+    limits = DeviceLimits("x", 1000.0, {"bf16": 1000.0}, sms=1, smem_per_sm_kb=1, smem_per_block_kb=1,
+                          l2_mb=1)  # fmt: skip
+    rates = derive_rates(shared, 1e6, limits)
+    assert rates.gbps == pytest.approx(shared.bytes / 1e-3 / 1e9)
+    assert rates.hbm_gbps == pytest.approx(shared.hbm_bytes / 1e-3 / 1e9)
+    assert rates.bandwidth_fraction == pytest.approx(rates.hbm_gbps / 1000.0)  # never above what HBM moved
+    assert derive_rates(plain, 1e6, limits).hbm_gbps is None  # the same figure: reported once
+    assert partial_bytes(chunks=10, rows=16, d_v=512) == 2 * 10 * 16 * 513 * 4
+    undefined = derive_rates(Cost(1.0, 1.0, 1.0), 0.0)
+    assert (undefined.seconds, undefined.tflops, undefined.gbps) == (None, None, None)  # never NaN
