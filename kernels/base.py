@@ -9,10 +9,13 @@ A family is a module `kernels/<name>/case.py` exposing `FAMILY`, a `KernelFamily
   def validate(shape, config, dtype, backend) -> None   raise ValueError naming the bad field
   def cost(shape, dtype) -> Cost      FLOPs and bytes read and written by one call
   def execute(req: TrialRequest) -> TrialOutcome       run one trial of an available backend
-Optional, for reports:
+Declared with defaults (none), for reports and exports:
+  optional_shape_keys: tuple[str, ...]           keys a shape point may add to shape_keys
   report_metrics: tuple[(metric key, column label, format spec), ...]   extra columns in reports
   scaling: tuple[(shape key, metric key), ...]   plot the metric against that shape key, one line per
                                                  backend/config and value of the other shape keys
+  def best_configs(trials, backend) / best_configs_file(key, device)   the family's tuned-config export
+                                                 (`farm export best-configs`; fp8_gemm has one)
 The farm calls `FAMILY.run(req)`, which answers `skipped` with the reason for a backend that cannot run
 on this host and calls `execute` otherwise. A family declares its work as a `Cost`; `derive_rates`
 turns a Cost and a median time into TFLOPS, GB/s and the fraction of the hardware roofline, the one
@@ -403,6 +406,9 @@ class KernelFamily:
     name: str
     backends: Backends
     shape_keys: tuple[str, ...]
+    optional_shape_keys: tuple[str, ...] = ()
+    report_metrics: tuple[tuple[str, str, str], ...] = ()
+    scaling: tuple[tuple[str, str], ...] = ()
 
     def validate(self, shape: dict[str, Any], config: dict[str, Any], dtype: str, backend: str) -> None:
         raise NotImplementedError
@@ -419,6 +425,15 @@ class KernelFamily:
         """The trial's Triton launches on meta tensors (for kernels.compiled), or None when the backend
         runs no Triton kernel of ours."""
         return None
+
+    def best_configs(self, trials: Any, backend: str) -> tuple[dict[str, Any], list[str]]:
+        """The fastest correct config per shape as the family's users key tuned configs, and the shapes
+        without one (`farm export best-configs`). A family without such an export says so."""
+        raise ValueError(f"family {self.name} has no best-configs export")
+
+    def best_configs_file(self, key: str, device_name: str) -> str:
+        """The file one entry of `best_configs` goes to (`--split-dir`)."""
+        raise ValueError(f"family {self.name} has no best-configs export")
 
     def unavailable(self, req: TrialRequest, reason: str) -> TrialOutcome:
         """The outcome of a trial whose backend cannot run here; a family may add what it knows."""

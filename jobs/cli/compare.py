@@ -97,7 +97,7 @@ def export_best_configs(
     job: int, db: str | None, output: Path | None, backend: str, split_dir: Path | None
 ) -> None:
     """The fastest correct config per (N, K) and M, as Triton ports key their tuned configs."""
-    from jobs.report.export import best_configs, port_file_name
+    from jobs.report.export import best_configs, best_configs_file
 
     if output is not None:
         writable_output(output)
@@ -106,6 +106,8 @@ def export_best_configs(
     try:
         table, missing = best_configs(store, job, backend)
         envs = store.environments(job)
+        device = envs[0].device_name if envs else "unknown"
+        files = {nk: best_configs_file(store, job, nk, device) for nk in table} if split_dir else {}
     except ValueError as err:
         raise click.UsageError(str(err)) from None
     finally:
@@ -120,7 +122,6 @@ def export_best_configs(
         click.echo(f"wrote {len(table)} (N, K) entries to {output}", err=True)
     if split_dir is not None:
         split_dir.mkdir(parents=True, exist_ok=True)
-        device = envs[0].device_name if envs else "unknown"
         for nk, by_m in table.items():
-            (split_dir / port_file_name(nk, device)).write_text(json.dumps(by_m, indent=2) + "\n")
+            (split_dir / files[nk]).write_text(json.dumps(by_m, indent=2) + "\n")
         click.echo(f"wrote {len(table)} files to {split_dir}", err=True)

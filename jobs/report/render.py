@@ -59,7 +59,7 @@ def _family_view(family: str) -> tuple[tuple, tuple]:
         fam = get_family(family)
     except Exception:  # noqa: BLE001 - a report must render even for a family no longer installed
         return (), ()
-    return tuple(getattr(fam, "report_metrics", ())), tuple(getattr(fam, "scaling", ()))
+    return tuple(fam.report_metrics), tuple(fam.scaling)
 
 
 def _fmt_point(point: dict[str, Any]) -> str:

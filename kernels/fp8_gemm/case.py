@@ -118,6 +118,17 @@ class Fp8GemmFamily(KernelFamily):
     report_metrics = (("calc_diff", "calc_diff", ".1e"), ("spread_cv", "cv", ".3f"))
     scaling = (("m", "tflops"),)
 
+    def best_configs(self, trials: Any, backend: str) -> tuple[dict[str, Any], list[str]]:
+        """Triton ports' tuned-config JSON (kernels.fp8_gemm.export)."""
+        from kernels.fp8_gemm.export import best_configs
+
+        return best_configs(trials, backend)
+
+    def best_configs_file(self, key: str, device_name: str) -> str:
+        from kernels.fp8_gemm.export import port_file_name
+
+        return port_file_name(key, device_name)
+
     def validate(self, shape: dict[str, Any], config: dict[str, Any], dtype: str, backend: str) -> None:
         if set(shape) != set(self.shape_keys):
             raise ValueError(f"shape needs exactly the keys m, n, k (got {sorted(shape)})")

@@ -117,6 +117,7 @@ class PagedMLAFamily(KernelFamily):
     name = "paged_mla"
     backends = BACKENDS
     shape_keys = SHAPE_KEYS
+    optional_shape_keys = OPTIONAL_SHAPE_KEYS
     report_metrics = (
         ("num_splits", "splits", ""),
         ("hbm_gbps", "HBM GB/s", ".4g"),  # the distinct bytes (cost.py), where they differ from GB/s

@@ -10,10 +10,11 @@ from click.testing import CliRunner
 
 from jobs.cli.compare import compare, export
 from jobs.report.ab import Selector, compare_jobs
-from jobs.report.export import best_configs, port_file_name
+from jobs.report.export import best_configs
 from jobs.run.runner import RunOptions, run_sweep
 from jobs.spec.sweep import loads_spec
 from jobs.store.repository import Store
+from kernels.fp8_gemm.export import port_file_name
 from kernels.measure.stats import VERDICTS
 
 SPEC = """

@@ -158,3 +158,12 @@ def test_reading_commands_work_on_a_read_only_store():
         for path in (share, *share.iterdir()):
             path.chmod(0o755)
         shutil.rmtree(share, ignore_errors=True)
+
+
+def test_an_export_the_jobs_family_does_not_have_is_exit_2_naming_the_family(tmp_path):
+    """`farm export best-configs` is the family's export (KernelFamily.best_configs): a probe job has
+    none, and says so instead of running another family's code on its trials."""
+    db = str(tmp_path / "farm.db")
+    job = str(_store_with_a_job(tmp_path / "farm.db"))
+    res = farm("export", "best-configs", job, "--db", db)
+    assert res.exit_code == 2 and "family probe has no best-configs export" in res.output, res.output

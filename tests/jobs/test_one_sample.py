@@ -123,3 +123,12 @@ def test_a_non_finite_number_is_stored_as_null_on_any_database_and_named(store_u
         assert "at cv" in warned and "at gbps" in warned  # the path inside the column's value
     finally:
         store.close()
+
+
+def test_the_encoding_names_each_non_finite_number_by_its_path():
+    from jobs.store.finite_json import finite_json, non_finite_paths
+
+    value = {"a": [1.0, math.nan], "b": {"c": -math.inf}, "d": "NaN"}
+    assert non_finite_paths(value) == ["a[1]", "b.c"]
+    assert json.loads(finite_json(value)) == {"a": [1.0, None], "b": {"c": None}, "d": "NaN"}
+    assert finite_json({"x": 1.5}) == '{"x": 1.5}'
