@@ -181,6 +181,12 @@ class Backend:
     def unavailable_reason(self) -> str | None:
         return self.requires()
 
+    @property
+    def runs_triton(self) -> bool:
+        """It runs a Triton kernel of ours (declared by requiring Triton): the one kernels.compiled
+        compiles and checks."""
+        return self.requires is needs_triton
+
 
 class Backends(Mapping[str, Backend]):
     """A family's backends by name. Declare each with `add` or, on the function that implements it,

@@ -98,18 +98,28 @@ def _seqlens(shape: Shape) -> list[int] | None:
     return lens
 
 
+@dataclass(frozen=True)
+class Built:
+    """A trial's inputs as a backend's implementation gets them: the shape, the seeded tensors (dense or
+    sparse: q, k, v, softmax_scale, and seqlens_k or indices), the config and the reference."""
+
+    shape: Shape
+    x: Any
+    config: dict[str, Any]
+    reference: Callable[..., Pair]
+
+
 def prepare(
     shape: Shape, backend: str, config: dict[str, Any], dtype: torch.dtype, seed: int, device: torch.device
 ) -> Prepared:
     if shape.mode == "decode_step":
         return _prepare_step(shape, backend, config, dtype, seed, device)
+    impl: AttentionImpl = BACKENDS.impl(backend)
     elem = elem_size(dtype)
-    poison = backend != "sdpa"
-    sdpa: Sdpa | None = None
     if shape.is_sparse:
         x = build_sparse(
             shape.batch, shape.s_q, shape.s_k, shape.h_q, shape.h_kv, shape.d, shape.d_v, shape.topk,
-            dtype=dtype, seed=seed, device=device, shared_kv=shape.shared_kv, poison=poison,
+            dtype=dtype, seed=seed, device=device, shared_kv=shape.shared_kv, poison=impl.poison,
         )  # fmt: skip
         indices = x.indices
         assert indices is not None
@@ -124,27 +134,11 @@ def prepare(
                 x.q, x.k, x.v, indices, softmax_scale=x.softmax_scale, dtype=dtype
             )
 
-        if backend == "triton":
-            from kernels.attention.triton_sparse import unique_indices
-
-            indices = unique_indices(indices)  # once, here: the timed call runs the kernel only
-
-        def triton_call(launches: list | None) -> Pair:
-            from kernels.attention.triton_sparse import sparse_attention_triton
-
-            return sparse_attention_triton(
-                x.q, x.k, x.v, indices, softmax_scale=x.softmax_scale, indices_unique=True,
-                launches=launches, **config,
-            )  # fmt: skip
-
-        if backend == "sdpa":
-            sdpa = Sdpa.sparse(x.q, x.k, x.v, x.softmax_scale, indices)
-
     else:
         x = build_dense(
             shape.batch, shape.s_q, shape.s_k, shape.h_q, shape.h_kv, shape.d, shape.d_v,
             dtype=dtype, seed=seed, device=device, shared_kv=shape.shared_kv, seqlens=_seqlens(shape),
-            poison=poison,
+            poison=impl.poison,
         )  # fmt: skip
         cost = dense_cost(
             x.lens, s_q=shape.s_q, h_q=shape.h_q, h_kv=shape.h_kv, d=shape.d, d_v=shape.d_v, elem=elem,
@@ -156,37 +150,85 @@ def prepare(
                 x.q, x.k, x.v, causal=True, softmax_scale=x.softmax_scale, seqlens_k=x.seqlens_k, dtype=dtype
             )
 
-        def triton_call(launches: list | None) -> Pair:
-            kw = dict(softmax_scale=x.softmax_scale, seqlens_k=x.seqlens_k, launches=launches, **config)
-            if shape.mode == "prefill":
-                from kernels.attention.triton_prefill import flash_attention_triton
+    run, describe = impl.prepare(Built(shape, x, config, reference))
+    return Prepared(run, reference, cost, describe)
 
-                return flash_attention_triton(x.q, x.k, x.v, **kw)
-            from kernels.attention.triton_decode import decode_attention_triton
 
-            return decode_attention_triton(x.q, x.k, x.v, **kw)
+# -- the backends' implementations: what each runs on the built inputs, and in a decode step -------------
 
-        if backend == "sdpa":
-            sdpa = Sdpa.dense(x.q, x.k, x.v, x.softmax_scale, x.seqlens_k)
 
-    if sdpa is not None:
-        call = sdpa
-        return Prepared(lambda _launches: call(), reference, cost, call.describe)
-    if BACKENDS[backend].reference:
-        return Prepared(lambda _launches: reference(torch.float32), reference, cost)
-    return Prepared(triton_call, reference, cost)
+def _ref_prepare(b: Built) -> tuple[Callable[[list | None], Pair], Callable[[], dict[str, Any]]]:
+    return (lambda _launches: b.reference(torch.float32)), dict
+
+
+def _sdpa_prepare(b: Built) -> tuple[Callable[[list | None], Pair], Callable[[], dict[str, Any]]]:
+    x = b.x
+    call = Sdpa.sparse(x.q, x.k, x.v, x.softmax_scale, x.indices) if b.shape.is_sparse else Sdpa.dense(
+        x.q, x.k, x.v, x.softmax_scale, x.seqlens_k
+    )  # fmt: skip
+    return (lambda _launches: call()), call.describe
+
+
+def _triton_prepare(b: Built) -> tuple[Callable[[list | None], Pair], Callable[[], dict[str, Any]]]:
+    x, config = b.x, b.config
+    if b.shape.is_sparse:
+        from kernels.attention.triton_sparse import sparse_attention_triton, unique_indices
+
+        indices = unique_indices(x.indices)  # once, here: the timed call runs the kernel only
+
+        def sparse(launches: list | None) -> Pair:
+            return sparse_attention_triton(
+                x.q, x.k, x.v, indices, softmax_scale=x.softmax_scale, indices_unique=True,
+                launches=launches, **config,
+            )  # fmt: skip
+
+        return sparse, dict
+    if b.shape.mode == "prefill":
+        from kernels.attention.triton_prefill import flash_attention_triton as kernel
+    else:
+        from kernels.attention.triton_decode import decode_attention_triton as kernel
+
+    def dense(launches: list | None) -> Pair:
+        return kernel(x.q, x.k, x.v, softmax_scale=x.softmax_scale, seqlens_k=x.seqlens_k, launches=launches,
+                      **config)  # fmt: skip
+
+    return dense, dict
+
+
+def _ref_attend(scale: float, config: dict[str, Any]) -> tuple[Callable[..., Any], dict[str, str]]:
+    from kernels.attention.decode_step import reference_attend
+
+    return reference_attend(scale), {}
+
+
+def _sdpa_attend(scale: float, config: dict[str, Any]) -> tuple[Callable[..., Any], dict[str, str]]:
+    from kernels.attention.decode_step import sdpa_attend
+
+    return sdpa_attend(scale)
+
+
+def _triton_attend(scale: float, config: dict[str, Any]) -> tuple[Callable[..., Any], dict[str, str]]:
+    from kernels.attention.decode_step import triton_attend
+
+    return triton_attend(scale, **config), {}
+
+
+@dataclass(frozen=True)
+class AttentionImpl:
+    """One backend: `prepare` (the built inputs -> the call and its description) for prefill, decode and
+    sparse trials, `attend` (softmax scale, config -> the step's attention and what it used) for
+    decode_step trials, and whether the inputs' unused memory is NaN-poisoned (SDPA's math path reads
+    the padding, so its inputs are not)."""
+
+    prepare: Callable[[Built], tuple[Callable[[list | None], Pair], Callable[[], dict[str, Any]]]]
+    attend: Callable[[float, dict[str, Any]], tuple[Callable[..., Any], dict[str, str]]]
+    poison: bool = True
 
 
 def _prepare_step(
     shape: Shape, backend: str, config: dict[str, Any], dtype: torch.dtype, seed: int, device: torch.device
 ) -> Prepared:
-    from kernels.attention.decode_step import (
-        DecodeStepper,
-        exact_attend,
-        reference_attend,
-        sdpa_attend,
-        triton_attend,
-    )
+    from kernels.attention.decode_step import DecodeStepper, exact_attend
     from kernels.paged_mla.cost import mla_decode_cost
     from kernels.paged_mla.layout import D_QK
 
@@ -194,13 +236,7 @@ def _prepare_step(
         shape.batch, shape.s_k, shape.h_q, page_size=shape.page_size, dtype=dtype, device=device, seed=seed
     )
     ref_attend = exact_attend(stepper.softmax_scale)
-    sdpa_used: dict[str, str] = {}
-    if backend == "sdpa":
-        attend, sdpa_used = sdpa_attend(stepper.softmax_scale)
-    elif BACKENDS[backend].reference:
-        attend = reference_attend(stepper.softmax_scale)
-    else:
-        attend = triton_attend(stepper.softmax_scale, **config)
+    attend, sdpa_used = BACKENDS.impl(backend).attend(stepper.softmax_scale, config)
     kv = "bf16" if dtype == torch.bfloat16 else "fp16"
     lens = [shape.s_k + 1] * shape.batch  # the context the step attends over
     c = mla_decode_cost(lens, h_q=shape.h_q, kv_dtype=kv, q_dtype=kv, out_dtype=kv)
@@ -345,13 +381,20 @@ def _meta_step(s: Shape, config: dict[str, Any], dtype: torch.dtype) -> Callable
 
 # The mode's Triton kernel takes the tile keys of CONFIG_KEYS[mode]; the reference takes none.
 BACKENDS = Backends("attention")
-BACKENDS.add("torch_ref", "fp32-math torch reference (checked against the fp64 one)", reference=True)
-BACKENDS.add("sdpa", "torch scaled_dot_product_attention (flash/efficient on a GPU, math on a CPU)")
+BACKENDS.add(
+    "torch_ref", "fp32-math torch reference (checked against the fp64 one)", reference=True,
+    impl=AttentionImpl(_ref_prepare, _ref_attend),
+)  # fmt: skip
+BACKENDS.add(
+    "sdpa", "torch scaled_dot_product_attention (flash/efficient on a GPU, math on a CPU)",
+    impl=AttentionImpl(_sdpa_prepare, _sdpa_attend, poison=False),
+)  # fmt: skip
 BACKENDS.add(
     "triton",
     "Triton kernels: flash-attention forward, split-KV decode, top-k sparse gather",
     config_keys=tuple(sorted(set().union(*CONFIG_KEYS.values()))),
     requires=needs_triton,
+    impl=AttentionImpl(_triton_prepare, _triton_attend),
 )
 
 
@@ -396,7 +439,7 @@ class AttentionFamily(KernelFamily):
     ) -> Callable[[], Any] | None:
         """The triton backend's launches on meta tensors of the trial's shapes and layouts (no storage),
         for kernels.compiled; None for the torch backends."""
-        if backend != "triton":
+        if not BACKENDS[backend].runs_triton:
             return None
         return _meta_launch(parse_shape(shape), dict(config), DTYPES[dtype])
 
@@ -456,7 +499,7 @@ class AttentionFamily(KernelFamily):
         seconds = rates.seconds
         metrics: dict[str, Any] = {
             "mode": shape.mode,
-            "latency_us": seconds * 1e6,
+            "latency_us": seconds * 1e6 if seconds else None,
             "flops": prep.cost.flops,
             "bytes": prep.cost.bytes,
             "tflops": rates.tflops,
@@ -471,8 +514,8 @@ class AttentionFamily(KernelFamily):
             metrics.update(
                 batch=shape.batch,
                 tokens=shape.tokens,
-                latency_per_token_us=seconds * 1e6 / shape.tokens,
-                tokens_per_s=shape.tokens / seconds,
+                latency_per_token_us=seconds * 1e6 / shape.tokens if seconds else None,
+                tokens_per_s=shape.tokens / seconds if seconds else None,
             )
         metrics.update(_device_metrics(req.backend, device, rates, resources))
         metrics.update(prep.extra())

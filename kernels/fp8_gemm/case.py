@@ -111,6 +111,13 @@ def _deep_gemm(x: GemmInputs, cfg: TileConfig | None) -> tuple[Runner, Any]:
     return call, None
 
 
+# What is known of a library backend's kernel without running it (its resources' "model"), by backend:
+# DeepGEMM's own tile choice for the shape.
+RESOURCE_MODELS: dict[str, Callable[[int, int, int], dict[str, Any]]] = {
+    "deep_gemm": lambda m, n, k: {"deepgemm_choice": deepgemm_choice(m, n, k).to_dict()},
+}
+
+
 class Fp8GemmFamily(KernelFamily):
     name = "fp8_gemm"
     backends = BACKENDS
@@ -148,7 +155,7 @@ class Fp8GemmFamily(KernelFamily):
     def meta_launch(
         self, shape: dict[str, Any], config: dict[str, Any], dtype: str, backend: str
     ) -> Callable[[], Any] | None:
-        if backend != "triton":
+        if not self.backends[backend].runs_triton:
             return None
         from kernels.fp8_gemm import triton_gemm
 
@@ -158,11 +165,11 @@ class Fp8GemmFamily(KernelFamily):
         """Skipped, with what is known without running: the cost, and DeepGEMM's own tile choice."""
         m, n, k = req.shape["m"], req.shape["n"], req.shape["k"]
         cost = self.cost(req.shape, req.dtype)
-        resources = {"model": {"deepgemm_choice": deepgemm_choice(m, n, k).to_dict()}}
+        model = RESOURCE_MODELS.get(req.backend)
         return TrialOutcome(
             status=TrialStatus.SKIPPED,
             error=reason,
-            resources=resources if req.backend == "deep_gemm" else {},
+            resources={"model": model(m, n, k)} if model else {},
             metrics={"flops": cost.flops, "bytes": cost.bytes},
         )
 
@@ -194,8 +201,8 @@ class Fp8GemmFamily(KernelFamily):
                         resources=resources,
                         metrics=base_metrics,
                     )
-        elif req.backend == "deep_gemm":
-            resources["model"] = {"deepgemm_choice": deepgemm_choice(m, n, k).to_dict()}
+        elif req.backend in RESOURCE_MODELS:
+            resources["model"] = RESOURCE_MODELS[req.backend](m, n, k)
 
         device = torch.device(req.device)
         build = self.backends.impl(req.backend)

@@ -159,7 +159,7 @@ class PagedMLAFamily(KernelFamily):
         self, shape: dict[str, Any], config: dict[str, Any], dtype: str, backend: str
     ) -> Callable[[], Any] | None:
         """The triton backend's two launches on meta tensors of the trial's shapes (no storage)."""
-        if backend != "triton":
+        if not self.backends[backend].runs_triton:
             return None
         from kernels.paged_mla import triton_decode as td
 

@@ -122,3 +122,12 @@ def test_the_listed_exceptions_are_real_and_still_needed():
         assert not importers(Path(module), texts), f"{module} is imported by tests: drop it from EXERCISED_BY"
         for test in tests:
             assert (ROOT / test).is_file(), f"EXERCISED_BY[{module!r}] names {test}, which does not exist"
+
+
+def test_no_family_dispatches_on_a_backend_name():
+    """Issue 30: a backend declares what it runs and what it needs (kernels.base.Backend: impl, requires,
+    config_keys); no `if backend == "sdpa"` chain decides it by name inside kernels/."""
+    by_name = re.compile(r"""backend\s*[!=]=\s*["']""")
+    found = [f"{p.relative_to(ROOT)}:{n}" for p in (ROOT / "kernels").rglob("*.py")
+             for n, line in enumerate(p.read_text().splitlines(), 1) if by_name.search(line)]  # fmt: skip
+    assert not found, found
