@@ -345,6 +345,34 @@ class Summary:
         d["discarded"], d["flags"] = list(self.discarded), list(self.flags)
         return d
 
+    @classmethod
+    def from_stored(cls, data: Mapping[str, Any] | None) -> Summary:
+        """A summary as the store keeps it (`to_dict`'s JSON) read back typed: no result yet (None) is an
+        empty one (n 0, every statistic None), and a value of the wrong type, or not finite, reads as
+        absent, so no reader meets a NaN, a string or a missing key."""
+        d = data if isinstance(data, Mapping) else {}
+
+        def num(key: str) -> float | None:
+            v = d.get(key)
+            ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+            return float(v) if ok else None
+
+        def count(key: str) -> int:
+            v = d.get(key)
+            return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
+
+        clocks, step = d.get("clocks"), d.get("step")
+        return cls(
+            n=count("n"), median=num("median"), mean=num("mean"), min=num("min"), max=num("max"),
+            p10=num("p10"), p90=num("p90"), iqr=num("iqr"), mad=num("mad"), stdev=num("stdev"), cv=num("cv"),
+            n_throttled=count("n_throttled"), n_kept=count("n_kept"),
+            discarded=tuple(i for i in d.get("discarded") or () if isinstance(i, int)),
+            flags=tuple(f for f in d.get("flags") or () if isinstance(f, str)),
+            clocks=dict(clocks) if isinstance(clocks, Mapping) else {},
+            step=dict(step) if isinstance(step, Mapping) else None,
+            warmup_iters=count("warmup_iters"), wall_s=num("wall_s") or 0.0,
+        )  # fmt: skip
+
 
 @dataclass
 class TrialOutcome:

@@ -173,7 +173,7 @@ def collect(store: Store, selection: Selection | None = None, *, detect: bool = 
         series = by_key.setdefault(key, Series(key))
         if series.points and series.points[-1].job_id == job.id:
             continue  # the same point twice in one job (it differs only in `_` knobs): the first counts
-        summary = t.summary or {}
+        stats = t.stats
         series.points.append(
             HistoryPoint(
                 job_id=job.id,
@@ -182,10 +182,10 @@ def collect(store: Store, selection: Selection | None = None, *, detect: bool = 
                 created_at=job.created_at,
                 trial_id=t.id,
                 median_ns=float(t.median_ns),
-                p10_ns=summary.get("p10"),
-                p90_ns=summary.get("p90"),
-                iqr_ns=summary.get("iqr"),
-                n=summary.get("n"),
+                p10_ns=stats.p10,
+                p90_ns=stats.p90,
+                iqr_ns=stats.iqr,
+                n=stats.n,
             )
         )
     out = list(by_key.values())

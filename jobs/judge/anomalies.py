@@ -84,7 +84,9 @@ class Found:
 def throttled_samples(t: TrialRow) -> int | None:
     """How many of the trial's samples were throttled, where the trial recorded it (a count or a list of
     flags under summary/metrics `throttled`, `n_throttled` or `throttled_samples`); None if unknown."""
-    for source in (t.summary or {}, t.metrics or {}):
+    if t.summary and "n_throttled" in t.summary:
+        return t.stats.n_throttled
+    for source in (t.metrics or {},):
         for key in ("n_throttled", "throttled_samples", "throttled"):
             value = source.get(key)
             if isinstance(value, bool):
@@ -107,10 +109,10 @@ def contamination(trials: list[TrialRow]) -> list[Found]:
     its median describes the machine's load, not the kernel."""
     out = []
     for t in trials:
-        summary = t.summary or {}
-        why = [CONTAMINATION[f] for f in summary.get("flags") or () if f in CONTAMINATION]
+        stats = t.stats
+        why = [CONTAMINATION[f] for f in stats.flags if f in CONTAMINATION]
         if why:
-            ratio = (summary.get("clocks") or {}).get("cpu_time_ratio")
+            ratio = stats.clocks.get("cpu_time_ratio")
             out.append(Found("noisy", t, "timing not trusted: " + "; ".join(why), {"cpu_time_ratio": ratio}))
     return out
 
@@ -120,7 +122,7 @@ def throttling(trials: list[TrialRow]) -> list[Found]:
     for t in trials:
         n = throttled_samples(t)
         if n:
-            total = (t.summary or {}).get("n")
+            total = t.stats.n
             out.append(
                 Found(
                     "throttled", t, f"{n} samples taken while throttled", {"throttled": n, "samples": total}

@@ -116,7 +116,7 @@ CONTAMINATED = ("drift", "contended")  # measurement flags (kernels.measure) tha
 
 
 def contaminated(t: TrialRow) -> list[str]:
-    return [f for f in (t.summary or {}).get("flags") or () if f in CONTAMINATED]
+    return [f for f in t.stats.flags if f in CONTAMINATED]
 
 
 def comparison(c: Context) -> tuple[RunComparison, dict[str, Any]] | str:
@@ -238,7 +238,7 @@ def stability(c: Context) -> Outcome:
     cv = float(x.std(ddof=1) / x.mean())
     n = len(kept) + dropped
     numbers = {"cv": cv, "max_cv": limit, "n": n, "outliers_dropped": dropped, "cpu": c.on_cpu}
-    numbers["cv_raw"] = _number((c.trial.summary or {}).get("cv"))
+    numbers["cv_raw"] = c.trial.stats.cv
     if dropped > MAX_TRIMMED * n:
         text = f"{dropped} of {n} samples are far outliers (> {MAX_TRIMMED:.0%}): too noisy to back a verdict"
         return Outcome(sec.on_exceed, text, numbers, "noisy")

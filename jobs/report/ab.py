@@ -109,7 +109,6 @@ class Side:
 
 def side_of(t: TrialRow, job_id: int, candidates: int) -> Side:
     metrics = t.metrics or {}
-    summary = t.summary or {}
     res = t.resources or {}
     model = res.get("model") or {}
     compiled = res.get("compiled") or {}
@@ -123,7 +122,7 @@ def side_of(t: TrialRow, job_id: int, candidates: int) -> Side:
         median_ns=t.median_ns,
         tflops=metrics.get("tflops"),
         gbps=metrics.get("gbps"),
-        spread_cv=summary.get("cv"),
+        spread_cv=t.stats.cv,
         calc_diff=metrics.get("calc_diff"),
         error=(t.error or "").strip().splitlines()[-1][:200] if t.error else None,
     )

@@ -76,7 +76,7 @@ def build_rows(store: Store, job_id: int) -> list[Row]:
             base.setdefault(key, {})[_fmt_point(t.config)] = t.median_ns
     rows = []
     for t in trials:
-        s = t.summary or {}
+        s = t.stats
         m = t.metrics or {}
         c = t.correctness or {}
         median = t.median_ns
@@ -100,11 +100,11 @@ def build_rows(store: Store, job_id: int) -> list[Row]:
                 status=t.status,
                 attempt=t.attempt,
                 median_ms=median / 1e6 if median else None,
-                spread_pct=100 * s["iqr"] / median if median and s.get("iqr") is not None else None,
-                cv_pct=100 * s["cv"] if s.get("cv") is not None else None,
-                n=s.get("n"),
+                spread_pct=100 * s.iqr / median if median and s.iqr is not None else None,
+                cv_pct=100 * s.cv if s.cv is not None else None,
+                n=s.n if t.summary is not None else None,
                 stop_reason=t.stop_reason,
-                flags=",".join(s.get("flags") or []),
+                flags=",".join(s.flags),
                 speedup=speedup,
                 tflops=m.get("tflops"),
                 gbps=m.get("gbps"),
@@ -115,8 +115,8 @@ def build_rows(store: Store, job_id: int) -> list[Row]:
                 timer=t.timer,
                 error=(t.error or "").strip().splitlines()[-1][:200] if t.error else None,
                 extra={k: m[k] for k in extra_keys if k in m},
-                p10_ms=s["p10"] / 1e6 if s.get("p10") is not None else None,
-                p90_ms=s["p90"] / 1e6 if s.get("p90") is not None else None,
+                p10_ms=s.p10 / 1e6 if s.p10 is not None else None,
+                p90_ms=s.p90 / 1e6 if s.p90 is not None else None,
             )
         )
     return rows

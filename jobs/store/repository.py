@@ -46,7 +46,7 @@ from jobs.errors import StoreError
 from jobs.store.finite_json import finite_json
 from jobs.store.schema import StoreSchemaError as StoreSchemaError  # Store() on an out-of-date store
 from jobs.store.schema import display_url, ensure_schema
-from kernels.base import FINISHED, NOT_FAILED, TrialStatus  # noqa: F401 - NOT_FAILED is re-exported
+from kernels.base import FINISHED, NOT_FAILED, Summary, TrialStatus  # noqa: F401 - NOT_FAILED is re-exported
 
 DEFAULT_DB = ".farm/farm.db"
 
@@ -143,6 +143,12 @@ class TrialRow(Base):
     metrics: Mapped[dict | None] = mapped_column(JSON)
     memory: Mapped[dict | None] = mapped_column(JSON)
     resources: Mapped[dict | None] = mapped_column(JSON)
+
+    @property
+    def stats(self) -> Summary:
+        """The measurement summary, typed (kernels.base.Summary.from_stored): what every reader uses
+        instead of the stored dict."""
+        return Summary.from_stored(self.summary)
 
 
 class Sample(Base):
@@ -523,8 +529,8 @@ class Store:
         (summary["discarded"], e.g. taken while the GPU was throttled). Comparisons use these."""
         samples = self.samples(trial_id)
         with Session(self.engine) as s:
-            summary = s.scalar(select(TrialRow.summary).where(TrialRow.id == trial_id)) or {}
-        dropped = set(summary.get("discarded") or ())
+            summary = s.scalar(select(TrialRow.summary).where(TrialRow.id == trial_id))
+        dropped = set(Summary.from_stored(summary).discarded)
         return [v for i, v in enumerate(samples) if i not in dropped] if dropped else samples
 
     def record_results(self, results: Iterable[dict[str, Any]]) -> None:

@@ -132,3 +132,33 @@ def test_the_encoding_names_each_non_finite_number_by_its_path():
     assert non_finite_paths(value) == ["a[1]", "b.c"]
     assert json.loads(finite_json(value)) == {"a": [1.0, None], "b": {"c": None}, "d": "NaN"}
     assert finite_json({"x": 1.5}) == '{"x": 1.5}'
+
+
+def test_a_stored_summary_reads_back_typed_whatever_the_row_holds():
+    """Issue 30: readers took `(t.summary or {}).get("p10")` in about twenty places. TrialRow.stats is the
+    one typed read (kernels.base.Summary.from_stored): no result, an old row missing keys, a string or a
+    NaN where a number belongs all read as absent, never as a crash or a NaN downstream."""
+    from kernels.base import Summary
+
+    empty = Summary.from_stored(None)
+    assert (empty.n, empty.median, empty.flags, empty.clocks, empty.discarded) == (0, None, (), {}, ())
+    row = {"n": 3, "median": "12", "p10": math.nan, "cv": 0.5, "flags": ["noisy", 7], "discarded": [1, "x"],
+           "clocks": {"cpu_time_ratio": 0.4}, "n_kept": True}  # fmt: skip
+    odd = Summary.from_stored(row)
+    assert (odd.n, odd.median, odd.p10, odd.cv) == (3, None, None, 0.5)
+    assert odd.flags == ("noisy",) and odd.discarded == (1,) and odd.n_kept == 0
+    assert odd.clocks["cpu_time_ratio"] == 0.4
+    stored = Summary(n=2, median=1.0, mean=1.0, min=1.0, max=1.0, p10=1.0, p90=1.0, iqr=0.0, mad=0.0,
+                     stdev=0.0, cv=0.0, flags=("few_samples",), discarded=(0,))  # fmt: skip
+    assert Summary.from_stored(stored.to_dict()) == stored  # what the store keeps reads back the same
+
+
+def test_no_reader_takes_the_summary_as_a_dict():
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    as_dict = re.compile(r"summary\s+or\s+\{\}|\.summary\.get\(|\.summary\[")
+    found = [f"{p.relative_to(root)}:{n}" for d in ("jobs", "cluster") for p in (root / d).rglob("*.py")
+             for n, line in enumerate(p.read_text().splitlines(), 1) if as_dict.search(line)]  # fmt: skip
+    assert not found, found
