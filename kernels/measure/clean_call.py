@@ -60,6 +60,24 @@ class _Recorder(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+class _Everything(TorchFunctionMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.calls.append(getattr(func, "__name__", str(func)))
+        return func(*args, **(kwargs or {}))
+
+
+def torch_calls(fn: Callable[[], object]) -> list[str]:
+    """The torch functions and tensor methods one call of ``fn`` makes, in order: what a test asserts
+    about a timed call that must run a kernel only (a re-layout or an allocation shows up here)."""
+    with _Everything() as rec:
+        fn()
+    return rec.calls
+
+
 def transfers(fn: Callable[[], object]) -> list[str]:
     """The host-device copies and waits one call of ``fn`` makes, in order (each named once)."""
     with _Recorder() as rec:
