@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
@@ -283,6 +283,20 @@ class TrialRequest:
     device: str = "cpu"
 
 
+def throttle_count(record: Mapping[str, Any]) -> int | None:
+    """How many samples ran throttled, as a record holds it: a count or a list of per-sample flags under
+    `n_throttled`, `throttled_samples` or `throttled`; None when it holds none."""
+    for key in ("n_throttled", "throttled_samples", "throttled"):
+        value = record.get(key)
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, int):
+            return value
+        if isinstance(value, list):
+            return sum(1 for v in value if v)
+    return None
+
+
 def _finite_or_none(v: float) -> float | None:
     return v if math.isfinite(v) else None
 
@@ -362,10 +376,11 @@ class Summary:
             return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
 
         clocks, step = d.get("clocks"), d.get("step")
+        throttled = throttle_count(d) or 0
         return cls(
             n=count("n"), median=num("median"), mean=num("mean"), min=num("min"), max=num("max"),
             p10=num("p10"), p90=num("p90"), iqr=num("iqr"), mad=num("mad"), stdev=num("stdev"), cv=num("cv"),
-            n_throttled=count("n_throttled"), n_kept=count("n_kept"),
+            n_throttled=throttled, n_kept=count("n_kept"),
             discarded=tuple(i for i in d.get("discarded") or () if isinstance(i, int)),
             flags=tuple(f for f in d.get("flags") or () if isinstance(f, str)),
             clocks=dict(clocks) if isinstance(clocks, Mapping) else {},
@@ -461,13 +476,20 @@ class KernelFamily:
         return None
 
     def best_configs(self, trials: Any, backend: str) -> tuple[dict[str, Any], list[str]]:
-        """The fastest correct config per shape as the family's users key tuned configs, and the shapes
-        without one (`farm export best-configs`). A family without such an export says so."""
-        raise ValueError(f"family {self.name} has no best-configs export")
+        """The fastest correct config of `backend` per shape, and the shapes without one (`farm export
+        best-configs`): {"m=64,n=256,k=256": {"config": {...}, "median_ns": ...}}. A family whose users key
+        tuned configs their own way overrides it (fp8_gemm: as Triton ports do)."""
+        best, missing = fastest_correct(trials, backend, lambda shape: tuple(shape.items()))
+
+        def label(key: tuple) -> str:
+            return ",".join(f"{k}={v}" for k, v in key)
+
+        table = {label(k): {"config": t.config, "median_ns": t.median_ns} for k, t in best.items()}
+        return table, [label(k) for k in missing]
 
     def best_configs_file(self, key: str, device_name: str) -> str:
         """The file one entry of `best_configs` goes to (`--split-dir`)."""
-        raise ValueError(f"family {self.name} has no best-configs export")
+        return f"{key},device_name={device_name.replace(' ', '_')}.json"
 
     def unavailable(self, req: TrialRequest, reason: str) -> TrialOutcome:
         """The outcome of a trial whose backend cannot run here; a family may add what it knows."""
@@ -493,3 +515,21 @@ def trial_label(
     config_part = ",".join(f"{k}={v}" for k, v in config.items())
     label = f"{backend}[{shape_part}{' ' + config_part if config_part else ''} {dtype}]"
     return label if seq is None else f"#{seq} {label}"
+
+
+def fastest_correct(
+    trials: Iterable[Any], backend: str, key: Callable[[dict[str, Any]], Any]
+) -> tuple[dict[Any, Any], list[Any]]:
+    """The fastest ok and correct trial of `backend` per `key(shape)` (in key order), and the keys whose
+    trials of that backend have none: what every best-configs export selects from."""
+    best: dict[Any, Any] = {}
+    keys: set[Any] = set()
+    for t in trials:
+        if t.backend != backend:
+            continue
+        k = key(t.shape)
+        keys.add(k)
+        if t.status == TrialStatus.OK and t.correct and t.median_ns is not None:
+            if k not in best or t.median_ns < best[k].median_ns:
+                best[k] = t
+    return {k: best[k] for k in sorted(best)}, sorted(keys - set(best))

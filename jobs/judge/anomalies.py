@@ -25,6 +25,7 @@ from typing import Any
 
 from jobs.judge.baselines import digest, point_ident
 from jobs.store.repository import TrialRow
+from kernels.base import throttle_count
 
 SEVERITY: dict[str, str] = {
     "correctness": "error",
@@ -84,18 +85,7 @@ class Found:
 def throttled_samples(t: TrialRow) -> int | None:
     """How many of the trial's samples were throttled, where the trial recorded it (a count or a list of
     flags under summary/metrics `throttled`, `n_throttled` or `throttled_samples`); None if unknown."""
-    if t.summary and "n_throttled" in t.summary:
-        return t.stats.n_throttled
-    for source in (t.metrics or {},):
-        for key in ("n_throttled", "throttled_samples", "throttled"):
-            value = source.get(key)
-            if isinstance(value, bool):
-                continue
-            if isinstance(value, int):
-                return value
-            if isinstance(value, list):
-                return sum(1 for v in value if v)
-    return None
+    return t.stats.n_throttled or throttle_count(t.metrics or {})
 
 
 CONTAMINATION = {

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-from kernels.base import TrialStatus
+from kernels.base import fastest_correct
 from kernels.fp8_gemm.tiles import TileConfig
 
 
@@ -27,22 +27,11 @@ def best_configs(
     trials: Iterable[TrialRecord], backend: str = "triton"
 ) -> tuple[dict[str, dict[str, dict[str, int]]], list[str]]:
     """({"N=..,K=..": {"M": config in Triton-port keys}}, the shapes with no correct config)."""
-    best: dict[tuple[int, int, int], TrialRecord] = {}
-    shapes: set[tuple[int, int, int]] = set()
-    for t in trials:
-        if t.backend != backend:
-            continue
-        key = (t.shape["n"], t.shape["k"], t.shape["m"])
-        shapes.add(key)
-        if t.status == TrialStatus.OK and t.correct and t.median_ns is not None:
-            if key not in best or t.median_ns < best[key].median_ns:  # type: ignore[operator]
-                best[key] = t
+    best, none = fastest_correct(trials, backend, lambda shape: (shape["n"], shape["k"], shape["m"]))
     table: dict[str, dict[str, dict[str, int]]] = {}
-    for n, k, m in sorted(best):
-        entry = TileConfig.from_dict(best[(n, k, m)].config).to_triton_port()
-        table.setdefault(f"N={n},K={k}", {})[str(m)] = entry
-    missing = [f"N={n},K={k},M={m}" for n, k, m in sorted(shapes - set(best))]
-    return table, missing
+    for (n, k, m), t in best.items():
+        table.setdefault(f"N={n},K={k}", {})[str(m)] = TileConfig.from_dict(t.config).to_triton_port()
+    return table, [f"N={n},K={k},M={m}" for n, k, m in none]
 
 
 def port_file_name(nk: str, device_name: str) -> str:

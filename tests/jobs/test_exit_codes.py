@@ -4,6 +4,7 @@ exits 2 with the same message from every command; reading commands work on a rea
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -37,7 +38,7 @@ def _store_with_a_job(path: Path) -> int:
     store.record_results(
         [
             {"trial_id": t.id, "status": "ok", "attempt": 1, "summary": {"median": 10.0 + t.seq},
-             "samples_ns": [10, 11], "environment": ENV}
+             "correct": True, "samples_ns": [10, 11], "environment": ENV}
             for t in store.trials(job)
         ]
     )  # fmt: skip
@@ -160,10 +161,15 @@ def test_reading_commands_work_on_a_read_only_store():
         shutil.rmtree(share, ignore_errors=True)
 
 
-def test_an_export_the_jobs_family_does_not_have_is_exit_2_naming_the_family(tmp_path):
-    """`farm export best-configs` is the family's export (KernelFamily.best_configs): a probe job has
-    none, and says so instead of running another family's code on its trials."""
+def test_a_family_without_its_own_export_gets_the_fastest_config_per_shape(tmp_path):
+    """`farm export best-configs` is the family's export (KernelFamily.best_configs): fp8_gemm writes Triton
+    ports' keys; any other family the fastest correct config of the backend per shape."""
     db = str(tmp_path / "farm.db")
     job = str(_store_with_a_job(tmp_path / "farm.db"))
-    res = farm("export", "best-configs", job, "--db", db)
-    assert res.exit_code == 2 and "family probe has no best-configs export" in res.output, res.output
+    res = farm("export", "best-configs", job, "--backend", "spin", "--db", db)
+    assert res.exit_code == 0, res.output
+    table = json.loads(res.stdout)
+    assert table and all(
+        set(v) == {"config", "median_ns"} and v["config"] == {"ms": 1} for v in table.values()
+    )
+    assert all(key.startswith("n=") for key in table)
