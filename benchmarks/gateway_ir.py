@@ -130,6 +130,7 @@ def _make_free(gw, free: str | None, key: str) -> None:
 
         class Free:
             queue_wait_s = 0.0
+            shared_pending = False
 
             def release(self) -> None:
                 pass
