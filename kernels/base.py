@@ -8,10 +8,13 @@ A family is a module `kernels/<name>/case.py` exposing `FAMILY`, a `KernelFamily
   shape_keys: tuple[str, ...]         the keys every shape point must have
   def validate(shape, config, dtype, backend) -> None   raise ValueError naming the bad field
   def cost(shape, dtype) -> Cost      FLOPs and bytes read and written by one call
-  def execute(req: TrialRequest) -> TrialOutcome       run one trial of an available backend
+  def execute(req: TrialRequest) -> TrialOutcome       run one trial of an available backend: a kernel
+                                      trial hands kernels.harness.run_trial a builder of one seed's
+                                      Prepared (timed call, check against the reference, Cost); the
+                                      harness checks every seed, times, and derives the rates
 Declared with defaults (none), for reports and exports:
   optional_shape_keys: tuple[str, ...]           keys a shape point may add to shape_keys
-  report_metrics: tuple[(metric key, column label, format spec), ...]   extra columns in reports
+  report_metrics: tuple[Metric(key, label, format spec), ...]   extra columns in reports
   scaling: tuple[(shape key, metric key), ...]   plot the metric against that shape key, one line per
                                                  backend/config and value of the other shape keys
   def best_configs(trials, backend) / best_configs_file(key, device)   the family's tuned-config export
@@ -31,7 +34,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from kernels.hardware import DeviceLimits, triton_interpreting
 from kernels.measure.policy import MeasurePolicy
@@ -449,6 +452,15 @@ class TrialOutcome:
 # ---- the family ---------------------------------------------------------------------------------
 
 
+class Metric(NamedTuple):
+    """An extra metric a family declares for reports (KernelFamily.report_metrics): its key in a trial's
+    metrics, the column's label and the format spec of its value."""
+
+    key: str
+    label: str
+    fmt: str = ""
+
+
 class KernelFamily:
     """Base of every family: `run` answers unavailable backends, `execute` (the family's) does the rest."""
 
@@ -456,7 +468,7 @@ class KernelFamily:
     backends: Backends
     shape_keys: tuple[str, ...]
     optional_shape_keys: tuple[str, ...] = ()
-    report_metrics: tuple[tuple[str, str, str], ...] = ()
+    report_metrics: tuple[Metric, ...] = ()
     scaling: tuple[tuple[str, str], ...] = ()
 
     def validate(self, shape: dict[str, Any], config: dict[str, Any], dtype: str, backend: str) -> None:

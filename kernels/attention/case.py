@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from kernels import harness
 from kernels.attention import reference as ref
 from kernels.attention.cost import AttentionCost, dense_cost, distinct_positions, sparse_cost
 from kernels.attention.inputs import build_dense, build_sparse
@@ -46,17 +47,14 @@ from kernels.base import (
     Backends,
     Cost,
     KernelFamily,
-    Rates,
+    Metric,
     TrialOutcome,
     TrialRequest,
-    TrialStatus,
-    derive_rates,
     needs_triton,
 )
-from kernels.hardware import device_limits, precision_of
-from kernels.measure.correctness import CorrectnessReport, combine_seeds, seed_list
+from kernels.hardware import precision_of
+from kernels.measure.correctness import CorrectnessReport
 from kernels.measure.resources import collect_ncu, triton_resources
-from kernels.measure.timing import measure
 
 Pair = tuple[torch.Tensor, torch.Tensor | None]  # (out, lse); lse None where a backend gives none
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -72,7 +70,7 @@ CONFIG_KEYS: dict[str, set[str]] = {
 
 
 @dataclass
-class Prepared:
+class BoundMode:
     """One mode's inputs bound to a backend: `run` is the timed call, `reference` the fp64 answer to the
     last `run` (decode_step changes the cache on every run)."""
 
@@ -111,7 +109,7 @@ class Built:
 
 def prepare(
     shape: Shape, backend: str, config: dict[str, Any], dtype: torch.dtype, seed: int, device: torch.device
-) -> Prepared:
+) -> BoundMode:
     if shape.mode == "decode_step":
         return _prepare_step(shape, backend, config, dtype, seed, device)
     impl: AttentionImpl = BACKENDS.impl(backend)
@@ -151,7 +149,7 @@ def prepare(
             )
 
     run, describe = impl.prepare(Built(shape, x, config, reference))
-    return Prepared(run, reference, cost, describe)
+    return BoundMode(run, reference, cost, describe)
 
 
 # -- the backends' implementations: what each runs on the built inputs, and in a decode step -------------
@@ -227,7 +225,7 @@ class AttentionImpl:
 
 def _prepare_step(
     shape: Shape, backend: str, config: dict[str, Any], dtype: torch.dtype, seed: int, device: torch.device
-) -> Prepared:
+) -> BoundMode:
     from kernels.attention.decode_step import DecodeStepper, exact_attend
     from kernels.paged_mla.cost import mla_decode_cost
     from kernels.paged_mla.layout import D_QK
@@ -259,7 +257,7 @@ def _prepare_step(
             **sdpa_used,
         }
 
-    return Prepared(lambda _launches: stepper.step(attend), reference, cost, extra)
+    return BoundMode(lambda _launches: stepper.step(attend), reference, cost, extra)
 
 
 def _check(out: torch.Tensor, lse: torch.Tensor | None, ref_out: torch.Tensor, ref_lse: torch.Tensor):
@@ -274,7 +272,7 @@ def _check(out: torch.Tensor, lse: torch.Tensor | None, ref_out: torch.Tensor, r
     return check_decode(out, lse, ref_out, ref_lse)
 
 
-def _resources(req: TrialRequest, shape: Shape, prep: Prepared, device: torch.device) -> dict[str, Any]:
+def _resources(req: TrialRequest, shape: Shape, prep: BoundMode, device: torch.device) -> dict[str, Any]:
     if not BACKENDS[req.backend].config_keys:
         return {"collected": False, "reason": "torch backend: no compiled Triton kernel"}
     if device.type != "cuda":
@@ -295,29 +293,47 @@ def _resources(req: TrialRequest, shape: Shape, prep: Prepared, device: torch.de
     return out
 
 
-def _device_metrics(backend: str, device: torch.device, rates: Rates, res: dict[str, Any]) -> dict[str, Any]:
-    """Timing label; on a GPU the roofline, theoretical occupancy and (when collected) L2 hit rate."""
+def _attention_metrics(
+    shape: Shape, backend: str, device: torch.device, outcome: TrialOutcome
+) -> dict[str, Any]:
+    """What attention reports beyond the harness's rates: the latency (per token for a decode), the
+    errors of out and lse, the timing label and, on a GPU, the roofline percentage, the theoretical
+    occupancy and (when collected) the L2 hit rate."""
+    metrics, c = outcome.metrics, outcome.correctness
+    ns = metrics.get("time_ns")
+    lse = c.get("lse") or {}
+    m: dict[str, Any] = {
+        "latency_us": ns / 1e3 if ns else None,
+        "max_abs_err": c.get("max_abs_err"),
+        "max_rel_err": c.get("max_rel_err"),
+        "cos_diff": c.get("cos_diff"),
+        "lse_max_abs_err": lse.get("max_abs_err"),
+        "lse_max_rel_err": lse.get("max_rel_err"),
+    }
+    if shape.is_decode:
+        m.update(
+            batch=shape.batch,
+            tokens=shape.tokens,
+            latency_per_token_us=ns / 1e3 / shape.tokens if ns else None,
+            tokens_per_s=shape.tokens / (ns / 1e9) if ns else None,
+        )
     if device.type != "cuda":
-        return {"timing": "cpu (Triton interpreter)" if BACKENDS[backend].config_keys else "cpu"}
-    m: dict[str, Any] = {"timing": "gpu"}
-    if rates.roofline_s is not None and rates.roofline_fraction is not None:
-        m.update(roofline_us=rates.roofline_s * 1e6, pct_of_roofline=100.0 * rates.roofline_fraction)
-    kernels = res.get("kernels") or {}
+        m["timing"] = "cpu (Triton interpreter)" if BACKENDS[backend].config_keys else "cpu"
+        return m
+    m["timing"] = "gpu"
+    if metrics.get("roofline_fraction") is not None:
+        m["pct_of_roofline"] = 100.0 * metrics["roofline_fraction"]
+    kernels = outcome.resources.get("kernels") or {}
     if kernels:
         first = next(iter(kernels.values()))
         occ = first.get("occupancy") if first.get("collected") else None
         if isinstance(occ, dict) and "occupancy" in occ:
             m["occupancy"] = occ["occupancy"]
             m["occupancy_limiter"] = occ["limiter"]
-    ncu = res.get("ncu") or {}
+    ncu = outcome.resources.get("ncu") or {}
     if ncu.get("collected") and "l2_hit_rate_pct" in ncu:
         m["l2_hit_rate_pct"] = ncu["l2_hit_rate_pct"]
     return m
-
-
-def _json_number(value: Any) -> Any:
-    """JSON has no NaN or inf: such floats are stored as strings, as CorrectnessReport does."""
-    return str(value) if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def _meta_launch(s: Shape, config: dict[str, Any], dtype: torch.dtype) -> Callable[[], Any]:
@@ -403,11 +419,11 @@ class AttentionFamily(KernelFamily):
     backends = BACKENDS
     shape_keys = REQUIRED_KEYS
     report_metrics = (
-        ("latency_per_token_us", "us/token", ".2f"),
-        ("cos_diff", "cos diff", ".1e"),
-        ("lse_max_abs_err", "lse err", ".1e"),
-        ("occupancy", "occupancy", ".2f"),
-        ("l2_hit_rate_pct", "L2 hit %", ".1f"),
+        Metric("latency_per_token_us", "us/token", ".2f"),
+        Metric("cos_diff", "cos diff", ".1e"),
+        Metric("lse_max_abs_err", "lse err", ".1e"),
+        Metric("occupancy", "occupancy", ".2f"),
+        Metric("l2_hit_rate_pct", "L2 hit %", ".1f"),
     )
     scaling = (("batch", "latency_per_token_us"),)
     optional_shape_keys = OPTIONAL_KEYS
@@ -474,59 +490,27 @@ class AttentionFamily(KernelFamily):
         self.validate(req.shape, req.config, req.dtype, req.backend)
         shape = parse_shape(req.shape)
         dtype = DTYPES[req.dtype]
-        device = torch.device(req.device)
-        seeds = seed_list(req.policy.seeds)
-        outs, lses = [], []
-        prep: Prepared | None = None
-        for seed in seeds:
+
+        def build(seed: int, device: torch.device) -> harness.Prepared:
             prep = prepare(shape, req.backend, req.config, dtype, seed, device)
-            out, lse = prep.run(None)
-            check = _check(out, lse, *prep.reference())
-            outs.append(check.out)
-            lses.append(check.lse)
-        assert prep is not None
-        out_rep, lse_rep = combine_seeds(outs, seeds), combine_seeds(lses, seeds)
-        passed = out_rep.passed and lse_rep.passed
-        correctness = {
-            **out_rep.to_dict(),
-            "passed": passed,
-            "message": f"out: {out_rep.message}; lse: {lse_rep.message}",
-            "lse": lse_rep.to_dict(),
-        }
-        resources = _resources(req, shape, prep, device)
-        timed = measure(lambda: prep.run(None), req.policy, device=device)
-        rates = derive_rates(prep.cost, timed.summary.median, device_limits(device), precision_of(req.dtype))
-        seconds = rates.seconds
-        metrics: dict[str, Any] = {
-            "mode": shape.mode,
-            "latency_us": seconds * 1e6 if seconds else None,
-            "flops": prep.cost.flops,
-            "bytes": prep.cost.bytes,
-            "tflops": rates.tflops,
-            "gbps": rates.gbps,
-            "max_abs_err": out_rep.max_abs_err,
-            "max_rel_err": out_rep.max_rel_err,
-            "cos_diff": out_rep.cos_diff,
-            "lse_max_abs_err": lse_rep.max_abs_err,
-            "lse_max_rel_err": lse_rep.max_rel_err,
-        }
-        if shape.is_decode:
-            metrics.update(
-                batch=shape.batch,
-                tokens=shape.tokens,
-                latency_per_token_us=seconds * 1e6 / shape.tokens if seconds else None,
-                tokens_per_s=shape.tokens / seconds if seconds else None,
+
+            def check(result: Pair) -> harness.Checked:
+                c = _check(*result, *prep.reference())
+                return harness.Checked(c.out, also={"lse": c.lse})
+
+            def figures() -> dict[str, Any]:
+                return {"mode": shape.mode, **prep.extra()}
+
+            def resources() -> dict[str, Any]:
+                return _resources(req, shape, prep, device)
+
+            return harness.Prepared(
+                lambda: prep.run(None), check, prep.cost, figures=figures, resources=resources
             )
-        metrics.update(_device_metrics(req.backend, device, rates, resources))
-        metrics.update(prep.extra())
-        metrics = {k: _json_number(v) for k, v in metrics.items()}
-        return TrialOutcome.measured(
-            TrialStatus.passed(passed),
-            timed,
-            correctness=correctness,
-            metrics=metrics,
-            resources=resources,
-        )
+
+        outcome = harness.run_trial(req, build, precision=precision_of(req.dtype))
+        outcome.metrics.update(_attention_metrics(shape, req.backend, torch.device(req.device), outcome))
+        return outcome
 
 
 FAMILY = AttentionFamily()

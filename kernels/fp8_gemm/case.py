@@ -33,10 +33,10 @@ from kernels.base import (
     Backends,
     Cost,
     KernelFamily,
+    Metric,
     TrialOutcome,
     TrialRequest,
     TrialStatus,
-    derive_rates,
     needs_triton,
 )
 from kernels.compiled import trial_check
@@ -47,10 +47,8 @@ from kernels.fp8_gemm.inputs import GemmInputs, build_inputs
 from kernels.fp8_gemm.reference import gemm_bf16, gemm_dequant_fp32
 from kernels.fp8_gemm.resources import estimate
 from kernels.fp8_gemm.tiles import CONFIG_KEYS, TileConfig, deepgemm_choice
-from kernels.hardware import device_limits
-from kernels.measure.correctness import combine_seeds, seed_list
+from kernels.harness import Checked, Prepared, run_trial
 from kernels.measure.resources import collect_ncu, triton_resources
-from kernels.measure.timing import measure
 
 DTYPE = "float8_e4m3fn"
 
@@ -122,7 +120,7 @@ class Fp8GemmFamily(KernelFamily):
     name = "fp8_gemm"
     backends = BACKENDS
     shape_keys = ("m", "n", "k")
-    report_metrics = (("calc_diff", "calc_diff", ".1e"), ("spread_cv", "cv", ".3f"))
+    report_metrics = (Metric("calc_diff", "calc_diff", ".1e"), Metric("spread_cv", "cv", ".3f"))
     scaling = (("m", "tflops"),)
 
     def best_configs(self, trials: Any, backend: str) -> tuple[dict[str, Any], list[str]]:
@@ -177,7 +175,7 @@ class Fp8GemmFamily(KernelFamily):
         self.validate(req.shape, req.config, req.dtype, req.backend)
         m, n, k = req.shape["m"], req.shape["n"], req.shape["k"]
         cost = self.cost(req.shape, req.dtype)
-        base_metrics = {"flops": cost.flops, "bytes": cost.bytes}
+        base_metrics = {"flops": cost.flops, "bytes": cost.bytes}  # of a trial that does not run
         resources: dict[str, Any] = {}
         cfg: TileConfig | None = None
         if self.backends[req.backend].config_keys:  # a tiled kernel: the static model may prune it
@@ -204,44 +202,27 @@ class Fp8GemmFamily(KernelFamily):
         elif req.backend in RESOURCE_MODELS:
             resources["model"] = RESOURCE_MODELS[req.backend](m, n, k)
 
-        device = torch.device(req.device)
         build = self.backends.impl(req.backend)
-        seeds = seed_list(req.policy.seeds)
-        reports, tile_errs, compiled = [], [], None
-        for seed in seeds:
+
+        def prepare(seed: int, device: torch.device) -> Prepared:
             x = build_inputs(m, n, k, seed, device)
             call, compiled = build(x, cfg)
-            out = call()
             ref = gemm_bf16(x.a, x.b)
-            reports.append(check_fp8_gemm(out, ref, threshold=CALC_DIFF_THRESHOLD))
-            tile_errs.append(worst_tile_error(out, ref))
-        correctness = combine_seeds(reports, seeds).to_dict()
-        if cfg is not None:
-            resources["compiled"] = triton_resources(compiled)
-            resources["ncu"] = _ncu(req, cfg)
 
-        measurement = measure(call, req.policy, device=device)
-        s = measurement.summary
-        rates = derive_rates(cost, s.median, device_limits(device), precision="fp8")
-        metrics = {
-            **base_metrics,
-            "time_ns": s.median,
-            "tflops": rates.tflops,
-            "gbps": rates.gbps,
-            "calc_diff": max(r.calc_diff for r in reports),
-            "tile_err": max(tile_errs),
-            "spread_cv": s.cv,
-            "spread_iqr": s.iqr / s.median if s.median else None,
-        }
-        if rates.roofline_fraction is not None:
-            metrics["roofline_fraction"] = rates.roofline_fraction
-        return TrialOutcome.measured(
-            TrialStatus.passed(correctness["passed"]),
-            measurement,
-            correctness=correctness,
-            metrics=metrics,
-            resources=resources,
-        )
+            def check(out: torch.Tensor) -> Checked:
+                report = check_fp8_gemm(out, ref, threshold=CALC_DIFF_THRESHOLD)
+                return Checked(
+                    report, worst={"calc_diff": report.calc_diff, "tile_err": worst_tile_error(out, ref)}
+                )
+
+            def compiled_resources() -> dict[str, Any]:
+                if cfg is None:
+                    return {}
+                return {"compiled": triton_resources(compiled), "ncu": _ncu(req, cfg)}
+
+            return Prepared(call, check, cost, resources=compiled_resources)
+
+        return run_trial(req, prepare, precision="fp8", resources=resources)
 
 
 def _ncu(req: TrialRequest, cfg: TileConfig) -> dict[str, Any]:

@@ -20,10 +20,10 @@ from typing import Any
 
 import torch
 
-from kernels.base import Backends, Cost, KernelFamily, TrialOutcome, TrialRequest, TrialStatus, derive_rates
-from kernels.hardware import device_limits
-from kernels.measure.correctness import check_allclose, combine_seeds, seed_list
-from kernels.measure.timing import measure
+from kernels.base import Backends, Cost, KernelFamily, TrialOutcome, TrialRequest
+from kernels.hardware import precision_of
+from kernels.harness import Checked, Prepared, run_trial
+from kernels.measure.correctness import check_allclose
 
 _KNOBS = ("_repeat", "_perturb")
 
@@ -81,33 +81,26 @@ class GemmFamily(KernelFamily):
         )
 
     def execute(self, req: TrialRequest) -> TrialOutcome:
-        device = torch.device(req.device)
         compute = self.backends.impl(req.backend)()
+        compute_dtype = str(compute).removeprefix("torch.")  # what ran: the spec's dtype is the inputs'
         m, n, k = req.shape["m"], req.shape["n"], req.shape["k"]
-        reports = []
-        seeds = seed_list(req.policy.seeds)
-        for seed in seeds:
+        cost = self.cost(req.shape, compute_dtype)
+        # Input rounding errors add up as a random walk over K: the absolute tolerance grows as sqrt(K).
+        atol = None if compute == torch.float32 else 2e-2 * k**0.5
+
+        def prepare(seed: int, device: torch.device) -> Prepared:
             gen = torch.Generator(device="cpu").manual_seed(seed)
             a = torch.randn(m, k, generator=gen).to(device)
             b = torch.randn(k, n, generator=gen).to(device)
             reference = a @ b
-            out = _backend_call(a.to(compute), b.to(compute), req.config)()
-            # Input rounding errors add up as a random walk over K: the absolute tolerance grows as sqrt(K).
-            atol = None if compute == torch.float32 else 2e-2 * k**0.5
-            reports.append(check_allclose(out, reference, atol=atol))
-        correctness = combine_seeds(reports, seeds).to_dict()
-        a, b = a.to(compute), b.to(compute)
-        m_ = measure(_backend_call(a, b, req.config), req.policy, device=device)
-        compute_dtype = str(compute).removeprefix("torch.")  # what ran: the spec's dtype is the inputs'
-        cost = self.cost(req.shape, compute_dtype)
-        rates = derive_rates(cost, m_.summary.median, device_limits(device))
-        return TrialOutcome.measured(
-            TrialStatus.passed(correctness["passed"]),
-            m_,
-            correctness=correctness,
-            metrics={"flops": cost.flops, "bytes": cost.bytes, "tflops": rates.tflops, "gbps": rates.gbps,
-                     "compute_dtype": compute_dtype},
-        )  # fmt: skip
+            return Prepared(
+                call=_backend_call(a.to(compute), b.to(compute), req.config),
+                check=lambda out: Checked(check_allclose(out, reference, atol=atol)),
+                cost=cost,
+                figures=lambda: {"compute_dtype": compute_dtype},
+            )
+
+        return run_trial(req, prepare, precision=precision_of(compute_dtype))
 
 
 FAMILY = GemmFamily()

@@ -52,17 +52,14 @@ from kernels.base import (
     Backends,
     Cost,
     KernelFamily,
+    Metric,
     TrialOutcome,
     TrialRequest,
     TrialStatus,
-    derive_rates,
     needs_triton,
 )
 from kernels.compiled import trial_check
-from kernels.hardware import device_limits
-from kernels.measure.correctness import combine_seeds, seed_list
-from kernels.measure.memory import peak_memory
-from kernels.measure.timing import measure
+from kernels.harness import Checked, Prepared, run_trial
 from kernels.paged_mla import flash_mla_adapter
 from kernels.paged_mla.check import check_decode
 from kernels.paged_mla.cost import mla_decode_cost, partial_bytes
@@ -119,13 +116,13 @@ class PagedMLAFamily(KernelFamily):
     shape_keys = SHAPE_KEYS
     optional_shape_keys = OPTIONAL_SHAPE_KEYS
     report_metrics = (
-        ("num_splits", "splits", ""),
-        ("hbm_gbps", "HBM GB/s", ".4g"),  # the distinct bytes (cost.py), where they differ from GB/s
-        ("hbm_fraction", "of HBM", ".1%"),
-        ("page_hit_rate", "hit rate", ".2f"),
-        ("evictions", "evictions", "d"),
-        ("fragmentation_pct", "frag %", ".1f"),
-        ("bytes_per_token", "B/token", ".0f"),
+        Metric("num_splits", "splits"),
+        Metric("hbm_gbps", "HBM GB/s", ".4g"),  # the distinct bytes (cost.py), where they differ from GB/s
+        Metric("hbm_fraction", "of HBM", ".1%"),
+        Metric("page_hit_rate", "hit rate", ".2f"),
+        Metric("evictions", "evictions", "d"),
+        Metric("fragmentation_pct", "frag %", ".1f"),
+        Metric("bytes_per_token", "B/token", ".0f"),
     )
     scaling = (("seqlen", "gbps"),)
 
@@ -472,82 +469,41 @@ def _cache_metrics(inp: DecodeInputs, kv_dtype: str) -> dict[str, Any]:
     }
 
 
-def _call_with_memory(
-    call: Decode, device: torch.device, working_set_bytes: float
-) -> tuple[tuple[torch.Tensor, torch.Tensor], dict[str, Any]]:
-    """Run the call once under kernels.measure.memory.peak_memory; its outputs count as retained."""
-    held: list[tuple[torch.Tensor, torch.Tensor]] = []
-    report = peak_memory(lambda: held.append(call()), device, working_set_bytes=working_set_bytes)
-    return held[0], report.to_dict()
-
-
 def _run_decode(req: TrialRequest, build: Callable) -> TrialOutcome:
-    device = torch.device(req.device)
     shape = req.shape
     seqlens = shape_seqlens(shape)
-    seeds = seed_list(req.policy.seeds)
-    out_reports, lse_reports = [], []
-    inp: DecodeInputs | None = None
-    call: Decode | None = None
-    chosen: dict[str, Any] = {}
-    cost = FAMILY.cost(shape, req.dtype)
-    memory: dict[str, Any] = {}
-    for i, seed in enumerate(seeds):
-        inp = call = None  # the previous seed's tensors go before the next are built
+    base = FAMILY.cost(shape, req.dtype)
+
+    def prepare(seed: int, device: torch.device) -> Prepared:
         inp = _inputs(shape, seqlens, seed, req.device, req.policy.poison_unused)
         call, chosen = build(inp, req.config, device)
-        if i == len(seeds) - 1:  # the last seed's checked call also gives the memory figure
-            (out, lse), memory = _call_with_memory(call, device, cost.bytes)
-        else:
-            out, lse = call()
         ref_out, ref_lse = _reference_for(req.backend, inp)
-        check = check_decode(out, lse, ref_out, ref_lse)
-        out_reports.append(check.out)
-        lse_reports.append(check.lse)
-        del out, lse, ref_out, ref_lse
-    assert inp is not None and call is not None
-    out_c, lse_c = combine_seeds(out_reports, seeds), combine_seeds(lse_reports, seeds)
-    correctness = {
-        **out_c.to_dict(),
-        "passed": out_c.passed and lse_c.passed,
-        "checked": "out (headline) and lse",
-        "poisoned": req.policy.poison_unused,
-        "lse": lse_c.to_dict(),
-    }
-    if not lse_c.passed:
-        correctness["message"] = f"out: {out_c.message}; lse: {lse_c.message}"
 
-    m = measure(call, req.policy, device=device)
-    # the split partials are this trial's plan's: HBM traffic FlashMLA's GB/s leaves out (cost.py)
-    partials = (
-        partial_bytes(chosen["plan_chunks"], shape["s_q"] * shape["h_q"]) if "plan_chunks" in chosen else 0.0
-    )
-    cost = dataclasses.replace(cost, hbm_bytes_moved=cost.hbm_bytes + partials) if partials else cost
-    rates = derive_rates(cost, m.summary.median, device_limits(device))
-    metrics: dict[str, Any] = {
-        "flops": cost.flops,
-        "bytes": cost.bytes,
-        "kv_bytes": cost.kv_bytes,
-        "gbps": rates.gbps,
-        "tflops": rates.tflops,
-        "hbm_bytes": cost.hbm_bytes,
-        "partial_bytes": partials,
-        "hbm_gbps": rates.hbm_gbps,
-        "total_tokens": sum(seqlens),
-        "mean_seqlen": sum(seqlens) / len(seqlens),
-        "max_seqlen": max(seqlens),
-        **chosen,
-        **_cache_metrics(inp, shape["kv_dtype"]),
-    }
-    if rates.bandwidth_fraction is not None:
-        metrics["hbm_fraction"] = rates.bandwidth_fraction
-    return TrialOutcome.measured(
-        TrialStatus.passed(correctness["passed"]),
-        m,
-        correctness=correctness,
-        metrics=metrics,
-        memory=memory,
-    )
+        def check(result: tuple[torch.Tensor, torch.Tensor]) -> Checked:
+            c = check_decode(*result, ref_out, ref_lse)
+            return Checked(c.out, also={"lse": c.lse})
+
+        # the split partials are this trial's plan's: HBM traffic FlashMLA's GB/s leaves out (cost.py)
+        chunks = chosen.get("plan_chunks")
+        partials = partial_bytes(chunks, shape["s_q"] * shape["h_q"]) if chunks is not None else 0.0
+        cost = dataclasses.replace(base, hbm_bytes_moved=base.hbm_bytes + partials) if partials else base
+
+        def figures() -> dict[str, Any]:
+            return {
+                "kv_bytes": cost.kv_bytes,
+                "hbm_bytes": cost.hbm_bytes,
+                "partial_bytes": partials,
+                "total_tokens": sum(seqlens),
+                "mean_seqlen": sum(seqlens) / len(seqlens),
+                "max_seqlen": max(seqlens),
+                **chosen,
+                **_cache_metrics(inp, shape["kv_dtype"]),
+            }
+
+        return Prepared(call, check, cost, figures=figures)
+
+    checked = {"checked": "out (headline) and lse", "poisoned": req.policy.poison_unused}
+    return run_trial(req, prepare, memory=True, correctness=checked)
 
 
 # -- cache trace trials ------------------------------------------------------------------------------------

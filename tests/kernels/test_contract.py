@@ -130,3 +130,46 @@ def test_a_tiny_trial_keeps_the_contract(name, backend):
         for key in ("tflops", "gbps"):
             assert key in out.metrics, f"{name}.{backend}: metrics.{key} (from kernels.base.derive_rates)"
         assert out.metrics["flops"] == pytest.approx(cost.flops), f"{name}.{backend}: flops is not cost()'s"
+
+
+# Trials that time no kernel: the probe measures the farm itself (no inputs, no reference), the cache
+# trace replays a KV-cache workload (no timed call). Every other trial goes through kernels.harness.
+NOT_HARNESSED = {("probe", b) for b in ("noop", "spin", "wait", "sleep", "crash")} | {
+    ("paged_mla", "cache_trace")
+}
+
+
+@pytest.mark.parametrize("name, backend", _trials())
+def test_every_kernel_trial_is_checked_timed_and_rated_by_the_one_harness(name, backend, monkeypatch):
+    """Issue 30: each family rebuilt seed -> inputs -> check -> measure -> rates for itself. Now one
+    harness (kernels.harness.run_trial) owns that order: every kernel trial checks each seed's output
+    before the one measurement of the last seed's call, and its rates carry the harness's names."""
+    import kernels.harness as harness
+
+    family = get_family(name)
+    if (name, backend) in NOT_HARNESSED or (name, backend) in NOT_RUN:
+        pytest.skip(f"{name}.{backend} times no kernel")
+    if family.backends[backend].unavailable_reason() is not None:
+        pytest.skip(f"{name}.{backend} is unavailable here")
+    shape, dtype, configs, _ = TINY[name]
+    events: list[str] = []
+    real_measure, real_combine = harness.measure, harness.combined_correctness
+
+    def measure(call, policy, *, device):
+        events.append("measure")
+        return real_measure(call, policy, device=device)
+
+    def combined_correctness(checks, seeds):
+        events.append(f"checked {len(checks)} seeds")
+        return real_combine(checks, seeds)
+
+    monkeypatch.setattr(harness, "measure", measure)
+    monkeypatch.setattr(harness, "combined_correctness", combined_correctness)
+    policy = MeasurePolicy(warmup_ms=0, min_samples=2, max_samples=3, max_time_s=2, seeds=2)
+    out = family.run(TrialRequest(name, backend, shape, configs.get(backend, {}), dtype, policy=policy))
+    assert out.status is TrialStatus.OK, out.error or out.correctness
+    assert events == ["checked 2 seeds", "measure"], (
+        f"{name}.{backend}: {events} (not through kernels.harness)"
+    )
+    for key in ("flops", "bytes", "time_ns", "tflops", "gbps", "spread_cv"):
+        assert key in out.metrics, f"{name}.{backend}: metrics.{key} (kernels.harness.rate_metrics)"
