@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from jobs.judge.runs import RunComparison
 from jobs.spec.cards import Card
+from kernels.measure.stats import Comparison, finite_or_none
 
 PROHIBITIONS = (
     "no full kernel implementations: describe the change, do not write the kernel",
@@ -195,16 +197,17 @@ def expected_metrics(kind: str, evidence: dict[str, Any], card: Card | None, on_
         out.append({"metric": metric, "expected": expected, "measured": _fmt(measured)})
 
     if kind in ("slower", "faster", "ambiguous") and card and card.performance:
-        ratio = ev.get("run_ratio", ev.get("ratio"))  # the run-level ratio the verdict is made on
-        add("median ratio to baseline", f"<= {1 + card.max_slowdown(on_cpu):.3g}", ratio, ev.get("reason"))
-        if ev.get("p_value") is not None:
-            add("Mann-Whitney p", f"< {card.performance.alpha:g}", ev.get("p_value"))
+        cmp = RunComparison.from_stored(ev)  # the run-level ratio is the one the verdict is made on
+        add("median ratio to baseline", f"<= {1 + card.max_slowdown(on_cpu):.3g}", cmp.run_ratio, cmp.reason)
+        if cmp.within.p_value is not None:
+            add("Mann-Whitney p", f"< {card.performance.alpha:g}", cmp.within.p_value)
     if kind in ("noisy", "ambiguous") and card:
         limit = card.max_cv(on_cpu)
         if limit is not None:
             n = ev.get("n_candidate", ev.get("n"))
             few = f"{n} sample(s), a cv needs 2" if isinstance(n, int) and n < 2 else None
-            add("cv of samples", f"<= {limit:.3g}", ev.get("cv", ev.get("cv_candidate")), few)
+            cv = finite_or_none(ev["cv"]) if "cv" in ev else Comparison.from_stored(ev).cv_candidate
+            add("cv of samples", f"<= {limit:.3g}", cv, few)
     if kind == "correctness":
         add("reference check", "pass on every seed", ev.get("max_abs_err", "fail"))
         if card and card.correctness:

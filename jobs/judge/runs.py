@@ -28,13 +28,13 @@ Verdict ("slower" shown; "faster" is its mirror):
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from kernels.measure.stats import Comparison, compare_samples
+from kernels.measure.stats import VERDICTS, Comparison, compare_samples, finite_or_none
 
 DRIFT_GPU = 0.02  # sd of one run's log median between runs on a dedicated GPU (clocks, temperature)
 DRIFT_CPU = 0.10  # the same on a shared CPU (load, frequency scaling, cache neighbours)
@@ -76,11 +76,13 @@ class RunComparison:
 
     def to_dict(self) -> dict[str, Any]:
         """The within-run figures under their usual names (ratio, ci_low, p_value, ...), then the
-        run-level ones; the verdict is the run-level one."""
+        run-level ones; the verdict and its reason are the run-level ones."""
         return {
             **self.within.to_dict(),
             "within_verdict": self.within.verdict,
+            "within_reason": self.within.reason,
             "verdict": self.verdict,
+            "reason": self.reason,
             "run_ratio": self.run_ratio,
             "run_ci_low": self.run_low,
             "run_ci_high": self.run_high,
@@ -90,6 +92,34 @@ class RunComparison:
             "run_spread": self.spread,
             "run_spread_source": self.spread_source,
         }
+
+    @classmethod
+    def from_stored(cls, data: Mapping[str, Any] | None) -> RunComparison:
+        """A comparison as `to_dict` stored it (an anomaly's evidence holds it among other fields) read
+        back typed: a missing or non-finite figure is None. Evidence from before the run-level verdict has
+        no run figures: its run ratio is the within-run ratio, as its verdict was."""
+        d = data if isinstance(data, Mapping) else {}
+        within = Comparison.from_stored(d)
+        run_level = "run_ratio" in d
+        verdict = d.get("verdict")
+
+        def count(key: str) -> int:
+            v = d.get(key)
+            return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 1
+
+        return cls(
+            verdict=verdict if verdict in VERDICTS else "ambiguous",
+            reason=str(d.get("reason") or ""),
+            within=within,
+            run_ratio=finite_or_none(d.get("run_ratio")) if run_level else within.ratio,
+            run_low=finite_or_none(d.get("run_ci_low")) if run_level else within.ci_low,
+            run_high=finite_or_none(d.get("run_ci_high")) if run_level else within.ci_high,
+            runs_baseline=count("runs_baseline"),
+            runs_candidate=count("runs_candidate"),
+            paired=d.get("paired_rounds") is True,
+            spread=finite_or_none(d.get("run_spread")) or 0.0,
+            spread_source=str(d.get("run_spread_source") or "prior"),
+        )
 
 
 def _log_medians(runs: Sequence[Sequence[float]]) -> np.ndarray:
@@ -117,7 +147,7 @@ def compare_runs(
     pooled_c = [v for r in candidate_runs for v in r]
     within = compare_samples(pooled_b, pooled_c, min_effect=min_effect, alpha=alpha, max_cv=max_cv)
     nb, nc = len(baseline_runs), len(candidate_runs)
-    if any(len(r) < 3 for r in (*baseline_runs, *candidate_runs)) or not math.isfinite(within.ratio):
+    if any(len(r) < 3 for r in (*baseline_runs, *candidate_runs)) or within.ratio is None:
         return RunComparison(
             "ambiguous", f"a run has too few samples ({within.reason})", within, None, None, None, nb, nc,
             paired, prior, "prior",
@@ -166,7 +196,7 @@ def _decide(
         return direction, f"{effect:.1%} change >= {min_effect:.1%}; {interval}"
     if within.verdict in ("slower", "faster") and effect >= min_effect:
         return "ambiguous", (
-            f"{effect:.1%} {direction} within these runs (p={within.p_value:.2g}), but run-to-run drift "
+            f"{effect:.1%} {direction} within these runs (p={within.p_value or 0:.2g}), but run-to-run drift "
             f"could explain it: {interval} includes 1"
         )
     if noise <= max_cv and effect < min_effect:

@@ -22,7 +22,7 @@ from rich.table import Table
 
 from jobs.store.repository import Store, TrialRow
 from kernels.base import TrialStatus
-from kernels.measure.stats import compare_samples
+from kernels.measure.stats import Comparison, compare_samples
 
 # ---- selecting one trial per shape ------------------------------------------------------------------
 
@@ -145,7 +145,7 @@ class ShapeRow:
     dtype: str
     a: Side | None
     b: Side | None
-    comparison: dict[str, Any] | None = None
+    comparison: Comparison | None = None
     note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -163,7 +163,7 @@ class CompareResult:
     def verdicts(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for r in self.rows:
-            v = r.comparison["verdict"] if r.comparison else "n/a"
+            v = r.comparison.verdict if r.comparison else "n/a"
             out[v] = out.get(v, 0) + 1
         return out
 
@@ -228,7 +228,7 @@ def _judge(
     cmp = compare_samples(
         store.kept_samples(ta.id), store.kept_samples(tb.id), min_effect=min_effect, alpha=alpha
     )
-    row.comparison = cmp.to_dict()
+    row.comparison = cmp
     if bad:
         row.note = "; ".join(bad) + " (timed, but its output failed the correctness check)"
     return row
@@ -282,8 +282,8 @@ def render(result: CompareResult, console: Console) -> None:
         c = r.comparison
         verdict = r.note
         if c is not None:
-            ratio = "ratio undefined" if c["ratio"] is None else f"x{c['ratio']:.3f}"
-            verdict = f"{c['verdict']} {ratio} ({c['reason']})" + (f"; {r.note}" if r.note else "")
+            ratio = "ratio undefined" if c.ratio is None else f"x{c.ratio:.3f}"
+            verdict = f"{c.verdict} {ratio} ({c.reason})" + (f"; {r.note}" if r.note else "")
         table.add_row(shape, "A", *_side_cells(r.a), "")
         table.add_row("", "B", *_side_cells(r.b), verdict)
     console.print(table)

@@ -654,20 +654,20 @@ def render_compare(result: Any, plotly_src: str | None = None) -> str:
     )
     # a shape whose ratio is undefined (a side of one sample) has no point: the table says why
     judged = [(s, r.comparison) for s, r in zip(shapes, result.rows, strict=True)
-              if r.comparison and r.comparison.get("ratio") is not None]  # fmt: skip
+              if r.comparison is not None and r.comparison.ratio is not None]  # fmt: skip
     ratio = go.Figure()
     if judged:
         ratio.add_scatter(
             name="B / A",
             mode="markers",
             x=[s for s, _ in judged],
-            y=[c["ratio"] for _, c in judged],
-            text=[c["verdict"] for _, c in judged],
+            y=[c.ratio for _, c in judged],
+            text=[c.verdict for _, c in judged],
             error_y={
                 "type": "data",
                 "symmetric": False,
-                "array": [max((c["ci_high"] or c["ratio"]) - c["ratio"], 0) for _, c in judged],
-                "arrayminus": [max(c["ratio"] - (c["ci_low"] or c["ratio"]), 0) for _, c in judged],
+                "array": [max((c.ci_high or c.ratio) - c.ratio, 0) for _, c in judged],
+                "arrayminus": [max(c.ratio - (c.ci_low or c.ratio), 0) for _, c in judged],
             },
             marker={"size": 11},
         )
@@ -678,19 +678,23 @@ def render_compare(result: Any, plotly_src: str | None = None) -> str:
     )
     rows = []
     for s, r in zip(shapes, result.rows, strict=True):
-        c = r.comparison or {}
+        c = r.comparison
+        a_ms = _num(r.a.median_ns / 1e6 if r.a and r.a.median_ns else None, ".4f")
+        b_ms = _num(r.b.median_ns / 1e6 if r.b and r.b.median_ns else None, ".4f")
+        if c is None:
+            rows.append([s, a_ms, b_ms, _num(None, ".3f"), f"{_num(None, '.3f')}..{_num(None, '.3f')}",
+                         _num(None, ".2g"), "n/a", r.note])  # fmt: skip
+            continue
         rows.append(
             [
-                s,
-                _num(r.a.median_ns / 1e6 if r.a and r.a.median_ns else None, ".4f"),
-                _num(r.b.median_ns / 1e6 if r.b and r.b.median_ns else None, ".4f"),
-                "undefined" if c and c.get("ratio") is None else _num(c.get("ratio"), ".3f"),
-                f"{_num(c.get('ci_low'), '.3f')}..{_num(c.get('ci_high'), '.3f')}",
-                _num(c.get("p_value"), ".2g"),
-                c.get("verdict", "n/a"),
-                r.note or c.get("reason", ""),
+                s, a_ms, b_ms,
+                "undefined" if c.ratio is None else _num(c.ratio, ".3f"),
+                f"{_num(c.ci_low, '.3f')}..{_num(c.ci_high, '.3f')}",
+                _num(c.p_value, ".2g"),
+                c.verdict,
+                r.note or c.reason,
             ]
-        )
+        )  # fmt: skip
     verdicts = ", ".join(f"{k}: {v}" for k, v in result.verdicts().items())
     body = (
         f"<h1>A/B: job {result.job_a} {esc(result.select_a)} vs "

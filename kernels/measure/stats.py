@@ -15,17 +15,19 @@ same samples always give the same answer), and a two-sided Mann-Whitney U test. 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
 VERDICTS = ("faster", "slower", "same", "ambiguous")
 
 
-def _cv(x: np.ndarray) -> float:
-    if x.size < 2 or x.mean() <= 0:
-        return math.inf
+def _cv(x: np.ndarray) -> float | None:
+    """The samples' cv; None where it is undefined (fewer than 2 samples, a mean of zero or less)."""
+    if x.size < 2 or not np.all(np.isfinite(x)) or x.mean() <= 0:
+        return None
     return float(x.std(ddof=1) / x.mean())
 
 
@@ -39,17 +41,28 @@ def _robust_cv(x: np.ndarray) -> float:
     return float(1.4826 * np.median(np.abs(x - med)) / med)
 
 
+def finite_or_none(v: object) -> float | None:
+    """A stored number read back: a finite int or float as a float, anything else (None, NaN, inf, a
+    string, a bool) as None, the one spelling of "undefined"."""
+    ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    return float(v) if ok else None
+
+
 @dataclass(frozen=True)
 class Comparison:
+    """The within-run comparison of two sets of samples. A figure that cannot be computed (a side of
+    fewer than 3 samples, a zero median, a cv of one sample) is None, never NaN or inf: `reason` says why.
+    `to_dict` is the stored form; `from_stored` reads it back typed."""
+
     verdict: str
     reason: str
-    ratio: float  # median(candidate) / median(baseline); > 1 means the candidate is slower
-    ci_low: float
-    ci_high: float
+    ratio: float | None  # median(candidate) / median(baseline); > 1 means the candidate is slower
+    ci_low: float | None
+    ci_high: float | None
     confidence: float
-    p_value: float
-    cv_baseline: float
-    cv_candidate: float
+    p_value: float | None
+    cv_baseline: float | None
+    cv_candidate: float | None
     n_baseline: int
     n_candidate: int
     min_effect: float
@@ -57,9 +70,35 @@ class Comparison:
     max_cv: float
 
     def to_dict(self) -> dict[str, object]:
-        return {
-            k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(self).items()
-        }
+        return asdict(self)
+
+    @classmethod
+    def from_stored(cls, data: Mapping[str, Any] | None) -> Comparison:
+        """A comparison as `to_dict` stored it (or as it sits, flattened, in a run-level comparison or an
+        anomaly's evidence) read back typed: a missing or non-finite figure is None, an unknown verdict
+        is "ambiguous"."""
+        d = data if isinstance(data, Mapping) else {}
+
+        def count(key: str) -> int:
+            v = d.get(key)
+            return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
+
+        def param(key: str, default: float) -> float:
+            v = finite_or_none(d.get(key))
+            return default if v is None else v
+
+        verdict = d.get("within_verdict", d.get("verdict"))
+        return cls(
+            verdict=verdict if verdict in VERDICTS else "ambiguous",
+            reason=str(d.get("within_reason", d.get("reason")) or ""),
+            ratio=finite_or_none(d.get("ratio")), ci_low=finite_or_none(d.get("ci_low")),
+            ci_high=finite_or_none(d.get("ci_high")), confidence=param("confidence", 0.99),
+            p_value=finite_or_none(d.get("p_value")),
+            cv_baseline=finite_or_none(d.get("cv_baseline")),
+            cv_candidate=finite_or_none(d.get("cv_candidate")),
+            n_baseline=count("n_baseline"), n_candidate=count("n_candidate"),
+            min_effect=param("min_effect", 0.05), alpha=param("alpha", 0.002), max_cv=param("max_cv", 0.02),
+        )  # fmt: skip
 
 
 def bootstrap_ratio_ci(
@@ -101,12 +140,16 @@ def compare_samples(
     c = np.asarray(candidate_samples, dtype=np.float64)
     params = {"min_effect": min_effect, "alpha": alpha, "max_cv": max_cv, "confidence": confidence}
     if b.size < 3 or c.size < 3 or not (np.all(np.isfinite(b)) and np.all(np.isfinite(c))):
-        nan = math.nan
         return Comparison(
             "ambiguous",
-            f"too few or non-finite samples (baseline n={b.size}, candidate n={c.size})",
-            nan, nan, nan, confidence, nan, _cv(b), _cv(c), int(b.size), int(c.size),
+            f"too few or non-finite samples (baseline n={b.size}, candidate n={c.size}): no ratio",
+            None, None, None, confidence, None, _cv(b), _cv(c), int(b.size), int(c.size),
             min_effect, alpha, max_cv,
+        )  # fmt: skip
+    if not (np.median(b) > 0 and np.median(c) > 0):
+        return Comparison(
+            "ambiguous", "a median of zero: no ratio", None, None, None, confidence, None, _cv(b), _cv(c),
+            int(b.size), int(c.size), min_effect, alpha, max_cv,
         )  # fmt: skip
     ratio = float(np.median(c) / np.median(b))
     low, high = bootstrap_ratio_ci(b, c, n_boot=n_boot, confidence=confidence, seed=seed)

@@ -67,9 +67,9 @@ def test_two_configs_inside_one_job(sweeps):
     for row in result.rows:
         assert row.a.config["block_m"] == 16 and row.b.config["block_m"] == 32
         assert row.a.candidates == 1 and row.b.candidates == 1
-        assert row.comparison["verdict"] in VERDICTS
-        assert row.comparison["n_baseline"] == len(store.samples(row.a.trial_id)) >= 3
-        assert row.comparison["n_candidate"] == len(store.samples(row.b.trial_id)) >= 3
+        assert row.comparison.verdict in VERDICTS
+        assert row.comparison.n_baseline == len(store.samples(row.a.trial_id)) >= 3
+        assert row.comparison.n_candidate == len(store.samples(row.b.trial_id)) >= 3
         for side in (row.a, row.b):
             assert side.median_ns > 0 and side.tflops > 0 and side.gbps > 0 and side.spread_cv is not None
             assert side.smem_source == "model" and side.smem_bytes > 0
@@ -90,7 +90,7 @@ def test_two_jobs_pick_the_fastest_correct_config_per_shape(sweeps):
             if t.shape == row.shape and t.backend == "triton" and t.status == "ok"
         ]
         assert row.a.trial_id == min(ok, key=lambda t: t.median_ns).id
-        assert row.comparison["verdict"] in VERDICTS
+        assert row.comparison.verdict in VERDICTS
 
 
 def test_one_job_needs_two_different_selectors(sweeps):
@@ -200,10 +200,10 @@ def test_verdict_is_b_relative_to_a(controlled):
     fast = [800 + i for i in range(20)]
     job = _job(store, spec, {16: slow, 32: fast})
     a16, b32 = Selector.parse("block_m=16"), Selector.parse("block_m=32")
-    assert compare_jobs(store, job, None, a16, b32).rows[0].comparison["verdict"] == "faster"
-    assert compare_jobs(store, job, None, b32, a16).rows[0].comparison["verdict"] == "slower"
+    assert compare_jobs(store, job, None, a16, b32).rows[0].comparison.verdict == "faster"
+    assert compare_jobs(store, job, None, b32, a16).rows[0].comparison.verdict == "slower"
     same = _job(store, spec, {16: slow, 32: list(slow)})
-    assert compare_jobs(store, same, None, a16, b32).rows[0].comparison["verdict"] == "same"
+    assert compare_jobs(store, same, None, a16, b32).rows[0].comparison.verdict == "same"
     res = CliRunner().invoke(
         compare, [str(job), "--db", store.url, "--config-a", "block_m=32", "--config-b", "block_m=16",
                   "--fail-on-slower"],

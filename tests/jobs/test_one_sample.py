@@ -162,3 +162,65 @@ def test_no_reader_takes_the_summary_as_a_dict():
     found = [f"{p.relative_to(root)}:{n}" for d in ("jobs", "cluster") for p in (root / d).rglob("*.py")
              for n, line in enumerate(p.read_text().splitlines(), 1) if as_dict.search(line)]  # fmt: skip
     assert not found, found
+
+
+def test_a_comparison_that_cannot_be_computed_is_none_with_its_reason_never_nan():
+    """Issue 30: a side of fewer than 3 samples, or a zero median, gave NaN ratios and an inf cv that the
+    report, the page and the drafts each had to guard against; now the figure is None and `reason` names
+    why, in the comparison and in what the store keeps."""
+    from kernels.measure.stats import compare_samples
+
+    one = compare_samples([5.0], [5.0, 6.0, 7.0])
+    assert (one.verdict, one.ratio, one.ci_low, one.p_value, one.cv_baseline) == (
+        "ambiguous",
+        None,
+        None,
+        None,
+        None,
+    )
+    assert "no ratio" in one.reason and "n=1" in one.reason
+    zero = compare_samples([0.0, 0.0, 0.0], [1.0, 2.0, 3.0])
+    assert zero.ratio is None and "median of zero" in zero.reason
+    stored = json.loads(json.dumps(one.to_dict(), allow_nan=False))  # strict JSON: no NaN to refuse
+    assert stored["ratio"] is None
+
+
+def test_a_stored_comparison_reads_back_typed_whatever_the_evidence_holds():
+    """The comparison and the run-level comparison are models from the judge to the drafts and pages:
+    what `to_dict` stored reads back equal, and odd values (strings, NaN, missing keys, evidence written
+    before the run-level verdict) read as None or the within-run figures, never as a crash."""
+    from jobs.judge.runs import RunComparison, compare_runs
+    from kernels.measure.stats import Comparison, compare_samples
+
+    c = compare_samples([10.0, 10.1, 9.9, 10.0], [12.0, 12.1, 11.9, 12.0], min_effect=0.05, alpha=0.05)
+    assert Comparison.from_stored(c.to_dict()) == c
+    r = compare_runs([[10.0, 10.1, 9.9]] * 2, [[12.0, 12.1, 11.9]] * 2, min_effect=0.05, alpha=0.05,
+                     max_cv=0.05, prior=0.02)  # fmt: skip
+    back = RunComparison.from_stored(json.loads(json.dumps(r.to_dict())))
+    assert back == r
+    odd = RunComparison.from_stored(
+        {"verdict": "slower?", "ratio": "1.2", "p_value": math.nan, "run_ratio": None}
+    )
+    assert (odd.verdict, odd.within.ratio, odd.within.p_value, odd.run_ratio) == (
+        "ambiguous",
+        None,
+        None,
+        None,
+    )
+    old = RunComparison.from_stored({"verdict": "slower", "ratio": 1.3, "ci_low": 1.2, "ci_high": 1.4})
+    assert (old.verdict, old.run_ratio, old.run_low, old.run_high) == ("slower", 1.3, 1.2, 1.4)
+
+
+def test_no_reader_takes_a_comparison_as_a_dict():
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    keys = "ratio|run_ratio|ci_low|ci_high|run_ci_low|run_ci_high|p_value|within_verdict|cv_baseline"
+    keys += "|cv_candidate"
+    as_dict = re.compile(rf"""(\.get\(|\[)\s*["']({keys})["']\s*(?!\]\s*=[^=])""")
+    model = root / "jobs" / "judge" / "runs.py"  # RunComparison.from_stored: the one place that reads them
+    found = [f"{p.relative_to(root)}:{n}" for d in ("jobs", "cluster") for p in (root / d).rglob("*.py")
+             if p != model
+             for n, line in enumerate(p.read_text().splitlines(), 1) if as_dict.search(line)]  # fmt: skip
+    assert not found, found
