@@ -19,6 +19,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from jobs.store.repository import Store
+from jobs.store.results import result_of
+from kernels.base import Summary
 
 T0 = datetime(2025, 6, 1, 12, 0, 0)
 BYTES_PER_TOKEN = 4
@@ -137,17 +139,15 @@ def seed_job(store: Store) -> int:
         git_commit="abc123",
     )
     rows = {t.seq: t for t in store.trials(job_id)}
+    crash = "RuntimeError: CUDA error: an illegal memory access was encountered"
     store.record_results(
-        {
-            "trial_id": rows[seq].id,
-            "status": status,
-            "attempt": 1,
-            "finished_at": T0 + timedelta(seconds=s),
-            "error": "RuntimeError: CUDA error: an illegal memory access was encountered"
-            if status == "error"
-            else None,
-            "summary": {"median": 100_000.0 * (1 + seq), "n": 60},
-        }
+        result_of(
+            rows[seq].id,
+            status=status,
+            finished_at=T0 + timedelta(seconds=s),
+            error=crash if status == "error" else None,
+            summary=Summary.from_stored({"median": 100_000.0 * (1 + seq), "n": 60}),
+        )
         for seq, _b, _m, _c, status, _kind, s in TRIALS
     )
     rows = {t.seq: t for t in store.trials(job_id)}

@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session
 from jobs.judge.baselines import point_config
 from jobs.spec.sweep import loads_spec
 from jobs.store.repository import Job, Store, TrialRow
+from jobs.store.results import result_of
 
 NAME = "history-probe"
 MS = 3
@@ -62,26 +63,6 @@ class HistoryStore:
 
 def fake_commit(i: int) -> str:
     return hashlib.sha1(f"history commit {i}".encode()).hexdigest()
-
-
-def _summary(samples: np.ndarray) -> dict:
-    q10, q25, q50, q75, q90 = np.percentile(samples, [10, 25, 50, 75, 90])
-    mean, stdev = float(samples.mean()), float(samples.std(ddof=1))
-    return {
-        "n": len(samples),
-        "n_kept": len(samples),
-        "median": float(q50),
-        "mean": mean,
-        "min": float(samples.min()),
-        "max": float(samples.max()),
-        "p10": float(q10),
-        "p90": float(q90),
-        "iqr": float(q75 - q25),
-        "mad": float(np.median(np.abs(samples - q50))),
-        "stdev": stdev,
-        "cv": stdev / mean,
-        "flags": [],
-    }
 
 
 def _point(t: TrialRow) -> str:
@@ -120,21 +101,16 @@ def _written_job(
         median = level(_point(t)) * (1 + rng.normal(0, 0.01))
         samples = median * (1 + rng.normal(0, 0.02, 7))  # about `median`, as the real ones
         results.append(
-            {
-                "trial_id": t.id,
-                "status": "ok",
-                "attempt": 1,
-                "worker": "w0",
-                "node": env.get("host", "?"),
-                "summary": _summary(samples),
-                "stop_reason": "max_samples",
-                "timer": "perf_counter",
-                "correct": True,
-                "correctness": {"passed": True, "method": "none"},
-                "metrics": {},
-                "samples_ns": [int(v) for v in samples],
-                "environment": env,
-            }
+            result_of(
+                t.id,
+                [int(v) for v in samples],
+                worker="w0",
+                node=env.get("host", "?"),
+                stop_reason="max_samples",
+                timer="perf_counter",
+                correctness={"passed": True, "method": "none"},
+                environment=env,
+            )
         )
     store.record_results(results)
     store.set_job_status(job_id, "running")

@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -344,8 +344,8 @@ class Summary:
             p90=_finite_or_none(s.p90),
             iqr=_finite_or_none(s.iqr),
             mad=_finite_or_none(s.mad),
-            stdev=_finite_or_none(s.stdev),
-            cv=_finite_or_none(s.cv),
+            stdev=_finite_or_none(s.stdev) if s.n > 1 else None,  # one sample has no spread
+            cv=_finite_or_none(s.cv) if s.n > 1 else None,
             n_throttled=sum(bool(t) for t in m.throttled),
             n_kept=sum(bool(k) for k in m.kept),
             discarded=tuple(i for i, kept in enumerate(m.kept) if not kept),
@@ -355,6 +355,19 @@ class Summary:
             warmup_iters=m.warmup_iters,
             wall_s=m.wall_s,
         )
+
+    @classmethod
+    def from_samples(cls, samples_ns: Sequence[float]) -> Summary:
+        """The statistics of samples taken outside a measurement (imported timings, tests): every sample
+        kept, no flags."""
+        from kernels.measure.summary import summarize
+
+        s = summarize(samples_ns)
+        stats = {k: _finite_or_none(getattr(s, k)) for k in ("median", "mean", "min", "max", "p10", "p90")}
+        spread = {k: _finite_or_none(getattr(s, k)) for k in ("iqr", "mad", "stdev", "cv")}
+        if s.n < 2:  # one sample has no spread
+            spread.update(stdev=None, cv=None)
+        return cls(n=s.n, n_kept=s.n, **stats, **spread)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON the store keeps (lists where the dataclass has tuples)."""
@@ -431,7 +444,7 @@ class TrialOutcome:
         return {
             "status": self.status,
             "error": self.error,
-            "summary": self.summary.to_dict() if self.summary is not None else {},
+            "summary": self.summary.to_dict() if self.summary is not None else None,  # nothing measured
             "stop_reason": self.stop_reason,
             "timer": self.timer,
             "correctness": self.correctness,

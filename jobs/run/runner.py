@@ -28,11 +28,12 @@ from jobs.run.farm_metrics import FarmMetrics
 from jobs.run.progress import ProgressView
 from jobs.spec.sweep import SweepSpec, dump_spec, loads_spec
 from jobs.store.repository import Store, TrialRow
+from jobs.store.results import TrialResult
 from kernels.base import NOT_FAILED, TrialRequest, TrialStatus, trial_label
 
-# Called on the driver after each finished trial with its row and what its worker reported about
+# Called on the driver after each finished trial with its result and what its worker reported about
 # itself (node, gpu_id, pid, ...). Tests and tools that embed the runner use it.
-Observer = Callable[[dict[str, Any], dict[str, Any]], None]
+Observer = Callable[[TrialResult, dict[str, Any]], None]
 
 EXIT_OK, EXIT_TRIALS_FAILED, EXIT_INTERRUPTED, EXIT_NO_WORKERS = 0, 1, 130, 3
 
@@ -156,29 +157,27 @@ class _StoreListener:
         self.store = store
         self.progress = progress
         self.workers: dict[str, dict[str, Any]] = {}
-        self.buffer: list[dict[str, Any]] = []
+        self.buffer: list[TrialResult] = []
         self.last_flush = time.monotonic()
 
-    def _row(self, item: WorkItem, slot: str, status: TrialStatus, **extra: Any) -> dict[str, Any]:
+    def _where(self, item: WorkItem, slot: str) -> dict[str, Any]:
+        """Where a trial ran, as its TrialResult records it."""
         info = self.workers.get(slot, {})
         return {
-            "trial_id": item.trial_id,
-            "status": status,
             "attempt": item.attempts + 1,
             "node": info.get("node"),
             "worker": slot,
             "gpu_id": info.get("gpu_id"),
             "environment": info.get("environment"),
-            **extra,
         }
 
-    def _add(self, row: dict[str, Any]) -> None:
-        self.buffer.append(row)
-        self.progress.finished(row["status"], row.get("node"))
+    def _add(self, result: TrialResult) -> None:
+        self.buffer.append(result)
+        self.progress.finished(result.status, result.node)
         if len(self.buffer) >= self.FLUSH_N or time.monotonic() - self.last_flush > self.FLUSH_S:
             self.flush()
         if self.observer:
-            self.observer(row, self.workers.get(row["worker"], {}))
+            self.observer(result, self.workers.get(result.worker or "", {}))
 
     def flush(self) -> None:
         if self.buffer:
@@ -211,42 +210,27 @@ class _StoreListener:
         self.progress.started()
 
     def trial_finished(self, item: WorkItem, slot: str, result: WorkerResult) -> None:
-        fields = result.outcome.stored_fields()
-        status = fields.pop("status")
         self._add(
-            self._row(
-                item,
-                slot,
-                status,
+            TrialResult(
+                item.trial_id,
+                result.outcome,
                 started_at=_dt(result.started),
                 finished_at=_dt(result.finished),
-                **fields,
+                **self._where(item, slot),
             )
         )
 
     def trial_timed_out(self, item: WorkItem, slot: str, seconds: float) -> None:
-        self._add(
-            self._row(
-                item,
-                slot,
-                TrialStatus.TIMEOUT,
-                error=f"stopped after {seconds:.1f} s (timeout_s); its worker was killed",
-            )
-        )
+        error = f"stopped after {seconds:.1f} s (timeout_s); its worker was killed"
+        self._add(TrialResult.ended(item.trial_id, TrialStatus.TIMEOUT, error, **self._where(item, slot)))
         self.progress.log(f"timeout: {item.label} on {slot}")
 
     def trial_crashed(self, item: WorkItem, slot: str, error: str, final: bool) -> None:
         self.progress.log(f"worker {slot} died under {item.label} (attempt {item.attempts}): {error}")
         if final:
-            self._add(
-                self._row(
-                    item,
-                    slot,
-                    TrialStatus.CRASHED,
-                    attempt=item.attempts,
-                    error=f"worker died on all {item.attempts} attempts; last: {error}",
-                )
-            )
+            why = f"worker died on all {item.attempts} attempts; last: {error}"
+            where = {**self._where(item, slot), "attempt": item.attempts}
+            self._add(TrialResult.ended(item.trial_id, TrialStatus.CRASHED, why, **where))
         else:
             self.flush()
             self.store.mark_attempt(item.trial_id, item.attempts, error)

@@ -44,6 +44,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from jobs.errors import StoreError
 from jobs.store.finite_json import finite_json
+from jobs.store.results import TrialResult
 from jobs.store.schema import StoreSchemaError as StoreSchemaError  # Store() on an out-of-date store
 from jobs.store.schema import display_url, ensure_schema
 from kernels.base import FINISHED, NOT_FAILED, Summary, TrialStatus  # noqa: F401 - NOT_FAILED is re-exported
@@ -53,27 +54,6 @@ DEFAULT_DB = ".farm/farm.db"
 # Trial states are kernels.base.TrialStatus. A finished trial is never run again by `farm sweep resume`;
 # NOT_FAILED are the finished states that are no failure (passed, or deliberately not run).
 PENDING = TrialStatus.PENDING
-
-
-# The trial columns a finished result may set.
-_RESULT_COLUMNS = (
-    "status",
-    "attempt",
-    "node",
-    "worker",
-    "gpu_id",
-    "started_at",
-    "finished_at",
-    "error",
-    "summary",
-    "stop_reason",
-    "timer",
-    "correct",
-    "correctness",
-    "metrics",
-    "memory",
-    "resources",
-)
 
 
 def now() -> datetime:
@@ -533,10 +513,9 @@ class Store:
         dropped = set(Summary.from_stored(summary).discarded)
         return [v for i, v in enumerate(samples) if i not in dropped] if dropped else samples
 
-    def record_results(self, results: Iterable[dict[str, Any]]) -> None:
+    def record_results(self, results: Iterable[TrialResult]) -> None:
         """Write finished trials (and their raw samples) in one transaction.
 
-        Each item has `trial_id`, `status` and any TrialRow column, plus `samples_ns` and `environment`.
         A trial already finished is left as it is: a late duplicate result can never overwrite it.
         Rows go out as one executemany UPDATE and one executemany INSERT, so a flush of many short
         trials costs about as much as one.
@@ -544,27 +523,28 @@ class Store:
         results = list(results)
         if not results:
             return
+        wrong = [type(r).__name__ for r in results if not isinstance(r, TrialResult)]
+        if wrong:
+            raise TypeError(f"record_results takes jobs.store.results.TrialResult items (got {wrong[0]})")
         table = TrialRow.__table__
         with self.engine.begin() as conn:
-            ids = [r["trial_id"] for r in results]
+            ids = [r.trial_id for r in results]
             open_ids = set(
                 conn.scalars(select(table.c.id).where(table.c.id.in_(ids), table.c.status.not_in(FINISHED)))
             )
             rows, samples = [], []
             for r in results:
-                if r["trial_id"] not in open_ids:
+                if r.trial_id not in open_ids:
                     continue
-                open_ids.discard(r["trial_id"])  # the first result of a trial wins
-                row = {col: r.get(col) for col in _RESULT_COLUMNS}
-                row["_id"] = r["trial_id"]
+                open_ids.discard(r.trial_id)  # the first result of a trial wins
+                row = r.columns()
+                row["_id"] = r.trial_id
                 row["finished_at"] = row["finished_at"] or now()
-                row["median_ns"] = (r.get("summary") or {}).get("median")
-                env = r.get("environment")
-                row["environment_id"] = self._environment_id(conn, env) if env is not None else None
+                env = r.environment
+                row["environment_id"] = self._environment_id(conn, dict(env)) if env is not None else None
                 rows.append(row)
                 samples += [
-                    {"trial_id": r["trial_id"], "seq": i, "value_ns": int(v)}
-                    for i, v in enumerate(r.get("samples_ns") or [])
+                    {"trial_id": r.trial_id, "seq": i, "value_ns": int(v)} for i, v in enumerate(r.samples_ns)
                 ]
             if rows:
                 stmt = (

@@ -69,9 +69,9 @@ def test_killing_a_worker_mid_sweep_finishes_every_trial_once(plan, store):
     spec = loads_spec(_probe("[{name: spin, baseline: true, configs: {grid: {ms: [20]}}}]", 24))
     killed: list[int] = []
 
-    def observe(row, worker):
+    def observe(result, worker):
         # SIGKILL the worker that just finished a trial, as the OOM killer would; it holds the next one
-        if not killed and row["status"] == "ok":
+        if not killed and result.status == "ok":
             os.kill(worker["pid"], signal.SIGKILL)
             killed.append(worker["pid"])
 

@@ -11,6 +11,8 @@ from click.testing import CliRunner
 from jobs.cli import main
 from jobs.spec.sweep import loads_spec
 from jobs.store.repository import Store
+from jobs.store.results import result_of
+from kernels.base import Summary
 
 SPEC = """
 name: {name}
@@ -41,8 +43,7 @@ def _job(db: str, text: str) -> str:
     )  # fmt: skip
     store.record_results(
         [
-            {"trial_id": t.id, "status": "ok", "attempt": 1, "summary": {"median": 10.0}, "samples_ns": [10],
-             "environment": ENV}
+            result_of(t.id, [10], summary=Summary.from_stored({"median": 10.0}), environment=ENV)
             for t in store.trials(job)
         ]
     )  # fmt: skip

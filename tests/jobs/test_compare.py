@@ -14,6 +14,8 @@ from jobs.report.export import best_configs
 from jobs.run.runner import RunOptions, run_sweep
 from jobs.spec.sweep import loads_spec
 from jobs.store.repository import Store
+from jobs.store.results import result_of
+from kernels.base import Summary
 from kernels.fp8_gemm.export import port_file_name
 from kernels.measure.stats import VERDICTS
 
@@ -179,16 +181,16 @@ def _job(store: Store, spec, samples: dict[int, list[int]], status: dict[int, st
         values = samples.get(bm, [1000, 1001, 1002, 1003, 1004])
         st = (status or {}).get(bm, "ok")
         med = sorted(values)[len(values) // 2]
+        summary = Summary.from_stored({"median": med, "cv": 0.001, "n": len(values)})
         rows.append(
-            {
-                "trial_id": t.id,
-                "status": st,
-                "attempt": 1,
-                "samples_ns": values,
-                "summary": {"median": med, "cv": 0.001, "n": len(values)},
-                "correct": st == "ok",
-                "metrics": {"tflops": 1.0, "gbps": 1.0},
-            }
+            result_of(
+                t.id,
+                values,
+                status=st,
+                summary=summary,
+                correct=st == "ok",
+                metrics={"tflops": 1.0, "gbps": 1.0},
+            )
         )
     store.record_results(rows)
     return job

@@ -18,6 +18,8 @@ from click.testing import CliRunner
 from jobs.cli import main
 from jobs.spec.sweep import loads_spec
 from jobs.store.repository import Store
+from jobs.store.results import result_of
+from kernels.base import Summary
 
 SPEC = """
 name: codes
@@ -37,8 +39,8 @@ def _store_with_a_job(path: Path) -> int:
     )  # fmt: skip
     store.record_results(
         [
-            {"trial_id": t.id, "status": "ok", "attempt": 1, "summary": {"median": 10.0 + t.seq},
-             "correct": True, "samples_ns": [10, 11], "environment": ENV}
+            result_of(t.id, [10, 11], summary=Summary.from_stored({"median": 10.0 + t.seq}), correct=True,
+                      environment=ENV)
             for t in store.trials(job)
         ]
     )  # fmt: skip

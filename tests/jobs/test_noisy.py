@@ -15,6 +15,7 @@ from jobs.judge.anomalies import contamination
 from jobs.run.runner import create_job
 from jobs.spec.sweep import loads_spec
 from jobs.store.repository import Store
+from jobs.store.results import TrialResult
 from kernels.base import TrialOutcome, TrialStatus
 from kernels.measure.policy import MeasurePolicy
 from kernels.measure.timing import drifts, measure
@@ -101,11 +102,8 @@ shapes: {grid: {n: [0, 1]}}
         waiting = measure(lambda: time.sleep(0.002), policy, device="cpu")  # contended
         clean = dataclasses.replace(waiting, flags=[], clocks={})  # the same samples, no flag
         outcomes = [TrialOutcome.measured(TrialStatus.OK, m) for m in (clean, waiting)]
-        rows = []
-        for trial, outcome in zip(store.trials(job_id), outcomes, strict=True):
-            fields = outcome.stored_fields()
-            rows.append({"trial_id": trial.id, "attempt": 1, **fields})
-        store.record_results(rows)
+        trials = store.trials(job_id)
+        store.record_results(TrialResult(t.id, o) for t, o in zip(trials, outcomes, strict=True))
         trials = store.trials(job_id)
         found = contamination(trials)
         assert [f.trial.id for f in found] == [trials[1].id]

@@ -19,6 +19,8 @@ from sqlalchemy import text
 from jobs.cli import main
 from jobs.spec.sweep import loads_spec
 from jobs.store.repository import Store
+from jobs.store.results import result_of
+from kernels.base import Summary
 
 SPEC = """
 name: one-sample
@@ -43,12 +45,9 @@ def one_sample_job(store: Store, ns: int) -> int:
     spec = loads_spec(SPEC)
     job = store.create_job(name=spec.name, family=spec.family, spec_yaml=SPEC, spec_hash=spec.spec_hash(),
                            trials=spec.trials(), git_commit="abc")  # fmt: skip
-    store.record_results([
-        {"trial_id": t.id, "status": "ok", "attempt": 1, "worker": "w0", "node": "n",
-         "summary": {"median": float(ns + t.seq), "n": 1, "n_kept": 1, "cv": None},
-         "samples_ns": [ns + t.seq], "environment": ENV}
-        for t in store.trials(job)
-    ])  # fmt: skip
+    store.record_results(
+        [result_of(t.id, [ns + t.seq], worker="w0", node="n", environment=ENV) for t in store.trials(job)]
+    )
     store.set_job_status(job, "completed")
     return job
 
@@ -111,16 +110,17 @@ def test_a_non_finite_number_is_stored_as_null_on_any_database_and_named(store_u
         job = store.create_job(name=spec.name, family=spec.family, spec_yaml=SPEC, git_commit="abc",
                                spec_hash=spec.spec_hash(), trials=spec.trials())  # fmt: skip
         (first, *_rest) = store.trials(job)
-        store.record_results([
-            {"trial_id": first.id, "status": "ok", "attempt": 1, "worker": "w0", "node": "n",
-             "summary": {"median": 1000.0, "n": 1, "cv": math.nan}, "metrics": {"gbps": math.inf},
-             "samples_ns": [1000], "environment": ENV}
-        ])  # fmt: skip
+        # a summary is typed (no NaN in it: kernels.base.Summary); the other JSON columns are free-form
+        odd = {"gbps": math.inf, "series": {"hit rate": [0.5, math.nan]}}
+        store.record_results([result_of(first.id, [1000], metrics=odd, memory={"peak_bytes": -math.inf},
+                                        worker="w0", node="n", environment=ENV)])  # fmt: skip
         got = next(t for t in store.trials(job) if t.id == first.id)
-        assert got.summary == {"median": 1000.0, "n": 1, "cv": None} and got.metrics == {"gbps": None}
+        assert got.metrics == {"gbps": None, "series": {"hit rate": [0.5, None]}}
+        assert got.memory == {"peak_bytes": None} and got.summary["cv"] is None
         assert got.median_ns == 1000 and got.status == "ok"
         warned = " ".join(r.getMessage() for r in caplog.records if r.name == "farm.store")
-        assert "at cv" in warned and "at gbps" in warned  # the path inside the column's value
+        assert "at gbps" in warned and "series.hit rate[1]" in warned  # the path inside the column's value
+        assert "peak_bytes" in warned
     finally:
         store.close()
 
@@ -138,7 +138,6 @@ def test_a_stored_summary_reads_back_typed_whatever_the_row_holds():
     """Issue 30: readers took `(t.summary or {}).get("p10")` in about twenty places. TrialRow.stats is the
     one typed read (kernels.base.Summary.from_stored): no result, an old row missing keys, a string or a
     NaN where a number belongs all read as absent, never as a crash or a NaN downstream."""
-    from kernels.base import Summary
 
     empty = Summary.from_stored(None)
     assert (empty.n, empty.median, empty.flags, empty.clocks, empty.discarded) == (0, None, (), {}, ())

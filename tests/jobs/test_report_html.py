@@ -16,6 +16,8 @@ from jobs.cli import main
 from jobs.report.render import render_html
 from jobs.spec.sweep import loads_spec
 from jobs.store.repository import Store
+from jobs.store.results import result_of
+from kernels.base import Summary
 
 SPEC = """
 name: report-test
@@ -50,27 +52,14 @@ def make_job(store: Store, scale: float = 1.0, failures: bool = True) -> int:
         key = (t.backend, t.config.get("ms"), t.shape["n"])
         if key not in MEDIAN:
             results.append(
-                {
-                    "trial_id": t.id,
-                    "status": "pruned",
-                    "attempt": 1,
-                    "error": "pruned: shared memory 300 KB > 227 KB per block",
-                }
+                result_of(t.id, status="pruned", error="pruned: shared memory 300 KB > 227 KB per block")
             )
             continue
         samples = _samples(MEDIAN[key] * (scale if t.backend == "spin" else 1.0))
         summary = {"median": float(sorted(samples)[3]), "n": 7, "iqr": 0.03 * samples[3]}
         summary |= {"p10": float(samples[0]), "p90": float(samples[-1])}
         results.append(
-            {
-                "trial_id": t.id,
-                "status": "ok",
-                "attempt": 1,
-                "summary": summary,
-                "samples_ns": samples,
-                "correct": True,
-                "environment": ENV,
-            }
+            result_of(t.id, samples, summary=Summary.from_stored(summary), correct=True, environment=ENV)
         )
     store.record_results(results)
     if failures:
@@ -146,15 +135,13 @@ def test_roofline_on_a_known_gpu(store):
     (trial,) = store.trials(job2)
     store.record_results(
         [
-            {
-                "trial_id": trial.id,
-                "status": "ok",
-                "attempt": 1,
-                "summary": {"median": 1e6, "n": 3},
-                "samples_ns": [1e6, 1e6, 1e6],
-                "metrics": {"tflops": 400.0, "gbps": 2000.0},
-                "environment": gpu,
-            }
+            result_of(
+                trial.id,
+                [1e6, 1e6, 1e6],
+                summary=Summary.from_stored({"median": 1e6, "n": 3}),
+                metrics={"tflops": 400.0, "gbps": 2000.0},
+                environment=gpu,
+            )
         ]
     )
     page = render_html(store, job2)
@@ -303,9 +290,8 @@ def shipped_spec_job(store: Store, path: Path) -> int:
         samples = _samples(median)
         summary = {"median": float(sorted(samples)[3]), "n": 7, "p10": samples[0], "p90": samples[-1]}
         results.append(
-            {"trial_id": t.id, "status": "ok", "attempt": 1, "summary": summary, "samples_ns": samples,
-             "correct": True, "environment": ENV}
-        )  # fmt: skip
+            result_of(t.id, samples, summary=Summary.from_stored(summary), correct=True, environment=ENV)
+        )
     store.record_results(results)
     return job
 

@@ -121,8 +121,8 @@ def test_sigterm_on_a_big_job_stops_in_seconds_marks_it_interrupted_and_keeps_ev
     observed: list[int] = []
     sent: list[float] = []
 
-    def observer(row: dict, _worker: dict) -> None:
-        observed.append(row["trial_id"])
+    def observer(result, _worker: dict) -> None:
+        observed.append(result.trial_id)
         if len(observed) == 40 and not sent:
             sent.append(time.monotonic())
             os.kill(os.getpid(), signal.SIGTERM)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from jobs.report import render as report
 from jobs.spec.sweep import loads_spec
 from jobs.store.repository import Store
+from jobs.store.results import TrialResult, result_of
+from kernels.base import Summary
 
 SPEC = """
 name: store-test
@@ -27,18 +31,8 @@ def _job(store: Store) -> int:
     )
 
 
-def _result(trial_id: int, samples: list[int], **extra) -> dict:
-    return {
-        "trial_id": trial_id,
-        "status": "ok",
-        "attempt": 1,
-        "worker": "w0",
-        "node": "n",
-        "summary": {"median": float(sorted(samples)[len(samples) // 2]), "n": len(samples)},
-        "samples_ns": samples,
-        "environment": ENV,
-        **extra,
-    }
+def _result(trial_id: int, samples: list[int], **extra) -> TrialResult:
+    return result_of(trial_id, samples, worker="w0", node="n", environment=ENV, **extra)
 
 
 def test_job_rows_results_and_resume_set(tmp_path):
@@ -121,8 +115,25 @@ def test_family_report_columns_and_scaling_plot(tmp_path):
 def test_kept_samples_leave_out_what_the_measurement_discarded(tmp_path):
     store = Store(str(tmp_path / "f.db"))
     trial = store.trials(_job(store))[0]
-    row = _result(trial.id, [10, 11, 900, 12])
-    row["summary"]["discarded"] = [2]  # taken while throttled
+    samples = [10, 11, 900, 12]
+    throttled = dataclasses.replace(Summary.from_samples(samples), discarded=(2,))  # taken while throttled
+    row = _result(trial.id, samples, summary=throttled)
     store.record_results([row])
     assert store.samples(trial.id) == [10, 11, 900, 12]  # every raw sample is kept in the store
     assert store.kept_samples(trial.id) == [10, 11, 12]
+
+
+def test_results_are_typed_from_the_worker_to_the_row(tmp_path):
+    """Issue 30: record_results took list[dict], so a result lost its type after the worker. It takes
+    TrialResults (a TrialOutcome and where it ran) and refuses anything else, naming it."""
+    import pytest
+
+    store = Store(str(tmp_path / "f.db"))
+    trial = store.trials(_job(store))[0]
+    with pytest.raises(TypeError, match="TrialResult items \\(got dict\\)"):
+        store.record_results([{"trial_id": trial.id, "status": "ok", "samples_ns": [1]}])
+    with pytest.raises(TypeError, match="outcome must be a TrialOutcome"):
+        TrialResult(trial.id, {"status": "ok"})  # type: ignore[arg-type]
+    store.record_results([_result(trial.id, [3, 1, 2])])
+    (row,) = [t for t in store.trials(trial.job_id) if t.id == trial.id]
+    assert row.stats.median == row.median_ns == 2 and row.stats.n == row.stats.n_kept == 3

@@ -25,6 +25,7 @@ from jobs.cli import main
 from jobs.report import render as report
 from jobs.spec.sweep import loads_spec
 from jobs.store.repository import Store
+from jobs.store.results import TrialResult, result_of
 from jobs.store.schema import VERSION_TABLE, head_revision
 
 SPEC = """
@@ -54,17 +55,8 @@ def _job(store: Store, text: str = SPEC) -> int:
     )  # fmt: skip
 
 
-def _result(trial_id: int, samples: list[int], env: dict = ENV) -> dict:
-    return {
-        "trial_id": trial_id,
-        "status": "ok",
-        "attempt": 1,
-        "worker": "w0",
-        "node": "n",
-        "summary": {"median": float(sorted(samples)[len(samples) // 2]), "n": len(samples), "cv": 0.01},
-        "samples_ns": samples,
-        "environment": env,
-    }
+def _result(trial_id: int, samples: list[int], env: dict = ENV) -> TrialResult:
+    return result_of(trial_id, samples, worker="w0", node="n", environment=env)
 
 
 def _finished_job(store: Store) -> int:

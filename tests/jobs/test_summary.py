@@ -10,6 +10,8 @@ from jobs.report.render import render_summary
 from jobs.run.runner import create_job
 from jobs.spec.sweep import loads_spec
 from jobs.store.repository import Store
+from jobs.store.results import result_of
+from kernels.base import Summary
 
 SPEC = """
 name: probe-summary
@@ -33,10 +35,8 @@ def test_summary_names_the_best_trial_its_speedup_interval_and_the_verdict(tmp_p
     for t in store.trials(job_id):  # the baseline ~2 ms, the other ~1 ms: a 2x speedup, tight interval
         base = 2_000_000 if t.baseline else 1_000_000
         samples = [base + 1_000 * (i % 5) for i in range(30)]
-        summary = {"median": float(sorted(samples)[15]), "n": 30}
-        results.append(
-            {"trial_id": t.id, "status": "ok", "attempt": 1, "samples_ns": samples, "summary": summary}
-        )
+        summary = Summary.from_stored({"median": float(sorted(samples)[15]), "n": 30})
+        results.append(result_of(t.id, samples, summary=summary))
     store.record_results(results)
     store.set_job_status(job_id, "completed")
 

@@ -13,6 +13,7 @@ from jobs.judge.acceptance import accept
 from jobs.run.runner import create_job
 from jobs.spec.sweep import loads_spec
 from jobs.store.repository import Store
+from jobs.store.results import result_of
 
 CARD = """
 name: probe-strict
@@ -36,7 +37,7 @@ card: {card}
     job_id = create_job(store, spec)
     [trial] = store.trials(job_id)
     samples = [1_000_000, 3_000_000] * 10
-    store.record_results([{"trial_id": trial.id, "status": "ok", "attempt": 1, "samples_ns": samples}])
+    store.record_results([result_of(trial.id, samples)])
     store.set_job_status(job_id, "completed")
     return job_id
 
