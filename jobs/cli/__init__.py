@@ -7,23 +7,43 @@ own group, mounted when its package is present).
 
 from __future__ import annotations
 
+import importlib
 import traceback
 
 import click
+from click.utils import make_default_short_help
 
-from jobs.cli.accept import accept_cmd, failures
-from jobs.cli.baseline import baseline
-from jobs.cli.bench import bench
-from jobs.cli.compare import compare, export
-from jobs.cli.db import db_group
-from jobs.cli.history import history
-from jobs.cli.jobs import jobs
-from jobs.cli.report import report
-from jobs.cli.site import site
-from jobs.cli.sweep import sweep
 from jobs.errors import BadInput, FarmError, InfrastructureError, StoreError
-from jobs.settings import FarmSettingsError
-from jobs.store.schema import StoreSchemaError
+
+# name -> (module, attribute, one-line help). A command's module is imported only when the command runs
+# (or its own --help is asked): `farm --help` imports neither SQLAlchemy nor the gateway, torch, SciPy or
+# Ray. tests/jobs/test_cli_output.py holds each line to the command's own help.
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "sweep": ("jobs.cli.sweep", "sweep", "Validate, run and resume sweep jobs."),
+    "jobs": ("jobs.cli.jobs", "jobs", "List and inspect stored jobs."),
+    "report": ("jobs.cli.report", "report",
+               "Per shape and backend: median time, spread, speedup over baseline, throughput, correctness."),
+    "baseline": ("jobs.cli.baseline", "baseline", "Name a job as the baseline later jobs are compared to."),
+    "accept": ("jobs.cli.accept", "accept_cmd",
+               "Judge JOB_ID against its metric card and baseline; exit 1 when an assertion fails."),
+    "failures": ("jobs.cli.accept", "failures", "The failure bank: failed assertions kept across jobs."),
+    "db": ("jobs.cli.db", "db_group",
+           "The results store's schema (Alembic migrations in jobs/store/migrations)."),
+    "compare": ("jobs.cli.compare", "compare",
+                "A/B per shape: two tile configs from two jobs, or two configs inside one job."),
+    "export": ("jobs.cli.compare", "export", "Export results for other tools."),
+    "history": ("jobs.cli.history", "history",
+                "Median and spread per job in commit order; change points (E-divisive means) "
+                "with their size."),
+    "site": ("jobs.cli.site", "site",
+             "Write a static site of every job and every kernel's history, which opens offline."),
+    "bench": ("jobs.cli.bench", "bench",
+              "Measure one point of FAMILY in this process and print what the farm would store."),
+    # a separate service, mounted only when its package is present
+    "gateway": ("gateway.ops.cli", "gateway",
+                "The agent gateway: OpenAI and Anthropic endpoints with per-project keys, limits "
+                "and a ledger."),
+}  # fmt: skip
 
 
 class _Exit(click.ClickException):
@@ -37,7 +57,23 @@ class _Exit(click.ClickException):
 class _FarmGroup(click.Group):
     """Every command ends on an error as one line and its documented exit code (jobs/errors.py): bad input
     2 (a FARM_* value, a job that does not exist), infrastructure 4 (the store, the cluster, the file
-    system). The traceback is printed only with `farm --debug`."""
+    system). The traceback is printed only with `farm --debug`. Commands load lazily (COMMANDS)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(name for name in COMMANDS if name != "gateway" or _has_gateway())
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS or (name == "gateway" and not _has_gateway()):
+            return None
+        module, attr, _ = COMMANDS[name]
+        return getattr(importlib.import_module(module), attr)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        names = self.list_commands(ctx)
+        limit = formatter.width - 6 - max(len(n) for n in names)
+        rows = [(name, make_default_short_help(COMMANDS[name][2], limit)) for name in names]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
     def invoke(self, ctx: click.Context):
         try:
@@ -53,11 +89,19 @@ class _FarmGroup(click.Group):
             raise _Exit(str(farm_err), farm_err.exit_code) from None
 
 
+def _has_gateway() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("gateway") is not None
+
+
 def _as_farm_error(err: Exception, ctx: click.Context) -> FarmError | None:
     from sqlalchemy.exc import SQLAlchemyError
 
     from jobs.cli.common import FILE_FIX, STORE_URL
+    from jobs.settings import FarmSettingsError
     from jobs.store.repository import store_error
+    from jobs.store.schema import StoreSchemaError
 
     if isinstance(err, FarmError):
         return err
@@ -80,25 +124,3 @@ def main(debug: bool) -> None:  # noqa: ARG001 - read by _FarmGroup from the con
 
     Exit codes: 0 passed, 1 a trial or an assertion failed, 2 bad input, 3 no worker could be kept
     alive, 4 infrastructure (store, cluster, file system), 130 interrupted."""
-
-
-main.add_command(sweep, "sweep")
-main.add_command(jobs, "jobs")
-main.add_command(report, "report")
-main.add_command(baseline, "baseline")
-main.add_command(accept_cmd, "accept")
-main.add_command(failures, "failures")
-main.add_command(db_group, "db")
-main.add_command(compare, "compare")
-main.add_command(export, "export")
-main.add_command(history, "history")
-main.add_command(site, "site")
-main.add_command(bench, "bench")
-
-# ---- gateway (a separate service; mounted only when its package is present) ----------------------------
-try:
-    from gateway.ops.cli import gateway as _gateway_group
-
-    main.add_command(_gateway_group, "gateway")
-except ImportError:  # the farm runs without the gateway package
-    pass

@@ -64,14 +64,17 @@ def accept_cmd(
     import json
 
     from jobs.judge.acceptance import accept, render, write_junit
-    from jobs.run.runner import RunOptions
     from jobs.spec.cards import CardError
 
     if junit is not None:
         writable_output(junit)
     store = store_for(db)
     require_job(store, job_id)
-    options = RunOptions(address=address or FarmSettings().ray_address, show_progress=False, echo=echo)
+    options = None
+    if confirm:  # the runner (and Ray) only for the re-runs of --confirm
+        from jobs.run.runner import RunOptions
+
+        options = RunOptions(address=address or FarmSettings().ray_address, show_progress=False, echo=echo)
     try:
         acc = accept(
             store, job_id, card=card, baseline=baseline_name, ambiguous=ambiguous, confirm=confirm,

@@ -19,9 +19,8 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from jobs.cli.common import console
+from jobs.cli.common import console, parse_point
 from jobs.errors import BadInput
-from jobs.history.series import parse_point
 
 SPECS_DIR = Path(__file__).resolve().parents[1] / "specs"  # the shipped specs (jobs/specs/)
 

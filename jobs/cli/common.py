@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
 
 from jobs.errors import InfrastructureError as InfrastructureError  # noqa: PLC0414 - raised by the CLI's verbs
 from jobs.errors import NoSuchJob
-from jobs.settings import FarmSettings
-from jobs.store.repository import Job, Store
+
+if TYPE_CHECKING:  # the store (SQLAlchemy) and the settings (pydantic) load when a command opens them
+    from jobs.store.repository import Job, Store
 
 STORE_URL = "farm.store_url"  # click context meta: the store the command opened (for error messages)
 FILE_FIX = "check that the folder exists and is writable (create it first), or choose another path"
@@ -27,6 +29,9 @@ def console() -> Console:
 
 
 def store_for(db: str | None) -> Store:
+    from jobs.settings import FarmSettings
+    from jobs.store.repository import Store
+
     url = db or FarmSettings().db
     ctx = click.get_current_context(silent=True)
     if ctx is not None:
@@ -68,3 +73,18 @@ gpus_option = click.option(
     help="workers to run: GPUs to use, or logical GPU slots on a CPU-only machine",
 )
 quiet_option = click.option("--quiet", is_flag=True, help="no live progress bar")
+
+
+def parse_point(text: str | None, what: str) -> dict[str, Any] | None:
+    """`m=64,n=128` -> {"m": 64, "n": 128} (YAML scalars: 64 is an int, true a bool); None stays None."""
+    if text is None:
+        return None
+    import yaml
+
+    out: dict[str, Any] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, raw = part.partition("=")
+        if not sep or not key.strip() or not raw.strip():
+            raise ValueError(f"{what}: expected K=V[,K=V...] (got {part!r} in {text!r})")
+        out[key.strip()] = yaml.safe_load(raw.strip())
+    return out

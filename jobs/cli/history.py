@@ -8,8 +8,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from jobs.cli.common import console, db_option, store_for
-from jobs.history.series import Selection, Series, collect, parse_point
+from jobs.cli.common import console, db_option, parse_point, store_for
+from jobs.history.series import Selection, Series, collect
 
 
 def _fmt(v: float | None, fmt: str) -> str:

@@ -209,18 +209,3 @@ def changes_of(points: list[HistoryPoint]) -> list[Change]:
         )
         for c in found
     ]
-
-
-def parse_point(text: str | None, what: str) -> dict[str, Any] | None:
-    """`m=64,n=128` -> {"m": 64, "n": 128} (YAML scalars: 64 is an int, true a bool); None stays None."""
-    if text is None:
-        return None
-    import yaml
-
-    out: dict[str, Any] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        key, sep, raw = part.partition("=")
-        if not sep or not key.strip() or not raw.strip():
-            raise ValueError(f"{what}: expected K=V[,K=V...] (got {part!r} in {text!r})")
-        out[key.strip()] = yaml.safe_load(raw.strip())
-    return out

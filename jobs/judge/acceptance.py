@@ -16,7 +16,7 @@ import xml.etree.ElementTree as ET
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -25,11 +25,13 @@ from rich.table import Table
 from jobs.judge import baselines
 from jobs.judge.anomalies import Found, contamination, throttling
 from jobs.judge.checks import AMBIGUOUS, FAIL, PASS, SKIP, Context, Outcome, run_check
-from jobs.run.runner import RunOptions
 from jobs.spec.cards import Card, load_card
 from jobs.spec.sweep import loads_spec
 from jobs.store.repository import Store, TrialRow
 from kernels.base import trial_label as label_of
+
+if TYPE_CHECKING:  # the runner imports Ray: only `farm accept --confirm` needs it (jobs.judge.confirm)
+    from jobs.run.runner import RunOptions
 
 EXIT_PASS, EXIT_FAIL = 0, 1
 AMBIGUOUS_MODES = ("fail", "warn")
