@@ -24,11 +24,21 @@ q's dtype and lse [b, h_q, s_q] fp32; a row with no key anywhere gets out 0 and 
 value; kernels.paged_mla.layout.EMPTY_ROW_LSE).
 
 Default tiles on sm_90a (what the compiler makes of them: kernels.compiled, checked by
-tests/kernels/paged_mla/test_paged_mla_compiled.py at the shipped spec's shapes), all with 8 warps, 2 stages:
+tests/kernels/paged_mla/test_paged_mla_compiled.py at the shipped spec's shapes), all with 8 warps, 2 stages
+unless said otherwise; registers are capped (Triton's `maxnreg`, default_maxnreg) only where the capped
+kernel compiles without spills (scripts/paged_mla_regs.py compiles the variants below):
   plain (bf16) cache, >= 64 query rows (h_q x s_q): BLOCK_M 64, BLOCK_N min(64, page). The dots are
     warpgroup MMAs (wgmma, M = 64 per warpgroup; the two warpgroups split N), Q and the K tile sit in
-    shared memory (the K tile arrives by cp.async, double-buffered: ~216 KB), no spills at 255 registers:
-    the fp32 accumulator [64, 512] alone is 128 registers a thread.
+    shared memory (the K tile arrives by cp.async, double-buffered: ~216 KB); the fp32 accumulator
+    [64, 512] alone is 128 registers a thread. At 2 stages the 64 x 64 tile takes 255 registers without
+    spills, and a cap spills (240: 24 B, 232: 64 B); at 3 stages (221,696 B of shared memory, 512 B more:
+    the K tile is not triple-buffered) a 240 cap compiles without spills, the same 76 wgmma and 3,376 SASS
+    instructions as uncapped (3,368 at 2 stages), so that is the default (default_num_stages,
+    default_maxnreg; a caller that sets num_stages 2 gets no cap). Also tried: BLOCK_N 32 (225-237
+    registers, no spills at 2 or 3 stages) doubles the wgmma instructions of Q K^T (N 16 per warpgroup)
+    and the accumulator rescales per token; 1 stage spills (304 B at 64, 208 B at 32); 4 warps (one
+    warpgroup) spill ~1.1 KB, 16 warps (128-register limit) 184 B. Pages 16 and 32 (BLOCK_N 16 / 32)
+    take 212-229 registers uncapped.
   fewer than 64 rows (h_q 16: 16 or 32 rows): BLOCK_M 16 / 32 with mma.sync. wgmma's M is 64 per
     warpgroup, so it would need the rows padded to 64: 4x / 2x the MMA and softmax work on masked rows
     for the same KV bytes.
@@ -41,6 +51,13 @@ tests/kernels/paged_mla/test_paged_mla_compiled.py at the shipped spec's shapes)
     (40-176 B). Halving the accumulator by splitting d_v over two programs would make each program redo
     Q K^T, ~1.5x the MMA work of a decode that is already compute-bound on an H200 at h_q 128 (~280 kFLOP
     per 1152-byte bf16 token: 240 FLOP/B against the H200's ~206).
+  per-token fp8 cache, 32-row tiles: 254-255 registers uncapped, no spills; capped at 208 (default_maxnreg)
+    no spills at every page and s_q 1 / 2, 24-40 more SASS instructions (2,696 against 2,656 at 32 x 32),
+    the same 104 mma.sync. Caps 216-240 spill 8 B at s_q > 1 (240 is clean at s_q 1 and at 32 x 16),
+    and at 1 or 3 stages under a 232-240 cap too; 4 warps spill 96 B uncapped. BLOCK_M 16 (the sm_100a
+    tile: 160-172 registers, no spills) issues the same mma.sync per row but converts each fp8 tile once
+    per 16 rows: 1,888 SASS instructions for 16 rows against 2,656 for 32 (1.4x a row). FlashMLA's layout
+    (16 x 16) takes 226-229 registers uncapped.
   FlashMLA's layout reads its four per-128-channel scales as four [BLOCK_N] loads, not as one gathered
     [BLOCK_N, 512] tensor of pointers: 229 registers and no spills on sm_90a (255 and 48-64 B of stack on
     sm_100a with the gather).
@@ -170,6 +187,33 @@ def default_tiles(rows: int, page_size: int, kv_format: str, target: str) -> tup
         default_block_m(rows, kv_format, target),
         default_block_n(page_size, kv_format != "plain", kv_format, target),
     )
+
+
+def default_num_stages(block_m: int, block_n: int, kv_format: str, target: str) -> int:
+    """Pipeline stages when the caller does not choose: 2, except 3 for a plain cache's 64 x 64 wgmma
+    tile on sm_90a, where default_maxnreg's 240-register cap compiles without spills (at 2 stages that
+    cap spills 24 B; see "Default tiles on sm_90a" in the module docstring)."""
+    _known_target(target)
+    wide = kv_format == "plain" and block_m == WGMMA_ROWS and block_n == 64
+    return 3 if target == "sm_90a" and wide else 2
+
+
+def default_maxnreg(
+    block_m: int, block_n: int, kv_format: str, target: str, num_stages: int, num_warps: int = 8
+) -> int | None:
+    """The register cap per thread (Triton's `maxnreg` launch option, ptxas's .maxnreg) when the caller
+    does not choose, None for none (ptxas's own limit, 255). Only where the capped kernel was compiled
+    without spills at the shipped spec's shapes: on sm_90a with 8 warps, 240 for a plain cache's 64 x 64
+    wgmma tile at 3 stages and 208 for the per-token fp8 cache's 32 x 16 / 32 x 32 tiles at 2 stages (caps
+    216 to 240 spill 8 B there at s_q > 1); without the cap both take 254-255 registers."""
+    _known_target(target)
+    if target != "sm_90a" or num_warps != 8:
+        return None
+    if kv_format == "plain" and (block_m, block_n, num_stages) == (WGMMA_ROWS, 64, 3):
+        return 240
+    if kv_format == "fp8" and block_m == 32 and block_n in (16, 32) and num_stages == 2:
+        return 208
+    return None
 
 
 def choose_num_splits(
@@ -396,7 +440,8 @@ def mla_decode_triton(
     block_n: int | None = None,
     target: str | None = None,
     num_warps: int = 8,
-    num_stages: int = 2,
+    num_stages: int | None = None,
+    maxnreg: int | None = None,
     out_dtype: torch.dtype | None = None,
     _overread: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -406,7 +451,8 @@ def mla_decode_triton(
     Returns out [b, s_q, h_q, d_v] (q's dtype unless out_dtype) and lse [b, h_q, s_q] fp32.
 
     block_m / block_n None take the defaults of `target` (sm_90a, sm_100a; None: the target being
-    compiled for inside kernels.compiled.capturing, else this host's).
+    compiled for inside kernels.compiled.capturing, else this host's); num_stages None and maxnreg None
+    those of the tiles on that target (default_num_stages, default_maxnreg); maxnreg 0: no register cap.
     The work split is `plan` (kernels.paged_mla.split_plan, built beforehand so the timed call reads
     nothing on the host), else built here from cache_seqlens with `num_splits` (see plan_for).
     `_overread` is for tests only: it makes the kernel read that many slots past every sequence's end.
@@ -438,9 +484,15 @@ def mla_decode_triton(
     rows = s_q * h_q
     kv_format = kv_format_of(kv_cache)
     bm, bn = block_m, block_n
+    tgt = target or launch_target()
     if bm is None or bn is None:
-        dm, dn = default_tiles(rows, page, kv_format, target or launch_target())
+        dm, dn = default_tiles(rows, page, kv_format, tgt)
         bm, bn = bm or dm, bn or dn
+    if num_stages is None:
+        num_stages = default_num_stages(bm, bn, kv_format, tgt)
+    if maxnreg is None:
+        maxnreg = default_maxnreg(bm, bn, kv_format, tgt, num_stages, num_warps)
+    caps = {"maxnreg": maxnreg} if maxnreg else {}  # Triton's NVIDIA backend; the interpreter drops it
     built_here = plan is None  # then copied to q's device below (a caller that times passes one there)
     if plan is None and cache_seqlens.is_meta:  # compile evidence only: every block table full
         plan = plan_for(
@@ -502,7 +554,7 @@ def mla_decode_triton(
             BLOCK_DN=triton.next_power_of_2(d_v), BLOCK_DR=max(16, triton.next_power_of_2(max(d_rope, 1))),
             BLOCK_M=bm, BLOCK_N=bn, KV_FORMAT=fmt, SCALE_OFF=scale_off, ROPE_OFF=rope_off,
             F32=interpreting(), OVERREAD=_overread,
-            num_warps=num_warps, num_stages=num_stages,
+            num_warps=num_warps, num_stages=num_stages, **caps,
         )  # fmt: skip
     want = out_dtype or q.dtype
     # The interpreter's fp32 -> bf16/fp16 cast truncates instead of rounding to nearest: there the kernel
