@@ -13,7 +13,10 @@ shared_prefix (tokens every sequence shares, default 0). The spec dtype is q's a
 Config: triton takes
   num_splits   "auto" (default): FlashMLA-style balanced split plan over about one unit per SM, or a
                positive integer: that many page-aligned splits per sequence (kernels.paged_mla.split_plan)
-  num_warps    1 | 2 | 4 | 8 | 16 (default 8) and num_stages 1-8 (default 2): the split kernel's launch
+  num_warps    1 | 2 | 4 | 8 | 16 (default 8) and num_stages 1-8 (default the kernel's: 3 for the 64 x 64 bf16
+               tile on sm_90a, else 2): the split kernel's launch
+  maxnreg      registers per thread at most (ptxas .maxnreg), 24-255, or 0 for no cap (default the kernel's:
+               240 / 208 where those compile without spills on sm_90a, kernels.paged_mla.triton_decode)
   block_m      query rows (s_q x h_q pairs) per program, a power of two >= 16; 64 and more use wgmma
                on sm_90a, tcgen05 on sm_100a
   block_n      cached tokens per step, a power of two >= 16
@@ -310,7 +313,7 @@ def _torch_ref(
 @_decode_backend(
     "triton",
     "Triton split-KV decode + combine (num_splits: int or auto)",
-    config_keys=("num_splits", "num_warps", "num_stages", "block_m", "block_n", "_overread"),
+    config_keys=("num_splits", "num_warps", "num_stages", "maxnreg", "block_m", "block_n", "_overread"),
     requires=needs_triton,
 )
 def _triton(inp: DecodeInputs, config: dict[str, Any], device: torch.device) -> tuple[Decode, dict[str, Any]]:
@@ -361,8 +364,9 @@ def _plan(td: Any, seqlens: list[int], config: dict[str, Any], tiles: dict[str, 
 # The split kernel's launch options a spec can sweep; block_m / block_n None take the per-cache, per-target
 # defaults of kernels.paged_mla.triton_decode (default_tiles), which compile without spills and within
 # shared memory for every cache at every page size of the shipped spec, on sm_90a (wgmma for a bf16 cache
-# with >= 64 query rows) and on sm_100a (tests/kernels/paged_mla/test_paged_mla_compiled.py).
-KERNEL_DEFAULTS = {"num_warps": 8, "num_stages": 2, "block_m": None, "block_n": None}
+# with >= 64 query rows) and on sm_100a (tests/kernels/paged_mla/test_paged_mla_compiled.py); num_stages and
+# maxnreg None take the kernel's (default_num_stages, default_maxnreg: at most 240 registers without spills).
+KERNEL_DEFAULTS = {"num_warps": 8, "num_stages": None, "maxnreg": None, "block_m": None, "block_n": None}
 
 
 def kernel_options(config: dict[str, Any], *, rows: int, page: int, kv_format: str) -> dict[str, Any]:
@@ -373,10 +377,17 @@ def kernel_options(config: dict[str, Any], *, rows: int, page: int, kv_format: s
     from kernels.paged_mla import triton_decode as td
 
     options = {key: config.get(key, default) for key, default in KERNEL_DEFAULTS.items()}
+    target = launch_target()
     if options["block_m"] is None or options["block_n"] is None:
-        bm, bn = td.default_tiles(rows, page, kv_format, launch_target())
+        bm, bn = td.default_tiles(rows, page, kv_format, target)
         options["block_m"] = options["block_m"] or bm
         options["block_n"] = options["block_n"] or bn
+    bm, bn = options["block_m"], options["block_n"]
+    if options["num_stages"] is None:
+        options["num_stages"] = td.default_num_stages(bm, bn, kv_format, target)
+    if options["maxnreg"] is None:
+        cap = td.default_maxnreg(bm, bn, kv_format, target, options["num_stages"], options["num_warps"])
+        options["maxnreg"] = cap or 0  # 0: no cap (recorded as such)
     return options
 
 
@@ -387,6 +398,11 @@ def _check_kernel_options(config: dict[str, Any]) -> None:
             raise ValueError(
                 f"config.{key} must be one of {', '.join(map(str, values))} (got {config[key]!r})"
             )
+    cap = config.get("maxnreg")
+    if cap is not None and (
+        isinstance(cap, bool) or not isinstance(cap, int) or not (cap == 0 or 24 <= cap <= 255)
+    ):
+        raise ValueError(f"config.maxnreg must be 0 (no cap) or an integer from 24 to 255 (got {cap!r})")
     for key in ("block_m", "block_n"):
         v = config.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 16 or v & (v - 1)):

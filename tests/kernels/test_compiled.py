@@ -129,7 +129,8 @@ def test_paged_mla_bf16_default_compiles_without_spills(compiled):
     assert bf16 and not [e for e in bf16 if e["spills"]]
     assert all(e["shared"] <= e["smem_limit"] for e in bf16)
     split = [e for e in bf16 if e["kernel"] == "_split_kernel"]
-    assert all(e["num_warps"] == 8 and e["num_stages"] == 2 for e in split)
+    assert all(e["num_warps"] == 8 and e["num_stages"] in (2, 3) for e in split)  # 3: the 64 x 64 tile
+    assert all(e["regs"] <= 240 for e in split), [e["regs"] for e in split]  # the kernel's register caps
     # every cache of the spec, FlashMLA's fp8 layout included, compiles clean at its default
     every = [e for r in rows for e in r["evidence"]]
     assert {r["shape"]["kv_dtype"] for r in rows} == {"bf16", "fp8", "fp8_flashmla"}
