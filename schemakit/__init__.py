@@ -31,6 +31,7 @@ The logic is written once, as sync functions of a ``Connection``; an ``AsyncEngi
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -51,12 +52,18 @@ __all__ = ["Migrations", "SchemaState", "Verdict", "Wording", "display_url", "he
 _PG_BIGINT = 2**63  # pg_advisory_xact_lock takes a bigint key
 
 
+_PASSWORD = re.compile(r"(://[^/:@]*:)[^/]*@")  # "://user:password@" in a URL SQLAlchemy cannot parse
+
+
 def display_url(url: str) -> str:
-    """The URL without its password."""
+    """The database as the user gave it, without its password: a file path (no ``://``) as it is, a URL
+    with its password shown as ``***`` (even one SQLAlchemy cannot parse, so an error still names it)."""
+    if "://" not in url:
+        return url
     try:
         return make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        return "(unparsable URL)"
+    except Exception:  # noqa: BLE001 - a bad port, a bad scheme: shown as given, less the password
+        return _PASSWORD.sub(r"\1***@", url)
 
 
 @cache
@@ -366,40 +373,46 @@ class Migrations(Generic[S]):
         with engine.connect() as conn:
             return self.read_state(conn)
 
-    def _under_lock(self, engine: Engine, fn: Callable[..., T], *args: Any) -> T:
+    def _under_lock(self, engine: Engine, url: str | None, fn: Callable[..., T], *args: Any) -> T:
         with _MIGRATING, engine.connect() as conn:
-            return fn(conn, str(engine.url), *args)
+            return fn(conn, url or str(engine.url), *args)
 
-    def upgrade(self, engine: Engine, target: str = "head") -> tuple[S, S]:
+    def upgrade(self, engine: Engine, target: str = "head", *, url: str | None = None) -> tuple[S, S]:
         """Run the migrations up to ``target`` (default: the newest), adopting a database from before
         migrations; (state before, state after). A database from a newer release raises ``error``. Safe
-        to run from several processes at once."""
-        return self._under_lock(engine, self._upgrade_on, target)
+        to run from several processes at once. ``url``: the database as the user gave it, for messages
+        (default: the engine's URL)."""
+        return self._under_lock(engine, url, self._upgrade_on, target)
 
-    def ensure(self, engine: Engine) -> S:
+    def ensure(self, engine: Engine, *, url: str | None = None) -> S:
         """What a start runs: the state when at head (an empty database created at head first); any other
-        raises ``error``, one line naming the fix."""
+        raises ``error``, one line naming the fix (and ``url``, the database as the user gave it; default:
+        the engine's URL)."""
         state = self.state(engine)
         if state.up_to_date:
             return state
-        return self._under_lock(engine, self._settle_on)
+        return self._under_lock(engine, url, self._settle_on)
 
     # --- an AsyncEngine (the same logic through AsyncConnection.run_sync) ------------------------------
     async def state_async(self, engine: AsyncEngine) -> S:
         async with engine.connect() as conn:
             return await conn.run_sync(self.read_state)
 
-    async def _under_lock_async(self, engine: AsyncEngine, fn: Callable[..., T], *args: Any) -> T:
+    async def _under_lock_async(
+        self, engine: AsyncEngine, url: str | None, fn: Callable[..., T], *args: Any
+    ) -> T:
         async with _one_migration_async(), engine.connect() as conn:
-            return await conn.run_sync(fn, str(engine.url), *args)
+            return await conn.run_sync(fn, url or str(engine.url), *args)
 
-    async def upgrade_async(self, engine: AsyncEngine, target: str = "head") -> tuple[S, S]:
+    async def upgrade_async(
+        self, engine: AsyncEngine, target: str = "head", *, url: str | None = None
+    ) -> tuple[S, S]:
         """``upgrade`` for an AsyncEngine."""
-        return await self._under_lock_async(engine, self._upgrade_on, target)
+        return await self._under_lock_async(engine, url, self._upgrade_on, target)
 
-    async def ensure_async(self, engine: AsyncEngine) -> S:
+    async def ensure_async(self, engine: AsyncEngine, *, url: str | None = None) -> S:
         """``ensure`` for an AsyncEngine."""
         state = await self.state_async(engine)
         if state.up_to_date:
             return state
-        return await self._under_lock_async(engine, self._settle_on)
+        return await self._under_lock_async(engine, url, self._settle_on)

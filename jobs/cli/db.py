@@ -29,9 +29,9 @@ def db_upgrade(db: str | None) -> None:
 
     url = db or FarmSettings().db
     engine = make_engine(url, check_schema=False)  # StoreError (exit 4): cannot be opened
-    where = display_url(str(engine.url))
+    where = display_url(url)
     try:
-        before, after = upgrade_schema(engine, Base.metadata)
+        before, after = upgrade_schema(engine, Base.metadata, url=url)
     except StoreError:  # StoreSchemaError: a revision this code does not know
         raise
     except (OSError, SQLAlchemyError, RuntimeError) as err:  # RuntimeError: a table it cannot adopt

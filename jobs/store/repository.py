@@ -280,25 +280,25 @@ def make_engine(url: str | None = None, *, check_schema: bool = True) -> Engine:
     The store's schema is checked (jobs.store.schema.ensure_schema): a new, empty store is created
     at the newest revision; an out-of-date one raises StoreSchemaError naming `farm db upgrade`.
     `check_schema=False` is for that command, which migrates it."""
-    url = url or DEFAULT_DB
+    given = url = url or DEFAULT_DB  # errors name the store as given, never the URL made of a path
     if "://" not in url:
         try:
             Path(url).parent.mkdir(parents=True, exist_ok=True)
         except OSError as err:
-            raise store_error(err, url) from err
+            raise store_error(err, given) from err
         url = f"sqlite:///{url}"
     try:
         engine = create_engine(_read_only_if_unwritable(url), json_serializer=finite_json)
     except (SQLAlchemyError, ImportError, ValueError) as err:
-        raise store_error(err, url) from err
+        raise store_error(err, given) from err
     if engine.dialect.name == "sqlite":
         event.listen(engine, "connect", _sqlite_pragmas)
     if check_schema:
         try:
-            ensure_schema(engine, Base.metadata)
+            ensure_schema(engine, Base.metadata, url=given)
         except (SQLAlchemyError, OSError) as err:
             engine.dispose()
-            raise store_error(err, url) from err
+            raise store_error(err, given) from err
         except BaseException:
             engine.dispose()
             raise

@@ -26,7 +26,7 @@ from sqlalchemy.engine import Dialect, Engine
 
 import schemakit
 from jobs.errors import StoreError
-from schemakit import display_url as display_url  # the URL without its password (jobs.errors, the CLI)
+from schemakit import display_url as display_url  # the store as given, less its password (jobs.errors, CLI)
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 VERSION_TABLE = "farm_alembic_version"
@@ -80,16 +80,17 @@ def schema_state(engine: Engine, metadata: MetaData) -> SchemaState:
 
 
 def upgrade_schema(
-    engine: Engine, metadata: MetaData, target: str = "head"
+    engine: Engine, metadata: MetaData, target: str = "head", *, url: str | None = None
 ) -> tuple[SchemaState, SchemaState]:
     """Run the migrations up to ``target`` (default: the newest), adopting a store from before
-    migrations; (state before, state after). Safe to run from several processes at once."""
-    return migrations(metadata).upgrade(engine, target)
+    migrations; (state before, state after). Safe to run from several processes at once. ``url``: the
+    store as the user gave it (a path or a URL), which messages name."""
+    return migrations(metadata).upgrade(engine, target, url=url)
 
 
-def ensure_schema(engine: Engine, metadata: MetaData) -> SchemaState:
+def ensure_schema(engine: Engine, metadata: MetaData, *, url: str | None = None) -> SchemaState:
     """Check that the store is at the newest revision before it is used. A store without any farm table
     is created here (zero setup); any other out-of-date one raises StoreSchemaError, one line naming
     ``farm db upgrade``. Another first start creating the tables right now is waited for (schemakit reads
-    the state again under the migration lock)."""
-    return migrations(metadata).ensure(engine)
+    the state again under the migration lock). ``url``: the store as the user gave it, for messages."""
+    return migrations(metadata).ensure(engine, url=url)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from sqlalchemy import create_engine
 
 from jobs.cli import main
 from jobs.spec.sweep import loads_spec
@@ -175,3 +176,50 @@ def test_a_family_without_its_own_export_gets_the_fastest_config_per_shape(tmp_p
         set(v) == {"config", "median_ns"} and v["config"] == {"ms": 1} for v in table.values()
     )
     assert all(key.startswith("n=") for key in table)
+
+
+def test_errors_name_the_store_as_it_was_given(tmp_path, monkeypatch):
+    """Issue 32: every "no job N" on a store given as a file path said "in the farm store (unparsable
+    URL)". The store is named as the user gave it: a path (relative, absolute, the default) or a URL."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("FARM_DB", raising=False)
+    _store_with_a_job(tmp_path / ".farm" / "farm.db")
+    _store_with_a_job(tmp_path / "other.db")
+    given = {
+        None: ".farm/farm.db",  # the default
+        ".farm/farm.db": ".farm/farm.db",
+        "other.db": "other.db",
+        str(tmp_path / "other.db"): str(tmp_path / "other.db"),
+        f"sqlite:///{tmp_path / 'other.db'}": f"sqlite:///{tmp_path / 'other.db'}",
+    }
+    for db, shown in given.items():
+        for args in (["jobs", "show", "999"], ["report", "999"], ["compare", "999", "1"]):
+            res = farm(*args, *(["--db", db] if db else []))
+            assert res.exit_code == 2, (db, args, res.output)
+            assert f"no job 999 in the farm store {shown} (" in res.output, (db, args, res.output)
+            assert "unparsable" not in res.output
+
+
+def test_a_store_error_names_the_path_as_given_not_a_rewritten_url(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("bad.db").write_bytes(b"this is not a database, it is a text file of sixty-four bytes.....")
+    res = farm("jobs", "list", "--db", "bad.db")
+    _one_line_4(res, "the farm store bad.db is not a readable SQLite database")
+    assert "sqlite://" not in res.output
+
+
+def test_a_schema_problem_names_the_store_as_given(tmp_path, monkeypatch):
+    """The schema checks (schemakit) named the engine's URL (sqlite:///..., or the file: URI of a store
+    opened read-only): they name the store as the user gave it, here a relative path."""
+    from sqlalchemy import text
+
+    monkeypatch.chdir(tmp_path)
+    Store("newer.db").close()
+    engine = create_engine("sqlite:///newer.db")
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE farm_alembic_version SET version_num = 'ffff0000'"))
+    engine.dispose()
+    for args in (["jobs", "list"], ["db", "upgrade"]):
+        res = farm(*args, "--db", "newer.db")
+        _one_line_4(res, "the farm store newer.db is at schema revision ffff0000")
+        assert "sqlite://" not in res.output, res.output

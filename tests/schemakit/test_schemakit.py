@@ -382,4 +382,8 @@ def test_the_verdicts_and_their_lines_never_show_the_password():
         assert "s3cret-pw" not in line
     with pytest.raises(TypeError, match="SchemaState.wording is not set"):
         SchemaState("0001", "0002", tables).problem(url)
-    assert display_url("not a url at all") == "(unparsable URL)"
+    # a file path is named as given; a URL SQLAlchemy cannot parse too, less its password (issue 32)
+    assert display_url("results/farm.db") == "results/farm.db"
+    assert display_url("not a url at all") == "not a url at all"
+    bad_port = display_url("postgresql+psycopg://kit:s3cret-pw@db.example:port/kit")
+    assert bad_port == "postgresql+psycopg://kit:***@db.example:port/kit"
