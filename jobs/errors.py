@@ -2,7 +2,7 @@
 
     0    every trial passed and the card's assertions hold
     1    a trial failed or an assertion failed: the verdict (never an error of the farm itself)
-    2    bad input: a bad spec, card, option or flag value, a job or baseline that does not exist
+    2    bad input: a bad spec, card, option or flag value, a job, baseline or store that does not exist
     3    no worker could be kept alive
     4    infrastructure: the store, the cluster or the file system failed (InfrastructureError)
     130  interrupted (the job is resumable)
@@ -13,6 +13,7 @@ its one-line message and exit code, with the traceback only under `farm --debug`
     FarmError
     +-- BadInput (2)
     |   +-- NoSuchJob (2)
+    |   +-- NoSuchStore (2): a command that only reads names a store that does not exist
     +-- InfrastructureError (4)
         +-- StoreError (4): the results store cannot be opened, read or written
 """
@@ -46,6 +47,21 @@ class NoSuchJob(BadInput):
         where = display_url(url)
         super().__init__(f"no job {job_id} in the farm store {where} (`farm jobs list` shows its jobs)")
         self.job_id = job_id
+
+
+class NoSuchStore(BadInput):
+    """A command that only reads was given a store that does not exist (an SQLite file not there): it is
+    never created by reading, so a mistyped --db is not mistaken for an empty store."""
+
+    def __init__(self, url: str, source: str | None = None) -> None:
+        from jobs.store.schema import display_url
+
+        given = f" ({source})" if source else ""
+        super().__init__(
+            f"no farm store at {display_url(url)}{given}: the file does not exist; check --db (or FARM_DB), "
+            "or create the store with a command that writes (`farm sweep run`, `farm db upgrade`)"
+        )
+        self.url = url
 
 
 class InfrastructureError(FarmError):

@@ -68,7 +68,7 @@ def accept_cmd(
 
     if junit is not None:
         writable_output(junit)
-    store = store_for(db)
+    store = store_for(db, create=False)
     require_job(store, job_id)
     options = None
     if confirm:  # the runner (and Ray) only for the re-runs of --confirm
@@ -130,7 +130,7 @@ def failures_list(min_jobs: int, db: str | None) -> None:
     table = Table()
     for col in ("fingerprint", "assertion", "point", "jobs", "commits", "tags", "last message"):
         table.add_column(col, overflow="fold")
-    for g in recurring(store_for(db), min_jobs):
+    for g in recurring(store_for(db, create=False), min_jobs):
         table.add_row(
             g.fingerprint[:12],
             g.assertion,

@@ -25,7 +25,7 @@ def baseline_set(job_id: int, name: str | None, force: bool, db: str | None) -> 
     GPU model or CPU). A name on another job moves only with --force, never to another family or spec."""
     from jobs.judge.baselines import set_from_job
 
-    store = store_for(db)
+    store = store_for(db, create=True)
     require_job(store, job_id)
     done = set_from_job(store, job_id, name, force=force)  # BadInput (exit 2): refused, nothing changed
     if done.previous_job is None:
@@ -45,7 +45,7 @@ def baseline_set(job_id: int, name: str | None, force: bool, db: str | None) -> 
 @db_option
 def baseline_list(history: bool, name: str | None, db: str | None) -> None:
     """Every baseline: its job, family, points, commit and when it was set (--history: every move)."""
-    store = store_for(db)
+    store = store_for(db, create=False)
     table = Table()
     if history:
         for col in (

@@ -28,15 +28,22 @@ def console() -> Console:
     return out
 
 
-def store_for(db: str | None) -> Store:
+def store_for(db: str | None, *, create: bool) -> Store:
+    """The store --db (else FARM_DB, else .farm/farm.db) names. Each command says whether it may create
+    it: `create=True` for the commands that write (sweep run and resume, baseline set, ...); a command
+    that only reads passes False, and a store that does not exist is then NoSuchStore (exit 2, one line)
+    rather than a new, empty store that a mistyped --db would make look like one with no jobs."""
     from jobs.settings import FarmSettings
     from jobs.store.repository import Store
 
-    url = db or FarmSettings().db
+    source = None
+    if db is None:
+        settings = FarmSettings()
+        db, source = settings.db, ("FARM_DB" if "db" in settings.model_fields_set else "the default")
     ctx = click.get_current_context(silent=True)
     if ctx is not None:
-        ctx.meta[STORE_URL] = url
-    return Store(url)
+        ctx.meta[STORE_URL] = db
+    return Store(db, create=create, source=source)
 
 
 def require_job(store: Store, job_id: int) -> Job:

@@ -46,7 +46,7 @@ def compare(
     """A/B per shape: two tile configs from two jobs, or two configs inside one job."""
     from jobs.report.ab import Selector, compare_jobs, render
 
-    store = store_for(db)
+    store = store_for(db, create=False)
     for job_id in (job_a, job_b):
         if job_id is not None:
             require_job(store, job_id)
@@ -101,7 +101,7 @@ def export_best_configs(
 
     if output is not None:
         writable_output(output)
-    store = store_for(db)
+    store = store_for(db, create=False)
     require_job(store, job)
     try:
         table, missing = best_configs(store, job, backend)

@@ -21,7 +21,8 @@ def db_upgrade(db: str | None) -> None:
 
     Run it once per store after installing a release that changes the schema (commands refuse an
     out-of-date store, naming this command); it adopts a store made before migrations. Safe to re-run,
-    and from several hosts at once. A new, empty store needs no command: the first use creates it."""
+    and from several hosts at once. A new, empty store needs no command: the first command that writes
+    creates it."""
     from sqlalchemy.exc import SQLAlchemyError
 
     from jobs.store.repository import Base, make_engine

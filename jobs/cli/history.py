@@ -78,7 +78,7 @@ def history(
         )
     except ValueError as err:
         raise click.UsageError(str(err)) from None
-    store = store_for(db)
+    store = store_for(db, create=False)
     try:
         found = collect(store, selection)
     finally:

@@ -19,7 +19,7 @@ def jobs() -> None:
 @click.option("--limit", default=50, show_default=True)
 def jobs_list(db: str | None, limit: int) -> None:
     """The most recent jobs with their trial counts."""
-    store = store_for(db)
+    store = store_for(db, create=False)
     table = Table()
     for col in ("job", "name", "family", "status", "trials", "ok", "not ok", "created", "kernels commit"):
         table.add_column(col)
@@ -45,7 +45,7 @@ def jobs_list(db: str | None, limit: int) -> None:
 @db_option
 def jobs_show(job_id: int, db: str | None) -> None:
     """One job: spec, cluster, status counts and every trial."""
-    store = store_for(db)
+    store = store_for(db, create=False)
     job = require_job(store, job_id)
     out_console = console()
     out_console.print(f"[bold]job {job.id}[/bold] {job.name} family {job.family} status {job.status}")

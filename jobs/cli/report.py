@@ -36,7 +36,7 @@ def report(job_id: int, db: str | None, fmt: str, html_path: Path | None, output
     for path in (output, html_path):
         if path is not None:
             writable_output(path)
-    store = store_for(db)
+    store = store_for(db, create=False)
     require_job(store, job_id)
     if fmt == "table":
         rep.render_terminal(store, job_id, console())

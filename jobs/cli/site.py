@@ -19,7 +19,7 @@ def site(db: str | None, output: Path) -> None:
     """Write a static site of every job and every kernel's history, which opens offline."""
     from jobs.report.site import build_site
 
-    store = store_for(db)
+    store = store_for(db, create=False)
     try:
         start = time.perf_counter()
         result = build_site(store, output)

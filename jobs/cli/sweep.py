@@ -177,7 +177,7 @@ def sweep_run(
 
     spec = _load(spec_path, yes, max_trials)
     settings = FarmSettings()
-    store = store_for(db)
+    store = store_for(db, create=True)
     options = RunOptions(address or settings.ray_address, gpus or settings.gpus, not quiet, echo)
     options.oversubscribe = oversubscribe
     with _no_job_on_interrupt():
@@ -222,7 +222,7 @@ def sweep_resume(
     from jobs.run.runner import RunOptions, resume_job
 
     settings = FarmSettings()
-    store = store_for(db)
+    store = store_for(db, create=True)
     options = RunOptions(address or settings.ray_address, gpus or settings.gpus, not quiet, echo)
     options.oversubscribe = oversubscribe
     try:

@@ -8,6 +8,7 @@ running the rows that are not finished.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import itertools
 import json
@@ -16,7 +17,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 from sqlalchemy import (
     JSON,
@@ -42,7 +43,7 @@ from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-from jobs.errors import StoreError
+from jobs.errors import NoSuchStore, StoreError
 from jobs.store.finite_json import finite_json
 from jobs.store.results import TrialResult
 from jobs.store.schema import StoreSchemaError as StoreSchemaError  # Store() on an out-of-date store
@@ -274,13 +275,20 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.close()
 
 
-def make_engine(url: str | None = None, *, check_schema: bool = True) -> Engine:
+def make_engine(
+    url: str | None = None, *, check_schema: bool = True, create: bool = True, source: str | None = None
+) -> Engine:
     """`url` is an SQLAlchemy URL or a plain file path; None means the default SQLite file.
 
     The store's schema is checked (jobs.store.schema.ensure_schema): a new, empty store is created
     at the newest revision; an out-of-date one raises StoreSchemaError naming `farm db upgrade`.
-    `check_schema=False` is for that command, which migrates it."""
+    `check_schema=False` is for that command, which migrates it. `create=False` is for the commands that
+    only read: an SQLite store whose file does not exist raises NoSuchStore (exit 2) instead of being
+    created (`source` says where the name came from: "the default", "FARM_DB"). A PostgreSQL database
+    is made by its server, never by the farm: `create` does not change how one is opened."""
     given = url = url or DEFAULT_DB  # errors name the store as given, never the URL made of a path
+    if not create and (missing := _missing_sqlite_file(url)) is not None:
+        raise NoSuchStore(given, source) from missing
     if "://" not in url:
         try:
             Path(url).parent.mkdir(parents=True, exist_ok=True)
@@ -303,6 +311,27 @@ def make_engine(url: str | None = None, *, check_schema: bool = True) -> Engine:
             engine.dispose()
             raise
     return engine
+
+
+def _missing_sqlite_file(url: str) -> FileNotFoundError | None:
+    """Why the SQLite store `url` (a file path or an sqlite URL) does not exist, or None when it exists or
+    is not an SQLite file (a server database, an in-memory one, a URL that fails later, with its own
+    message)."""
+    path: str | None = url
+    if "://" in url:
+        try:
+            parsed = make_url(url)
+        except Exception:  # noqa: BLE001 - store_error names it when the engine is made
+            return None
+        path = parsed.database if parsed.drivername.startswith("sqlite") else None
+        if path and path.startswith("file:"):  # an SQLite URI filename: file:PATH?mode=...
+            path, _, query = path[len("file:") :].partition("?")
+            if "mode=memory" in query or "mode=memory" in str(parsed.query):
+                return None
+            path = unquote(path)
+    if not path or path == ":memory:" or Path(path).exists():
+        return None
+    return FileNotFoundError(errno.ENOENT, "no such file", path)
 
 
 def _read_only_if_unwritable(url: str) -> str:
@@ -379,9 +408,10 @@ class Store:
 
     CREATE_BATCH = 2000  # trial rows per INSERT when a job is created
 
-    def __init__(self, url: str | None = None):
+    def __init__(self, url: str | None = None, *, create: bool = True, source: str | None = None):
+        """`create=False`: open an existing store only (make_engine); the commands that only read."""
         self.url = url or DEFAULT_DB
-        self.engine = make_engine(url)
+        self.engine = make_engine(url, create=create, source=source)
         self._env_ids: dict[str, int] = {}
 
     def close(self) -> None:

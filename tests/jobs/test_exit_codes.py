@@ -223,3 +223,53 @@ def test_a_schema_problem_names_the_store_as_given(tmp_path, monkeypatch):
         res = farm(*args, "--db", "newer.db")
         _one_line_4(res, "the farm store newer.db is at schema revision ffff0000")
         assert "sqlite://" not in res.output, res.output
+
+
+READ_COMMANDS = [
+    ["jobs", "list"],
+    ["jobs", "show", "1"],
+    ["report", "1"],
+    ["history", "--family", "probe"],
+    ["compare", "1", "2"],
+    ["export", "best-configs", "1"],
+    ["baseline", "list"],
+    ["failures", "list"],
+    ["accept", "1"],
+    ["site", "-o", "site"],
+]
+
+
+def test_a_reading_command_on_a_store_that_does_not_exist_says_so_and_creates_nothing(tmp_path, monkeypatch):
+    """Issue 32: `farm jobs list` in an empty folder created .farm/farm.db, so a mistyped --db looked like
+    an empty store. A command that only reads refuses a store that does not exist: one line, exit 2."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("FARM_DB", raising=False)
+    for db, shown in (
+        (None, ".farm/farm.db"),
+        ("typo.db", "typo.db"),
+        ("sub/typo.db", "sub/typo.db"),
+        (f"sqlite:///{tmp_path / 'typo.db'}", f"sqlite:///{tmp_path / 'typo.db'}"),
+    ):
+        for args in READ_COMMANDS:
+            res = farm(*args, *(["--db", db] if db else []))
+            assert res.exit_code == 2, (db, args, res.output)
+            lines = [line for line in res.output.splitlines() if line.strip()]
+            assert len(lines) == 1 and "Traceback" not in res.output, (db, args, res.output)
+            assert f"no farm store at {shown}" in lines[0], (db, args, res.output)
+        assert sorted(p.name for p in tmp_path.iterdir()) == [], (db, list(tmp_path.iterdir()))
+    # FARM_DB is named as the place it came from
+    monkeypatch.setenv("FARM_DB", "from-env.db")
+    res = farm("jobs", "list")
+    assert res.exit_code == 2 and "no farm store at from-env.db" in res.output and "FARM_DB" in res.output
+
+
+def test_only_commands_that_write_create_a_store(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("FARM_DB", raising=False)
+    res = farm("db", "upgrade", "--db", "a.db")
+    assert res.exit_code == 0 and Path("a.db").is_file(), res.output
+    res = farm("baseline", "set", "1", "--name", "main", "--db", "b.db")
+    assert res.exit_code == 2 and "no job 1 in the farm store b.db" in res.output and Path("b.db").is_file()
+    res = farm("sweep", "resume", "1")
+    assert res.exit_code == 2 and Path(".farm/farm.db").is_file(), res.output
+    assert farm("jobs", "list").exit_code == 0  # the store now exists: reading it works
