@@ -16,7 +16,7 @@ import click
 from jobs.cli.accept import send_drafts
 from jobs.cli.common import address_option, console, db_option, echo, gpus_option, quiet_option, store_for
 from jobs.settings import FarmSettings
-from jobs.spec.sweep import SpecError, SweepSpec, load_spec
+from jobs.spec.sweep import SpecError, SweepSpec, TooManyTrials, load_spec
 from jobs.spec.sweep import loads_spec as load_spec_text
 from jobs.store.repository import Store
 
@@ -85,19 +85,16 @@ def grid_summary(spec: SweepSpec, total: int) -> list[str]:
 
 def _load(path: Path, yes: bool = True, max_trials: int = MAX_TRIALS) -> SweepSpec:
     try:
-        spec = load_spec(path)
+        return load_spec(path, max_trials=None if yes else max_trials)
     except SpecError as err:
         click.echo(str(err), err=True)
-        sys.exit(2)
-    total = spec.count_trials()
-    if total > max_trials and not yes:
+    except TooManyTrials as err:  # refused before its trials are checked one by one
         click.echo(
-            f"{path}: the grid expands to {total:,} trials, more than --max-trials {max_trials:,}; "
+            f"{path}: the grid expands to {err.total:,} trials, more than --max-trials {max_trials:,}; "
             "check the axes, or pass --yes to accept it",
             err=True,
         )
-        sys.exit(2)
-    return spec
+    sys.exit(2)
 
 
 def _finish(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from pydantic import (
     model_validator,
 )
 
+from jobs.spec.strict_yaml import load_strict
 from jobs.spec.validation import problems_from
 from kernels.base import TrialRequest, trial_label
 from kernels.measure.policy import MeasurePolicy
@@ -46,6 +48,16 @@ class SpecError(ValueError):
         self.source = source
         self.problems = problems
         super().__init__(f"{source}: invalid sweep spec\n" + "\n".join(f"  {source}: {p}" for p in problems))
+
+
+class TooManyTrials(ValueError):
+    """The grid expands to more trials than the caller accepts (`farm sweep --max-trials`): raised by
+    load_spec before the trials are checked one by one against the family, so a huge grid is refused in
+    the time it takes to read it. `total` is the count."""
+
+    def __init__(self, source: str, total: int, limit: int) -> None:
+        self.source, self.total, self.limit = source, total, limit
+        super().__init__(f"{source}: the grid expands to {total:,} trials, more than {limit:,}")
 
 
 class _Strict(BaseModel):
@@ -81,7 +93,21 @@ class Grid(_Strict):
                 yield point
 
     def count(self) -> int:
-        return sum(1 for _ in self.iter_points())
+        if self.exclude:
+            return sum(1 for _ in self.iter_points())
+        # no exclusion: the product of the axes (each value once) and the included points not in it,
+        # counted without making the product's points (10^6 of them take a second and a half)
+        keys = list(self.grid)
+        total = math.prod(len(dict.fromkeys(values)) for values in self.grid.values()) if keys else 0
+        if not keys and not self.include:
+            return 1  # no axes and nothing included: one empty point
+        seen: set[str] = set()
+        for point in self.include:
+            ident = json.dumps(point, sort_keys=True)
+            if ident not in seen and not (keys and self._in_product(point)):
+                seen.add(ident)
+                total += 1
+        return total
 
     def _excluded(self, point: Point) -> bool:
         return any(_matches(point, rule) for rule in self.exclude)
@@ -217,8 +243,9 @@ def _expand(spec: SweepSpec) -> Iterator[TrialSpec]:
 # Loading
 
 
-def parse_spec(data: Any, source: str = "<spec>") -> SweepSpec:
-    """Validate a spec given as plain data; raise SpecError naming every bad field."""
+def parse_spec(data: Any, source: str = "<spec>", *, max_trials: int | None = None) -> SweepSpec:
+    """Validate a spec given as plain data; raise SpecError naming every bad field (TooManyTrials when
+    the grid has more than `max_trials`, before each trial is checked against the family)."""
     if not isinstance(data, dict):
         raise SpecError(
             source, [f"(top level): expected a mapping of spec fields (got {type(data).__name__})"]
@@ -227,11 +254,11 @@ def parse_spec(data: Any, source: str = "<spec>") -> SweepSpec:
         spec = SweepSpec.model_validate(data)
     except ValidationError as err:
         raise SpecError(source, problems_from(err, data)) from None
-    _check_against_family(spec, source)
+    _check_against_family(spec, source, max_trials)
     return spec
 
 
-def _check_against_family(spec: SweepSpec, source: str) -> None:
+def _check_against_family(spec: SweepSpec, source: str, max_trials: int | None = None) -> None:
     try:
         family = get_family(spec.family)
     except UnknownFamily as err:
@@ -264,6 +291,8 @@ def _check_against_family(spec: SweepSpec, source: str) -> None:
             problems.append(f"card: {'; '.join(err.problems)} (got {spec.card!r})")
     if problems:
         raise SpecError(source, list(dict.fromkeys(problems)))
+    if max_trials is not None and (total := spec.count_trials()) > max_trials:
+        raise TooManyTrials(source, total, max_trials)
     seen: set[str] = set()
     for t in spec.iter_trials():
         try:
@@ -279,47 +308,26 @@ def _check_against_family(spec: SweepSpec, source: str) -> None:
         )
 
 
-def load_spec(path: str | Path) -> SweepSpec:
+def load_spec(path: str | Path, *, max_trials: int | None = None) -> SweepSpec:
+    """The spec of a file; `max_trials`: a grid of more trials raises TooManyTrials before its trials
+    are checked against the family one by one."""
     path = Path(path)
     source = str(path)
     try:
         text = path.read_text()
     except OSError as err:
         raise SpecError(source, [f"cannot read the file: {err.strerror}"]) from None
-    return loads_spec(text, source)
+    return loads_spec(text, source, max_trials=max_trials)
 
 
-class _DuplicateKey(yaml.MarkedYAMLError):
-    pass
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader, except that a key given twice in one mapping is an error (PyYAML keeps the
-    last value silently, so a typo'd spec would run something else than it says)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            line = key_node.start_mark.line + 1
-            if isinstance(key, str | int | float | bool) and key in seen:
-                raise _DuplicateKey(
-                    problem=f"duplicate key {key!r} (first on line {seen[key]})",
-                    problem_mark=key_node.start_mark,
-                )
-            if isinstance(key, str | int | float | bool):
-                seen[key] = line
-        return super().construct_mapping(node, deep=deep)
-
-
-def loads_spec(text: str, source: str = "<spec>") -> SweepSpec:
+def loads_spec(text: str, source: str = "<spec>", *, max_trials: int | None = None) -> SweepSpec:
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        data = load_strict(text)  # libyaml's events; a key given twice is an error
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         raise SpecError(source, [f"{where}not valid YAML: {getattr(err, 'problem', err)}"]) from None
-    return parse_spec(data, source)
+    return parse_spec(data, source, max_trials=max_trials)
 
 
 def dump_spec(spec: SweepSpec) -> str:

@@ -1,0 +1,70 @@
+"""`python -m benchmarks spec`: how long `farm sweep validate` takes to refuse a 10^6-point grid (the
+default --max-trials is 10,000), and its peak resident size (issue 32: 183 s and 1.1 GB; target under
+5 s and 300 MB).
+
+Three spellings of the grid, each in a fresh farm process: one axis of 10^6 values in flow style
+(`n: [0, 1, ...]`, 8 MB) and in block style (`- 0` a line, 15 MB), and 10^6 points listed under
+`include` (`- {n: 0}` a line, 18 MB). The time moves with the machine's load; the peak does not."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+N = 10**6
+HEAD = """name: probe-huge
+family: probe
+backends: [{name: spin, baseline: true}]
+configs: {grid: {ms: [0.001]}}
+"""
+_PEAK = (
+    "import sys\n"
+    "from jobs.cli import main\n"
+    "try:\n"
+    "    main(['sweep', 'validate', sys.argv[1]])\n"
+    "finally:\n"
+    "    hwm = next(line for line in open('/proc/self/status') if line.startswith('VmHWM:'))\n"
+    "    print('PEAK_KB', hwm.split()[1], file=sys.stderr)\n"
+)
+
+
+def _specs(folder: Path) -> dict[str, Path]:
+    specs = {
+        "axis, flow": HEAD + "shapes: {grid: {n: [" + ", ".join(map(str, range(N))) + "]}}\n",
+        "axis, block": HEAD + "shapes:\n  grid:\n    n:\n" + "".join(f"      - {i}\n" for i in range(N)),
+        "include": HEAD + "shapes:\n  include:\n" + "".join(f"    - {{n: {i}}}\n" for i in range(N)),
+    }
+    paths = {}
+    for i, (name, text) in enumerate(specs.items()):
+        paths[name] = folder / f"grid{i}.yaml"
+        paths[name].write_text(text)
+    return paths
+
+
+def main() -> dict[str, float]:
+    figures: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, path in _specs(Path(tmp)).items():
+            start = time.perf_counter()
+            out = subprocess.run(
+                [sys.executable, "-c", _PEAK, str(path)], capture_output=True, text=True, timeout=900
+            )
+            seconds = time.perf_counter() - start
+            refused = out.returncode == 2 and "1,000,000 trials" in out.stderr
+            peak_mb = int(out.stderr.split("PEAK_KB")[1].split()[0]) / 1024
+            size_mb = path.stat().st_size / 1e6
+            print(
+                f"{name:12} ({size_mb:4.1f} MB of YAML): {'refused' if refused else 'NOT REFUSED'} in "
+                f"{seconds:5.1f} s, peak {peak_mb:5.0f} MB"
+            )
+            key = name.replace(", ", "_")
+            figures[f"{key}_s"] = round(seconds, 2)
+            figures[f"{key}_peak_mb"] = round(peak_mb)
+    return figures
+
+
+if __name__ == "__main__":
+    main()
