@@ -18,6 +18,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import re
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -65,6 +66,126 @@ def page(title: str, body: str, plotly_src: str | None = None) -> str:
     )
 
 
+# ---- log axes ---------------------------------------------------------------------------------------
+# Figures are built in data units everywhere: a trace's values, an annotation's x and y, a shape, an axis
+# range. plotly.js reads a trace and a shape in data units on a log axis too, but an annotation's position
+# and an axis range in the axis' own coordinates, log10 of the value (an annotation at y=69 on a log axis
+# is drawn at 10^69). `figure()` is where every page's figures pass: log_axes() moves annotations and
+# ranges there into log10, and gives each log axis its ticks (log_ticks).
+
+LOG_MANTISSAS = (  # the ticks of one decade, sparsest first
+    (1.0,),
+    (1.0, 2.0, 5.0),
+    (1.0, 1.5, 2.0, 3.0, 5.0, 7.0),
+    (1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0),
+)
+MIN_LOG_TICKS = 3  # tick labels inside the data's span
+MAX_LOG_TICKS = 8  # decades labelled at most: a wider span labels every 2nd, 3rd, ... decade
+_AXIS_REF = re.compile(r"([xy])(\d*)")
+
+
+def _round(v: float) -> float:
+    return float(f"{v:.12g}")
+
+
+def log_ticks(lo: float, hi: float) -> tuple[list[float], list[str]]:
+    """Ticks for a log axis that shows the data from `lo` to `hi` (> 0): values and their labels. The
+    sparsest of decades, 1-2-5, 1-1.5-2-3-5-7 and a finer set per decade that puts MIN_LOG_TICKS ticks
+    between lo and hi, or round linear steps on a narrower span; each label is the value itself (0.02, 50,
+    1e+06), never a digit whose decade the reader must guess. The ticks run on past lo and hi: plotly.js
+    pads its range and draws the ticks inside it. One value (lo == hi) is shown a decade either side, as
+    plotly.js does."""
+    if not 0 < lo <= hi:
+        raise ValueError(f"a log axis needs 0 < lo <= hi (got {lo}, {hi})")
+    if lo == hi:
+        lo, hi = lo / 10, hi * 10
+    d0, d1 = math.floor(math.log10(lo)) - 1, math.ceil(math.log10(hi)) + 1
+    decades = math.log10(hi / lo)
+    if decades > MAX_LOG_TICKS:
+        k = math.ceil(decades / MAX_LOG_TICKS)
+        values = [_round(10.0**d) for d in range(d0 - d0 % k, d1 + 1, k)]
+    else:
+        for mantissas in LOG_MANTISSAS:
+            values = [_round(m * 10.0**d) for d in range(d0, d1 + 1) for m in mantissas]
+            if sum(lo <= v <= hi for v in values) >= MIN_LOG_TICKS:
+                break
+        else:  # a narrow span: the longest linear step of 1, 2 or 5 times a power of ten that fits
+            most = (hi - lo) / MIN_LOG_TICKS
+            base = 10.0 ** math.floor(math.log10(most))
+            step = max(base * m for m in (1, 2, 5) if base * m <= most * (1 + 1e-9))
+            first, last = math.floor(lo / step) - 1, math.ceil(hi / step) + 1
+            values = [_round(i * step) for i in range(max(first, 1), last + 1)]
+    return values, [f"{v:.10g}" for v in values]
+
+
+def _positive(values: Any) -> list[float]:
+    out = []
+    for v in values if values is not None else ():
+        if isinstance(v, int | float | np.number) and not isinstance(v, bool) and math.isfinite(v) and v > 0:
+            out.append(float(v))
+    return out
+
+
+def _on_axis(data: list[dict], layout: dict, axis: str) -> list[float]:
+    """Every positive value the figure puts on `axis` ("xaxis", "yaxis2"): its traces' values with their
+    error bars, its shapes and its annotations (all in data units)."""
+    letter, n = axis[0], axis[5:]
+    ref = letter + n
+    values: list[float] = []
+    for trace in data:
+        if (
+            trace.get("type") not in (None, "scatter", "scattergl", "bar", "box")
+            or trace.get(f"{letter}axis", letter) != ref
+        ):
+            continue
+        vs = trace.get(letter)
+        pos = _positive(vs)
+        values += pos
+        err = trace.get(f"error_{letter}") or {}
+        if pos and err.get("array") is not None:
+            plus = list(err["array"])
+            minus = list(err["arrayminus"]) if err.get("arrayminus") is not None else plus
+            nums = [float(v) if isinstance(v, int | float | np.number) else None for v in vs]
+            for v, p, m in zip(nums, plus, minus, strict=False):
+                if v is not None:
+                    values += _positive([v + (p or 0), v - (m or 0)])
+    for shape in layout.get("shapes", ()):
+        if shape.get(f"{letter}ref", letter) == ref:
+            values += _positive([shape.get(f"{letter}0"), shape.get(f"{letter}1")])
+    for ann in layout.get("annotations", ()):
+        if ann.get(f"{letter}ref", letter) == ref:
+            values += _positive([ann.get(letter)])
+    return values
+
+
+def log_axes(data: list[dict], layout: dict) -> None:
+    """Put a figure's annotations and ranges on log axes into the axis' coordinates (log10 of the value)
+    and give every log axis readable ticks (log_ticks over what it shows), in place."""
+    logs = {k for k, v in layout.items() if re.fullmatch(r"[xy]axis\d*", k) and v.get("type") == "log"}
+    for axis in sorted(logs):
+        ax = layout[axis]
+        shown = _on_axis(data, layout, axis)
+        if shown and "tickvals" not in ax and ax.get("tickmode") in (None, "auto"):
+            ax["tickvals"], ax["ticktext"] = log_ticks(min(shown), max(shown))
+            ax["tickmode"] = "array"
+        if ax.get("range") is not None:
+            ax["range"] = [math.log10(v) if v is not None and v > 0 else None for v in ax["range"]]
+    kept = []
+    for ann in layout.get("annotations", ()):
+        for letter in "xy":
+            ref = _AXIS_REF.fullmatch(str(ann.get(f"{letter}ref", letter)))
+            if ref is None or f"{letter}axis{ref[2]}" not in logs or ann.get(letter) is None:
+                continue  # paper, domain, or a linear or category axis: plotly.js reads data units there
+            value = ann[letter]
+            if not isinstance(value, int | float) or value <= 0:
+                break  # nowhere on a log axis: not drawn
+            ann[letter] = math.log10(value)
+        else:
+            kept.append(ann)
+    if "annotations" in layout:
+        layout["annotations"] = kept
+
+
 def figure(fig: go.Figure, div_id: str, height: int | None = None) -> str:
     """The figure as a <div> and the script that draws it (plotly.js must be on the page). The page's
     look is set here as plain layout keys: a Plotly template is merged on every figure, which is slow."""
@@ -97,8 +218,8 @@ def figure(fig: go.Figure, div_id: str, height: int | None = None) -> str:
             "automargin": True,
             **layout.get(axis, {}),
         }
-        # a log axis labels its minor ticks (2, 5) at 3/4 of the tick font: 15 px keeps those at 11 px
-        layout[axis].setdefault("tickfont", {"size": 15 if layout[axis].get("type") == "log" else 13})
+        layout[axis].setdefault("tickfont", {"size": 13})
+    log_axes(spec["data"], layout)
     data = json.dumps(spec["data"], cls=PlotlyJSONEncoder)
     return (
         (f'<h3 class="fig">{esc(title)}</h3>' if title else "")
@@ -214,23 +335,72 @@ def speedup_summary(items: list[Speedup]) -> list[list[Any]]:
     return out
 
 
+# An assertion `farm accept` left undecided stores an anomaly of its own (jobs.judge.checks): `ambiguous`
+# for a regression noise left open, `noisy` with the card's max_cv in its evidence for a stability check
+# over its limit. Under `--ambiguous warn` (the default on CPU timings) they are not in the failure bank:
+# these anomalies are how the page knows the verdict was a warning.
+UNDECIDED = {"ambiguous": "regression", "noisy": "stability"}
+
+
+@dataclass
+class Judged:
+    """One assertion `farm accept` did not pass, as the report shows it."""
+
+    outcome: str  # fail | ambiguous
+    assertion: str
+    label: str
+    message: str
+
+
+def _undecided(anomaly: Any) -> str | None:
+    """The assertion an anomaly records as undecided; None for other kinds and for a contended trial's
+    `noisy`, which is no assertion."""
+    check = UNDECIDED.get(anomaly.kind)
+    if check == "stability" and "max_cv" not in (anomaly.evidence or {}):
+        return None
+    return check
+
+
 def verdict_html(store: Store, job_id: int) -> str:
-    """The acceptance verdict `farm accept` stored for the job: each failed or ambiguous assertion."""
+    """The acceptance verdict `farm accept` stored for the job, in its words: FAIL (an assertion failed, or
+    was ambiguous under `--ambiguous fail`), WARN (only ambiguous ones, accepted as a warning) or PASS, with
+    each assertion that did not pass. A pass with nothing to note stores nothing: then the box says so."""
+    from jobs.judge.acceptance import trial_label
+
     failures = [f for f in store.failures() if f.job_id == job_id]
     anomalies = store.anomalies(job_id)
-    if not failures:
-        if anomalies:
-            text = f"no failed assertion stored; {len(anomalies)} anomalies (below)"
-            return f'<p class="verdict pass">Acceptance: {esc(text)}</p>'
-        return '<p class="verdict">Acceptance: not judged yet (run <code>farm accept JOB</code>)</p>'
-    worst = "fail" if any(f.outcome == "fail" for f in failures) else "ambiguous"
-    rows = [[f.outcome.upper(), f.assertion, f.label, f.message] for f in failures]
-    classes = ["bad" if f.outcome == "fail" else "" for f in failures]
-    n_fail = sum(f.outcome == "fail" for f in failures)
-    counts = f"{n_fail} failed, {len(failures) - n_fail} ambiguous"
-    return (
-        f'<p class="verdict {worst}">Acceptance: {worst.upper()} ({counts}; card {esc(failures[0].card)})</p>'
-        + table(["outcome", "assertion", "point", "message"], rows, classes, left=4)
+    banked = {(f.trial_id, f.assertion) for f in failures}
+    judged = [Judged(f.outcome, f.assertion, f.label, f.message) for f in failures]
+    trials = {t.id: t for t in store.trials(job_id)} if anomalies else {}
+    for a in anomalies:
+        check = _undecided(a)
+        if check is None or (a.trial_id, check) in banked:
+            continue
+        t = trials.get(a.trial_id)
+        judged.append(Judged("ambiguous", check, trial_label(t) if t else "-", a.message))
+    n_fail = sum(j.outcome == "fail" for j in judged)
+    n_ambiguous = len(judged) - n_fail
+    counts = f"{n_fail} failed, {n_ambiguous} ambiguous"
+    if failures:  # a failure bank entry: the verdict was fail (ambiguous ones too under --ambiguous fail)
+        verdict, cls = "FAIL", "fail"
+        counts += "" if n_fail else ", counted as failed (--ambiguous fail)"
+        counts += f"; card {failures[0].card}"
+    elif judged:
+        verdict, cls = "WARN", "ambiguous"
+        counts += ", accepted as a warning (--ambiguous warn)"
+    elif anomalies:
+        text = f"PASS (no failed or ambiguous assertion; {len(anomalies)} anomalies below)"
+        return f'<p class="verdict pass">Acceptance: {esc(text)}</p>'
+    else:
+        return (
+            '<p class="verdict">Acceptance: nothing stored (not judged yet, or passed with nothing to note:'
+            " run <code>farm accept JOB</code>)</p>"
+        )
+    judged.sort(key=lambda j: j.outcome != "fail")
+    rows = [[j.outcome.upper(), j.assertion, j.label, j.message] for j in judged]
+    classes = ["bad" if j.outcome == "fail" else "" for j in judged]
+    return f'<p class="verdict {cls}">Acceptance: {verdict} ({esc(counts)})</p>' + table(
+        ["outcome", "assertion", "point", "message"], rows, classes, left=4
     )
 
 
@@ -338,6 +508,14 @@ def time_per_shape(rows: list[Row]) -> go.Figure | None:
     return fig
 
 
+def _log_colorbar(log10_ms: list[float]) -> dict[str, Any]:
+    """A colour bar over log10(ms) labelled in ms, with log_ticks' values (not in log10 units)."""
+    if not log10_ms:
+        return {"title": "median ms"}
+    values, labels = log_ticks(10 ** min(log10_ms), 10 ** max(log10_ms))
+    return {"title": "median ms", "tickvals": [math.log10(v) for v in values], "ticktext": labels}
+
+
 def heatmaps(rows: list[Row]) -> list[tuple[str, go.Figure]]:
     """A shape x config heatmap of log10(median ms) for every backend with more than one config."""
     out = []
@@ -366,7 +544,7 @@ def heatmaps(rows: list[Row]) -> list[tuple[str, go.Figure]]:
                 text=text,
                 texttemplate="%{text}",
                 colorscale="Viridis",
-                colorbar={"title": "log10 ms"},
+                colorbar=_log_colorbar([v for zr in z for v in zr if v is not None]),
                 hovertemplate="%{y}<br>%{x}<br>%{text}<extra></extra>",
             )
         )

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
-import services
 from click.testing import CliRunner
 
 from jobs.cli import main
@@ -172,25 +170,19 @@ def test_farm_report_and_compare_write_html(store, tmp_path):
 # ---- in a real browser ------------------------------------------------------------------------------
 
 
-def chromium_dom(path: Path, window: str = "1400,1000") -> tuple[str, list[str]]:
-    """Load a page in headless chromium: (the DOM after its scripts ran, the console messages)."""
-    exe = services.require("chromium")["chromium"]
-    proc = subprocess.run(
-        [exe, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0",
-         f"--window-size={window}", "--dump-dom", path.resolve().as_uri()],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    console = [line for line in proc.stderr.splitlines() if ":CONSOLE" in line]
-    return proc.stdout, console
+def chromium_dom(browser, path: Path, window: tuple[int, int] = (1400, 1000)) -> tuple[str, list[str]]:
+    """Load a page in the session's headless chromium (the `browser` fixture, tests/jobs/conftest.py):
+    (the DOM after its scripts ran, the console messages and uncaught exceptions)."""
+    browser.load(path, *window)
+    return browser.dom(), browser.console
 
 
 @pytest.mark.service("chromium")
-def test_report_renders_in_chromium_without_javascript_errors(store, tmp_path):
+def test_report_renders_in_chromium_without_javascript_errors(store, tmp_path, browser):
     job = make_job(store)
     path = tmp_path / "report.html"
     path.write_text(render_html(store, job))
-    dom, console = chromium_dom(path)
+    dom, console = chromium_dom(browser, path)
     assert console == []  # no JavaScript error, no warning
     for div in ("plot-time", "plot-speedup", "plot-heatmap-spin", "plot-samples"):
         # plotly drew it: its div holds the rendered svg
@@ -298,7 +290,7 @@ def shipped_spec_job(store: Store, path: Path) -> int:
 
 @pytest.mark.service("chromium")
 @pytest.mark.parametrize("spec_path", SPECS, ids=[p.stem for p in SPECS])
-def test_shipped_cpu_spec_report_at_1400_px(store, tmp_path, spec_path):
+def test_shipped_cpu_spec_report_at_1400_px(store, tmp_path, spec_path, browser):
     job = shipped_spec_job(store, spec_path)
     path = tmp_path / "report.html"
     path.write_text(render_html(store, job))
@@ -308,7 +300,7 @@ def test_shipped_cpu_spec_report_at_1400_px(store, tmp_path, spec_path):
     assert layout["yaxis"]["type"] == "log" and "width" not in layout and layout["autosize"] is True
     for div in ("plot-samples", "plot-speedup"):
         assert _plot_data(page, div)[1]["yaxis"]["type"] == "log", div
-    dom, console = chromium_dom(path, "1400,2000")
+    dom, console = chromium_dom(browser, path, (1400, 2000))
     assert console == []
     # responsive: the figures take the page's width (1400 px less the body's margins), not a fixed one
     widths = {int(w) for w in re.findall(r'<svg class="main-svg"[^>]*width="(\d+)"', dom)}

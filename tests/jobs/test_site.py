@@ -45,16 +45,16 @@ def test_site_has_index_kernel_and_job_pages(site):
 
 
 @pytest.mark.service("chromium")
-def test_site_pages_render_in_chromium(site):
+def test_site_pages_render_in_chromium(site, browser):
     out, built = site
-    dom, console = chromium_dom(out / "index.html")
+    dom, console = chromium_dom(browser, out / "index.html")
     assert console == [] and "history-probe" in dom and dom.count('class="spark"') == 2
     kernel = next((out / "kernels").glob("*spin*.html"))
-    dom, console = chromium_dom(kernel)
+    dom, console = chromium_dom(browser, kernel)
     assert console == []
     assert re.search(r'id="plot-history"[^>]*class="[^"]*js-plotly-plot', dom)
     assert "median" in dom and f"#{built.slow_job} " in dom  # the jobs are on the drawn x axis
-    dom, console = chromium_dom(out / "jobs" / f"{built.slow_job}.html")
+    dom, console = chromium_dom(browser, out / "jobs" / f"{built.slow_job}.html")
     assert console == [] and dom.count('class="main-svg"') >= 4
 
 
