@@ -5,7 +5,8 @@ seconds with one line naming it instead of Ray's two-minute retry loop. Ray 2.60
 `ray start --head` use token authentication when a token exists; the farm then sends the token it can
 find (`RAY_AUTH_TOKEN`, the file `RAY_AUTH_TOKEN_PATH`, or `~/.ray/auth_token`), as `ray.init()` does for
 a local cluster. `RAY_AUTH_MODE` set explicitly (`token` or `disabled`) always wins. Every failure to
-connect is a `ClusterConnectError` (the job runner turns it into the farm's InfrastructureError).
+connect is a `ClusterConnectError`, a local start that fails or times out included (the job runner turns
+it into the farm's InfrastructureError: one line, exit 4).
 """
 
 from __future__ import annotations
@@ -78,7 +79,26 @@ def start_local(num_gpus: int, num_cpus: int) -> None:
     Ray starts its workers at 0 (a joined cluster keeps its own setting; the worker raises itself back to
     0 where the OS allows it, see cluster.worker)."""
     os.environ.setdefault(WORKER_NICENESS, "0")
-    ray.init(num_gpus=num_gpus, num_cpus=num_cpus, **_init_kwargs())
+    try:
+        ray.init(num_gpus=num_gpus, num_cpus=num_cpus, **_init_kwargs())
+    except Exception as err:  # noqa: BLE001 - whatever Ray raised (a start that timed out raises Exception)
+        if isinstance(err, OSError) and err.filename:
+            raise  # a session folder that cannot be made: the CLI names the file and the fix
+        _stop_partial_start()
+        raise ClusterConnectError(
+            f"cannot start a local Ray: {_first_line(err).rstrip('.')}; a loaded machine can make its "
+            "start time out: run this again when the machine is quieter, or join a running cluster with "
+            "--address (FARM_RAY_ADDRESS)"
+        ) from err
+
+
+def _stop_partial_start() -> None:
+    """Stop what a failed ray.init of this process started (its GCS, raylet), if anything: only this
+    process's own local Ray (never `ray stop`, which would stop every Ray on the machine)."""
+    try:
+        ray.shutdown()
+    except Exception:  # noqa: BLE001, S110 - best effort: the start already failed and is reported
+        pass
 
 
 def connect(
@@ -114,7 +134,13 @@ def connect(
         )
         where = "local"
         cuda = local_cuda > 0
-    return _plan(where, gpus, cuda, oversubscribe)
+    try:
+        return _plan(where, gpus, cuda, oversubscribe)
+    except Exception as err:  # noqa: BLE001 - Ray's GCS did not answer the resource query
+        raise ClusterConnectError(
+            f"the Ray cluster ({where}) did not report its nodes and resources: {_first_line(err)}; "
+            "run this again, or check the cluster (`ray status`)"
+        ) from err
 
 
 def _plan(where: str, gpus: int | None, cuda: bool, oversubscribe: bool) -> ClusterPlan:

@@ -273,3 +273,55 @@ def test_only_commands_that_write_create_a_store(tmp_path, monkeypatch):
     res = farm("sweep", "resume", "1")
     assert res.exit_code == 2 and Path(".farm/farm.db").is_file(), res.output
     assert farm("jobs", "list").exit_code == 0  # the store now exists: reading it works
+
+
+_RAY_START_FAILS = """
+import sys
+
+import ray
+
+def start_times_out(*_args, **_kwargs):
+    raise {error}
+
+ray.init = start_times_out  # what ray.init raises when its processes do not come up in time
+from jobs.cli import main
+
+main(sys.argv[1:])
+"""
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        'Exception("The current node timed out during startup. This could happen because some of the Ray '
+        'processes failed to startup.")',
+        'TimeoutError("Timed out after 30 seconds waiting for the GCS to start")',
+        'RuntimeError("Failed to start the raylet")',
+        'ConnectionError("GCS did not answer")',
+    ],
+)
+def test_a_local_ray_that_does_not_start_is_one_line_and_exit_4(tmp_path, error):
+    """Issue 32: a local Ray that timed out starting (a loaded machine) gave a raw traceback and exit 1.
+    The start is made to fail here (ray.init replaced in a farm process of its own, no Ray started)."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC)
+    db = tmp_path / "farm.db"
+    env = {k: v for k, v in os.environ.items() if k not in ("FARM_DB", "FARM_RAY_ADDRESS")}
+    for args in (["sweep", "run", str(spec), "--quiet"], ["sweep", "resume", "1", "--quiet"]):
+        out = subprocess.run(
+            [sys.executable, "-c", _RAY_START_FAILS.format(error=error), *args, "--db", str(db)],
+            capture_output=True, text=True, env=env, timeout=120,
+        )  # fmt: skip
+        if args[1] == "run":  # the job is created only after Ray started: none to resume
+            store = Store(str(db))
+            assert store.list_jobs() == [], out.stderr
+            spec_ = loads_spec(SPEC)
+            store.create_job(
+                name=spec_.name, family=spec_.family, spec_yaml=SPEC, spec_hash=spec_.spec_hash(),
+                trials=spec_.trials(), git_commit=None,
+            )  # fmt: skip
+            store.close()
+        assert out.returncode == 4, (args, out.stdout, out.stderr[-3000:])
+        lines = [line for line in out.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and "Traceback" not in out.stderr, (args, out.stderr[-3000:])
+        assert "cannot start a local Ray" in lines[0] and "--address" in lines[0], lines[0]
