@@ -15,7 +15,7 @@ import collections
 import math
 import pickle
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -26,6 +26,7 @@ from cluster.worker import RemoteWorker, WorkerResult
 from kernels.base import TrialOutcome, TrialRequest, TrialStatus
 
 _ACTOR_GONE = (RayActorError, ActorDiedError, ActorUnavailableError)
+TICK_S = 0.25  # the longest wait between two turns of the loop of a dispatcher that serves a queue
 
 
 @dataclass
@@ -36,6 +37,7 @@ class WorkItem:
     attempts: int = 0  # attempts already made whose worker died
     avoid: set[str] = field(default_factory=set)  # slots it died on; retried elsewhere when possible
     solo: bool = False  # never batched again (set after a batch it was in timed out or crashed)
+    timeout_s: float | None = None  # its job's limit when jobs of several specs share the workers (a pool)
 
 
 @dataclass
@@ -139,6 +141,10 @@ class Dispatcher:
         self._ref_owner: dict[Any, _Slot] = {}
         # running mean of a trial's time on a worker, per (family, backend): what batch sizes are cut from
         self._trial_s: dict[tuple[str, str], float] = {}
+        # called once per turn of the loop (at least every TICK_S) by a caller that serves a queue: it may
+        # `drop` trials (a cancelled job) or stop the loop with `stop()`
+        self.tick: Callable[[Dispatcher], None] | None = None
+        self._stop = False
 
     def snapshot(self) -> DispatchSnapshot:
         """The queue length and each slot's state now; safe to call from another thread (a scrape)."""
@@ -214,21 +220,50 @@ class Dispatcher:
         for slot in self.slots:
             self._kill(slot)
 
+    def stop(self) -> None:
+        """Make `run` return at its next turn (its trials in flight stay with their workers)."""
+        self._stop = True
+
+    def drop(self, match: Callable[[WorkItem], bool]) -> list[WorkItem]:
+        """Take the trials `match` selects out of the dispatcher: queued ones leave the queue, and a worker
+        running one is killed (and replaced), its other trials going back to the queue. Returns the trials
+        dropped; none of them is reported to the listener (they were not run)."""
+        dropped = [item for item in self.queue if match(item)]
+        self.queue = collections.deque(item for item in self.queue if not match(item))
+        for slot in self.slots:
+            if not any(match(item) for call in slot.inflight for item in call.items):
+                continue
+            orphans = self._kill(slot)
+            dropped += [item for item in orphans if match(item)]
+            self.queue.extendleft(reversed([item for item in orphans if not match(item)]))
+            self._lose(slot, "killed: its trial's job was cancelled", count_death=False)
+        return dropped
+
+    def _timeout(self, slot: _Slot) -> float:
+        """The time limit of the call at the head of the slot: its trials' own, else the dispatcher's."""
+        own = [i.timeout_s for i in slot.inflight[0].items if i.timeout_s is not None]
+        return min(own) if own else self.opt.timeout_s
+
     # ---- the loop -------------------------------------------------------------------------------
-    def run(self, items: Iterable[WorkItem], total: int | None = None) -> None:
+    def run(self, items: Iterable[WorkItem], total: int | None = None, *, keep_workers: bool = False) -> None:
         """Run every item. `items` is read lazily, `lookahead` at a time; `total` (its length, when
-        known) only feeds the queued count of snapshots."""
+        known) only feeds the queued count of snapshots. `keep_workers`: the workers stay up when it
+        returns, and a later `run` uses them (a pool serving a queue); `items` may then be an iterator
+        that has nothing now and more later (it is asked again at every turn)."""
         self._source = iter(items)
         self._source_left = total or 0
+        self._stop = False
         self._refill()
         if not self.queue:
             return
-        self._dispatching = False
         started = time.monotonic()
-        for slot in self.slots:
-            self._start(slot)
+        if not keep_workers or not any(s.actor is not None for s in self.slots):
+            self._dispatching = False
+            for slot in self.slots:
+                if not slot.retired:
+                    self._start(slot)
         try:
-            while self.queue or any(s.inflight for s in self.slots):
+            while (self.queue or any(s.inflight for s in self.slots)) and not self._stop:
                 if all(s.retired for s in self.slots):
                     raise NoWorkersLeft(
                         f"every worker slot was retired after {self.opt.max_worker_deaths} deaths in a row; "
@@ -240,9 +275,12 @@ class Dispatcher:
                     self._fill()
                 self._wait_and_handle()
                 self._enforce_deadlines()
+                if self.tick is not None:
+                    self.tick(self)
                 self._refill()
         finally:
-            self.shutdown()
+            if not keep_workers:
+                self.shutdown()
 
     def _open_when_ready(self, started: float) -> None:
         """Start handing out trials when every live slot is ready, or `ready_wait_s` after the start
@@ -259,7 +297,11 @@ class Dispatcher:
         # Queue a second call per actor only while there is plenty left, so the tail stays balanced.
         depth = self.opt.pipeline if self._queued() >= 2 * max(1, len(ready)) else 1
         for slot in ready:
-            while self.queue and len(slot.inflight) < depth:
+            while len(slot.inflight) < depth:
+                if not self.queue:
+                    self._refill()  # a source that is asked per trial (a pool's queue) is asked now
+                if not self.queue:
+                    break
                 items = self._take_batch(slot, len(ready))
                 ref = slot.actor.run_batch.remote(pickle.dumps([i.request for i in items]))
                 self._ref_owner[ref] = slot
@@ -305,7 +347,7 @@ class Dispatcher:
 
     def _next_deadline(self) -> float:
         now = time.monotonic()
-        deadlines = [s.head_started + self.opt.timeout_s for s in self.slots if s.inflight]
+        deadlines = [s.head_started + self._timeout(s) for s in self.slots if s.inflight]
         deadlines += [s.start_deadline for s in self.slots if s.ready_ref is not None and s.info is None]
         if not self._dispatching:
             deadlines.append(now + 0.2)  # look again at the ready gate soon
@@ -315,7 +357,7 @@ class Dispatcher:
         refs = list(self._ref_owner)
         if not refs:
             return
-        timeout = min(self._next_deadline(), 1.0)
+        timeout = min(self._next_deadline(), 1.0 if self.tick is None else TICK_S)
         done, _ = ray.wait(refs, num_returns=1, timeout=timeout)
         if done:
             done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
@@ -399,18 +441,18 @@ class Dispatcher:
     def _enforce_deadlines(self) -> None:
         now = time.monotonic()
         for slot in self.slots:
-            if slot.inflight and now - slot.head_started > self.opt.timeout_s:
+            if slot.inflight and now - slot.head_started > (limit := self._timeout(slot)):
                 call = slot.inflight[0]
                 seconds = now - slot.head_started
                 orphans = self._kill(slot)[len(call.items) :]
                 if len(call.items) > 1:
                     # these trials are slower than their kind's mean said: stop batching them
-                    self._trial_s[_kind(call.items[0])] = self.opt.timeout_s
+                    self._trial_s[_kind(call.items[0])] = limit
                     self._requeue_solo(call.items)
-                    reason = f"killed: a batch of {len(call.items)} trials ran past {self.opt.timeout_s:g} s"
+                    reason = f"killed: a batch of {len(call.items)} trials ran past {limit:g} s"
                 else:
                     self.listener.trial_timed_out(call.items[0], slot.name, seconds)
-                    reason = f"killed: trial {call.items[0].label} ran past {self.opt.timeout_s:g} s"
+                    reason = f"killed: trial {call.items[0].label} ran past {limit:g} s"
                 self.queue.extendleft(reversed(orphans))
                 self._lose(slot, reason, count_death=False)
             elif slot.ready_ref is not None and slot.info is None and now > slot.start_deadline:

@@ -11,7 +11,6 @@ import importlib
 import traceback
 
 import click
-from click.utils import make_default_short_help
 
 from jobs.errors import BadInput, FarmError, InfrastructureError, StoreError
 
@@ -37,6 +36,10 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                 "with their size."),
     "site": ("jobs.cli.site", "site",
              "Write a static site of every job and every kernel's history, which opens offline."),
+    "submit": ("jobs.cli.queue", "submit",
+               "Queue a sweep for the pool and print its job id at once (`farm jobs wait ID` for the "
+               "verdict)."),
+    "pool": ("jobs.cli.queue", "pool", "The warm workers that serve the queue of `farm submit`."),
     "bench": ("jobs.cli.bench", "bench",
               "Measure one point of FAMILY in this process and print what the farm would store."),
     # a separate service, mounted only when its package is present
@@ -71,7 +74,7 @@ class _FarmGroup(click.Group):
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         names = self.list_commands(ctx)
         limit = formatter.width - 6 - max(len(n) for n in names)
-        rows = [(name, make_default_short_help(COMMANDS[name][2], limit)) for name in names]
+        rows = [(name, _shorten(COMMANDS[name][2], limit)) for name in names]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 
@@ -87,6 +90,15 @@ class _FarmGroup(click.Group):
             if ctx.params.get("debug"):
                 traceback.print_exc()
             raise _Exit(str(farm_err), farm_err.exit_code) from None
+
+
+def _shorten(text: str, limit: int) -> str:
+    """The line cut at a word to fit `limit` characters, "..." marking the cut (as click shows a command's
+    own help)."""
+    if len(text) <= limit:
+        return text
+    cut = text[: max(limit - 3, 1)].rsplit(" ", 1)[0]
+    return cut + "..."
 
 
 def _has_gateway() -> bool:

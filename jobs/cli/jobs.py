@@ -6,6 +6,7 @@ import click
 from rich.table import Table
 
 from jobs.cli.common import console, db_option, require_job, store_for
+from jobs.cli.queue import jobs_cancel, jobs_wait, queue_table
 from kernels.base import NOT_FAILED, TrialStatus
 
 
@@ -37,7 +38,11 @@ def jobs_list(db: str | None, limit: int) -> None:
             f"{job.created_at:%Y-%m-%d %H:%M:%S}",
             (job.git_commit or "-")[:12],
         )
-    console().print(table)
+    out = console()
+    out.print(table)
+    waiting = queue_table(store)
+    if waiting is not None:
+        out.print(waiting)
 
 
 @jobs.command("show")
@@ -76,3 +81,7 @@ def jobs_show(job_id: int, db: str | None) -> None:
         )
     out_console.print(table)
     out_console.print("[bold]spec[/bold]\n" + job.spec)
+
+
+jobs.add_command(jobs_cancel)
+jobs.add_command(jobs_wait)

@@ -11,31 +11,29 @@ stops the workers, keeps every finished result and leaves the job `interrupted` 
 from __future__ import annotations
 
 import signal
-import subprocess
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from cluster import session
 from cluster.dispatch import Dispatcher, DispatchOptions, NoWorkersLeft, WorkerResult, WorkItem
 from cluster.session import ClusterConnectError, ClusterPlan
-from jobs.errors import InfrastructureError
+from jobs.errors import EXIT_INTERRUPTED, EXIT_NO_WORKERS, InfrastructureError
 from jobs.run.farm_metrics import FarmMetrics
 from jobs.run.progress import ProgressView
+from jobs.run.source import kernels_commit
+from jobs.run.verdict import exit_code_of
 from jobs.spec.sweep import SweepSpec, dump_spec, loads_spec
 from jobs.store.repository import Store, TrialRow
 from jobs.store.results import TrialResult
-from kernels.base import NOT_FAILED, TrialRequest, TrialStatus, trial_label
+from kernels.base import TrialRequest, TrialStatus, trial_label
 
 # Called on the driver after each finished trial with its result and what its worker reported about
 # itself (node, gpu_id, pid, ...). Tests and tools that embed the runner use it.
 Observer = Callable[[TrialResult, dict[str, Any]], None]
-
-EXIT_OK, EXIT_TRIALS_FAILED, EXIT_INTERRUPTED, EXIT_NO_WORKERS = 0, 1, 130, 3
 
 
 @dataclass
@@ -46,29 +44,6 @@ class RunResult:
     exit_code: int
     note: str = ""
     resumed: bool = True  # False: `resume_job` found nothing to run and changed nothing
-
-
-def kernels_commit() -> str | None:
-    """The git commit of the kernels being measured, with `+dirty` when the tree has changes."""
-    here = Path(__file__).resolve().parents[2] / "kernels"
-    try:
-        sha = subprocess.run(
-            ["git", "-C", str(here), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(here), "status", "--porcelain", "--", "."],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return sha + ("+dirty" if dirty else "")
 
 
 def create_job(store: Store, spec: SweepSpec) -> int:
@@ -141,7 +116,7 @@ def resume_job(job_id: int, store: Store, options: RunOptions | None = None) -> 
             job = store.get_job(job_id)
         when = f" at {job.finished_at:%Y-%m-%d %H:%M:%S}" if job.finished_at else ""
         note = f"nothing to resume: job {job_id} already finished ({job.status}{when}); left as it is"
-        return RunResult(job_id, job.status, counts, _exit_code(counts), note, resumed=False)
+        return RunResult(job_id, job.status, counts, exit_code_of(counts), note, resumed=False)
     with _Interrupt():
         plan = connect(options)
     return _execute(job_id, spec, store, options, plan)
@@ -308,7 +283,7 @@ def _execute(job_id: int, spec: SweepSpec, store: Store, options: RunOptions, pl
             listener.flush()
     counts = store.status_counts(job_id)
     store.set_job_status(job_id, status, message=note or None)
-    return RunResult(job_id, status, counts, code if code is not None else _exit_code(counts), note)
+    return RunResult(job_id, status, counts, code if code is not None else exit_code_of(counts), note)
 
 
 def _work_item(row: TrialRow, spec: SweepSpec) -> WorkItem:
@@ -316,8 +291,3 @@ def _work_item(row: TrialRow, spec: SweepSpec) -> WorkItem:
     request = TrialRequest(row.family, row.backend, row.shape, row.config, row.dtype, policy=spec.measure)
     label = trial_label(row.backend, row.shape, row.config, row.dtype, seq=row.seq)
     return WorkItem(trial_id=row.id, attempts=row.attempt, label=label, request=request)
-
-
-def _exit_code(counts: dict[str, int]) -> int:
-    bad = sum(n for s, n in counts.items() if s not in NOT_FAILED)  # a trial left pending counts too
-    return EXIT_TRIALS_FAILED if bad else EXIT_OK

@@ -258,6 +258,10 @@ class DraftRow(Base):
     offline: Mapped[bool] = mapped_column(Boolean, default=False)
 
 
+# The queue's tables (farm submit, the pool) are defined beside the queue and belong to this schema too.
+import jobs.queue.model  # noqa: E402, F401 - registers job_queue, trial_claims and farm_pools on Base
+
+
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA busy_timeout=10000")  # first: the statements below may wait for a lock
@@ -489,7 +493,7 @@ class Store:
         if status == "running":  # a resumed job keeps the time it first started
             values["started_at"] = func.coalesce(Job.started_at, now())
             values["finished_at"] = None
-        elif status in ("completed", "failed", "interrupted"):
+        elif status in ("completed", "failed", "interrupted", "cancelled"):
             values["finished_at"] = now()
         if message is not None:
             values["message"] = message

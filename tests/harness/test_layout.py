@@ -26,9 +26,11 @@ EXERCISED_BY: dict[str, tuple[str, ...]] = {
     "jobs/cli/accept.py": ("tests/jobs/test_acceptance.py", "tests/jobs/test_tour_cpu.py"),
     "jobs/cli/db.py": ("tests/jobs/test_store_migrations.py",),
     "jobs/cli/jobs.py": ("tests/jobs/test_cli_output.py", "tests/jobs/test_exit_codes.py"),
+    "jobs/cli/queue.py": ("tests/jobs/queue/test_queue_pool.py",),  # submit, pool serve, jobs cancel/wait
     "jobs/cli/sweep.py": ("tests/jobs/test_spec.py", "tests/jobs/test_scale.py"),
     "jobs/errors.py": ("tests/jobs/test_exit_codes.py",),
     "jobs/run/progress.py": ("tests/jobs/test_cli_output.py", "tests/e2e/test_readme_tour.py"),
+    "jobs/run/verdict.py": ("tests/jobs/queue/test_queue_pool.py", "tests/jobs/test_exit_codes.py"),
     "jobs/spec/validation.py": ("tests/jobs/test_spec.py", "tests/jobs/test_cards.py"),
     "kernels/attention/profile.py": ("tests/kernels/attention/test_attention_gpu.py",),  # ncu, GPU only
     "kernels/fp8_gemm/cost.py": ("tests/kernels/test_contract.py",),

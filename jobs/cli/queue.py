@@ -1,0 +1,182 @@
+"""The farm as a team service: `farm submit` (queue a sweep and return), `farm pool serve` (the warm
+workers that serve the queue), `farm jobs cancel` and `farm jobs wait` (for CI: its exit code is the
+verdict). The queue and the pool are jobs.queue."""
+
+from __future__ import annotations
+
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import click
+
+from jobs.cli.common import (
+    address_option,
+    db_option,
+    echo,
+    gpus_option,
+    require_job,
+    store_for,
+    writable_output,
+)
+from jobs.errors import EXIT_INTERRUPTED, EXIT_NO_WORKERS, InfrastructureError
+
+WAIT_POLL_S = 0.5
+FINAL = {
+    "completed": None,
+    "failed": EXIT_NO_WORKERS,
+    "interrupted": EXIT_INTERRUPTED,
+    "cancelled": EXIT_INTERRUPTED,
+}
+
+
+@click.command("submit")
+@click.argument("spec_path", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--priority", type=int, default=0, show_default=True, help="higher goes first (CI: e.g. 10)")
+@click.option("--owner", default=None, help="who asked (default: $USER)")
+@click.option("--yes", is_flag=True, help="accept a grid larger than --max-trials")
+@click.option("--max-trials", type=click.IntRange(min=1), default=100_000, show_default=True)
+@db_option
+def submit(
+    spec_path: Path, priority: int, owner: str | None, yes: bool, max_trials: int, db: str | None
+) -> None:
+    """Queue a sweep for the pool and print its job id at once (`farm jobs wait ID` for the verdict)."""
+    from jobs.cli.sweep import _load
+    from jobs.queue.queue import Queue
+    from jobs.run.source import kernels_source
+
+    spec = _load(spec_path, yes, max_trials)
+    store = store_for(db, create=True)
+    queue = Queue(store)
+    job_id = queue.submit(spec, priority=priority, owner=owner, source=kernels_source())
+    place = next((line.place for line in queue.lines() if line.job.id == job_id), None)
+    click.echo(job_id)
+    echo(
+        f"job {job_id}: {spec.name} queued at priority {priority}, place {place} "
+        f"({spec.count_trials()} trials)"
+    )
+    if not queue.alive_pools():
+        echo(f"no pool serves {store.url} now: start one with `farm pool serve --db {store.url}`")
+
+
+@click.group("pool")
+def pool() -> None:
+    """The warm workers that serve the queue of `farm submit`."""
+
+
+@pool.command("serve")
+@address_option
+@gpus_option
+@db_option
+@click.option("--idle-exit", type=float, default=None, help="stop after this many seconds with nothing to do")
+@click.option("--oversubscribe", is_flag=True, help="on CPU, more timing workers than the cluster has cores")
+def pool_serve(
+    address: str | None, gpus: int | None, db: str | None, idle_exit: float | None, oversubscribe: bool
+) -> None:
+    """Serve queued jobs on this cluster's workers, highest priority first, until interrupted."""
+    from jobs.queue.pool import PoolOptions, serve
+    from jobs.run.runner import RunOptions
+    from jobs.settings import FarmSettings
+
+    run = RunOptions(address=address or FarmSettings().ray_address, gpus=gpus, show_progress=False, echo=echo,
+                     oversubscribe=oversubscribe)  # fmt: skip
+    try:
+        done = serve(store_for(db, create=True), PoolOptions(run=run, idle_exit_s=idle_exit))
+    except KeyboardInterrupt:
+        echo("pool stopped: the trials it had taken go back to the queue")
+        sys.exit(EXIT_INTERRUPTED)
+    echo(f"pool stopped after {done} completed job(s)")
+
+
+@click.command("cancel")
+@click.argument("job_id", type=int)
+@db_option
+def jobs_cancel(job_id: int, db: str | None) -> None:
+    """Cancel a queued or running job: its trials not run leave the queue, finished results stay."""
+    from jobs.queue.queue import WAITING, Queue
+
+    store = store_for(db, create=False)
+    require_job(store, job_id)
+    before = Queue(store).cancel(job_id)
+    if before in WAITING:
+        echo(f"job {job_id}: cancelled (was {before}); a pool stops its running trials within a second")
+    else:
+        echo(f"job {job_id}: already {before}; left as it is")
+
+
+@click.command("wait")
+@click.argument("job_id", type=int)
+@click.option("--junit", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="write the trials as a JUnit XML report (CI)")  # fmt: skip
+@click.option("--timeout", type=float, default=None, help="give up after this many seconds (exit 4)")
+@db_option
+def jobs_wait(job_id: int, junit: Path | None, timeout: float | None, db: str | None) -> None:
+    """Wait for a job to end; exit 0 passed, 1 a trial failed, 3 no worker, 130 interrupted or cancelled."""
+    from jobs.run.verdict import exit_code_of
+
+    if junit is not None:
+        writable_output(junit)
+    store = store_for(db, create=False)
+    job = require_job(store, job_id)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while job.status not in FINAL:
+        if deadline is not None and time.monotonic() > deadline:
+            raise InfrastructureError(f"job {job_id} is still {job.status} after {timeout:g} s")
+        time.sleep(WAIT_POLL_S)  # another process writes the store: nothing here to wait on but it
+        job = require_job(store, job_id)
+    counts = store.status_counts(job_id)
+    code = FINAL[job.status]
+    code = exit_code_of(counts) if code is None else code
+    if junit is not None:
+        _write_junit(store, job_id, junit)
+        echo(f"wrote {junit}")
+    summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    echo(f"job {job_id}: {job.status} ({summary}); exit {code}")
+    sys.exit(code)
+
+
+def _write_junit(store, job_id: int, path: Path) -> None:
+    """One testcase per trial: a failure for a trial that failed, skipped for one not run."""
+    from kernels.base import TrialStatus, trial_label
+
+    trials = store.trials(job_id)
+    suite = ET.Element("testsuite", name=f"farm job {job_id}", tests=str(len(trials)))
+    failures = skipped = 0
+    for t in trials:
+        case = ET.SubElement(suite, "testcase", classname=f"{t.family}.{t.backend}",
+                             name=trial_label(t.backend, t.shape, t.config, t.dtype, seq=t.seq))  # fmt: skip
+        status = TrialStatus(t.status)
+        if status.failed or status is TrialStatus.PENDING:
+            failures += 1
+            first = (t.error or "").strip().splitlines()[:1]
+            ET.SubElement(case, "failure", message=f"{t.status}: {first[0] if first else 'no result'}")
+        elif status.not_run:
+            skipped += 1
+            ET.SubElement(case, "skipped", message=t.error or str(t.status))
+        if t.median_ns is not None:
+            case.set("time", f"{t.median_ns / 1e9:.9f}")
+    suite.set("failures", str(failures))
+    suite.set("skipped", str(skipped))
+    ET.ElementTree(suite).write(path, encoding="unicode", xml_declaration=True)
+
+
+def queue_table(store):
+    """The queued and running jobs of the queue in the order they are served (`farm jobs list`), or None
+    when the queue is empty."""
+    from rich.table import Table
+
+    from jobs.queue.queue import Queue
+
+    lines = Queue(store).lines()
+    if not lines:
+        return None
+    table = Table(title="queue (served highest priority first)")
+    for col in ("job", "name", "owner", "priority", "place", "progress", "running", "ETA"):
+        table.add_column(col)
+    for q in lines:
+        eta = "-" if q.eta_s is None else f"{q.eta_s:.0f} s"
+        place = "running" if q.place is None else str(q.place)
+        table.add_row(str(q.job.id), q.job.name, q.owner, str(q.priority), place, f"{q.finished}/{q.total}",
+                      str(q.taken), eta)  # fmt: skip
+    return table

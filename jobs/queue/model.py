@@ -1,0 +1,52 @@
+"""The queue's tables in the results store (migration 0003): which jobs wait for the pool, at what
+priority and for whom; which pending trials a pool has taken; which pools are alive.
+
+A trial stays `pending` until its result is written (so `farm sweep resume` and the store's own rule,
+"a finished trial is never overwritten", hold as they are); a pool takes it by inserting its claim, whose
+primary key is the trial: two pools (or two processes of one) can never take one trial. A claim of a
+pool that stopped beating (`POOL_STALE_S`) is void, and its trial is taken again.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import DateTime, ForeignKey, Integer, String
+from sqlalchemy.orm import Mapped, mapped_column
+
+from jobs.store.repository import Base, now
+
+POOL_STALE_S = 30.0  # a pool not seen for this long is gone: its claims are void
+
+
+class QueuedJob(Base):
+    """A job submitted to the queue (`farm submit`). The job's own row keeps its status: queued, running,
+    completed, cancelled."""
+
+    __tablename__ = "job_queue"
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    priority: Mapped[int] = mapped_column(Integer, default=0, index=True)  # higher first
+    owner: Mapped[str] = mapped_column(String(128))
+    submitted_at: Mapped[datetime] = mapped_column(DateTime, default=now)
+    source: Mapped[str | None] = mapped_column(String(128))  # commit, "+dirty:<hash of the diff>"
+
+
+class TrialClaim(Base):
+    """A pending trial a pool has taken and not yet finished."""
+
+    __tablename__ = "trial_claims"
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"), primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    pool: Mapped[str] = mapped_column(String(64), index=True)
+    claimed_at: Mapped[datetime] = mapped_column(DateTime, default=now)
+
+
+class Pool(Base):
+    """A pool serving the queue (`farm pool serve`); it writes `seen_at` while it lives."""
+
+    __tablename__ = "farm_pools"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    host: Mapped[str] = mapped_column(String(255))
+    workers: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime] = mapped_column(DateTime, default=now)
+    seen_at: Mapped[datetime] = mapped_column(DateTime, default=now)

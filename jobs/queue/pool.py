@@ -1,0 +1,145 @@
+"""The pool: one set of warm workers per cluster serving the trials of every queued job (`farm pool serve`).
+
+The dispatcher (cluster.dispatch) runs with its workers kept up between jobs; its source asks the queue
+(jobs.queue.queue) for the next trial each time a worker has room, so a job of higher priority submitted
+while a long sweep runs gets the next free worker, about one trial's time after it is submitted. Results
+are written as the runner writes them (its store listener); a job whose last trial is written is marked
+completed. Each turn of the dispatcher's loop (at least every TICK_S) the pool beats (its claims stay
+valid) and looks for cancelled jobs: their queued trials leave the dispatcher and a worker running one is
+killed and replaced.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from cluster.dispatch import TICK_S, Dispatcher, DispatchOptions, WorkItem
+from jobs.queue.queue import Queue
+from jobs.run.progress import ProgressView
+from jobs.run.runner import RunOptions, _StoreListener, connect
+from jobs.spec.sweep import SweepSpec, loads_spec
+from jobs.store.repository import Store
+from kernels.base import TrialRequest, trial_label
+
+BEAT_S = 5.0  # how often the pool writes that it is alive (model.POOL_STALE_S is 6x this)
+
+
+@dataclass
+class PoolOptions:
+    run: RunOptions = field(default_factory=RunOptions)
+    idle_exit_s: float | None = None  # stop after this long with nothing to do (tests, CI); None: never
+    timeout_s: float = 600.0  # a trial's limit when its job's spec gives none
+    stop: threading.Event = field(default_factory=threading.Event)  # set it to stop the pool
+    on_finished: Callable[[int], None] | None = None  # called with each job the pool completes
+
+
+class _Source:
+    """The dispatcher's source: every ask takes the next trial from the queue; StopIteration when none
+    is there now (the dispatcher asks again at its next turn)."""
+
+    def __init__(self, queue: Queue, pool: str, default_timeout_s: float) -> None:
+        self.queue, self.pool, self.default_timeout_s = queue, pool, default_timeout_s
+        self.job_of: dict[int, int] = {}  # trial -> job, of the trials taken and not finished
+        self._specs: dict[int, SweepSpec] = {}
+
+    def __iter__(self) -> _Source:
+        return self
+
+    def __next__(self) -> WorkItem:
+        got = self.queue.claim(self.pool)
+        if got is None:
+            raise StopIteration
+        t, job = got.trial, got.job
+        spec = self._specs.get(job.id)
+        if spec is None:
+            spec = self._specs[job.id] = loads_spec(job.spec, source=f"job {job.id} spec")
+        self.job_of[t.id] = job.id
+        request = TrialRequest(t.family, t.backend, t.shape, t.config, t.dtype, policy=spec.measure)
+        label = f"job {job.id} " + trial_label(t.backend, t.shape, t.config, t.dtype, seq=t.seq)
+        return WorkItem(
+            t.id, request, label, attempts=t.attempt, timeout_s=spec.timeout_s or self.default_timeout_s
+        )
+
+
+def serve(store: Store, options: PoolOptions | None = None) -> int:
+    """Serve the queue until `options.stop` is set (or `idle_exit_s` passes with nothing to do). Returns
+    the number of jobs completed."""
+    options = options or PoolOptions()
+    run = options.run
+    plan = connect(run)
+    queue = Queue(store)
+    pool = f"pool-{uuid.uuid4().hex[:12]}"
+    queue.register_pool(pool, plan.workers)
+    run.echo(f"pool {pool}: {plan.note}; serving the queue of {store.url}")
+    source = _Source(queue, pool, options.timeout_s)
+    progress = ProgressView(total=0, enabled=False, echo=run.echo)
+    listener = _StoreListener(store, progress, run.observer)
+    dispatcher = Dispatcher(
+        DispatchOptions(
+            workers=plan.workers,
+            gpu=plan.gpu,
+            timeout_s=options.timeout_s,
+            pipeline=1,  # nothing queued on a worker ahead of a higher-priority job's trial
+            lookahead=1,  # trials are taken from the queue only when a worker has room
+            threads_per_worker=run.threads_per_worker or plan.threads_per_worker,
+            ready_wait_s=run.ready_wait_s,
+            name_prefix=pool,
+        ),
+        listener,
+    )
+    completed = 0
+    last_beat = 0.0
+
+    def tick(d: Dispatcher) -> None:
+        nonlocal completed, last_beat
+        if time.monotonic() - last_beat >= BEAT_S:
+            queue.beat(pool)
+            last_beat = time.monotonic()
+        listener.flush()
+        completed += _finish(queue, source, options)
+        gone = queue.cancelled(set(source.job_of.values()))
+        if gone:
+            dropped = d.drop(lambda item: source.job_of.get(item.trial_id) in gone)
+            queue.release([item.trial_id for item in dropped])
+            source.job_of = {t: j for t, j in source.job_of.items() if j not in gone}  # done with them
+            run.echo(
+                f"pool {pool}: cancelled job(s) {sorted(gone)}: {len(dropped)} trial(s) stopped or unqueued"
+            )
+        if options.stop.is_set():
+            d.stop()
+
+    dispatcher.tick = tick
+    idle_since = time.monotonic()
+    try:
+        while not options.stop.is_set():
+            dispatcher.run(source, keep_workers=True)
+            tick(dispatcher)
+            busy = bool(source.job_of)
+            if busy:
+                idle_since = time.monotonic()
+            elif options.idle_exit_s is not None and time.monotonic() - idle_since >= options.idle_exit_s:
+                break
+            options.stop.wait(TICK_S)  # nothing to take now: look at the queue again
+    finally:
+        listener.flush()
+        completed += _finish(queue, source, options)
+        dispatcher.shutdown()
+        queue.unregister_pool(pool)  # trials taken and not finished go back to the queue
+    return completed
+
+
+def _finish(queue: Queue, source: _Source, options: PoolOptions) -> int:
+    """Complete the jobs whose trials are all written; forget their trials."""
+    done = queue.finish(set(source.job_of.values()))
+    if done:
+        finished = set(done)
+        source.job_of = {t: j for t, j in source.job_of.items() if j not in finished}
+        for job_id in done:
+            options.run.echo(f"job {job_id}: completed")
+            if options.on_finished is not None:
+                options.on_finished(job_id)
+    return len(done)
