@@ -171,7 +171,8 @@ def render_drafts(store: Store, job_id: int, console: Console) -> None:
         table.add_column(col, overflow="fold")
     for d in drafts:
         explained = [a for fp in d.fingerprints for a in by_fp.get(fp, [])]
-        label = "\n".join(f"{a.kind} ({a.severity}): {a.message[:80]}" for a in explained) or ", ".join(
+        # whole messages: the table wraps them at word boundaries (a cut at N characters split words)
+        label = "\n".join(f"{a.kind} ({a.severity}): {a.message}" for a in explained) or ", ".join(
             fp[:12] for fp in d.fingerprints
         )
         table.add_row(

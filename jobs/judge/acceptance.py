@@ -244,6 +244,9 @@ _STYLE = {PASS: "green", FAIL: "bold red", AMBIGUOUS: "yellow", SKIP: "dim"}
 def _numbers_text(numbers: dict[str, Any], limit: int = 6) -> str:
     keys = ("ratio", "ci_low", "ci_high", "p_value", "cv", "max_cv", "max_abs_err", "bytes_per_token")
     shown = [(k, numbers[k]) for k in keys if numbers.get(k) is not None][:limit]
+    dropped = numbers.get("outliers_dropped")
+    if isinstance(dropped, int) and dropped and len(shown) < limit:  # stability: the count its reason names
+        shown.append(("outliers_dropped", dropped))
     return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown)
 
 

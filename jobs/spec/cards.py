@@ -21,7 +21,8 @@ ambiguous assertion does to the verdict of a job timed on a CPU when the command
 `trim_outliers` (never | cpu | always; default cpu) drops far
 outliers, samples above Q3 + 3 IQR (a call the OS preempted), before the regression comparison and the
 stability check; the medians barely move, the dispersion stops being one preemption's, and the number
-dropped is reported with the numbers (above MAX_TRIMMED of the samples, stability is not accepted).
+dropped is reported with the numbers (when more than MAX_TRIMMED of the samples are beyond the fence, the
+stability check judges the cv of all of them instead).
 Unknown keys are errors; every error names the file and field.
 """
 

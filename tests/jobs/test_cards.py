@@ -148,3 +148,38 @@ def test_gemm_test_knobs_are_validated():
     ):
         with pytest.raises(ValueError, match=msg):
             GEMM.validate({"m": 4, "n": 4, "k": 4}, config, "float32", "torch_fp32")
+
+
+def _stability(samples: list[int]):
+    from jobs.judge.acceptance import _numbers_text
+    from jobs.judge.checks import stability
+
+    card = parse_card(
+        {"name": "s", "family": "probe", "assertions": ["stability"], "stability": {"max_cv": 0.05}}
+    )
+    out = stability(Context(card, _trial(summary={"n": len(samples)}), CPU, None, lambda _id: samples))
+    return out, _numbers_text(out.numbers)
+
+
+def test_the_stability_row_agrees_with_its_own_numbers():
+    """Issue 32: "44 of 200 samples far outliers" (too noisy) sat next to "cv=0.02" (quiet). The cv shown
+    is the one the reason cites, and the outcome is what it says against max_cv."""
+    core = [100_000 + (i % 5) * 100 for i in range(156)]  # a tight core: IQR 200 ns, fence at 101,000
+    near = core + [104_000] * 44  # 22% a little above the fence: cv of all 200 samples 1.7%
+    out, shown = _stability(near)
+    assert out.numbers["outliers_dropped"] == 44
+    assert out.outcome == "pass", out.reason  # all 200 samples together are within max_cv
+    assert out.numbers["cv"] <= out.numbers["max_cv"] and "far outliers" not in out.reason, out.reason
+    assert f"cv={out.numbers['cv']:.4g}" in shown and "outliers_dropped=44" in shown, shown
+
+    far = core + [300_000] * 44  # 22% at 3x: too noisy, and the numbers say so
+    out, shown = _stability(far)
+    assert out.outcome == "ambiguous" and "44 of 200 samples are far outliers" in out.reason, out.reason
+    assert out.numbers["cv"] > out.numbers["max_cv"], out.numbers
+    assert f"cv {out.numbers['cv']:.2%}" in out.reason and f"cv={out.numbers['cv']:.4g}" in shown
+    assert "outliers_dropped=44" in shown
+
+    few = core + [300_000] * 4  # a few preemptions: dropped, and the cv of the rest decides
+    out, shown = _stability(few)
+    assert out.outcome == "pass" and out.numbers["cv"] <= out.numbers["max_cv"], out.reason
+    assert "4 far outliers dropped" in out.reason and f"cv {out.numbers['cv']:.2%}" in out.reason

@@ -163,3 +163,34 @@ def test_the_shared_contract_loads_no_server_code_and_names_one_path():
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=repo, check=True)
     loaded = ["gateway", "gateway.summaries", "gateway.summaries.offline", "gateway.summaries.schema"]
     assert out.stdout.strip() == str(loaded)
+
+
+def _column(text: str, index: int) -> str:
+    """The words of one column of a rich table as printed, its wrapped lines joined."""
+    cells = [line.split("│")[index].strip() for line in text.splitlines() if line.count("│") > index]
+    return " ".join(c for c in cells if c)
+
+
+def test_the_drafts_table_wraps_words_and_never_cuts_one(store):
+    """Issue 32: an anomaly's message was cut at 80 characters in the drafts table ("median far fr")."""
+    from sqlalchemy import update
+    from sqlalchemy.orm import Session
+
+    from jobs.store.repository import Anomaly
+
+    job_id = seed_job(store)
+    long = (
+        "its samples drift across the run (last third's median far from the first third's), "
+        "so the median of this trial is no measure of the kernel"
+    )
+    with Session(store.engine) as s, s.begin():
+        s.execute(update(Anomaly).where(Anomaly.job_id == job_id).values(message=long))
+    draft_job(store, job_id, use_env=False, logs=lambda _t: "")
+    console = Console(record=True, width=120)
+    drafts.render_drafts(store, job_id, console)
+    text = console.export_text()
+    shown = _column(text, 1)
+    assert long in shown, shown  # every word whole, wrapped onto the next line of the cell
+    _run, stored = store.drafts(job_id)
+    for d in stored:  # the drafts' own columns keep their words whole too
+        assert " ".join(d.verify_how.split()) in _column(text, 3), _column(text, 3)
