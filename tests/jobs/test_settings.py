@@ -63,9 +63,11 @@ def test_each_variable_is_read_from_the_environment(monkeypatch):
 def test_farm_db_names_the_store_of_every_command(monkeypatch, tmp_path):
     db = tmp_path / "from-env.db"
     monkeypatch.setenv("FARM_DB", str(db))
-    res = CliRunner().invoke(main, ["jobs", "list"])
+    res = CliRunner().invoke(main, ["db", "upgrade"])  # a command that writes creates the store there
     assert res.exit_code == 0, res.output
     assert db.exists()
+    res = CliRunner().invoke(main, ["jobs", "list"])  # and one that reads reads it
+    assert res.exit_code == 0, res.output
 
 
 def test_the_metrics_variables_start_the_exporter(monkeypatch):
