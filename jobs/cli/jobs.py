@@ -6,7 +6,7 @@ import click
 from rich.table import Table
 
 from jobs.cli.common import console, db_option, require_job, store_for
-from jobs.cli.queue import jobs_cancel, jobs_wait, queue_table
+from jobs.cli.queue import jobs_cancel, jobs_logs, jobs_wait, queue_table
 from kernels.base import NOT_FAILED, TrialStatus
 
 
@@ -85,3 +85,4 @@ def jobs_show(job_id: int, db: str | None) -> None:
 
 jobs.add_command(jobs_cancel)
 jobs.add_command(jobs_wait)
+jobs.add_command(jobs_logs)

@@ -20,7 +20,7 @@ from jobs.cli.common import (
     store_for,
     writable_output,
 )
-from jobs.errors import EXIT_INTERRUPTED, EXIT_NO_WORKERS, InfrastructureError
+from jobs.errors import EXIT_INTERRUPTED, EXIT_NO_WORKERS, BadInput, InfrastructureError
 
 WAIT_POLL_S = 0.5
 FINAL = {
@@ -35,21 +35,30 @@ FINAL = {
 @click.argument("spec_path", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--priority", type=int, default=0, show_default=True, help="higher goes first (CI: e.g. 10)")
 @click.option("--owner", default=None, help="who asked (default: $USER)")
+@click.option("--notify", default=None, help="a webhook URL told the verdict (Slack-compatible JSON)")
 @click.option("--yes", is_flag=True, help="accept a grid larger than --max-trials")
 @click.option("--max-trials", type=click.IntRange(min=1), default=100_000, show_default=True)
 @db_option
 def submit(
-    spec_path: Path, priority: int, owner: str | None, yes: bool, max_trials: int, db: str | None
+    spec_path: Path,
+    priority: int,
+    owner: str | None,
+    notify: str | None,
+    yes: bool,
+    max_trials: int,
+    db: str | None,
 ) -> None:
     """Queue a sweep for the pool and print its job id at once (`farm jobs wait ID` for the verdict)."""
     from jobs.cli.sweep import _load
     from jobs.queue.queue import Queue
     from jobs.run.source import kernels_source
 
+    if notify is not None and not notify.startswith(("http://", "https://")):
+        raise BadInput(f"--notify {notify!r}: expected an http(s):// URL")
     spec = _load(spec_path, yes, max_trials)
     store = store_for(db, create=True)
     queue = Queue(store)
-    job_id = queue.submit(spec, priority=priority, owner=owner, source=kernels_source())
+    job_id = queue.submit(spec, priority=priority, owner=owner, source=kernels_source(), notify=notify)
     place = next((line.place for line in queue.lines() if line.job.id == job_id), None)
     click.echo(job_id)
     echo(
@@ -103,6 +112,27 @@ def jobs_cancel(job_id: int, db: str | None) -> None:
         echo(f"job {job_id}: cancelled (was {before}); a pool stops its running trials within a second")
     else:
         echo(f"job {job_id}: already {before}; left as it is")
+
+
+@click.command("logs")
+@click.argument("job_id", type=int)
+@click.option("--follow", is_flag=True, help="keep printing until the job ends")
+@db_option
+def jobs_logs(job_id: int, follow: bool, db: str | None) -> None:
+    """What happened to a queued job: taken, finished (status, worker, median), cancelled, completed."""
+    from jobs.queue.queue import Queue
+
+    store = store_for(db, create=False)
+    require_job(store, job_id)
+    queue, last = Queue(store), 0
+    while True:
+        ended = require_job(store, job_id).status in FINAL  # read first: the lines before it are all in
+        for event in queue.events(job_id, after=last):
+            click.echo(f"{event.at:%H:%M:%S} {event.line}")
+            last = event.id
+        if not follow or ended:
+            return
+        time.sleep(WAIT_POLL_S)  # the pool writes the store from another process: polled
 
 
 @click.command("wait")

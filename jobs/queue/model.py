@@ -1,5 +1,6 @@
 """The queue's tables in the results store (migration 0003): which jobs wait for the pool, at what
-priority and for whom; which pending trials a pool has taken; which pools are alive.
+priority, for whom and whom to tell; which pending trials a pool has taken; what happened to each job;
+which pools are alive.
 
 A trial stays `pending` until its result is written (so `farm sweep resume` and the store's own rule,
 "a finished trial is never overwritten", hold as they are); a pool takes it by inserting its claim, whose
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import DateTime, ForeignKey, Integer, String
+from sqlalchemy import DateTime, ForeignKey, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from jobs.store.repository import Base, now
@@ -29,6 +30,7 @@ class QueuedJob(Base):
     owner: Mapped[str] = mapped_column(String(128))
     submitted_at: Mapped[datetime] = mapped_column(DateTime, default=now)
     source: Mapped[str | None] = mapped_column(String(128))  # commit, "+dirty:<hash of the diff>"
+    notify: Mapped[str | None] = mapped_column(String(2048))  # webhook told the verdict (Slack-compatible)
 
 
 class TrialClaim(Base):
@@ -39,6 +41,16 @@ class TrialClaim(Base):
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
     pool: Mapped[str] = mapped_column(String(64), index=True)
     claimed_at: Mapped[datetime] = mapped_column(DateTime, default=now)
+
+
+class JobEvent(Base):
+    """One line of what happened to a queued job (taken, finished, cancelled, completed): `farm jobs logs`."""
+
+    __tablename__ = "job_events"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    at: Mapped[datetime] = mapped_column(DateTime, default=now)
+    line: Mapped[str] = mapped_column(Text)
 
 
 class Pool(Base):

@@ -18,11 +18,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cluster.dispatch import TICK_S, Dispatcher, DispatchOptions, WorkItem
+from jobs.queue import notify
 from jobs.queue.queue import Queue
 from jobs.run.progress import ProgressView
 from jobs.run.runner import RunOptions, _StoreListener, connect
 from jobs.spec.sweep import SweepSpec, loads_spec
 from jobs.store.repository import Store
+from jobs.store.results import TrialResult
 from kernels.base import TrialRequest, trial_label
 
 BEAT_S = 5.0  # how often the pool writes that it is alive (model.POOL_STALE_S is 6x this)
@@ -35,6 +37,7 @@ class PoolOptions:
     timeout_s: float = 600.0  # a trial's limit when its job's spec gives none
     stop: threading.Event = field(default_factory=threading.Event)  # set it to stop the pool
     on_finished: Callable[[int], None] | None = None  # called with each job the pool completes
+    notified: list[threading.Thread] = field(default_factory=list)  # webhook posts under way (tests join)
 
 
 class _Source:
@@ -58,6 +61,7 @@ class _Source:
         if spec is None:
             spec = self._specs[job.id] = loads_spec(job.spec, source=f"job {job.id} spec")
         self.job_of[t.id] = job.id
+        self.queue.log(job.id, f"trial #{t.seq} taken by {self.pool}")
         request = TrialRequest(t.family, t.backend, t.shape, t.config, t.dtype, policy=spec.measure)
         label = f"job {job.id} " + trial_label(t.backend, t.shape, t.config, t.dtype, seq=t.seq)
         return WorkItem(
@@ -77,7 +81,15 @@ def serve(store: Store, options: PoolOptions | None = None) -> int:
     run.echo(f"pool {pool}: {plan.note}; serving the queue of {store.url}")
     source = _Source(queue, pool, options.timeout_s)
     progress = ProgressView(total=0, enabled=False, echo=run.echo)
-    listener = _StoreListener(store, progress, run.observer)
+
+    def observe(result: TrialResult, worker: dict) -> None:
+        job_id = source.job_of.get(result.trial_id)
+        if job_id is not None:
+            queue.log(job_id, _finished_line(result))
+        if run.observer is not None:
+            run.observer(result, worker)
+
+    listener = _StoreListener(store, progress, observe)
     dispatcher = Dispatcher(
         DispatchOptions(
             workers=plan.workers,
@@ -106,6 +118,8 @@ def serve(store: Store, options: PoolOptions | None = None) -> int:
             dropped = d.drop(lambda item: source.job_of.get(item.trial_id) in gone)
             queue.release([item.trial_id for item in dropped])
             source.job_of = {t: j for t, j in source.job_of.items() if j not in gone}  # done with them
+            for job_id in gone:
+                tell(queue, job_id, options)
             run.echo(
                 f"pool {pool}: cancelled job(s) {sorted(gone)}: {len(dropped)} trial(s) stopped or unqueued"
             )
@@ -140,6 +154,27 @@ def _finish(queue: Queue, source: _Source, options: PoolOptions) -> int:
         source.job_of = {t: j for t, j in source.job_of.items() if j not in finished}
         for job_id in done:
             options.run.echo(f"job {job_id}: completed")
+            tell(queue, job_id, options)
             if options.on_finished is not None:
                 options.on_finished(job_id)
     return len(done)
+
+
+def tell(queue: Queue, job_id: int, options: PoolOptions) -> None:
+    """Post the job's verdict to its webhook, if it has one (jobs.queue.notify)."""
+    entry = queue.entry(job_id)
+    if entry is None or not entry.notify:
+        return
+    body = notify.payload(queue.store, job_id)
+    options.notified.append(notify.post(entry.notify, body, lambda line: queue.log(job_id, line)))
+
+
+def _finished_line(result: TrialResult) -> str:
+    """The job-log line of a finished trial: its status, where it ran, its median or its error's last line."""
+    out = result.outcome
+    line = f"trial {result.trial_id} {out.status} on {result.worker} ({result.node})"
+    if out.median_ns:
+        line += f", median {out.median_ns / 1e3:.1f} us"
+    if out.error:
+        line += ": " + out.error.strip().splitlines()[-1][:200]
+    return line

@@ -21,7 +21,7 @@ from sqlalchemy import delete, exists, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from jobs.queue.model import POOL_STALE_S, Pool, QueuedJob, TrialClaim
+from jobs.queue.model import POOL_STALE_S, JobEvent, Pool, QueuedJob, TrialClaim
 from jobs.spec.sweep import SweepSpec, dump_spec
 from jobs.store.repository import PENDING, Job, Store, TrialRow, now
 
@@ -63,7 +63,13 @@ class Queue:
 
     # ---- submitting --------------------------------------------------------------------------------
     def submit(
-        self, spec: SweepSpec, *, priority: int = 0, owner: str | None = None, source: str | None = None
+        self,
+        spec: SweepSpec,
+        *,
+        priority: int = 0,
+        owner: str | None = None,
+        source: str | None = None,
+        notify: str | None = None,
     ) -> int:
         """Create the job (every trial pending) and put it in the queue; returns its id at once."""
         job_id = self.store.create_job(
@@ -71,7 +77,13 @@ class Queue:
             spec_hash=spec.spec_hash(), trials=spec.iter_trials(), git_commit=source,
         )  # fmt: skip
         with Session(self.engine) as s, s.begin():
-            s.add(QueuedJob(job_id=job_id, priority=priority, owner=owner or default_owner(), source=source))
+            who = owner or default_owner()
+            s.add(
+                QueuedJob(
+                    job_id=job_id, priority=priority, owner=who, source=source, notify=notify or spec.notify
+                )
+            )
+            s.add(JobEvent(job_id=job_id, line=f"queued by {who} at priority {priority}"))
             s.execute(update(Job).where(Job.id == job_id).values(status="queued"))
         return job_id
 
@@ -103,6 +115,21 @@ class Queue:
         if trial_ids:
             with self.engine.begin() as conn:
                 conn.execute(delete(TrialClaim).where(TrialClaim.trial_id.in_(trial_ids)))
+
+    # ---- what happened ------------------------------------------------------------------------------
+    def log(self, job_id: int, line: str) -> None:
+        with Session(self.engine) as s, s.begin():
+            s.add(JobEvent(job_id=job_id, line=line))
+
+    def events(self, job_id: int, after: int = 0) -> list[JobEvent]:
+        """The job's lines after the one of id `after`, oldest first."""
+        q = select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.id > after).order_by(JobEvent.id)
+        with Session(self.engine, expire_on_commit=False) as s:
+            return list(s.scalars(q))
+
+    def entry(self, job_id: int) -> QueuedJob | None:
+        with Session(self.engine, expire_on_commit=False) as s:
+            return s.get(QueuedJob, job_id)
 
     # ---- pools -------------------------------------------------------------------------------------
     def register_pool(self, pool: str, workers: int) -> None:
@@ -140,6 +167,7 @@ class Queue:
             if before in WAITING:
                 job.status, job.finished_at = "cancelled", now()
                 job.message = f"cancelled ({s.scalar(_count(job_id, PENDING))} trials not run)"
+                s.add(JobEvent(job_id=job_id, line=job.message))
         return before
 
     def cancelled(self, job_ids: set[int]) -> set[int]:
@@ -165,6 +193,7 @@ class Queue:
                     ).rowcount
                     if changed:
                         done.append(job_id)
+                        s.add(JobEvent(job_id=job_id, line="completed"))  # with the status: one commit
         return done
 
     # ---- what farm jobs list shows -----------------------------------------------------------------

@@ -148,6 +148,9 @@ class SweepSpec(_Strict):
     # After acceptance, draft acceptance checklists for the anomalies through the gateway (the built-in
     # offline drafter when no gateway key is set): "checklist" or "log_summary".
     drafts: Literal["checklist", "log_summary"] | None = None
+    # A webhook told the verdict when the job ends in the pool (`farm submit`; Slack-compatible JSON). Not
+    # part of what is measured: spec_hash leaves it out.
+    notify: str | None = Field(None, pattern=r"^https?://\S+$")
     _trials: tuple[TrialSpec, ...] | None = PrivateAttr(default=None)  # the grid, expanded once
 
     @field_validator("dtypes")
@@ -178,7 +181,8 @@ class SweepSpec(_Strict):
         return next(b.name for b in self.backends if b.baseline)
 
     def spec_hash(self) -> str:
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        measured = self.model_dump(mode="json", exclude={"notify"})
+        canonical = json.dumps(measured, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
     def trials(self) -> list[TrialSpec]:

@@ -69,7 +69,8 @@ def _old_style(path: Path) -> None:
     engine = create_engine(f"sqlite:///{path}")
     tables = Base.metadata.tables
     with engine.begin() as conn:
-        later = ("draft_runs", "drafts", "job_queue", "trial_claims", "farm_pools")  # added by later releases
+        # added by later releases
+        later = ("draft_runs", "drafts", "job_queue", "trial_claims", "job_events", "farm_pools")
         old = [t for name, t in tables.items() if name not in later]
         Base.metadata.create_all(conn, tables=old)
         conn.execute(text("ALTER TABLE trials DROP COLUMN resources"))  # added by a later release

@@ -114,3 +114,64 @@ def _write(tmp_path, text: str) -> str:
     path = tmp_path / "spec.yaml"
     path.write_text(text)
     return str(path)
+
+
+class _Hook:
+    """A webhook on 127.0.0.1 (a real HTTP server) that keeps what it is posted."""
+
+    def __init__(self) -> None:
+        import http.server
+        import json
+
+        got = self.got = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+                got.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *_args) -> None:
+                pass
+
+        self.server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_the_verdict_goes_to_the_jobs_webhook_and_its_log_says_what_happened(ray_local, tmp_path):
+    hook = _Hook()
+    url = str(tmp_path / "farm.db")
+    store = Store(url)
+    text = SPEC.format(name="hooked", grid=[0, 1], ms=5) + f"notify: {hook.url}\n"
+    job = Queue(store).submit(loads_spec(text), owner="ana")
+    options = pool_options(2)
+    serve(store, options)
+    for thread in options.notified:
+        thread.join(30)
+    hook.close()
+    (body,) = hook.got
+    assert body["job"] == job and body["verdict"] == "passed" and body["counts"] == {"ok": 2}
+    assert f"farm job {job} (hooked, probe): passed" in body["text"] and "farm report" in body["text"]
+    logs = CliRunner().invoke(main, ["jobs", "logs", str(job), "--db", url, "--follow"])
+    lines = [line.split(" ", 1)[1] for line in logs.output.splitlines()]
+    assert lines[0] == "queued by ana at priority 0" and lines[-1] == "completed", lines
+    assert sum("taken by pool-" in line for line in lines) == 2
+    assert sum(" ok on w" in line and "median" in line for line in lines) == 2
+    store.close()
+
+
+def test_a_webhook_that_is_not_an_url_is_refused_before_anything_is_queued(tmp_path):
+    path = _write(tmp_path, spec_text(1))
+    out = CliRunner().invoke(
+        main, ["submit", path, "--db", str(tmp_path / "f.db"), "--notify", "hooks.example"]
+    )
+    assert out.exit_code == 2 and "expected an http(s):// URL" in out.output
+    bad = CliRunner().invoke(
+        main, ["submit", _write(tmp_path, spec_text(1) + "notify: ftp://x\n"), "--db", str(tmp_path / "f.db")]
+    )
+    assert bad.exit_code == 2 and "notify" in bad.output
