@@ -21,6 +21,7 @@ from jobs.cli.common import (
     writable_output,
 )
 from jobs.errors import EXIT_INTERRUPTED, EXIT_NO_WORKERS, BadInput, InfrastructureError
+from jobs.store.schema import display_url
 
 WAIT_POLL_S = 0.5
 FINAL = {
@@ -66,7 +67,8 @@ def submit(
         f"({spec.count_trials()} trials)"
     )
     if not queue.alive_pools():
-        echo(f"no pool serves {store.url} now: start one with `farm pool serve --db {store.url}`")
+        where = display_url(store.url)
+        echo(f"no pool serves {where} now: start one with `farm pool serve --db {where}`")
 
 
 @click.group("pool")

@@ -12,6 +12,7 @@ from typing import Any
 
 from jobs.run.verdict import exit_code_of
 from jobs.store.repository import Store
+from jobs.store.schema import display_url
 from kernels.base import TrialStatus, trial_label
 
 TIMEOUT_S = 10.0
@@ -39,10 +40,11 @@ def payload(store: Store, job_id: int) -> dict[str, Any]:
         f"{f['trial']} {f['median_us']:.1f} us" + (f" ({f['speedup']:.2f}x baseline)" if f["speedup"] else "")
         for f in fastest
     )
+    report = f"farm report {job_id} --db {display_url(store.url)}"  # never the password
     text = f"farm job {job_id} ({job.name}, {job.family}): {verdict} ({shown})"
-    text += (f". Fastest: {best}" if best else "") + f". Report: farm report {job_id} --db {store.url}"
+    text += (f". Fastest: {best}" if best else "") + f". Report: {report}"
     return {"text": text, "job": job_id, "name": job.name, "verdict": verdict, "counts": counts,
-            "fastest": fastest, "report": f"farm report {job_id} --db {store.url}"}  # fmt: skip
+            "fastest": fastest, "report": report}  # fmt: skip
 
 
 def post(url: str, body: dict[str, Any], on_error: Callable[[str], None]) -> threading.Thread:

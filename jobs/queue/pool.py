@@ -25,6 +25,7 @@ from jobs.run.runner import RunOptions, _StoreListener, connect
 from jobs.spec.sweep import SweepSpec, loads_spec
 from jobs.store.repository import Store
 from jobs.store.results import TrialResult
+from jobs.store.schema import display_url
 from kernels.base import TrialRequest, trial_label
 
 BEAT_S = 5.0  # how often the pool writes that it is alive (model.POOL_STALE_S is 6x this)
@@ -78,7 +79,7 @@ def serve(store: Store, options: PoolOptions | None = None) -> int:
     queue = Queue(store)
     pool = f"pool-{uuid.uuid4().hex[:12]}"
     queue.register_pool(pool, plan.workers)
-    run.echo(f"pool {pool}: {plan.note}; serving the queue of {store.url}")
+    run.echo(f"pool {pool}: {plan.note}; serving the queue of {display_url(store.url)}")
     source = _Source(queue, pool, options.timeout_s)
     progress = ProgressView(total=0, enabled=False, echo=run.echo)
 

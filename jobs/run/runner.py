@@ -29,6 +29,7 @@ from jobs.run.verdict import exit_code_of
 from jobs.spec.sweep import SweepSpec, dump_spec, loads_spec
 from jobs.store.repository import Store, TrialRow
 from jobs.store.results import TrialResult
+from jobs.store.schema import display_url
 from kernels.base import TrialRequest, TrialStatus, trial_label
 
 # Called on the driver after each finished trial with its result and what its worker reported about
@@ -96,7 +97,9 @@ def run_sweep(spec: SweepSpec, store: Store, options: RunOptions | None = None) 
         plan = connect(options)
         job_id = create_job(store, spec)  # one transaction: interrupted, it leaves no job
     trials = spec.count_trials()
-    options.echo(f"job {job_id}: {spec.name} ({spec.family}), {trials} trials, store {store.url}")
+    options.echo(
+        f"job {job_id}: {spec.name} ({spec.family}), {trials} trials, store {display_url(store.url)}"
+    )
     return _execute(job_id, spec, store, options, plan)
 
 
