@@ -57,3 +57,38 @@ timeout_s: 60
     assert len(pairs) == len({t.worker for t in trials})
     assert ray.is_initialized()
     store.close()
+
+
+def test_the_pool_finishes_every_queued_trial_once_when_a_node_is_lost(two_nodes, tmp_path):
+    """Issue 31: a pool serving the queue on two nodes loses one mid-queue (its raylet and workers
+    killed): the trials in flight there are retried on the other node, none is lost or run twice."""
+    from jobs.queue.pool import PoolOptions, serve
+    from jobs.queue.queue import Queue
+
+    store = Store(str(tmp_path / "farm.db"))
+    spec = loads_spec("""
+name: pool-node-loss
+family: probe
+backends: [{name: wait, baseline: true, configs: {grid: {ms: [200]}}}]
+shapes: {grid: {n: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]}}
+measure: {warmup_ms: 0, min_samples: 2, max_samples: 2, max_time_s: 5.0, seeds: 1}
+timeout_s: 60
+""")
+    job = Queue(store).submit(spec, priority=1)
+    lost: list[str] = []
+    worker_node = two_nodes.worker_nodes and next(iter(two_nodes.worker_nodes))
+
+    def observer(result, info) -> None:
+        if not lost and result.status == "ok" and worker_node is not None:
+            lost.append(worker_node.unique_id)
+            two_nodes.remove_node(worker_node, allow_graceful=False)
+
+    run = RunOptions(address=two_nodes.address, show_progress=False, echo=lambda m: None, oversubscribe=True,
+                     observer=observer)  # fmt: skip
+    assert serve(store, PoolOptions(run=run, idle_exit_s=0.5)) == 1
+    assert lost, "the node was never removed"
+    trials = store.trials(job)
+    assert store.get_job(job).status == "completed"
+    assert all(t.status == "ok" for t in trials), [(t.seq, t.status, t.error) for t in trials]
+    assert all(len(store.samples(t.id)) == 2 for t in trials)  # each written once
+    store.close()
