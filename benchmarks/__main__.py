@@ -22,6 +22,7 @@ BENCHES = {
     "soak": "benchmarks.soak",
     "shared": "benchmarks.shared_limits_bench",
     "site": "benchmarks.site_bench",
+    "history-noise": "benchmarks.history_noise_bench",  # change points found on a loaded machine
     "service": "benchmarks.service_bench",  # farm --help, farm bench, a warm pool's queue and priorities
     "spec": "benchmarks.spec_bench",  # a 10^6-point grid refused: seconds and peak MB
     "gpu-check": "benchmarks.gpu_check",  # GPU hosts only (make gpu-check); not in the default run

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from jobs.cli.common import console, db_option, parse_point, store_for
-from jobs.history.series import Selection, Series, collect
+from jobs.history.series import Selection, Series, collect, min_jobs
 
 
 def _fmt(v: float | None, fmt: str) -> str:
@@ -19,7 +19,7 @@ def _fmt(v: float | None, fmt: str) -> str:
 def render_series(series: Series, out_console: Console) -> None:
     changes = {c.job_id: c for c in series.changes}
     table = Table(title=f"{series.key.label} on {series.key.env}", title_justify="left")
-    for col in ("job", "commit", "created", "median ms", "spread", "p10 ms", "p90 ms", "n", "change"):
+    for col in ("job", "commit", "created", "median ms", "spread", "level ms", "+-", "p90 ms", "n", "change"):
         table.add_column(col, justify="left" if col in ("commit", "created", "change") else "right")
     for p in series.points:
         c = changes.get(p.job_id)
@@ -30,13 +30,23 @@ def render_series(series: Series, out_console: Console) -> None:
             p.created_at.strftime("%Y-%m-%d %H:%M"),
             _fmt(p.median_ns / 1e6, ".4f"),
             _fmt(p.spread_pct, ".1f") + ("%" if p.spread_pct is not None else ""),
-            _fmt(p.p10_ns / 1e6 if p.p10_ns is not None else None, ".4f"),
+            _fmt(p.level_ns / 1e6, ".4f") + (" contended" if p.contended else ""),
+            _fmt(p.uncertainty_ns / 1e6 if p.uncertainty_ns is not None else None, ".4f"),
             _fmt(p.p90_ns / 1e6 if p.p90_ns is not None else None, ".4f"),
             _fmt(p.n, "d"),
             mark,
         )
     out_console.print(table)
-    if not series.changes:
+    out_console.print(
+        "  level: the p10 of the kept samples, what change points are found on (contended trials left out)"
+    )
+    need = min_jobs()
+    if len(series.points) < need:
+        have = len(series.points)
+        out_console.print(
+            f"  no change point can be called yet: that takes at least {need} jobs, this has {have}"
+        )
+    elif not series.changes:
         out_console.print("  no change point")
     for c in series.changes:
         out_console.print(

@@ -4,14 +4,29 @@ A point is what jobs.judge.baselines matches across jobs: family, backend, shape
 test knobs) and dtype, plus the environment class (a GPU model, or the CPU model for CPU timings), so
 CPU and GPU numbers never share a series. Jobs are taken in the order they were created, which is the
 order of the commits they measured (each job stores its kernels' commit, jobs.run.runner.kernels_commit).
-Only trials that finished `ok` with a median count. The change points are E-divisive means
-(jobs.history.changepoints) over the per-job medians; each is attributed to the first job after it.
+Only trials that finished `ok` with a median count.
+
+Each job's point is its level (`HistoryPoint.level_ns`): the 10th percentile of the trial's kept samples
+(its median when it has fewer than MIN_SAMPLES_FOR_P10). On a shared machine other processes only ever
+add time, and they add it to some samples and not others: the fastest samples move with the code, the
+median with the load too (a 20 ms busy loop read 20-233 ms medians on a loaded machine). Each point has an
+uncertainty, the standard error of that percentile for normal noise of the samples' spread (1.7 x
+1.4826 MAD / sqrt(n)). A trial the measurement flagged as run under contention (or drifting, or
+throttled) is kept in the series but left out of change detection, as long as at least `min_jobs()`
+clean points remain: it is not averaged in.
+
+The change points are E-divisive means (jobs.history.changepoints) over the levels; each is attributed
+to the first job after it. With its significance (p <= 0.01 over 199 permutations) and at least 3 points
+on either side, a series needs `min_jobs()` points before any change can be called: `farm history` says
+so for a shorter one.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cache
 from typing import Any
 
 from sqlalchemy import select
@@ -21,6 +36,10 @@ from jobs.history.changepoints import ChangePoint, e_divisive
 from jobs.judge.baselines import env_class, point_config
 from jobs.store.repository import Environment, Job, Store, TrialRow
 from kernels.base import TrialStatus
+
+MIN_SAMPLES_FOR_P10 = 5  # fewer kept samples: the median is the level
+P10_SE_FACTOR = 1.71  # sd of the 10th percentile of n normal samples / (sd / sqrt(n)), large n
+CONTAMINATED_FLAGS = frozenset({"contended", "drift", "throttled"})
 
 
 @dataclass(frozen=True)
@@ -57,6 +76,28 @@ class HistoryPoint:
     p90_ns: float | None
     iqr_ns: float | None
     n: int | None
+    mad_ns: float | None = None
+    flags: tuple[str, ...] = ()  # the measurement's (kernels.base.Summary.flags)
+
+    @property
+    def level_ns(self) -> float:
+        """What change detection reads: the 10th percentile of the kept samples (the median of a trial
+        with fewer than MIN_SAMPLES_FOR_P10)."""
+        if self.p10_ns is not None and (self.n or 0) >= MIN_SAMPLES_FOR_P10:
+            return self.p10_ns
+        return self.median_ns
+
+    @property
+    def uncertainty_ns(self) -> float | None:
+        """The standard error of the level for normal noise of the samples' spread; None without one."""
+        if self.mad_ns is None or not self.n:
+            return None
+        return P10_SE_FACTOR * 1.4826 * self.mad_ns / self.n**0.5
+
+    @property
+    def contended(self) -> bool:
+        """Measured while other processes had the cores, drifting, or throttled: kept, not detected on."""
+        return bool(CONTAMINATED_FLAGS & set(self.flags))
 
     @property
     def spread_pct(self) -> float | None:
@@ -96,11 +137,15 @@ class Series:
                     "commit": p.commit,
                     "created_at": p.created_at.isoformat(),
                     "median_ms": p.median_ns / 1e6,
+                    "level_ms": p.level_ns / 1e6,
+                    "level_se_ms": p.uncertainty_ns / 1e6 if p.uncertainty_ns is not None else None,
+                    "contended": p.contended,
                     "spread_pct": p.spread_pct,
                     "n": p.n,
                 }
                 for p in self.points
             ],
+            "min_jobs": min_jobs(),
             "changes": [
                 {
                     "job": c.job_id,
@@ -186,6 +231,8 @@ def collect(store: Store, selection: Selection | None = None, *, detect: bool = 
                 p90_ns=stats.p90,
                 iqr_ns=stats.iqr,
                 n=stats.n,
+                mad_ns=stats.mad,
+                flags=stats.flags,
             )
         )
     out = list(by_key.values())
@@ -196,16 +243,32 @@ def collect(store: Store, selection: Selection | None = None, *, detect: bool = 
 
 
 def changes_of(points: list[HistoryPoint]) -> list[Change]:
-    found: list[ChangePoint] = e_divisive([p.median_ns for p in points]) if len(points) >= 6 else []
-    return [
-        Change(
-            job_id=points[c.index].job_id,
-            commit=points[c.index].commit,
-            index=c.index,
-            before_ns=c.before,
-            after_ns=c.after,
-            magnitude=c.magnitude,
-            p_value=c.p_value,
-        )
-        for c in found
-    ]
+    """The change points of a series, on the points' levels. Contended points are left out of the search
+    while at least min_jobs() clean ones remain; a change found between two clean points is attributed to
+    the first job between them whose level is nearer the new level than the old (the clean one after, if
+    none is)."""
+    clean = [p for p in points if not p.contended]
+    used = clean if len(clean) >= min_jobs() else points
+    found: list[ChangePoint] = e_divisive([p.level_ns for p in used]) if len(used) >= 6 else []
+    out = []
+    for c in found:
+        at = points.index(used[c.index])
+        start = points.index(used[c.index - 1]) + 1 if c.index else 0
+        for i in range(start, at):
+            if abs(math.log(points[i].level_ns / c.after)) < abs(math.log(points[i].level_ns / c.before)):
+                at = i
+                break
+        first = points[at]
+        out.append(Change(first.job_id, first.commit, at, c.before, c.after, c.magnitude, c.p_value))
+    return out
+
+
+@cache
+def min_jobs() -> int:
+    """The fewest points of a series in which E-divisive means (at its settings) can call a change: the
+    length of the shortest clean step it finds, a step of twice the level with no noise at all."""
+    for n in range(6, 64):
+        step = [1.0] * (n // 2) + [2.0] * (n - n // 2)
+        if e_divisive(step):
+            return n
+    return 64

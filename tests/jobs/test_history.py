@@ -24,7 +24,9 @@ from benchmarks.history_store import build_history_store
 from jobs.cli import main
 from jobs.history.changepoints import e_divisive
 from jobs.history.series import Selection, collect
+from jobs.spec.sweep import loads_spec
 from jobs.store.repository import Store
+from jobs.store.results import result_of
 
 REAL = (1, 2, 3, 20, 21, 22)
 SLOWDOWN = 3.0  # the knob: 4x the time from job 20 on
@@ -127,3 +129,56 @@ def test_short_or_bad_series():
     assert e_divisive([1.0, 2.0, 2.0]) == []
     with pytest.raises(ValueError, match="finite"):
         e_divisive([1.0, float("nan"), 1.0, 1.0, 1.0, 1.0])
+
+
+def _points(levels, medians, contended=()):
+    from datetime import datetime
+
+    from jobs.history.series import HistoryPoint
+
+    return [
+        HistoryPoint(job_id=i + 1, job_name="s", commit=f"c{i + 1}", created_at=datetime(2026, 1, 1),
+                     trial_id=i, median_ns=m, p10_ns=lv, p90_ns=m * 1.5, iqr_ns=lv * 0.05, n=20,
+                     mad_ns=lv * 0.02, flags=("noisy", "contended") if i in contended else ())
+        for i, (lv, m) in enumerate(zip(levels, medians, strict=True))
+    ]  # fmt: skip
+
+
+def test_history_reads_the_fastest_samples_which_contention_cannot_inflate():
+    """Issue 32: on a loaded machine the medians of a 20 ms loop read 20-233 ms and history missed a 1.6x
+    step; the fastest samples kept it. The level is the trial's p10, with its uncertainty."""
+    from jobs.history.series import changes_of
+
+    rng = np.random.default_rng(32)
+    levels = [20e6 * (1.6 if i >= 8 else 1.0) * rng.normal(1, 0.01) for i in range(16)]
+    medians = [lv * rng.choice([1.0, 1.2, 4.0, 11.0]) for lv in levels]  # what the load added
+    points = _points(levels, medians)
+    (change,) = changes_of(points)
+    assert (change.job_id, round(change.magnitude, 1)) == (9, 0.6)
+    assert points[0].uncertainty_ns == pytest.approx(1.71 * 1.4826 * points[0].mad_ns / 20**0.5)
+    assert not e_divisive(medians) or e_divisive(medians)[0].index != 8  # the medians alone miss it
+
+
+def test_a_contended_point_is_left_out_and_the_change_still_lands_on_its_job():
+    from jobs.history.series import changes_of
+
+    levels = [10e6] * 10 + [16e6] * 10
+    flat = changes_of(_points(levels, levels, contended={10, 11}))  # the first two slow jobs were contended
+    assert [c.job_id for c in flat] == [11]
+    wild = [lv * (30 if i in (3, 14) else 1) for i, lv in enumerate(levels)]  # contended, far off
+    assert [c.job_id for c in changes_of(_points(wild, wild, contended={3, 14}))] == [11]
+
+
+def test_a_series_too_short_for_any_change_point_says_how_many_jobs_it_needs(store):
+    from jobs.history.series import min_jobs
+
+    assert min_jobs() == 11  # p <= 0.01 over 199 permutations, >= 3 points a side
+    spec = loads_spec("name: short\nfamily: probe\nbackends: [{name: noop, baseline: true}]\n"
+                      "shapes: {grid: {n: [0]}}\n")  # fmt: skip
+    for i in range(4):
+        job = store.create_job(name="short", family="probe", spec_yaml="x", spec_hash=spec.spec_hash(),
+                               trials=spec.trials(), git_commit=f"c{i}")  # fmt: skip
+        store.record_results([result_of(store.trials(job)[0].id, [1000 + i, 1001 + i, 1002 + i])])
+    out = CliRunner().invoke(main, ["history", "--db", store.url, "--spec", "short"])
+    assert out.exit_code == 0, out.output
+    assert "no change point can be called yet: that takes at least 11 jobs, this has 4" in out.output
