@@ -38,7 +38,8 @@ def render_series(series: Series, out_console: Console) -> None:
         )
     out_console.print(table)
     out_console.print(
-        "  level: the p10 of the kept samples, what change points are found on (contended trials left out)"
+        "  level: the median of the kept samples, +- its standard error; change points are found on it "
+        "(contended trials left out while 11 clean jobs remain)"
     )
     need = min_jobs()
     if len(series.points) < need:

@@ -6,14 +6,14 @@ CPU and GPU numbers never share a series. Jobs are taken in the order they were 
 order of the commits they measured (each job stores its kernels' commit, jobs.run.runner.kernels_commit).
 Only trials that finished `ok` with a median count.
 
-Each job's point is its level (`HistoryPoint.level_ns`): the 10th percentile of the trial's kept samples
-(its median when it has fewer than MIN_SAMPLES_FOR_P10). On a shared machine other processes only ever
-add time, and they add it to some samples and not others: the fastest samples move with the code, the
-median with the load too (a 20 ms busy loop read 20-233 ms medians on a loaded machine). Each point has an
-uncertainty, the standard error of that percentile for normal noise of the samples' spread (1.7 x
-1.4826 MAD / sqrt(n)). A trial the measurement flagged as run under contention (or drifting, or
-throttled) is kept in the series but left out of change detection, as long as at least `min_jobs()`
-clean points remain: it is not averaged in.
+Each job's point is its level (`HistoryPoint.level_ns`): the median of the trial's kept samples, with
+its uncertainty, the standard error of a median for normal noise of the samples' spread (1.2533 x
+1.4826 MAD / sqrt(n)). The fastest samples (p10) were tried as the level and measured worse on a loaded
+machine (benchmarks/history_noise_bench.py, two busy loops beside the sweeps: the 1.6x step found in 7 of
+10 series on p10, 10 of 10 on the median, no false change on either): under sustained load every sample
+is slowed alike and a low quantile of ten samples is the noisier estimate. A trial the measurement
+flagged as run under contention (or drifting, or throttled) is kept in the series but left out of
+change detection as long as at least `min_jobs()` clean points remain: it is not averaged in.
 
 The change points are E-divisive means (jobs.history.changepoints) over the levels; each is attributed
 to the first job after it. With its significance (p <= 0.01 over 199 permutations) and at least 3 points
@@ -37,8 +37,7 @@ from jobs.judge.baselines import env_class, point_config
 from jobs.store.repository import Environment, Job, Store, TrialRow
 from kernels.base import TrialStatus
 
-MIN_SAMPLES_FOR_P10 = 5  # fewer kept samples: the median is the level
-P10_SE_FACTOR = 1.71  # sd of the 10th percentile of n normal samples / (sd / sqrt(n)), large n
+MEDIAN_SE_FACTOR = 1.2533  # sd of the median of n normal samples / (sd / sqrt(n)), large n
 CONTAMINATED_FLAGS = frozenset({"contended", "drift", "throttled"})
 
 
@@ -81,10 +80,7 @@ class HistoryPoint:
 
     @property
     def level_ns(self) -> float:
-        """What change detection reads: the 10th percentile of the kept samples (the median of a trial
-        with fewer than MIN_SAMPLES_FOR_P10)."""
-        if self.p10_ns is not None and (self.n or 0) >= MIN_SAMPLES_FOR_P10:
-            return self.p10_ns
+        """What change detection reads: the median of the kept samples (see the module docstring)."""
         return self.median_ns
 
     @property
@@ -92,7 +88,7 @@ class HistoryPoint:
         """The standard error of the level for normal noise of the samples' spread; None without one."""
         if self.mad_ns is None or not self.n:
             return None
-        return P10_SE_FACTOR * 1.4826 * self.mad_ns / self.n**0.5
+        return MEDIAN_SE_FACTOR * 1.4826 * self.mad_ns / self.n**0.5
 
     @property
     def contended(self) -> bool:

@@ -759,8 +759,8 @@ def render_job(store: Store, job_id: int, plotly_src: str | None = None, links: 
 
 def history_figure(series: Any) -> go.Figure:
     """A jobs.history.series.Series: median per job (p10..p90 band) in commit order, the level change
-    detection reads (p10, with its standard error; contended points crossed), change points marked at the
-    level after them."""
+    detection reads (with its standard error; contended points crossed), change points marked at the level
+    after them."""
     pts = series.points
     x = [f"#{p.job_id} {(p.commit or '?')[:8]}" for p in pts]
     fig = go.Figure()
@@ -783,9 +783,9 @@ def history_figure(series: Any) -> go.Figure:
         fillcolor="rgba(54,108,204,0.2)",
     )
     fig.add_scatter(name="median", x=x, y=[p.median_ns / 1e6 for p in pts], mode="lines+markers")
-    # what change detection reads: the level (p10) with its standard error; contended points as crosses
+    # what change detection reads: the level with its standard error; contended points as crosses
     fig.add_scatter(
-        name="level (p10; x: contended, not used)",
+        name="level (x: contended, not used)",
         x=x,
         y=[p.level_ns / 1e6 for p in pts],
         mode="markers",
