@@ -9,9 +9,10 @@ Only trials that finished `ok` with a median count.
 Each job's point is its level (`HistoryPoint.level_ns`): the median of the trial's kept samples, with
 its uncertainty, the standard error of a median for normal noise of the samples' spread (1.2533 x
 1.4826 MAD / sqrt(n)). The fastest samples (p10) were tried as the level and measured worse on a loaded
-machine (benchmarks/history_noise_bench.py, two busy loops beside the sweeps: the 1.6x step found in 7 of
-10 series on p10, 10 of 10 on the median, no false change on either): under sustained load every sample
-is slowed alike and a low quantile of ten samples is the noisier estimate. A trial the measurement
+machine (benchmarks/history_noise_bench.py, two busy loops beside the sweeps, three runs: the 1.6x step
+found in 10 of 10 series on the median each time with no false change; on the p10 in 7 and 3 of 10, with
+one false change): under sustained load every sample is slowed alike, and a low quantile of ten samples
+is the noisier estimate. A trial the measurement
 flagged as run under contention (or drifting, or throttled) is kept in the series but left out of
 change detection as long as at least `min_jobs()` clean points remain: it is not averaged in.
 
