@@ -312,12 +312,24 @@ def _check_against_family(spec: SweepSpec, source: str, max_trials: int | None =
         )
 
 
+# A spec is written by hand: a file larger than this is refused before it is parsed (a grid of any size
+# fits in a few lines as axes; 10^6 points listed one by one are 18 MB of YAML and seconds of parsing).
+MAX_SPEC_BYTES = 4 * 1024 * 1024
+
+
 def load_spec(path: str | Path, *, max_trials: int | None = None) -> SweepSpec:
     """The spec of a file; `max_trials`: a grid of more trials raises TooManyTrials before its trials
-    are checked against the family one by one."""
+    are checked against the family one by one. A file over MAX_SPEC_BYTES is refused unread."""
     path = Path(path)
     source = str(path)
     try:
+        size = path.stat().st_size
+        if size > MAX_SPEC_BYTES:
+            limit = MAX_SPEC_BYTES / 2**20
+            raise SpecError(source, [
+                f"the file is {size / 2**20:.1f} MB; a spec may be at most {limit:g} MB: write a large grid "
+                "as axes (grid: {m: [...], n: [...]}), not as a list of points"
+            ])  # fmt: skip
         text = path.read_text()
     except OSError as err:
         raise SpecError(source, [f"cannot read the file: {err.strerror}"]) from None
