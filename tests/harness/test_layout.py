@@ -27,6 +27,7 @@ EXERCISED_BY: dict[str, tuple[str, ...]] = {
     "jobs/cli/db.py": ("tests/jobs/test_store_migrations.py",),
     "jobs/cli/jobs.py": ("tests/jobs/test_cli_output.py", "tests/jobs/test_exit_codes.py"),
     "jobs/cli/queue.py": ("tests/jobs/queue/test_queue_pool.py",),  # submit, pool serve, jobs cancel/wait
+    "jobs/queue/notify.py": ("tests/jobs/queue/test_queue_pool.py",),  # the webhook, through a real pool
     "jobs/cli/sweep.py": ("tests/jobs/test_spec.py", "tests/jobs/test_scale.py"),
     "jobs/errors.py": ("tests/jobs/test_exit_codes.py",),
     "jobs/run/progress.py": ("tests/jobs/test_cli_output.py", "tests/e2e/test_readme_tour.py"),
