@@ -32,6 +32,8 @@ class Interface(_In):
     family: str = Field(min_length=1, max_length=64)
     backend: str = Field(min_length=1, max_length=64)
     signature: str = Field("", max_length=1000)
+    shape: dict[str, Scalar] = Field(default_factory=dict, max_length=32)  # the point, for a check's scope
+    dtype: str = Field("", max_length=64)
 
 
 class ExpectedMetric(_In):
@@ -55,6 +57,7 @@ class AnomalyIn(_In):
     log_excerpt: str = Field("", max_length=16_384)
     expected_metrics: list[ExpectedMetric] = Field(default_factory=list, max_length=64)
     prohibitions: list[str] = Field(default_factory=list, max_length=16)
+    device: Literal["", "cpu", "gpu"] = ""  # what timed it: CPU timings are noisier and have no SM clock
 
     @field_validator("config_diff")
     @classmethod
@@ -91,8 +94,37 @@ class SummaryRequest(_In):
         return self
 
 
+# A draft's check, in the metric card's grammar (jobs/spec/cards.py: CardCheck, CHECK_METRICS): the farm
+# validates it against the card schema; here it is only named, so a model's bad check never costs a draft
+# its prose (the farm keeps the prose and records why the check does not validate).
+CHECK_METRICS: tuple[str, ...] = (
+    "cv", "median_ns", "ratio", "correct", "completes", "max_abs_err", "max_rel_err", "bytes_per_token",
+    "peak_bytes", "n_spills", "occupancy", "tflops", "gbps",
+)  # fmt: skip
+CHECK_OPS: tuple[str, ...] = ("<=", "<", ">=", ">", "==")
+
+
+class CheckScope(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    family: str | None = None
+    backend: str | None = None
+    shapes: list[dict[str, Scalar]] | None = None
+    dtype: str | None = None
+
+
+class DraftCheck(BaseModel):
+    """`metric op threshold` on the trials in `scope`: what the offline drafter writes."""
+
+    model_config = ConfigDict(extra="forbid")
+    metric: str
+    op: str
+    threshold: float
+    scope: CheckScope = Field(default_factory=CheckScope)
+
+
 class Draft(BaseModel):
-    """One draft a kernel engineer edits. Extra keys from a model are ignored."""
+    """One draft a kernel engineer edits. Extra keys from a model are ignored; ``check`` is kept as the
+    model wrote it (a mapping, else None) for the farm to validate against the card schema."""
 
     model_config = ConfigDict(extra="ignore")
     assertion: str = Field(min_length=1, max_length=2000)
@@ -100,6 +132,14 @@ class Draft(BaseModel):
     failure_signature: str = Field(min_length=1, max_length=1000)
     needs_local_profiler: bool
     anomaly_ids: list[str] = Field(min_length=1)
+    check: dict[str, Any] | None = None
+
+    @field_validator("check", mode="before")
+    @classmethod
+    def _mapping_or_none(cls, v: Any) -> Any:
+        if v is None or isinstance(v, dict):
+            return v
+        return {"_invalid": str(v)[:200]}  # not a mapping: kept for the farm to say why it is refused
 
 
 class DraftList(BaseModel):

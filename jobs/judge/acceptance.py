@@ -24,7 +24,7 @@ from rich.table import Table
 
 from jobs.judge import baselines
 from jobs.judge.anomalies import Found, contamination, throttling
-from jobs.judge.checks import AMBIGUOUS, FAIL, PASS, SKIP, Context, Outcome, run_check
+from jobs.judge.checks import AMBIGUOUS, FAIL, PASS, SKIP, Context, Outcome, card_check, in_scope, run_check
 from jobs.spec.cards import Card, load_card
 from jobs.spec.sweep import loads_spec
 from jobs.store.repository import Store, TrialRow
@@ -181,6 +181,15 @@ def accept(
                     check, t, trial_label(t), run_check(check, c), c.baseline.id if c.baseline else None
                 )
             )
+    for chk in the_card.checks:  # the scoped checks promoted from reviewed drafts, on their trials only
+        for t in trials:
+            if in_scope(chk, t):
+                c = contexts[t.id]
+                acc.results.append(
+                    AssertionResult(
+                        chk.name, t, trial_label(t), card_check(chk, c), c.baseline.id if c.baseline else None
+                    )
+                )
     if confirm:
         _confirm(store, job, acc, contexts, rounds, options)
     acc.anomalies = [

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from jobs.judge.runs import RunComparison, compare_runs, prior_drift
-from jobs.spec.cards import Card
+from jobs.spec.cards import Card, CardCheck
 from jobs.store.repository import Environment, TrialRow
 from kernels.base import TrialStatus
 from kernels.hardware import limits_for
@@ -337,3 +337,73 @@ def run_check(name: str, c: Context) -> Outcome:
     if name in ("regression", "stability", "hw_fraction") and c.trial.status == TrialStatus.INCORRECT:
         return Outcome(SKIP, "the trial is incorrect: its timing is not judged")
     return CHECK_FUNCTIONS[name](c)
+
+
+# ---- scoped checks (the card's `checks:`, promoted from reviewed drafts) --------------------------------
+def in_scope(chk: CardCheck, t: TrialRow) -> bool:
+    s = chk.scope
+    if (s.family and s.family != t.family) or (s.backend and s.backend != t.backend):
+        return False
+    if s.dtype and s.dtype != t.dtype:
+        return False
+    shape = t.shape or {}
+    return s.shapes is None or any(all(shape.get(k) == v for k, v in want.items()) for want in s.shapes)
+
+
+def check_metric(metric: str, c: Context) -> tuple[float | None, str]:
+    """The value of one CHECK_METRICS metric on the context's trial, or None and why there is none."""
+    t = c.trial
+    rep = t.correctness or {}
+    if metric == "completes":
+        return (0.0 if TrialStatus(t.status) in _UNFINISHED else 1.0), t.status
+    if metric == "correct":
+        bad = t.status == TrialStatus.INCORRECT or rep.get("passed") is False
+        return (0.0 if bad else 1.0), "the reference check"
+    if metric == "cv":
+        kept, _dropped = c.timings(t.id)
+        return (_cv(kept), "") if len(kept) >= 2 else (None, "fewer than two samples")
+    if metric == "median_ns":
+        return _number(t.median_ns), "no median stored"
+    if metric == "ratio":
+        found = comparison(c)
+        if isinstance(found, str):
+            return None, found
+        return found[0].run_ratio, found[0].reason
+    if metric in ("max_abs_err", "max_rel_err"):
+        return _number((t.metrics or {}).get(metric, rep.get(metric))), "no correctness report"
+    if metric == "peak_bytes":
+        return _number((t.memory or {}).get("peak_bytes")), "no peak memory recorded"
+    if metric == "n_spills":
+        spills = spills_of(t)
+        return (None if spills is None else float(spills)), "no compiled-kernel resources recorded"
+    if metric == "occupancy":
+        return occupancy_of(t), "no occupancy recorded"
+    return _number((t.metrics or {}).get(metric)), f"the trial reports no {metric}"
+
+
+_UNFINISHED = (TrialStatus.TIMEOUT, TrialStatus.CRASHED, TrialStatus.ERROR)
+_OPS: dict[str, Callable[[float, float], bool]] = {
+    "<=": lambda a, b: a <= b,
+    "<": lambda a, b: a < b,
+    ">=": lambda a, b: a >= b,
+    ">": lambda a, b: a > b,
+    "==": lambda a, b: a == b,
+}
+
+
+def card_check(chk: CardCheck, c: Context) -> Outcome:
+    """A scoped check on one trial in its scope: pass, fail, or skip when the metric cannot be read."""
+    if chk.metric != "completes" and not TrialStatus(c.trial.status).measured:
+        return Outcome(SKIP, f"the trial did not finish ({c.trial.status})")
+    if chk.metric not in ("completes", "correct") and c.trial.status == TrialStatus.INCORRECT:
+        return Outcome(SKIP, "the trial is incorrect: its numbers are not judged")
+    value, why = check_metric(chk.metric, c)
+    numbers = {"metric": chk.metric, "value": value, "op": chk.op, "threshold": chk.threshold}
+    if chk.draft:
+        numbers["draft"] = chk.draft
+    if value is None or not math.isfinite(value):
+        return Outcome(SKIP, f"{chk.metric}: not measured ({why})", numbers)
+    text = f"{chk.metric} {value:.4g} {chk.op} {chk.threshold:g}"
+    if _OPS[chk.op](value, chk.threshold):
+        return Outcome(PASS, text, numbers)
+    return Outcome(FAIL, f"{chk.metric} {value:.4g}, expected {chk.op} {chk.threshold:g}", numbers)

@@ -14,6 +14,11 @@ and an `assertions` list naming the checks the CI step runs, in order. Every che
   stability    coefficient of variation of the samples under max_cv              stability
   resources    register spills and occupancy against the limits / the baseline   resources
 
+Besides the named checks, `checks:` lists scoped checks, each one metric of a trial (CHECK_METRICS)
+against a threshold, on the trials in its scope (family, backend, shapes, dtype; unset: every trial). They
+come from reviewed drafts (`farm drafts promote`, with the draft's id) and run after the assertions, each
+as the assertion `draft-<id>` (or `<metric><op><threshold>` without a draft).
+
 CPU timings are labelled as such and are noisier than a GPU's: the `cpu` section overrides max_slowdown
 and max_cv when the trial ran on a CPU, and `cpu.ambiguous` (warn | fail; default warn) says what an
 ambiguous assertion does to the verdict of a job timed on a CPU when the command does not say
@@ -112,6 +117,52 @@ _NEEDS: dict[str, str] = {
 }
 
 
+# metric -> what it reads from a trial (jobs.judge.checks.check_metric); a draft's check names one of these
+CHECK_METRICS: dict[str, str] = {
+    "cv": "coefficient of variation of the kept samples (far outliers dropped when the card trims)",
+    "median_ns": "median of the kept samples, in ns",
+    "ratio": "run-level median ratio to the matching baseline trial",
+    "correct": "1 when the output matched the reference on every seed, else 0",
+    "completes": "1 when the trial finished (not a timeout, crash or error), else 0",
+    "max_abs_err": "largest absolute error against the reference",
+    "max_rel_err": "largest relative error against the reference",
+    "bytes_per_token": "metrics.bytes_per_token",
+    "peak_bytes": "memory.peak_bytes",
+    "n_spills": "register spills of any compiled kernel",
+    "occupancy": "occupancy of the compiled kernel",
+    "tflops": "metrics.tflops",
+    "gbps": "metrics.gbps",
+}
+CHECK_OPS = ("<=", "<", ">=", ">", "==")
+Scalar = str | int | float | bool | None
+
+
+class CheckScope(_Strict):
+    family: str | None = None
+    backend: str | None = None
+    shapes: list[dict[str, Scalar]] | None = Field(
+        None, min_length=1, description="the shapes it applies to (each may name only some keys)"
+    )
+    dtype: str | None = None
+
+
+class CardCheck(_Strict):
+    """One scoped check: `metric op threshold` on every trial in `scope`."""
+
+    metric: Literal[tuple(CHECK_METRICS)]  # type: ignore[valid-type]
+    op: Literal[CHECK_OPS]  # type: ignore[valid-type]
+    threshold: float = Field(allow_inf_nan=False)
+    scope: CheckScope = Field(default_factory=CheckScope)
+    draft: int | None = Field(None, ge=1, description="the draft it was promoted from")
+
+    @property
+    def name(self) -> str:
+        return f"draft-{self.draft}" if self.draft else f"{self.metric}{self.op}{self.threshold:g}"
+
+    def text(self) -> str:
+        return f"{self.metric} {self.op} {self.threshold:g}"
+
+
 class Card(_Strict):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")
     family: str | None = Field(None, description="the family it applies to; None: any")
@@ -124,6 +175,7 @@ class Card(_Strict):
     resources: Resources | None = None
     cpu: CpuOverrides = Field(default_factory=CpuOverrides)
     trim_outliers: Literal["never", "cpu", "always"] = "cpu"
+    checks: list[CardCheck] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _sections_present(self) -> Card:
@@ -138,6 +190,9 @@ class Card(_Strict):
             self.performance is None or self.performance.min_hw_fraction is None
         ):
             raise ValueError("assertions: 'hw_fraction' needs performance.min_hw_fraction")
+        for i, chk in enumerate(self.checks):
+            if self.family and chk.scope.family not in (None, self.family):
+                raise ValueError(f"checks.{i}.scope.family: {chk.scope.family!r} on a card for {self.family}")
         return self
 
     def max_slowdown(self, on_cpu: bool) -> float:
@@ -161,6 +216,24 @@ def parse_card(data: Any, source: str = "<card>") -> Card:
         return Card.model_validate(data)
     except ValidationError as err:
         raise CardError(source, problems_from(err, data)) from None
+
+
+def parse_check(data: Any, card: Card | None = None, source: str = "<check>") -> CardCheck:
+    """A scoped check in the card's grammar, validated as the card would (CardError names each problem);
+    with `card`, also against that card (its family)."""
+    if not isinstance(data, dict):
+        raise CardError(
+            source, [f"(top level): expected a mapping of check fields (got {type(data).__name__})"]
+        )
+    try:
+        chk = CardCheck.model_validate(data)
+    except ValidationError as err:
+        raise CardError(source, problems_from(err, data)) from None
+    if card is not None and card.family and chk.scope.family not in (None, card.family):
+        raise CardError(
+            source, [f"scope.family: {chk.scope.family!r}, but card {card.name} is for {card.family}"]
+        )
+    return chk
 
 
 def load_card(name_or_path: str | Path) -> Card:

@@ -8,8 +8,17 @@ import pytest
 
 from jobs.judge.anomalies import Found, fingerprint, throttled_samples
 from jobs.judge.baselines import match_key
-from jobs.judge.checks import Context, run_check
-from jobs.spec.cards import CHECKS, CardError, all_cards, load_card, parse_card
+from jobs.judge.checks import Context, card_check, in_scope, run_check
+from jobs.spec.cards import (
+    CHECK_METRICS,
+    CHECK_OPS,
+    CHECKS,
+    CardError,
+    all_cards,
+    load_card,
+    parse_card,
+    parse_check,
+)
 from jobs.store.repository import Environment, TrialRow
 from kernels.gemm.case import FAMILY as GEMM
 
@@ -183,3 +192,52 @@ def test_the_stability_row_agrees_with_its_own_numbers():
     out, shown = _stability(few)
     assert out.outcome == "pass" and out.numbers["cv"] <= out.numbers["max_cv"], out.reason
     assert "4 far outliers dropped" in out.reason and f"cv {out.numbers['cv']:.2%}" in out.reason
+
+
+# ---- scoped checks (`checks:`, promoted from reviewed drafts; issue 33) ---------------------------------
+GEMM_CARD = {"name": "g", "family": "gemm", "assertions": ["completes"]}
+
+
+def test_scoped_checks_load_and_bad_ones_name_the_field():
+    card = parse_card({**GEMM_CARD, "checks": [
+        {"metric": "cv", "op": "<=", "threshold": 0.25, "scope": {"backend": "triton", "shapes": [{"m": 1}]},
+         "draft": 7},
+    ]})  # fmt: skip
+    (chk,) = card.checks
+    assert chk.name == "draft-7" and chk.text() == "cv <= 0.25" and chk.scope.dtype is None
+    with pytest.raises(CardError, match=r"checks\[0\]\.metric.*speed"):
+        parse_card({**GEMM_CARD, "checks": [{"metric": "speed", "op": "<=", "threshold": 1}]})
+    with pytest.raises(CardError, match=r"checks\[0\]\.op"):
+        parse_card({**GEMM_CARD, "checks": [{"metric": "cv", "op": "~", "threshold": 1}]})
+    with pytest.raises(CardError, match="scope.family"):
+        parse_card(
+            {**GEMM_CARD, "checks": [{"metric": "cv", "op": "<", "threshold": 1, "scope": {"family": "x"}}]}
+        )
+    with pytest.raises(CardError, match="not_a_key"):
+        parse_check({"metric": "cv", "op": "<", "threshold": 1, "not_a_key": 1})
+
+
+def test_a_scoped_check_judges_only_the_trials_in_its_scope():
+    scope = {"backend": "triton", "shapes": [{"batch": 4}], "dtype": "bfloat16"}
+    chk = parse_check({"metric": "max_abs_err", "op": "<=", "threshold": 0.01, "scope": scope})
+    card = parse_card({**GEMM_CARD, "family": None})
+    inside = _trial(correctness={"passed": True, "max_abs_err": 0.5})
+    assert in_scope(chk, inside)
+    assert not in_scope(chk, _trial(shape={"batch": 8, "seqlen": 1024}))
+    assert not in_scope(chk, _trial(backend="torch")) and not in_scope(chk, _trial(dtype="float32"))
+    out = card_check(chk, Context(card, inside, CPU, None, lambda _i: []))
+    assert out.outcome == "fail" and out.reason == "max_abs_err 0.5, expected <= 0.01"
+    ok = _trial(correctness={"passed": True, "max_abs_err": 0.001})
+    assert card_check(chk, Context(card, ok, CPU, None, lambda _i: [])).outcome == "pass"
+    unmeasured = card_check(chk, Context(card, _trial(), CPU, None, lambda _i: []))
+    assert unmeasured.outcome == "skip" and "not measured" in unmeasured.reason
+    crashed = _trial(status="crashed")
+    done = parse_check({"metric": "completes", "op": "==", "threshold": 1})
+    assert card_check(done, Context(card, crashed, CPU, None, lambda _i: [])).outcome == "fail"
+    assert card_check(chk, Context(card, crashed, CPU, None, lambda _i: [])).outcome == "skip"
+
+
+def test_the_summaries_contract_names_the_cards_check_metrics():
+    from gateway.summaries import schema
+
+    assert set(schema.CHECK_METRICS) == set(CHECK_METRICS) and schema.CHECK_OPS == CHECK_OPS
