@@ -20,12 +20,20 @@ that differ from the baseline, a short log excerpt (warnings and errors only), t
 next to the measured values, and prohibitions.
 Answer with ONE JSON object and nothing else, in exactly this shape:
 {"drafts": [{"assertion": str, "verify_how": str, "failure_signature": str,
-             "needs_local_profiler": bool, "anomaly_ids": [str, ...]}]}
+             "needs_local_profiler": bool, "anomaly_ids": [str, ...], "check": {...} or null}]}
 - assertion: one checkable statement with the numbers it must meet.
 - verify_how: how an engineer verifies it on the farm (farm commands, local profilers), briefly.
 - failure_signature: the pattern that identifies this failure when it recurs (a log line, a metric).
 - needs_local_profiler: true only when deciding it needs a profiler run on a GPU host.
 - anomaly_ids: the ids of the anomalies the draft explains; every anomaly id appears in some draft.
+- check: the assertion as a check the farm runs, in its metric card's grammar, or null when no metric
+  states it: {"metric": one of METRICS, "op": one of "<=", "<", ">=", ">", "==", "threshold": number,
+  "scope": {"family": str, "backend": str, "shapes": [{shape key: value, ...}], "dtype": str}}; scope
+  fields come from the anomaly's interface (leave out the ones the check does not depend on). METRICS:
+  cv (stdev/mean of the samples), median_ns, ratio (median over the baseline's), correct (1 or 0),
+  completes (1 or 0), max_abs_err, max_rel_err, bytes_per_token, peak_bytes, n_spills, occupancy, tflops,
+  gbps.
+- device "cpu": CPU timings (no SM clock, no GPU profiler): say what can be done on a CPU.
 Obey every prohibition: never write a full kernel implementation, never production SQL, never a command
 to run against shared systems. Only drafts: you run nothing.
 """

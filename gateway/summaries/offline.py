@@ -4,14 +4,16 @@ No network and no model: the same anomalies always give the same drafts, each ma
 nobody mistakes them for a model's. It lets ``make run`` show the whole acceptance workflow on a laptop.
 ``checklist`` writes one draft per anomaly; ``log_summary`` one per distinct failure signature. Either way
 every anomaly id is named by exactly one draft (the batcher requires every id to be covered), and every
-draft stays within the ``Draft`` field limits whatever the anomalies say.
+draft stays within the ``Draft`` field limits whatever the anomalies say. A checklist draft carries its
+assertion as a check in the metric card's grammar (``DraftCheck``) when a card threshold states it, scoped
+to the anomaly's point; on CPU timings (``device: cpu``) the ways to verify are ones a CPU allows.
 """
 
 from __future__ import annotations
 
 import re
 
-from gateway.summaries.schema import AnomalyIn, Draft
+from gateway.summaries.schema import AnomalyIn, CheckScope, Draft, DraftCheck
 
 OFFLINE_MARK = "[offline]"
 
@@ -36,6 +38,24 @@ _VERIFY: dict[str, tuple[str, bool]] = {
         False,
     ),
 }
+# on CPU timings: no SM clock to record or pin, no GPU profiler; what an engineer can do on a CPU instead
+_VERIFY_CPU: dict[str, tuple[str, bool]] = {
+    "slower": (
+        "farm accept JOB --confirm --rounds 5: baseline and candidate interleaved on one worker, so a shared "
+        "CPU's load hits both alike",
+        False,
+    ),
+    "ambiguous": (
+        "farm accept JOB --confirm --rounds 5 against a named baseline (farm baseline set); CPU timings "
+        "of one run cannot tell a 1.9x swing from a regression",
+        False,
+    ),
+    "noisy": (
+        "re-run the trial with fewer workers than CPU cores (farm sweep run SPEC --gpus 1) and nothing "
+        "else busy; if the cv stays above the limit on a quiet machine, the card's cpu.max_cv is too tight",
+        False,
+    ),
+}
 _DEFAULT_VERIFY = ("re-run the trial on the farm and compare with the baseline point", False)
 _ERROR_LINE = re.compile(r"(?i)\b(error|exception|fatal|assert|failed|nan)\b")
 
@@ -43,9 +63,53 @@ _ERROR_LINE = re.compile(r"(?i)\b(error|exception|fatal|assert|failed|nan)\b")
 def _metrics_text(a: AnomalyIn) -> str:
     parts = []
     for m in a.expected_metrics:
+        if m.measured is None:
+            parts.append(f"{m.metric} {m.expected} (not measured on this trial)")
+            continue
         measured = f"{m.measured:.4g}" if isinstance(m.measured, float) else m.measured
         parts.append(f"{m.metric} {m.expected} (measured {measured})")
     return "; ".join(parts)
+
+
+def _verify(a: AnomalyIn) -> tuple[str, bool]:
+    if a.device == "cpu" and a.kind in _VERIFY_CPU:
+        return _VERIFY_CPU[a.kind]
+    return _VERIFY.get(a.kind, _DEFAULT_VERIFY)
+
+
+# an expected metric's name (jobs.drafts.compress.expected_metrics) -> the card's check metric
+_CHECK_METRIC = {
+    "median ratio to baseline": "ratio",
+    "cv of samples": "cv",
+    "bytes per token": "bytes_per_token",
+    "peak bytes": "peak_bytes",
+    "register spills": "n_spills",
+}
+_THRESHOLD = re.compile(r"^\s*(<=|<|>=|>|==)\s*([-+]?[0-9.]+(?:[eE][-+]?[0-9]+)?)\s*$")
+
+
+def draft_check(a: AnomalyIn) -> DraftCheck | None:
+    """The anomaly's card threshold as a check scoped to its point, or None when no threshold states it."""
+    scope = CheckScope(
+        family=a.interface.family,
+        backend=a.interface.backend,
+        shapes=[dict(a.interface.shape)] if a.interface.shape else None,
+        dtype=a.interface.dtype or None,
+    )
+    if a.kind == "correctness":
+        return DraftCheck(metric="correct", op="==", threshold=1, scope=scope)
+    if a.kind in ("timeout", "crashed", "error"):
+        return DraftCheck(metric="completes", op="==", threshold=1, scope=scope)
+    for m in a.expected_metrics:
+        metric = _CHECK_METRIC.get(m.metric)
+        found = _THRESHOLD.match(m.expected)
+        if metric and found:
+            try:
+                threshold = float(found.group(2))
+            except ValueError:
+                continue
+            return DraftCheck(metric=metric, op=found.group(1), threshold=threshold, scope=scope)
+    return None
 
 
 def _subject(a: AnomalyIn) -> str:
@@ -74,7 +138,8 @@ def _assertion(a: AnomalyIn) -> str:
 def draft_checklist(anomalies: list[AnomalyIn]) -> list[Draft]:
     out = []
     for a in anomalies:
-        how, profiler = _VERIFY.get(a.kind, _DEFAULT_VERIFY)
+        how, profiler = _verify(a)
+        check = draft_check(a)
         out.append(
             Draft(
                 assertion=_assertion(a),
@@ -82,6 +147,7 @@ def draft_checklist(anomalies: list[AnomalyIn]) -> list[Draft]:
                 failure_signature=failure_signature(a),
                 needs_local_profiler=profiler,
                 anomaly_ids=[a.id],
+                check=check.model_dump(mode="json", exclude_none=True) if check else None,
             )
         )
     return out
@@ -95,7 +161,7 @@ def draft_log_summary(anomalies: list[AnomalyIn]) -> list[Draft]:
     for signature, members in groups.items():
         kinds = sorted({a.kind for a in members})
         subjects = sorted({_subject(a) for a in members})
-        profiler = any(_VERIFY.get(k, _DEFAULT_VERIFY)[1] for k in kinds)
+        profiler = any(_verify(a)[1] for a in members)
         out.append(
             Draft(
                 assertion=(
@@ -105,7 +171,7 @@ def draft_log_summary(anomalies: list[AnomalyIn]) -> list[Draft]:
                 # each way to verify once (unknown kinds share the default), within the Draft's limit
                 verify_how=(
                     f"{OFFLINE_MARK} "
-                    + "; ".join(dict.fromkeys(_VERIFY.get(k, _DEFAULT_VERIFY)[0] for k in kinds))
+                    + "; ".join(dict.fromkeys(_verify(a)[0] for a in sorted(members, key=lambda m: m.kind)))
                 )[:2000],
                 failure_signature=signature,
                 needs_local_profiler=profiler,

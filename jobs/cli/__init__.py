@@ -1,8 +1,8 @@
 """The `farm` command line: one module per verb group, assembled on the `main` group here.
 
 sweep (sweep.py), jobs (jobs.py), report (report.py), compare and export (compare.py), baseline
-(baseline.py), accept and failures (accept.py, drafts included), db (db.py), and gateway (the gateway's
-own group, mounted when its package is present).
+(baseline.py), accept and failures (accept.py, drafts included), the review of drafts (drafts.py), db
+(db.py), and gateway (the gateway's own group, mounted when its package is present).
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "accept": ("jobs.cli.accept", "accept_cmd",
                "Judge JOB_ID against its metric card and baseline; exit 1 when an assertion fails."),
     "failures": ("jobs.cli.accept", "failures", "The failure bank: failed assertions kept across jobs."),
+    "drafts": ("jobs.cli.drafts", "drafts",
+               "Review the drafts of a job's anomalies; promote the accepted ones into the metric card."),
     "db": ("jobs.cli.db", "db_group",
            "The results store's schema (Alembic migrations in jobs/store/migrations)."),
     "compare": ("jobs.cli.compare", "compare",

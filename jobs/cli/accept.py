@@ -107,8 +107,14 @@ def send_drafts(store: Store, job_id: int, task: str) -> None:
     except DraftsError as err:
         echo(f"drafts: {err}")
         return
+    if done.skipped:
+        echo(
+            f"drafts: {len(done.skipped)} anomal{'y' if len(done.skipped) == 1 else 'ies'} not sent: "
+            "the latest draft of each was rejected (farm drafts list)"
+        )
     if done.run_id is None:
-        echo("drafts: no anomalies to draft")
+        if not done.skipped:
+            echo("drafts: no anomalies to draft")
         return
     render_drafts(store, job_id, console())
 

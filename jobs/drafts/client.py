@@ -3,6 +3,9 @@
 `draft_job(store, job_id)` compresses the job's stored anomalies (jobs.drafts.compress), sends them with the
 project's key through the openai SDK to ``POST <gateway>/v1/farm/summaries`` and stores the drafts with
 the job (tables draft_runs, drafts), with the sizes before and after compression and the tokens spent.
+A draft's check (the metric card's grammar) is validated against the card schema here: one that does not
+validate is stored as its reason (`check_error`) beside the draft's prose. An anomaly whose fingerprint's
+latest draft was rejected (`farm drafts review --reject`) is not sent again; the skip is counted.
 The gateway is named by ``FARM_GATEWAY_URL`` (with or without /v1) and the key by ``FARM_GATEWAY_KEY``
 (jobs.settings). Without a key, the gateway's offline drafter runs in-process (marked offline), so the
 workflow runs with no gateway and no network. `render_drafts` prints them next to the anomalies they explain.
@@ -15,7 +18,7 @@ function of that schema); nothing else of the gateway is imported.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console
@@ -23,7 +26,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from gateway.summaries.schema import SUMMARIES_PATH, TASKS, AnomalyIn
-from jobs.drafts.compress import Compressed, LogSource, compress, facts_from_job
+from jobs.drafts.compress import Compressed, LogSource, compress, facts_from_job, without
+from jobs.drafts.review import rejected_fingerprints, store_drafting, validate_check
 from jobs.settings import FarmSettings
 from jobs.store.repository import Store
 
@@ -59,6 +63,7 @@ class DraftOutcome:
     run_id: int | None
     compressed: Compressed
     reply: dict[str, Any]
+    skipped: list[str] = field(default_factory=list)  # fingerprints not sent: their latest draft was rejected
 
     @property
     def drafts(self) -> list[dict[str, Any]]:
@@ -113,10 +118,18 @@ def draft_job(
         raise ValueError(f"task must be one of {TASKS} (got {task!r})")
     if store.get_job(job_id) is None:
         raise LookupError(f"no job {job_id} in {store.url}")
+    from jobs.judge.acceptance import card_for
+
     facts = facts_from_job(store, job_id, logs=logs)
     packed = compress(facts)
+    skipped = sorted(rejected_fingerprints(store, [i["fingerprint"] for i in packed.items]))
+    packed = without(packed, set(skipped))
     if not packed.items:
-        return DraftOutcome(job_id, None, packed, {"drafts": []})
+        return DraftOutcome(job_id, None, packed, {"drafts": []}, skipped)
+    try:
+        card = card_for(store, job_id)
+    except (LookupError, ValueError):
+        card = None
     if target is None and use_env:
         target = GatewayTarget.from_settings()
     reply = request_drafts(packed.items, task, target) if target else offline_reply(packed.items, task)
@@ -136,19 +149,23 @@ def draft_job(
         "output_tokens": int(usage.get("output_tokens") or 0),
         "batch": reply.get("batch"),
     }
-    rows = [
-        {
-            "assertion": d["assertion"],
-            "verify_how": d["verify_how"],
-            "failure_signature": d["failure_signature"],
-            "needs_local_profiler": bool(d["needs_local_profiler"]),
-            "fingerprints": list(d["anomaly_ids"]),  # the ids sent are the fingerprints
-            "offline": offline,
-        }
-        for d in reply.get("drafts", [])
-    ]
-    run_id = store.replace_drafts(job_id, run, rows)
-    return DraftOutcome(job_id, run_id, packed, reply)
+    rows = []
+    for d in reply.get("drafts", []):
+        check, check_error = validate_check(d.get("check"), card)
+        rows.append(
+            {
+                "assertion": d["assertion"],
+                "verify_how": d["verify_how"],
+                "failure_signature": d["failure_signature"],
+                "needs_local_profiler": bool(d["needs_local_profiler"]),
+                "fingerprints": list(d["anomaly_ids"]),  # the ids sent are the fingerprints
+                "offline": offline,
+                "check_spec": check,
+                "check_error": check_error,
+            }
+        )
+    run_id = store_drafting(store, job_id, run, rows)
+    return DraftOutcome(job_id, run_id, packed, reply, skipped)
 
 
 def render_drafts(store: Store, job_id: int, console: Console) -> None:

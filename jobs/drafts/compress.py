@@ -62,6 +62,7 @@ class AnomalyFacts:
     thresholds: list[dict[str, Any]] = field(default_factory=list)  # {metric, expected, measured}
     log_text: str = ""
     failed_at: datetime | None = None
+    device: str = ""  # "cpu" or "gpu": what timed the trial ("" unknown)
 
 
 @dataclass
@@ -256,11 +257,16 @@ def compress_one(f: AnomalyFacts, cap_bytes: int = LOG_CAP_BYTES) -> dict[str, A
             "family": f.family,
             "backend": f.backend,
             "signature": signature(f.family, f.backend, f.shape, f.dtype),
+            "shape": {
+                k: v for k, v in f.shape.items() if v is None or isinstance(v, str | int | float | bool)
+            },
+            "dtype": f.dtype,
         },
         "config_diff": config_diff({**f.config, "backend": f.backend}, base) if base else {},
         "log_excerpt": compress_log(f.log_text, at=f.failed_at, cap_bytes=cap_bytes) if f.log_text else "",
         "expected_metrics": f.thresholds,
         "prohibitions": list(PROHIBITIONS),
+        **({"device": f.device} if f.device in ("cpu", "gpu") else {}),
     }
 
 
@@ -291,6 +297,19 @@ def compress(facts: list[AnomalyFacts], cap_bytes: int = LOG_CAP_BYTES) -> Compr
         duplicates={fp: ids for fp, ids in duplicates.items() if len(ids) > 1},
         raw_bytes=sum(raw_size(f) for f in facts),
         compressed_bytes=sent,
+    )
+
+
+def without(packed: Compressed, fingerprints: set[str]) -> Compressed:
+    """The compressed set less the items of `fingerprints` (sizes of what is still sent)."""
+    if not fingerprints:
+        return packed
+    items = [i for i in packed.items if i["fingerprint"] not in fingerprints]
+    return Compressed(
+        items=items,
+        duplicates={fp: ids for fp, ids in packed.duplicates.items() if fp not in fingerprints},
+        raw_bytes=packed.raw_bytes,
+        compressed_bytes=len(json.dumps(items, separators=(",", ":"), default=str).encode()),
     )
 
 
@@ -349,6 +368,7 @@ def facts_from_job(
                 thresholds=expected_metrics(a.kind, a.evidence or {}, card, on_cpu),
                 log_text=text if text is not None else (t.error or ""),
                 failed_at=t.finished_at,
+                device="cpu" if on_cpu else "gpu",
             )
         )
     return out

@@ -256,6 +256,12 @@ class DraftRow(Base):
     needs_local_profiler: Mapped[bool] = mapped_column(Boolean, default=False)
     fingerprints: Mapped[list] = mapped_column(JSON)
     offline: Mapped[bool] = mapped_column(Boolean, default=False)
+    check_spec: Mapped[dict | None] = mapped_column(JSON)  # the check, valid in the card's grammar
+    check_error: Mapped[str | None] = mapped_column(Text)  # why the draft's check did not validate
+    state: Mapped[str] = mapped_column(String(16), default="new", server_default="new", index=True)
+    reason: Mapped[str | None] = mapped_column(Text)
+    reviewed_at: Mapped[datetime | None] = mapped_column(DateTime)
+    promoted_to: Mapped[str | None] = mapped_column(String(1000))
 
 
 # The queue's tables (farm submit, the pool) are defined beside the queue and belong to this schema too.
