@@ -27,7 +27,7 @@ from rich.table import Table
 
 from gateway.summaries.schema import SUMMARIES_PATH, TASKS, AnomalyIn
 from jobs.drafts.compress import Compressed, LogSource, compress, facts_from_job, without
-from jobs.drafts.review import rejected_fingerprints, store_drafting, validate_check
+from jobs.drafts.review import rejected_fingerprints, validate_check
 from jobs.settings import FarmSettings
 from jobs.store.repository import Store
 
@@ -164,7 +164,7 @@ def draft_job(
                 "check_error": check_error,
             }
         )
-    run_id = store_drafting(store, job_id, run, rows)
+    run_id = store.replace_drafts(job_id, run, rows)
     return DraftOutcome(job_id, run_id, packed, reply, skipped)
 
 

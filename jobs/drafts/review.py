@@ -18,13 +18,13 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from jobs.spec.cards import Card, CardCheck, CardError, parse_card, parse_check
-from jobs.store.repository import DraftRow, DraftRun, Store, now
+from jobs.store.repository import DRAFT_NEW, DraftRow, Store, now
 
-NEW, ACCEPTED, REJECTED, NEEDS_PROFILER = "new", "accepted", "rejected", "needs_profiler"
+NEW, ACCEPTED, REJECTED, NEEDS_PROFILER = DRAFT_NEW, "accepted", "rejected", "needs_profiler"
 STATES = (NEW, ACCEPTED, REJECTED, NEEDS_PROFILER)
 
 
@@ -44,21 +44,6 @@ def validate_check(check: Any, card: Card | None) -> tuple[dict[str, Any] | None
     except CardError as err:
         return None, "; ".join(err.problems)[:2000]
     return chk.model_dump(mode="json", exclude_none=True, exclude={"draft"}), None
-
-
-def store_drafting(store: Store, job_id: int, run: dict[str, Any], rows: Sequence[dict[str, Any]]) -> int:
-    """Store one drafting of the job: it replaces the job's drafts nobody reviewed yet, and keeps the
-    reviewed ones (a rejection must outlive the next drafting). Returns the new run's id."""
-    with Session(store.engine) as s, s.begin():
-        s.execute(delete(DraftRow).where(DraftRow.job_id == job_id, DraftRow.state == NEW))
-        kept = select(DraftRow.run_id).where(DraftRow.job_id == job_id)
-        s.execute(delete(DraftRun).where(DraftRun.job_id == job_id, DraftRun.id.not_in(kept)))
-        row = DraftRun(job_id=job_id, **run)
-        s.add(row)
-        s.flush()
-        if rows:
-            s.execute(insert(DraftRow), [{"run_id": row.id, "job_id": job_id, **d} for d in rows])
-        return row.id
 
 
 def list_drafts(store: Store, job_id: int | None = None) -> list[DraftRow]:

@@ -243,6 +243,9 @@ class DraftRun(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime, default=now)
 
 
+DRAFT_NEW = "new"  # a draft nobody has reviewed (jobs.drafts.review names the other states)
+
+
 class DraftRow(Base):
     """A draft an engineer edits; `fingerprints` names the anomalies it explains (stable across runs)."""
 
@@ -258,7 +261,7 @@ class DraftRow(Base):
     offline: Mapped[bool] = mapped_column(Boolean, default=False)
     check_spec: Mapped[dict | None] = mapped_column(JSON)  # the check, valid in the card's grammar
     check_error: Mapped[str | None] = mapped_column(Text)  # why the draft's check did not validate
-    state: Mapped[str] = mapped_column(String(16), default="new", server_default="new", index=True)
+    state: Mapped[str] = mapped_column(String(16), default=DRAFT_NEW, server_default=DRAFT_NEW, index=True)
     reason: Mapped[str | None] = mapped_column(Text)
     reviewed_at: Mapped[datetime | None] = mapped_column(DateTime)
     promoted_to: Mapped[str | None] = mapped_column(String(1000))
@@ -755,10 +758,12 @@ class Store:
 
     # ---- drafts ---------------------------------------------------------------------------------
     def replace_drafts(self, job_id: int, run: dict[str, Any], drafts: Sequence[dict[str, Any]]) -> int:
-        """Store one drafting of the job (replacing the previous); returns the run id."""
+        """Store one drafting of the job: it replaces the job's drafts nobody reviewed yet and keeps the
+        reviewed ones (a rejection must outlive the next drafting: jobs.drafts.review). Returns the run id."""
         with Session(self.engine) as s, s.begin():
-            s.execute(delete(DraftRun).where(DraftRun.job_id == job_id))
-            s.execute(delete(DraftRow).where(DraftRow.job_id == job_id))
+            s.execute(delete(DraftRow).where(DraftRow.job_id == job_id, DraftRow.state == DRAFT_NEW))
+            kept = select(DraftRow.run_id).where(DraftRow.job_id == job_id)
+            s.execute(delete(DraftRun).where(DraftRun.job_id == job_id, DraftRun.id.not_in(kept)))
             row = DraftRun(job_id=job_id, **run)
             s.add(row)
             s.flush()

@@ -15,3 +15,12 @@ def browser():
     b = Browser(services.require("chromium")["chromium"])
     yield b
     b.close()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request, tmp_path) -> str:
+    """A fresh, empty store: an SQLite file, or a new database on the session's PostgreSQL server."""
+    if request.param == "postgresql":
+        server = request.getfixturevalue("postgres")
+        return server.url(server.create_database("farm"))
+    return f"sqlite:///{tmp_path / 'farm.db'}"

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import math
 
-import pytest
 from click.testing import CliRunner
 from sqlalchemy import text
 
@@ -31,14 +30,6 @@ measure: {min_samples: 1, max_samples: 1}
 card: probe
 """
 ENV = {"host": "h", "device_kind": "cpu", "device_name": "Some CPU", "torch": "x"}
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store_url(request, tmp_path) -> str:
-    if request.param == "postgresql":
-        server = request.getfixturevalue("postgres")
-        return server.url(server.create_database("farm"))
-    return f"sqlite:///{tmp_path / 'farm.db'}"
 
 
 def one_sample_job(store: Store, ns: int) -> int:

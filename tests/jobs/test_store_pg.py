@@ -38,15 +38,6 @@ card: probe
 ENV = {"host": "h", "device_kind": "cpu", "device_name": "Some CPU", "torch": "x"}
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store_url(request, tmp_path) -> str:
-    """A fresh, empty store: an SQLite file, or a new database on the session's PostgreSQL server."""
-    if request.param == "postgresql":
-        server = request.getfixturevalue("postgres")
-        return server.url(server.create_database("farm"))
-    return f"sqlite:///{tmp_path / 'farm.db'}"
-
-
 def _job(store: Store, text: str = SPEC) -> int:
     spec = loads_spec(text)
     return store.create_job(

@@ -6,7 +6,6 @@ from __future__ import annotations
 import threading
 from datetime import timedelta
 
-import pytest
 from sqlalchemy import update
 
 from jobs.queue.model import Pool
@@ -26,14 +25,6 @@ shapes: {{grid: {{n: {grid}}}}}
 
 def spec(name: str, n: int):
     return loads_spec(SPEC.format(name=name, grid=list(range(n))))
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store_url(request, tmp_path) -> str:
-    if request.param == "postgresql":
-        server = request.getfixturevalue("postgres")
-        return server.url(server.create_database("farm"))
-    return f"sqlite:///{tmp_path / 'farm.db'}"
 
 
 def test_higher_priority_first_equal_jobs_share_trial_by_trial_grid_order_inside(store):
