@@ -134,10 +134,11 @@ class UpstreamError(_Fixed):
 
     status_code, default_class = 502, "upstream_error"
     # Noted by gateway.upstream on the way out: why the retry loop may retry this failure (a metrics label;
-    # None: it must not), the time its attempts waited for a provider slot, and the plan's target of the
-    # attempt that failed last.
+    # None: it must not), the time its attempts waited for a provider slot, the time waited between them
+    # (backoff, Retry-After), and the plan's target of the attempt that failed last.
     retry_reason: str | None = None
     slot_wait_s: float = 0.0
+    retry_wait_s: float = 0.0
     target: object = None
 
 
@@ -166,8 +167,8 @@ class UpstreamTimeout(UpstreamError):
 
 
 class StoreUnavailable(_Fixed):
-    """The gateway's own database could not answer a key lookup: raised by gateway.store.keys at its
-    boundary."""
+    """The gateway's own database could not answer a key lookup, or a read of the ledger: raised by
+    gateway.store.keys and gateway.store.ledger_queries at their boundary."""
 
     status_code, default_class = 503, "store_unavailable"
 

@@ -307,6 +307,20 @@ class GatewayMetrics:
             ["project", "model", "reason"],
             registry=r,
         )
+        # the token account (issue 33): per task, the upstream 429s requests met and the time they waited
+        # between attempts; counted only for requests that retried (gateway.http.pipeline.account)
+        self.rate_limited = Counter(
+            "gateway_upstream_rate_limited",
+            "Upstream 429 answers met by requests (retried, or the last answer)",
+            pmt,
+            registry=r,
+        )
+        self.retry_wait = Counter(
+            "gateway_upstream_retry_wait_seconds",
+            "Time requests waited between upstream attempts (backoff, Retry-After)",
+            pmt,
+            registry=r,
+        )
         self.rejections = Counter(
             "gateway_rejections", "Requests rejected by a project limit", ["project", "limit"], registry=r
         )

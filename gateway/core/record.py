@@ -59,6 +59,9 @@ class LedgerRow(TypedDict):
     cost_usd: float | None
     shared_pending: bool | None  # True: Redis may lack its usage (gateway.limits.redis)
     dropped_fields: str | None  # request fields translation left out, comma-separated (translate.policy)
+    rate_limited: int  # upstream 429 answers the request met (retried, or the last one it ended on)
+    retry_wait_ms: float  # time waited between attempts (backoff, Retry-After), not upstream time
+    max_tokens: int | None  # the output cap the request asked for (None: it set none)
 
 
 class DayUsage(NamedTuple):
@@ -80,7 +83,8 @@ class Record:
         "http_status", "error_class", "retries", "input_tokens", "output_tokens", "estimated",
         "upstream_t0", "upstream_end", "ttft", "queue_wait", "upstream_request_id", "batch_size",
         "closed", "deployment", "fallback_from", "translation", "cost_usd", "cached_input_tokens",
-        "cache_write_tokens", "shared_pending", "settle", "dropped",
+        "cache_write_tokens", "shared_pending", "settle", "dropped", "rate_limited", "retry_wait",
+        "max_tokens",
     )  # fmt: skip
 
     def __init__(self, endpoint: str) -> None:
@@ -121,6 +125,9 @@ class Record:
         # the request path's settlement of its admission, run before the row is written (then None)
         self.settle: Callable[[], None] | None = None
         self.dropped: list[str] = []  # request fields translation left out (gateway.translate.policy)
+        self.rate_limited = 0  # upstream 429 answers met (gateway.http.pipeline.send)
+        self.retry_wait = 0.0  # seconds waited between the upstream attempts
+        self.max_tokens: int | None = None  # the output cap asked for (gateway.http.pipeline.exchange)
 
     def tag(self, project: ProjectConfig, task: str | None) -> None:
         """The task (header or the project's default) and its bounded metrics label."""
@@ -170,4 +177,7 @@ class Record:
             "cost_usd": self.cost_usd,
             "shared_pending": self.shared_pending,
             "dropped_fields": ",".join(self.dropped) if self.dropped else None,
+            "rate_limited": self.rate_limited,
+            "retry_wait_ms": self.retry_wait * 1000,
+            "max_tokens": self.max_tokens,
         }

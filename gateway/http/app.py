@@ -37,6 +37,7 @@ from gateway.errors import (
 )
 from gateway.http.endpoints.proxy import ENDPOINTS, Endpoint, Proxy
 from gateway.http.endpoints.summaries import PipelineModelCalls, SummariesEndpoint
+from gateway.http.endpoints.usage import UsageEndpoint
 from gateway.http.pipeline import Pipeline
 from gateway.http.server import install_log_filter, serve_forever
 from gateway.http.services import Services
@@ -49,6 +50,7 @@ from gateway.store.ledger_queries import usage_today
 from gateway.store.secret import resolve_secret
 from gateway.store.spool import default_spool_dir
 from gateway.summaries.batcher import SUMMARIES_PATH, SummaryBatcher
+from gateway.summaries.schema import USAGE_PATH
 from gateway.upstream.client import UpstreamClient, pool_warnings
 from gateway.upstream.routing import Router
 
@@ -105,6 +107,7 @@ class Gateway:
         self.proxy: Proxy | None = None
         self.batcher: SummaryBatcher | None = None
         self.summaries: SummariesEndpoint | None = None
+        self.usage: UsageEndpoint | None = None
         self.ready = False
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -158,6 +161,7 @@ class Gateway:
         self.proxy = Proxy(self.pipeline)
         self.batcher = SummaryBatcher(self.settings, self.shared, PipelineModelCalls(self.pipeline))
         self.summaries = SummariesEndpoint(self.pipeline, self.batcher)
+        self.usage = UsageEndpoint(self.pipeline, self.engine)
         for warning in pool_warnings(self.settings):  # projects that can starve each other of connections
             log.warning("%s", warning)
         self.ready = True
@@ -252,6 +256,10 @@ class Gateway:
         assert self.summaries is not None
         return await self.summaries.handle(request)
 
+    async def usage_route(self, request: web.Request) -> web.StreamResponse:
+        assert self.usage is not None
+        return await self.usage.handle(request)
+
 
 def _prices(settings: GatewaySettings) -> PriceTable:
     """The price table of the config; a public model without a price is named once in the log."""
@@ -342,6 +350,7 @@ def create_app(
         _add_routes(app, path, post=gw.proxy_route(ep))
     _add_routes(app, "/v1/models", get=gw.models_route)
     _add_routes(app, SUMMARIES_PATH, post=gw.summaries_route)
+    _add_routes(app, USAGE_PATH, post=gw.usage_route)
     _add_routes(app, "/metrics", get=gw.metrics_route)
     _add_routes(app, "/healthz", get=gw.healthz)
     _add_routes(app, "/readyz", get=gw.readyz)

@@ -325,20 +325,27 @@ class Pipeline:
         self, rec: Record, sender: Sender, path: str, raw: bytes, headers: Mapping[str, str]
     ) -> UpstreamResult:
         """One upstream call with its retries. The time spent waiting for a connection slot of the
-        provider's pool is queue wait, not upstream time."""
+        provider's pool is queue wait, not upstream time. The record counts the upstream 429 answers met
+        (retried ones, and the last answer when it is one) and the time waited between attempts."""
         retries = self.services.metrics.retries
 
         def on_retry(reason: str) -> None:
             rec.retries += 1
+            if reason == "429":
+                rec.rate_limited += 1
             retries.labels(rec.project, rec.model_label, reason).inc()
 
         rec.upstream_t0 = time.perf_counter()
         try:
             result = await sender.send(path, raw, headers, on_retry, project=rec.project)
-        except GatewayError:
+        except GatewayError as e:
             rec.upstream_end = time.perf_counter()
+            rec.retry_wait = getattr(e, "retry_wait_s", 0.0)
             raise
         rec.retries = result.retries
+        rec.retry_wait = result.retry_wait_s
+        if result.status == 429:
+            rec.rate_limited += 1
         if result.slot_wait_s:
             rec.queue_wait += result.slot_wait_s
             rec.upstream_t0 += result.slot_wait_s
@@ -458,6 +465,13 @@ class Pipeline:
         tally.record(
             latency, upstream_s, rec.queue_wait, rec.ttft, rec.input_tokens, rec.output_tokens, rec.cost_usd
         )
+        if rec.rate_limited or rec.retry_wait:  # rare: labels() only for the requests that retried
+            metrics = self.services.metrics
+            labels = (rec.project or "unknown", rec.model_label, rec.task_label)
+            if rec.rate_limited:
+                metrics.rate_limited.labels(*labels).inc(rec.rate_limited)
+            if rec.retry_wait:
+                metrics.retry_wait.labels(*labels).inc(rec.retry_wait)
 
 
 class Exchange:
@@ -482,6 +496,7 @@ class Exchange:
 
     async def __aenter__(self) -> UpstreamResult:
         pipeline, rec = self.pipeline, self.rec
+        rec.max_tokens = self.token_cap
         self._held = await pipeline._admit(rec, self.token_cap, self.input_estimate)
         rec.settle = self._settle  # a stream writes its row before the block ends: settled then
         try:

@@ -105,6 +105,12 @@ ledger = Table(
     # (revision 0003) the request fields translation left out, comma-separated: fields the gateway does not
     # know and server tools without an equivalent (gateway.translate.policy); NULL when none
     Column("dropped_fields", String(256), nullable=True),
+    # (revision 0004) the upstream 429 answers the request met (retried, or the last one it ended on), the
+    # time waited between its upstream attempts (backoff, Retry-After), and the output cap it asked for
+    # (max_tokens; NULL: none). NULL on the rows written before this revision
+    Column("rate_limited", Integer, nullable=True),
+    Column("retry_wait_ms", Float, nullable=True),
+    Column("max_tokens", Integer, nullable=True),
 )
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"

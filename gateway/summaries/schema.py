@@ -145,3 +145,58 @@ class Draft(BaseModel):
 class DraftList(BaseModel):
     model_config = ConfigDict(extra="ignore")
     drafts: list[Draft]
+
+
+# --- the usage of a caller's own model calls: ``POST USAGE_PATH`` (gateway.http.endpoints.usage) ---------
+# The farm's token account (jobs.drafts.account) sends the request ids its draft runs keep (the summaries
+# reply's ``batch.request_ids``) with its project key, and gets back the ledger rows of those ids that belong
+# to that key's project; any other id (another project's, or not in the ledger yet) is listed in `unknown`,
+# never described.
+USAGE_PATH = "/v1/usage/requests"
+MAX_USAGE_IDS = 1000  # request ids in one request; a client with more sends several requests
+
+
+class UsageRequest(_In):
+    request_ids: list[str] = Field(max_length=MAX_USAGE_IDS)
+
+    @field_validator("request_ids")
+    @classmethod
+    def _ids(cls, v: list[str]) -> list[str]:
+        for i, rid in enumerate(v):
+            if not rid or len(rid) > 64:
+                raise ValueError(f"request_ids.{i}: a request id is 1 to 64 characters")
+        return v
+
+
+class RequestUsage(BaseModel):
+    """One ledger row, as the token account reads it."""
+
+    model_config = ConfigDict(extra="ignore")
+    request_id: str
+    date: str  # the UTC day of the request, YYYY-MM-DD
+    ts: str  # ISO 8601, UTC
+    project: str
+    key_id: str | None = None
+    endpoint: str
+    task: str | None = None
+    model: str | None = None  # the public model asked for
+    upstream_model: str | None = None
+    provider: str | None = None
+    status: str
+    http_status: int | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    tokens_estimated: bool = False
+    cost_usd: float | None = None  # None: the model has no price
+    retries: int = 0
+    rate_limited: int = 0  # upstream 429 answers met (retried, or the last one)
+    retry_wait_ms: float = 0.0  # time waited between upstream attempts
+    max_tokens: int | None = None  # the output cap asked for (None: none, or a row from before it was kept)
+    batch_size: int | None = None  # summaries: anomalies the call carried
+
+
+class UsageReply(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    project: str
+    rows: list[RequestUsage]
+    unknown: list[str]  # asked for, not found among the caller's project's rows

@@ -469,14 +469,14 @@ async def send_planned(
                 delay = client._backoff(attempt)
                 if reason is None or attempt >= r.max_retries or waited + delay > r.max_total_wait_s:
                     if reason is None:
-                        err.slot_wait_s = slot_wait
+                        err.slot_wait_s, err.retry_wait_s = slot_wait, waited
                         err.target = target
                         raise err
                     final = type(err)(
                         f"{err.message} (after {attempt} {'retry' if attempt == 1 else 'retries'})",
                         error_class=err.error_class,
                     )
-                    final.slot_wait_s = slot_wait
+                    final.slot_wait_s, final.retry_wait_s = slot_wait, waited
                     final.target = target
                     raise final from None
         else:
