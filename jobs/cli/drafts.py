@@ -148,3 +148,90 @@ def drafts_promote(draft_id: int, card_path: Path, db: str | None) -> None:
     except (ReviewError, CardError) as err:
         raise BadInput(str(err)) from None
     click.echo(f"{card_path}: added {chk.name}: {chk.text()}; `farm accept` enforces it from now on")
+
+
+ACCOUNT_COLUMNS = (  # (heading, AccountRow field or property) of the table and the CSV's first columns
+    ("date", "date"), ("task", "task"), ("model", "model"), ("key", "key"), ("calls", "calls"),
+    ("input", "input_tokens"), ("output", "output_tokens"), ("total", "total_tokens"), ("cost $", "cost_usd"),
+    ("retries", "retries"), ("429s", "rate_limited"), ("retry wait s", "retry_wait_ms"),
+    ("conclusion", "conclusion"), ("source", "source"),
+)  # fmt: skip
+
+
+TEXT_COLUMNS = {"date", "task", "model", "key", "conclusion", "source"}
+
+
+def _account_cell(name: str, value: object) -> str:
+    if value is None:
+        return "-"
+    if name == "cost_usd":
+        return f"{value:.4f}"
+    if name == "retry_wait_ms":
+        return f"{value / 1000:.2f}"
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+@drafts.command("account")
+@click.argument("job_id", type=int, required=False)
+@click.option("--since", default=None, help="only draft runs made on or after this day (YYYY-MM-DD, UTC)")
+@click.option(
+    "--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True
+)
+@db_option
+def drafts_account(job_id: int | None, since: str | None, fmt: str, db: str | None) -> None:
+    """The token account: per date, task, model and gateway key, the calls the draft runs made, their
+    tokens, cost, retries, upstream 429s and retry wait (from the gateway's ledger, asked with
+    FARM_GATEWAY_KEY), and the conclusion of the drafts they produced ("pass 5/6, 1 awaiting the
+    profiler"). Offline drafts are model "offline" with no tokens; when the gateway cannot be read, the
+    farm's own counts are shown, marked farm-side."""
+    import csv
+    from datetime import date
+
+    from jobs.drafts.account import build_account
+
+    try:
+        day = date.fromisoformat(since) if since else None
+    except ValueError:
+        raise BadInput(f"--since: {since!r} is not a day (YYYY-MM-DD)") from None
+    store = store_for(db, create=False)
+    if job_id is not None:
+        require_job(store, job_id)
+    account = build_account(store, job_id, day)
+    if account.note:
+        echo(f"note: {account.note}")
+    if fmt == "json":
+        click.echo(json.dumps(account.as_dict(), indent=2))
+        return
+    if fmt == "csv":
+        named = [f for _, f in ACCOUNT_COLUMNS]
+        fields = named + [k for k in account.totals().as_dict() if k not in named]
+        out = csv.DictWriter(sys.stdout, fieldnames=fields, lineterminator="\n")
+        out.writeheader()
+        for r in account.rows:
+            out.writerow(
+                {k: ",".join(map(str, v)) if isinstance(v, list) else v for k, v in r.as_dict().items()}
+            )
+        return
+    if not account.rows:
+        echo(
+            "no draft runs"
+            + (f" for job {job_id}" if job_id is not None else "")
+            + " (farm accept JOB --drafts)"
+        )
+        return
+    table = Table()
+    for head, _ in ACCOUNT_COLUMNS:
+        table.add_column(head, overflow="fold", justify="left" if head in TEXT_COLUMNS else "right")
+    for r in account.rows:
+        table.add_row(*(escape(_account_cell(f, getattr(r, f))) for _, f in ACCOUNT_COLUMNS))
+    table.add_section()
+    total = account.totals()
+    table.add_row(
+        "total",
+        "",
+        "",
+        "",
+        *(escape(_account_cell(f, getattr(total, f))) for _, f in ACCOUNT_COLUMNS[4:-1]),
+        "",
+    )
+    console().print(table)

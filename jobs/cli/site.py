@@ -1,4 +1,5 @@
-"""`farm site -o DIR`: the store as a static site (index with sparklines, kernel history pages, job pages)."""
+"""`farm site -o DIR`: the store as a static site (index with sparklines, kernel history pages, job pages,
+the token account of the drafts, read from the gateway's ledger with FARM_GATEWAY_KEY when set)."""
 
 from __future__ import annotations
 
@@ -17,12 +18,16 @@ from jobs.cli.common import db_option, echo, store_for
 )
 def site(db: str | None, output: Path) -> None:
     """Write a static site of every job and every kernel's history, which opens offline."""
+    from jobs.drafts.account import build_account
     from jobs.report.site import build_site
 
     store = store_for(db, create=False)
     try:
         start = time.perf_counter()
-        result = build_site(store, output)
+        account = build_account(store)
+        if account.note:
+            echo(f"token account: {account.note}")
+        result = build_site(store, output, account)
     finally:
         store.close()
     echo(

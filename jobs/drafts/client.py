@@ -70,21 +70,28 @@ class DraftOutcome:
         return self.reply.get("drafts", [])
 
 
-def request_drafts(items: list[dict[str, Any]], task: str, target: GatewayTarget) -> dict[str, Any]:
-    """One call of the summaries endpoint with the openai SDK (retries 429/5xx with backoff)."""
+def post_json(target: GatewayTarget, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """POST ``body`` to the gateway's ``path`` with the project key, through the openai SDK (retries
+    429/5xx with backoff); the answer's JSON, or DraftsError saying what the gateway said or that it is
+    unreachable."""
     import openai
 
-    body: dict[str, Any] = {"task": task, "anomalies": items}
-    if target.model:
-        body["model"] = target.model
     with openai.OpenAI(base_url=target.root, api_key=target.api_key, timeout=target.timeout_s) as client:
         try:
-            text = client.post(SUMMARIES_PATH, cast_to=str, body=body)
+            text = client.post(path, cast_to=str, body=body)
         except openai.APIStatusError as e:
             raise DraftsError(f"gateway answered HTTP {e.status_code}: {e.message}") from None
         except openai.APIConnectionError as e:
             raise DraftsError(f"gateway at {target.base_url} unreachable: {e}") from None
     return json.loads(text)
+
+
+def request_drafts(items: list[dict[str, Any]], task: str, target: GatewayTarget) -> dict[str, Any]:
+    """One call of the summaries endpoint."""
+    body: dict[str, Any] = {"task": task, "anomalies": items}
+    if target.model:
+        body["model"] = target.model
+    return post_json(target, SUMMARIES_PATH, body)
 
 
 def offline_reply(items: list[dict[str, Any]], task: str) -> dict[str, Any]:

@@ -4,6 +4,7 @@ index.html            families and kernels (one row per point: family, backend, 
                       environment) with a sparkline of its history and its change points
 kernels/<point>.html  one point's history across jobs, with the change points and a table of the jobs
 jobs/<id>.html        one job's report (jobs.report.html)
+account.html          the token account of the drafts and its four questions (jobs.report.account_page)
 plotly.min.js         plotly.js, once for the whole site: every page opens offline
 """
 
@@ -13,7 +14,9 @@ import html
 from dataclasses import dataclass
 from pathlib import Path
 
+from jobs.drafts.account import Account, build_account
 from jobs.history.series import Series, collect
+from jobs.report.account_page import render_account
 from jobs.report.html import figure, history_figure, page, plotly_js, render_job, sparkline, table
 from jobs.store.repository import Store
 
@@ -64,8 +67,14 @@ def _kernel_page(series: Series) -> str:
     return page(series.key.label, body, "../plotly.min.js")
 
 
-def _index(all_series: list[Series], job_ids: list[tuple[int, str, str | None]]) -> str:
+def _index(all_series: list[Series], job_ids: list[tuple[int, str, str | None]], account: Account) -> str:
     parts = ["<h1>KernelFarm</h1>"]
+    total = account.totals()
+    parts.append(
+        '<p><a href="account.html">Token account of the drafts</a>: '
+        f"{total.runs} draft runs, {total.calls} model calls, {total.total_tokens:,} tokens; "
+        f"{esc(total.conclusion)}</p>"
+    )
     for family in sorted({s.key.family for s in all_series}):
         rows, marks = [], []
         for s in (s for s in all_series if s.key.family == family):
@@ -98,7 +107,9 @@ def _index(all_series: list[Series], job_ids: list[tuple[int, str, str | None]])
     return page("KernelFarm", "\n".join(parts), "plotly.min.js")
 
 
-def build_site(store: Store, out: Path) -> SiteResult:
+def build_site(store: Store, out: Path, account: Account | None = None) -> SiteResult:
+    """The site of ``store`` in ``out``. ``account``: the token account to show (`farm site` reads the
+    gateway's ledger for it); None: the farm's own, without asking any gateway."""
     out = Path(out)
     (out / "kernels").mkdir(parents=True, exist_ok=True)
     (out / "jobs").mkdir(parents=True, exist_ok=True)
@@ -113,5 +124,9 @@ def build_site(store: Store, out: Path) -> SiteResult:
                 store, job.id, "../plotly.min.js", links='<nav><a href="../index.html">index</a></nav>'
             )
         )
-    (out / "index.html").write_text(_index(all_series, [(j.id, j.name, j.git_commit) for j, _ in jobs]))
-    return SiteResult(pages=1 + len(all_series) + len(jobs), kernels=len(all_series), jobs=len(jobs))
+    if account is None:
+        account = build_account(store, use_env=False)
+    (out / "account.html").write_text(render_account(account, '<nav><a href="index.html">index</a></nav>'))
+    index = _index(all_series, [(j.id, j.name, j.git_commit) for j, _ in jobs], account)
+    (out / "index.html").write_text(index)
+    return SiteResult(pages=2 + len(all_series) + len(jobs), kernels=len(all_series), jobs=len(jobs))
