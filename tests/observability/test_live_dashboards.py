@@ -43,7 +43,8 @@ MSGS = [{"role": "user", "content": "hi"}]
 
 async def traffic(gw: LiveGateway, rounds: int, pause_s: float) -> dict[int, int]:
     """Rounds of requests that touch every gateway metric: tokens per task, streams (TTFT), an upstream
-    503 that is retried, a budgeted project, and a burst on a one-slot project (queue wait, 429s)."""
+    503 and an upstream 429 that are retried, a budgeted project, and a burst on a one-slot project (queue
+    wait, 429s)."""
     alpha = {"Authorization": f"Bearer {gw.keys['alpha']}", "X-Farm-Task": "checklist"}
     beta = {"Authorization": f"Bearer {gw.keys['beta']}"}
     chat = {"model": "gpt-fake", "messages": MSGS}
@@ -58,6 +59,9 @@ async def traffic(gw: LiveGateway, rounds: int, pause_s: float) -> dict[int, int
     async with aiohttp.ClientSession() as s:
         for _ in range(rounds):
             gw.fake.faults.append(Fault(status=503))  # the next request's first attempt: a retry
+            await post(s, "chat/completions", chat, alpha)
+            # an upstream 429 with a short Retry-After: the token account's 429s and retry wait per task
+            gw.fake.faults.append(Fault(status=429, retry_after="0", headers={"retry-after-ms": "20"}))
             await post(s, "chat/completions", chat, alpha)
             await post(s, "chat/completions", {**chat, "stream": True}, alpha)
             await post(s, "messages", msg, {"x-api-key": gw.keys["alpha"]})

@@ -156,6 +156,8 @@ def test_dashboards_cover_the_issue():
         "requests/s by project and status", "input tokens/s", "output tokens/s", "tokens per task",
         "end-to-end latency", "upstream latency", "overhead", "time to first token", "retries",
         "429s", "in flight", "queue wait", "budget",
+        # the token account's row (issue 33)
+        "tokens per task and model", "upstream 429s/s per task", "retry wait per task",
     ]:  # fmt: skip
         assert words in titles["gateway.json"], words
     for words in [
