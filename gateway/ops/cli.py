@@ -319,6 +319,9 @@ async def usage_rows(settings: GatewaySettings, by: str | None, since: datetime 
         func.sum(ledger.c.output_tokens),
         func.sum(ledger.c.input_tokens + ledger.c.output_tokens),
         func.sum(ledger.c.cost_usd),
+        func.sum(ledger.c.retries),
+        func.sum(func.coalesce(ledger.c.rate_limited, 0)),  # NULL: a row from before revision 0004
+        func.sum(func.coalesce(ledger.c.retry_wait_ms, 0.0)) / 1000.0,
         count("ok"),
         count("error"),
         count("rejected"),
@@ -334,7 +337,8 @@ async def usage_rows(settings: GatewaySettings, by: str | None, since: datetime 
             rows = (await conn.execute(q)).all()
     finally:
         await engine.dispose()
-    names = ["date", *dims, "requests", "input", "output", "total", "cost_usd"]
+    names = ["date", *dims, "requests", "input", "output", "total", "cost_usd", "retries", "429s"]
+    names += ["retry_wait_s"]
     names += ["ok", "error", "rejected", "cancelled"]
     return names, [list(r) for r in rows]
 
@@ -354,6 +358,8 @@ def _cell(name: str, value: object) -> str:
         return "-"
     if name == "cost_usd":
         return f"{value:.4f}"
+    if name == "retry_wait_s":
+        return f"{value:.2f}"
     return str(value)
 
 
@@ -362,8 +368,9 @@ def _cell(name: str, value: object) -> str:
 @click.option("--by", type=click.Choice(sorted(BY_COLUMNS)), default=None, help="Group by one dimension.")
 @click.option("--since", default=None, help="A date (2025-06-01) or a window (24h, 7d).")
 def usage(config_path: str | None, by: str | None, since: str | None) -> None:
-    """The token ledger as a table: tokens, cost (US dollars, from the price table) and status counts per
-    date and task/model/key, with a total row. A cost of "-": no row of the group had a price."""
+    """The token ledger as a table: tokens, cost (US dollars, from the price table), upstream retries, the
+    upstream 429s met and the seconds waited on retries, and status counts per date and task/model/key, with
+    a total row. A cost of "-": no row of the group had a price."""
     settings = _settings(config_path)
     try:
         names, rows = asyncio.run(usage_rows(settings, by, _since(since)))

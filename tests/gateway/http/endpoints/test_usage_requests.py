@@ -8,6 +8,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.ops.cli import usage_rows
 from gateway.summaries.schema import MAX_USAGE_IDS, USAGE_PATH, UsageReply
 from gateway.testing.fake_upstream import Fault
 
@@ -73,6 +74,11 @@ async def test_own_ids_come_back_with_429s_retry_wait_and_the_cap_others_never(g
     }
     assert samples[("gateway_upstream_rate_limited_total", "checklist")] == 1
     assert samples[("gateway_upstream_retry_wait_seconds_total", "checklist")] >= 0.03
+    # and `farm gateway usage` shows them per task
+    names, table = await usage_rows(gateway.gw.settings, "task", None)
+    (checklist,) = [r for r in table if r[names.index("task")] == "checklist"]
+    assert checklist[names.index("retries")] == checklist[names.index("429s")] == 1
+    assert checklist[names.index("retry_wait_s")] >= 0.03
 
 
 async def test_a_bad_key_is_401_and_a_bad_body_400(gateway):
