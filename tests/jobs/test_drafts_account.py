@@ -20,9 +20,10 @@ from gateway.http.app import GATEWAY, create_app
 from gateway.store.db import ledger
 from gateway.testing.fake_upstream import FakeUpstream, Fault
 from jobs.cli import main
-from jobs.drafts.account import build_account, conclusion
+from jobs.drafts.account import Account, AccountRow, build_account, conclusion
 from jobs.drafts.client import GatewayTarget, draft_job
 from jobs.drafts.review import list_drafts
+from jobs.report.account_page import render_account
 
 VERDICTS = ["--accept", "--accept", "--needs-profiler", "--reject"]  # the fifth draft stays unreviewed
 
@@ -43,6 +44,27 @@ def test_the_conclusion_counts_accepted_drafts_as_passes_out_of_all():
     assert conclusion(6, 5, 1, 0, 0) == "pass 5/6, 1 awaiting the profiler"
     assert conclusion(5, 2, 1, 1, 1) == "pass 2/5, 1 awaiting the profiler, 1 rejected, 1 unreviewed"
     assert conclusion(0, 0, 0, 0, 0) == "no drafts"
+
+
+def test_the_page_answers_the_four_questions_from_the_rows():
+    def row(model: str, key: str, tokens: int, accepted: int, out: int, cap: int) -> AccountRow:
+        return AccountRow("2026-12-01", "checklist", model, key, "farm", "gateway", jobs=[1], runs=1, calls=1,
+                          input_tokens=tokens - out, output_tokens=out, cost_usd=tokens / 1e6, capped_calls=1,
+                          capped_output_tokens=out, max_tokens=cap, peak_output_share=out / cap, anomalies=8,
+                          sent=4, raw_bytes=40_000, compressed_bytes=2_000, drafts=4, accepted=accepted,
+                          unreviewed=4 - accepted)  # fmt: skip
+
+    account = Account([row("big", "k1", 9_000, 3, 300, 1000), row("small", "k2", 2_000, 2, 200, 1000)])
+    page = render_account(account)
+    cells = lambda text: [c.split(">", 1)[1].split("<")[0] for c in text.split("<td")[1:]]  # noqa: E731
+    q1 = page.split("1. Tokens per accepted draft")[1].split("<h2>")[0]
+    assert "3,000" in cells(q1) and "1,000" in cells(q1)  # 9,000 / 3 and 2,000 / 2
+    q2 = page.split("2. Input compression")[1].split("<h2>")[0]
+    assert "20.0x" in cells(q2) and "80,000" in cells(q2)  # 80,000 B of evidence sent as 4,000 B
+    q3 = page.split("3. Output tokens against max_tokens")[1].split("<h2>")[0]
+    assert "25%" in cells(q3) and "30%" in cells(q3)  # 500 of 2,000; the largest call used 300 of 1,000
+    q4 = page.split("4. Keys and projects")[1]
+    assert "k1" in q4 and "k2" in q4 and "0.0090" in cells(q4)
 
 
 def test_offline_drafts_have_an_account_with_their_conclusions(store, monkeypatch, tmp_path):
