@@ -1,25 +1,32 @@
 """The long-lived worker actor: one per GPU (num_gpus=1, num_cpus=0), or one per logical CPU slot.
 
 A worker imports kernel families on demand, runs one trial per call and returns the outcome with
-where it ran. A family that raises is an `error` outcome; a worker process that dies (segfault, OOM,
-os._exit) surfaces in the driver as an actor error and is handled there.
+where it ran. A worker started for a job's shipped source (cluster.shipping) puts that kernels/ first
+on its import path before anything imports ``kernels`` (this module imports it only inside the worker).
+A family that raises is an `error` outcome; a worker process that dies (segfault, OOM, os._exit)
+surfaces in the driver as an actor error and is handled there.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 import pickle
+import sys
+import tempfile
 import time
 import traceback
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import ray
 
 from cluster import environment
-from kernels import measure
-from kernels.base import TrialOutcome, TrialRequest, TrialStatus
-from kernels.registry import get_family
+from cluster.shipping import unpack_kernels
+
+if TYPE_CHECKING:
+    from kernels.base import TrialOutcome, TrialRequest
 
 
 @dataclasses.dataclass
@@ -45,10 +52,36 @@ def normal_priority() -> int:
     return os.getpriority(os.PRIO_PROCESS, 0)
 
 
+def load_shipped(digest: str, archive: bytes) -> Path:
+    """Make `import kernels` load the shipped source of that digest (extracted once per node under the
+    Ray temp folder); returns the folder put first on sys.path."""
+    root = unpack_kernels(digest, archive, _sources_dir())
+    for name in [m for m in sys.modules if m == "kernels" or m.startswith("kernels.")]:
+        del sys.modules[name]  # a module imported before (none in a fresh actor) would shadow the shipped one
+    sys.path.insert(0, str(root))
+    importlib.invalidate_caches()
+    return root
+
+
+def _sources_dir() -> Path:
+    d = Path(os.environ.get("RAY_TMPDIR") or tempfile.gettempdir()) / "kernelfarm-sources"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
 class FarmWorker:
-    def __init__(self, slot: str, threads: int | None = None):
+    def __init__(
+        self, slot: str, threads: int | None = None, digest: str | None = None, archive: bytes | None = None
+    ):
+        self.source = digest  # the shipped kernels/ it runs (None: the cluster's own)
+        if digest is not None and archive is not None:
+            load_shipped(digest, archive)
         import torch
 
+        import kernels
+        from kernels import measure
+
+        self.kernels_path = str(Path(kernels.__file__).parent)
         self.niceness = normal_priority()
         measure.load_all()  # before the first trial: no trial pays for importing the timing core
         if not torch.cuda.is_available():
@@ -76,6 +109,8 @@ class FarmWorker:
             "niceness": self.niceness,
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "environment": self.env,
+            "source": self.source,
+            "kernels_path": self.kernels_path,
         }
 
     def run_batch(self, payload: bytes) -> bytes:
@@ -87,6 +122,9 @@ class FarmWorker:
         return pickle.dumps([self.run(r) for r in pickle.loads(payload)])
 
     def run(self, request: TrialRequest) -> WorkerResult:
+        from kernels.base import TrialOutcome, TrialStatus
+        from kernels.registry import get_family
+
         request = dataclasses.replace(request, device=self.device)
         started = time.time()
         try:

@@ -1,4 +1,5 @@
-"""Which kernel code a job measures: the git commit of kernels/, and the state of its uncommitted changes.
+"""Which kernel code a job measures: the git commit of kernels/, and the state of its uncommitted changes
+(the code itself travels with a submitted job: cluster.shipping).
 
 No Ray, no store: `farm submit` and the runner both use it.
 """
