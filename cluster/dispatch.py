@@ -1,8 +1,11 @@
 """Dynamic dispatch of trials over long-lived worker actors.
 
 Each worker slot pulls the next trial as soon as it has room (no static partition), so a slow GPU or
-node never holds the job back. A trial past its timeout gets its actor killed; the trial is reported
-as timed out and the slot gets a fresh actor. A trial whose actor dies is retried on another worker
+node never holds the job back. A trial that names a shipped kernel source (cluster.shipping) runs on a
+worker started with that source: a slot takes only trials of its own source, and an idle slot for whose
+source nothing is queued is restarted with the source of the next trial no other slot will take soon.
+A trial past its timeout gets its actor killed; the trial is reported as timed out and the slot gets a
+fresh actor. A trial whose actor dies is retried on another worker
 up to `max_attempts`; a slot whose actors keep dying is retired.
 
 The dispatcher knows nothing about storage: it reports through the `Listener` callbacks, which the
@@ -38,6 +41,7 @@ class WorkItem:
     avoid: set[str] = field(default_factory=set)  # slots it died on; retried elsewhere when possible
     solo: bool = False  # never batched again (set after a batch it was in timed out or crashed)
     timeout_s: float | None = None  # its job's limit when jobs of several specs share the workers (a pool)
+    source: str | None = None  # the digest of the shipped kernels/ it runs on (None: the cluster's own)
 
 
 @dataclass
@@ -103,6 +107,7 @@ class _Slot:
     head_started: float = 0.0
     deaths_in_row: int = 0
     retired: bool = False
+    source: str | None = None  # the shipped kernels/ its actor was started with
 
     @property
     def ready(self) -> bool:
@@ -127,6 +132,9 @@ class DispatchOptions:
     threads_per_worker: int | None = None
     name_prefix: str = "kf"
     namespace: str = "kernelfarm"
+    # the packed kernels/ of a digest, as bytes or an object ref (cluster.shipping); needed once a WorkItem
+    # names a source
+    source_archive: Callable[[str], Any] | None = None
 
 
 class Dispatcher:
@@ -188,7 +196,12 @@ class Dispatcher:
             "num_gpus": 1 if self.opt.gpu else 0,
             "scheduling_strategy": "SPREAD",
         }
-        slot.actor = RemoteWorker.options(**opts).remote(slot.name, self.opt.threads_per_worker)
+        args: tuple[Any, ...] = (slot.name, self.opt.threads_per_worker)
+        if slot.source is not None:
+            if self.opt.source_archive is None:
+                raise ValueError(f"trial source {slot.source[:12]}: the dispatcher has no source_archive")
+            args += (slot.source, self.opt.source_archive(slot.source))
+        slot.actor = RemoteWorker.options(**opts).remote(*args)
         slot.ready_ref = slot.actor.info.remote()
         self._ref_owner[slot.ready_ref] = slot
         slot.start_deadline = time.monotonic() + self.opt.start_timeout_s
@@ -302,6 +315,10 @@ class Dispatcher:
                     self._refill()  # a source that is asked per trial (a pool's queue) is asked now
                 if not self.queue:
                     break
+                if not any(item.source == slot.source for item in self.queue):
+                    if not slot.inflight:
+                        self._switch_source(slot)
+                    break  # a busy slot keeps its source: the trial waits for a slot of its own source
                 items = self._take_batch(slot, len(ready))
                 ref = slot.actor.run_batch.remote(pickle.dumps([i.request for i in items]))
                 self._ref_owner[ref] = slot
@@ -310,6 +327,25 @@ class Dispatcher:
                 slot.inflight.append(_Call(items, ref))
                 for item in items:
                     self.listener.trial_started(item, slot.name)
+
+    def _switch_source(self, slot: _Slot) -> None:
+        """Restart the idle `slot` with the kernel source of the first queued trial that no other slot
+        will take soon (one of that source that is idle or starting)."""
+        soon = {
+            s.source
+            for s in self.slots
+            if s is not slot and s.actor is not None and not s.retired and not (s.ready and s.inflight)
+        }
+        for item in self.queue:
+            if item.source not in soon:
+                break
+        else:
+            return
+        self._kill(slot)
+        slot.source = item.source
+        what = f"kernel source {item.source[:12]}" if item.source else "the cluster's kernel source"
+        self.listener.worker_lost(slot.name, f"restarted for {what}", False)
+        self._start(slot)
 
     def _batch_size(self, kind: tuple[str, str], ready: int) -> int:
         """Trials per call: 1 until trials of this family and backend are known to be short, then enough
@@ -333,17 +369,27 @@ class Dispatcher:
             and self.queue
             and not self.queue[0].solo
             and slot.name not in self.queue[0].avoid
+            and self.queue[0].source == first.source
             and _kind(self.queue[0]) == kind
         ):
             batch.append(self.queue.popleft())
         return batch
 
     def _take_for(self, slot: _Slot) -> WorkItem:
+        """The first queued trial of the slot's source it has not died on; else the first of its source."""
+        first = None
         for i, item in enumerate(self.queue):
+            if item.source != slot.source:
+                continue
             if slot.name not in item.avoid:
                 del self.queue[i]
                 return item
-        return self.queue.popleft()
+            if first is None:
+                first = i
+        assert first is not None, "a slot takes trials of its own source only"
+        item = self.queue[first]
+        del self.queue[first]
+        return item
 
     def _next_deadline(self) -> float:
         now = time.monotonic()
