@@ -50,6 +50,7 @@ def submit(
     db: str | None,
 ) -> None:
     """Queue a sweep for the pool and print its job id at once (`farm jobs wait ID` for the verdict)."""
+    from cluster.shipping import pack_kernels
     from jobs.cli.sweep import _load
     from jobs.queue.queue import Queue
     from jobs.run.source import kernels_source
@@ -57,9 +58,15 @@ def submit(
     if notify is not None and not notify.startswith(("http://", "https://")):
         raise BadInput(f"--notify {notify!r}: expected an http(s):// URL")
     spec = _load(spec_path, yes, max_trials)
+    try:
+        packed = pack_kernels()
+    except ValueError as e:
+        raise BadInput(str(e)) from None
     store = store_for(db, create=True)
     queue = Queue(store)
-    job_id = queue.submit(spec, priority=priority, owner=owner, source=kernels_source(), notify=notify)
+    job_id = queue.submit(
+        spec, priority=priority, owner=owner, source=kernels_source(), packed=packed, notify=notify
+    )
     place = next((line.place for line in queue.lines() if line.job.id == job_id), None)
     click.echo(job_id)
     echo(

@@ -1,6 +1,6 @@
-"""The queue's tables in the results store (migration 0003): which jobs wait for the pool, at what
-priority, for whom and whom to tell; which pending trials a pool has taken; what happened to each job;
-which pools are alive.
+"""The queue's tables in the results store (migrations 0003, 0005): which jobs wait for the pool, at what
+priority, for whom and whom to tell, on which shipped kernel source; which pending trials a pool has
+taken; what happened to each job; which pools are alive.
 
 A trial stays `pending` until its result is written (so `farm sweep resume` and the store's own rule,
 "a finished trial is never overwritten", hold as they are); a pool takes it by inserting its claim, whose
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import DateTime, ForeignKey, Integer, String, Text
+from sqlalchemy import DateTime, ForeignKey, Integer, LargeBinary, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from jobs.store.repository import Base, now
@@ -31,6 +31,18 @@ class QueuedJob(Base):
     submitted_at: Mapped[datetime] = mapped_column(DateTime, default=now)
     source: Mapped[str | None] = mapped_column(String(128))  # commit, "+dirty:<hash of the diff>"
     notify: Mapped[str | None] = mapped_column(String(2048))  # webhook told the verdict (Slack-compatible)
+    # the kernels/ it was submitted with (None: the pool's own, a job queued before migration 0005)
+    source_digest: Mapped[str | None] = mapped_column(String(64))  # a kernel_sources.digest
+
+
+class KernelSource(Base):
+    """kernels/ as a submitter's tree had it, packed (jobs.run.source.pack_kernels); one row per content."""
+
+    __tablename__ = "kernel_sources"
+    digest: Mapped[str] = mapped_column(String(64), primary_key=True)
+    archive: Mapped[bytes] = mapped_column(LargeBinary)
+    files: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=now)
 
 
 class TrialClaim(Base):

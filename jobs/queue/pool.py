@@ -6,7 +6,8 @@ while a long sweep runs gets the next free worker, about one trial's time after 
 are written as the runner writes them (its store listener); a job whose last trial is written is marked
 completed. Each turn of the dispatcher's loop (at least every TICK_S) the pool beats (its claims stay
 valid) and looks for cancelled jobs: their queued trials leave the dispatcher and a worker running one is
-killed and replaced.
+killed and replaced. A job submitted with kernels/ other than the pool's own (cluster.shipping) runs on
+workers started with its shipped source.
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import ray
+
 from cluster.dispatch import TICK_S, Dispatcher, DispatchOptions, WorkItem
+from cluster.shipping import pack_kernels
 from jobs.queue import notify
 from jobs.queue.queue import Queue
 from jobs.run.progress import ProgressView
@@ -45,8 +49,10 @@ class _Source:
     """The dispatcher's source: every ask takes the next trial from the queue; StopIteration when none
     is there now (the dispatcher asks again at its next turn)."""
 
-    def __init__(self, queue: Queue, pool: str, default_timeout_s: float) -> None:
+    def __init__(self, queue: Queue, pool: str, default_timeout_s: float, own_source: str | None) -> None:
         self.queue, self.pool, self.default_timeout_s = queue, pool, default_timeout_s
+        self.own_source = own_source  # the digest of the pool's own kernels/: its jobs need no shipped copy
+        self._archives: dict[str, object] = {}  # digest -> object ref of its packed kernels/
         self.job_of: dict[int, int] = {}  # trial -> job, of the trials taken and not finished
         self._specs: dict[int, SweepSpec] = {}
 
@@ -65,9 +71,21 @@ class _Source:
         self.queue.log(job.id, f"trial #{t.seq} taken by {self.pool}")
         request = TrialRequest(t.family, t.backend, t.shape, t.config, t.dtype, policy=spec.measure)
         label = f"job {job.id} " + trial_label(t.backend, t.shape, t.config, t.dtype, seq=t.seq)
+        source = got.source_digest if got.source_digest != self.own_source else None
         return WorkItem(
-            t.id, request, label, attempts=t.attempt, timeout_s=spec.timeout_s or self.default_timeout_s
-        )
+            t.id, request, label, attempts=t.attempt,
+            timeout_s=spec.timeout_s or self.default_timeout_s, source=source,
+        )  # fmt: skip
+
+    def archive(self, digest: str) -> object:
+        """The packed kernels/ of a digest, put in Ray's object store once (a worker's node fetches it)."""
+        ref = self._archives.get(digest)
+        if ref is None:
+            data = self.queue.source_archive(digest)
+            if data is None:
+                raise LookupError(f"kernel source {digest[:12]} is not in the store")
+            ref = self._archives[digest] = ray.put(data)
+        return ref
 
 
 def serve(store: Store, options: PoolOptions | None = None) -> int:
@@ -80,7 +98,11 @@ def serve(store: Store, options: PoolOptions | None = None) -> int:
     pool = f"pool-{uuid.uuid4().hex[:12]}"
     queue.register_pool(pool, plan.workers)
     run.echo(f"pool {pool}: {plan.note}; serving the queue of {display_url(store.url)}")
-    source = _Source(queue, pool, options.timeout_s)
+    try:
+        own = pack_kernels().digest
+    except (OSError, ValueError):  # no readable kernels/ tree here: every shipped job gets its own workers
+        own = None
+    source = _Source(queue, pool, options.timeout_s, own)
     progress = ProgressView(total=0, enabled=False, echo=run.echo)
 
     def observe(result: TrialResult, worker: dict) -> None:
@@ -101,6 +123,7 @@ def serve(store: Store, options: PoolOptions | None = None) -> int:
             threads_per_worker=run.threads_per_worker or plan.threads_per_worker,
             ready_wait_s=run.ready_wait_s,
             name_prefix=pool,
+            source_archive=source.archive,
         ),
         listener,
     )

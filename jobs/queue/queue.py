@@ -21,7 +21,8 @@ from sqlalchemy import delete, exists, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from jobs.queue.model import POOL_STALE_S, JobEvent, Pool, QueuedJob, TrialClaim
+from cluster.shipping import PackedSource
+from jobs.queue.model import POOL_STALE_S, JobEvent, KernelSource, Pool, QueuedJob, TrialClaim
 from jobs.spec.sweep import SweepSpec, dump_spec
 from jobs.store.repository import PENDING, Job, Store, TrialRow, now
 
@@ -32,6 +33,7 @@ WAITING = ("queued", "running")  # the statuses of a job the pool serves
 class Claimed:
     trial: TrialRow
     job: Job
+    source_digest: str | None = None  # the kernels/ shipped with the job (None: the pool's own)
 
 
 @dataclass(frozen=True)
@@ -69,9 +71,13 @@ class Queue:
         priority: int = 0,
         owner: str | None = None,
         source: str | None = None,
+        packed: PackedSource | None = None,
         notify: str | None = None,
     ) -> int:
-        """Create the job (every trial pending) and put it in the queue; returns its id at once."""
+        """Create the job (every trial pending) and put it in the queue; returns its id at once. `packed`:
+        the kernels/ its trials run on (stored once per content); None: the pool's own."""
+        if packed is not None:
+            self._keep_source(packed)
         job_id = self.store.create_job(
             name=spec.name, family=spec.family, spec_yaml=dump_spec(spec),
             spec_hash=spec.spec_hash(), trials=spec.iter_trials(), git_commit=source,
@@ -80,12 +86,31 @@ class Queue:
             who = owner or default_owner()
             s.add(
                 QueuedJob(
-                    job_id=job_id, priority=priority, owner=who, source=source, notify=notify or spec.notify
-                )
+                    job_id=job_id,
+                    priority=priority,
+                    owner=who,
+                    source=source,
+                    notify=notify or spec.notify,
+                    source_digest=packed.digest if packed is not None else None,
+                )  # fmt: skip
             )
             s.add(JobEvent(job_id=job_id, line=f"queued by {who} at priority {priority}"))
             s.execute(update(Job).where(Job.id == job_id).values(status="queued"))
         return job_id
+
+    def _keep_source(self, packed: PackedSource) -> None:
+        if self.source_archive(packed.digest) is not None:
+            return
+        try:
+            with Session(self.engine) as s, s.begin():
+                s.add(KernelSource(digest=packed.digest, archive=packed.archive, files=packed.files))
+        except IntegrityError:  # another submitter stored the same content first
+            pass
+
+    def source_archive(self, digest: str) -> bytes | None:
+        """The packed kernels/ of that digest, or None when the store has none."""
+        with Session(self.engine) as s:
+            return s.scalar(select(KernelSource.archive).where(KernelSource.digest == digest))
 
     # ---- taking trials -----------------------------------------------------------------------------
     def claim(self, pool: str) -> Claimed | None:
@@ -97,7 +122,7 @@ class Queue:
                     found = s.execute(_next_trial()).first()
                     if found is None:
                         return None
-                    trial, job = found
+                    trial, job, digest = found
                     s.execute(insert(TrialClaim).values(trial_id=trial.id, job_id=job.id, pool=pool))
                     if job.status == "queued":
                         s.execute(
@@ -107,7 +132,7 @@ class Queue:
                         )
             except IntegrityError:
                 continue
-            return Claimed(trial, job)
+            return Claimed(trial, job, digest)
         return None
 
     def release(self, trial_ids: list[int]) -> None:
@@ -262,8 +287,9 @@ def _next_trial():
         .scalar_subquery()
     )
     return (
-        select(TrialRow, Job)
+        select(TrialRow, Job, QueuedJob.source_digest)
         .join(Job, Job.id == TrialRow.job_id)
+        .join(QueuedJob, QueuedJob.job_id == Job.id)
         .where(TrialRow.job_id == job, TrialRow.status == PENDING, ~claimed)
         .order_by(TrialRow.seq)
         .limit(1)
