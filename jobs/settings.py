@@ -35,6 +35,7 @@ class FarmSettings(BaseSettings):
     # the results store and the cluster
     db: str = DEFAULT_DB  # an SQLAlchemy URL or an SQLite file path
     ray_address: str | None = None  # join this Ray cluster instead of starting one
+    ray_dashboard: str | None = None  # the head's job API (`farm pool start`), e.g. http://HEAD:8265
     gpus: int | None = Field(None, ge=1)  # workers to run (GPUs, or logical slots on a CPU-only machine)
     # the Prometheus exporter of a running sweep (jobs.run.farm_metrics): off unless a port or a
     # Pushgateway is set

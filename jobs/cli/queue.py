@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 import time
 import xml.etree.ElementTree as ET
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -75,7 +76,23 @@ def submit(
     )
     if not queue.alive_pools():
         where = display_url(store.url)
-        echo(f"no pool serves {where} now: start one with `farm pool serve --db {where}`")
+        echo(
+            f"no pool serves {where} now: start one with `farm pool start --db {where}` (on the cluster) "
+            f"or `farm pool serve --db {where}`"
+        )
+
+
+def pool_options(command):
+    """The options a pool runs with, whether served here (`pool serve`) or on the cluster (`pool start`)."""
+    idle_exit = click.option(
+        "--idle-exit", type=float, default=None, help="stop after this many seconds with nothing to do"
+    )
+    oversubscribe = click.option(
+        "--oversubscribe", is_flag=True, help="on CPU, more timing workers than the cluster has cores"
+    )
+    for option in (oversubscribe, idle_exit, db_option, gpus_option):  # applied last to first
+        command = option(command)
+    return command
 
 
 @click.group("pool")
@@ -85,10 +102,7 @@ def pool() -> None:
 
 @pool.command("serve")
 @address_option
-@gpus_option
-@db_option
-@click.option("--idle-exit", type=float, default=None, help="stop after this many seconds with nothing to do")
-@click.option("--oversubscribe", is_flag=True, help="on CPU, more timing workers than the cluster has cores")
+@pool_options
 def pool_serve(
     address: str | None, gpus: int | None, db: str | None, idle_exit: float | None, oversubscribe: bool
 ) -> None:
@@ -105,6 +119,103 @@ def pool_serve(
         echo("pool stopped: the trials it had taken go back to the queue")
         sys.exit(EXIT_INTERRUPTED)
     echo(f"pool stopped after {done} completed job(s)")
+
+
+dashboard_option = click.option(
+    "--dashboard",
+    default=None,
+    help="the Ray head's job API, e.g. http://HEAD:8265 (FARM_RAY_DASHBOARD)",
+)
+
+
+@contextmanager
+def _job_api():
+    """A Ray job API that cannot be reached is an infrastructure error (exit 4, one line)."""
+    from cluster.session import ClusterConnectError
+
+    try:
+        yield
+    except ClusterConnectError as err:
+        raise InfrastructureError(str(err)) from None
+
+
+def _dashboard(dashboard: str | None) -> str:
+    from jobs.settings import FarmSettings
+
+    found = dashboard or FarmSettings().ray_dashboard
+    if not found:
+        raise BadInput(
+            "--dashboard: the Ray head's job API is needed (e.g. http://HEAD:8265, or FARM_RAY_DASHBOARD)"
+        )
+    return found
+
+
+@pool.command("start")
+@dashboard_option
+@pool_options
+def pool_start(
+    dashboard: str | None, gpus: int | None, db: str | None, idle_exit: float | None, oversubscribe: bool
+) -> None:
+    """Run `farm pool serve` on the cluster as a Ray job (its driver lives on the head, not here); print
+    its Ray submission id and return."""
+    from cluster.submission import start_pool
+    from jobs.settings import FarmSettings
+
+    url = _dashboard(dashboard)
+    store_url = db or FarmSettings().db
+    if "://" not in store_url:  # an SQLite file: the head opens it by the same path, so make it absolute
+        store_url = str(Path(store_url).resolve())
+        echo(f"the pool on the cluster opens the SQLite store {store_url}: the head must see that path "
+             "(a team uses PostgreSQL)")  # fmt: skip
+    args = ["--db", store_url]
+    args += [] if gpus is None else ["--gpus", str(gpus)]
+    args += [] if idle_exit is None else ["--idle-exit", f"{idle_exit:g}"]
+    args += ["--oversubscribe"] if oversubscribe else []
+    with _job_api():
+        submission = start_pool(url, args)
+    click.echo(submission)
+    echo(f"pool submitted to {url} as Ray job {submission}: `farm pool list` shows it, "
+         f"`farm pool stop {submission}` stops it")  # fmt: skip
+
+
+@pool.command("list")
+@dashboard_option
+def pool_list(dashboard: str | None) -> None:
+    """The pools started on the cluster with `farm pool start`, and their Ray job status."""
+    from cluster.submission import pool_jobs
+
+    with _job_api():
+        jobs = pool_jobs(_dashboard(dashboard))
+    if not jobs:
+        echo("no pool was started on this cluster with `farm pool start`")
+    for job in jobs:
+        click.echo(f"{job.submission_id}  {job.status:<9}  {job.entrypoint}")
+
+
+@pool.command("stop")
+@click.argument("submission_id")
+@dashboard_option
+def pool_stop(submission_id: str, dashboard: str | None) -> None:
+    """Stop a pool started with `farm pool start`: the trials it had taken go back to the queue."""
+    from cluster.submission import stop_pool
+
+    try:
+        with _job_api():
+            stopping = stop_pool(_dashboard(dashboard), submission_id)
+    except KeyError:
+        raise BadInput(f"no pool {submission_id!r} on this cluster (`farm pool list` shows them)") from None
+    echo(f"pool {submission_id}: " + ("stopping" if stopping else "had already ended"))
+
+
+@pool.command("logs")
+@click.argument("submission_id")
+@dashboard_option
+def pool_logs_command(submission_id: str, dashboard: str | None) -> None:
+    """What a pool started with `farm pool start` printed so far."""
+    from cluster.submission import pool_logs
+
+    with _job_api():
+        click.echo(pool_logs(_dashboard(dashboard), submission_id), nl=False)
 
 
 @click.command("cancel")
