@@ -229,6 +229,26 @@ class Dispatcher:
         if not retired:
             self._start(slot)
 
+    def grow(self, workers: int) -> int:
+        """Bring the slots that are not retired up to `workers` (GPUs that joined the cluster): retired
+        slots come back first (their node may be the one that returned), then new ones. A warm dispatcher
+        (a pool between jobs, or running) starts their actors now; a cold one leaves them to `run`.
+        Returns how many slots were added."""
+        warm = any(s.actor is not None for s in self.slots)
+        revived = [s for s in self.slots if s.retired]
+        added = 0
+        while sum(not s.retired for s in self.slots) < workers:
+            if revived:
+                slot = revived.pop(0)
+                slot.retired, slot.deaths_in_row = False, 0
+            else:
+                slot = _Slot(name=f"w{len(self.slots)}")
+                self.slots = [*self.slots, slot]  # a new list: a snapshot may be iterating the old one
+            if warm:
+                self._start(slot)
+            added += 1
+        return added
+
     def shutdown(self) -> None:
         for slot in self.slots:
             self._kill(slot)

@@ -143,6 +143,12 @@ def connect(
         ) from err
 
 
+def workers_now(plan: ClusterPlan, gpus: int | None, *, oversubscribe: bool = False) -> int:
+    """The workers `plan`'s cluster has room for now, by the rule `connect` planned with: a pool that
+    stays up follows nodes that joined (or came back) since. Ray must be connected."""
+    return _plan(plan.address, gpus, plan.cuda, oversubscribe).workers
+
+
 def _plan(where: str, gpus: int | None, cuda: bool, oversubscribe: bool) -> ClusterPlan:
     resources = ray.cluster_resources()
     nodes = [

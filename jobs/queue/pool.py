@@ -6,7 +6,9 @@ while a long sweep runs gets the next free worker, about one trial's time after 
 are written as the runner writes them (its store listener); a job whose last trial is written is marked
 completed. Each turn of the dispatcher's loop (at least every TICK_S) the pool beats (its claims stay
 valid) and looks for cancelled jobs: their queued trials leave the dispatcher and a worker running one is
-killed and replaced. A job submitted with kernels/ other than the pool's own (cluster.shipping) runs on
+killed and replaced. The pool follows the cluster: the trials in flight on a node that is lost run again
+on the others (its workers' slots wait for a GPU to come back), and a node that joins gets workers of its
+own within FOLLOW_S. A job submitted with kernels/ other than the pool's own (cluster.shipping) runs on
 workers started with its shipped source.
 """
 
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 
 import ray
 
+from cluster import session
 from cluster.dispatch import TICK_S, Dispatcher, DispatchOptions, WorkItem
 from cluster.shipping import pack_kernels
 from jobs.queue import notify
@@ -33,6 +36,7 @@ from jobs.store.schema import display_url
 from kernels.base import TrialRequest, trial_label
 
 BEAT_S = 5.0  # how often the pool writes that it is alive (model.POOL_STALE_S is 6x this)
+FOLLOW_S = 1.0  # how often the pool asks the cluster whether it has room for more workers (nodes joined)
 
 
 @dataclass
@@ -128,13 +132,26 @@ def serve(store: Store, options: PoolOptions | None = None) -> int:
         listener,
     )
     completed = 0
-    last_beat = 0.0
+    last_beat, last_follow = 0.0, time.monotonic()
+
+    def follow(d: Dispatcher) -> None:
+        """Nodes that joined (or came back): one more worker per GPU they bring, up to --gpus."""
+        try:
+            room = session.workers_now(plan, run.gpus, oversubscribe=run.oversubscribe)
+        except Exception:  # noqa: BLE001 - Ray's GCS did not answer now: ask again next time
+            return
+        added = d.grow(room)
+        if added:
+            run.echo(f"pool {pool}: {added} worker(s) added, the cluster has room for {room} now")
 
     def tick(d: Dispatcher) -> None:
-        nonlocal completed, last_beat
+        nonlocal completed, last_beat, last_follow
         if time.monotonic() - last_beat >= BEAT_S:
             queue.beat(pool)
             last_beat = time.monotonic()
+        if time.monotonic() - last_follow >= FOLLOW_S:
+            follow(d)
+            last_follow = time.monotonic()
         listener.flush()
         completed += _finish(queue, source, options)
         gone = queue.cancelled(set(source.job_of.values()))

@@ -150,6 +150,53 @@ def test_a_pool_started_as_a_ray_job_serves_two_submitters_by_priority(two_nodes
     store.close()
 
 
+def test_the_pool_gives_a_node_that_joins_workers_of_its_own(two_nodes, tmp_path):
+    """Issue 31: the pool follows the cluster: a node that joins while the pool is up (between two jobs)
+    gets one worker per GPU, and the next job's trials run there too."""
+    import threading
+
+    from ray.util.state import list_actors
+
+    from jobs.queue.pool import PoolOptions, serve
+
+    store = Store(str(tmp_path / "farm.db"))
+    queue = Queue(store)
+    finished = {name: threading.Event() for name in ("before", "after")}
+    lines: list[str] = []
+    run = RunOptions(address=two_nodes.address, show_progress=False, echo=lines.append, oversubscribe=True)
+    options = PoolOptions(run=run)
+    jobs: dict[int, str] = {}
+    options.on_finished = lambda job: finished[jobs[job]].set()
+    jobs[queue.submit(loads_spec(PROBE.format(name="before", grid=[0, 1])))] = "before"
+    pool = threading.Thread(target=serve, args=(store, options), daemon=True)
+    pool.start()
+    joined = None
+    try:
+        assert finished["before"].wait(120), lines
+        joined = two_nodes.add_node(num_cpus=1, num_gpus=2)
+        two_nodes.wait_for_nodes()
+        node_id = joined.node_id
+
+        def workers_up_there() -> bool:
+            alive = list_actors(filters=[("node_id", "=", node_id), ("state", "=", "ALIVE")])
+            return len(alive) == 2
+
+        _until("two workers alive on the node that joined", workers_up_there)
+        assert any("worker(s) added" in line for line in lines), lines
+        after = queue.submit(loads_spec(PROBE.format(name="after", grid=list(range(16)))))
+        jobs[after] = "after"
+        assert finished["after"].wait(120), lines
+        trials = store.trials(after)
+        assert all(t.status == "ok" and t.attempt == 1 for t in trials)
+        assert {t.node.split("/")[1] for t in trials} >= {node_id[:6]}, [t.node for t in trials]
+    finally:
+        options.stop.set()
+        pool.join(60)
+        if joined is not None:
+            two_nodes.remove_node(joined)
+        store.close()
+
+
 def test_the_pool_finishes_every_queued_trial_once_when_a_node_is_lost(two_nodes, tmp_path):
     """Issue 31: a pool serving the queue on two nodes loses one mid-queue (its raylet and workers
     killed): the trials in flight there are retried on the other node, none is lost or run twice."""
