@@ -4,8 +4,9 @@
 project's key through the openai SDK to ``POST <gateway>/v1/farm/summaries`` and stores the drafts with
 the job (tables draft_runs, drafts), with the sizes before and after compression and the tokens spent.
 A draft's check (the metric card's grammar) is validated against the card schema here: one that does not
-validate is stored as its reason (`check_error`) beside the draft's prose. An anomaly whose fingerprint's
-latest draft was rejected (`farm drafts review --reject`) is not sent again; the skip is counted.
+validate is stored as its reason (`check_error`) beside the draft's prose. An anomaly whose latest draft
+was rejected (`farm drafts review --reject`) is not sent again while what would be sent is the same (its
+compressed item's digest, kept per draft); the skip is counted.
 The gateway is named by ``FARM_GATEWAY_URL`` (with or without /v1) and the key by ``FARM_GATEWAY_KEY``
 (jobs.settings). Without a key, the gateway's offline drafter runs in-process (marked offline), so the
 workflow runs with no gateway and no network. `render_drafts` prints them next to the anomalies they explain.
@@ -26,7 +27,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from gateway.summaries.schema import SUMMARIES_PATH, TASKS, AnomalyIn
-from jobs.drafts.compress import Compressed, LogSource, compress, facts_from_job, without
+from jobs.drafts.compress import Compressed, LogSource, compress, content_digest, facts_from_job, without
 from jobs.drafts.review import rejected_fingerprints, validate_check
 from jobs.settings import FarmSettings
 from jobs.store.repository import Store
@@ -129,7 +130,8 @@ def draft_job(
 
     facts = facts_from_job(store, job_id, logs=logs)
     packed = compress(facts)
-    skipped = sorted(rejected_fingerprints(store, [i["fingerprint"] for i in packed.items]))
+    contents = {i["fingerprint"]: content_digest(i) for i in packed.items}
+    skipped = sorted(rejected_fingerprints(store, contents))
     packed = without(packed, set(skipped))
     if not packed.items:
         return DraftOutcome(job_id, None, packed, {"drafts": []}, skipped)
@@ -166,6 +168,7 @@ def draft_job(
                 "failure_signature": d["failure_signature"],
                 "needs_local_profiler": bool(d["needs_local_profiler"]),
                 "fingerprints": list(d["anomaly_ids"]),  # the ids sent are the fingerprints
+                "contents": {fp: contents[fp] for fp in d["anomaly_ids"] if fp in contents},
                 "offline": offline,
                 "check_spec": check,
                 "check_error": check_error,

@@ -13,6 +13,7 @@ works on plain facts, so any other source plugs in the same way.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Callable
@@ -298,6 +299,13 @@ def compress(facts: list[AnomalyFacts], cap_bytes: int = LOG_CAP_BYTES) -> Compr
         raw_bytes=sum(raw_size(f) for f in facts),
         compressed_bytes=sent,
     )
+
+
+def content_digest(item: dict[str, Any]) -> str:
+    """What the model reads of a compressed item, as a digest: all of it but the ids, which name the
+    anomaly and its point, not what was measured there."""
+    content = {k: v for k, v in item.items() if k not in ("id", "fingerprint")}
+    return hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
 def without(packed: Compressed, fingerprints: set[str]) -> Compressed:

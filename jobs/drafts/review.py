@@ -5,14 +5,14 @@ A draft's check is in the metric card's grammar (jobs.spec.cards.CardCheck): `va
 a model (or the offline drafter) wrote against the card schema; a draft whose check does not validate
 keeps its prose, and its `check_error` says why. `promote` writes the check into the card's `checks:` list
 with ruamel.yaml's round trip, so the card keeps its comments and layout, with the draft's id and the date
-beside it; from then on `farm accept` runs it. A fingerprint whose latest draft was rejected is not sent to
-the model again (`rejected_fingerprints`, used by jobs.drafts.client).
+beside it; from then on `farm accept` runs it. An anomaly whose latest draft was rejected is not sent to
+the model again with the same content (`rejected_fingerprints`, used by jobs.drafts.client).
 """
 
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
@@ -75,16 +75,24 @@ def review(store: Store, draft_id: int, state: str, reason: str | None = None) -
     return get_draft(store, draft_id)
 
 
-def rejected_fingerprints(store: Store, fingerprints: Sequence[str]) -> set[str]:
-    """Those of `fingerprints` whose latest draft (in any job) was rejected."""
-    wanted = set(fingerprints)
-    latest: dict[str, str] = {}
+def rejected_fingerprints(store: Store, contents: Mapping[str, str]) -> set[str]:
+    """Those of `contents` (fingerprint -> content digest of the item about to be sent) whose latest draft
+    (in any job) was rejected for the same content: an anomaly at the same point that now says something
+    else is sent again. A draft stored before digests were kept stands for any content of its anomalies."""
+    latest: dict[str, tuple[str, str | None]] = {}
     with Session(store.engine) as s:
-        for fps, state in s.execute(select(DraftRow.fingerprints, DraftRow.state).order_by(DraftRow.id)):
+        rows = s.execute(
+            select(DraftRow.fingerprints, DraftRow.contents, DraftRow.state).order_by(DraftRow.id)
+        )
+        for fps, digests, state in rows:
             for fp in fps or ():
-                if fp in wanted:
-                    latest[fp] = state
-    return {fp for fp, state in latest.items() if state == REJECTED}
+                if fp in contents:
+                    latest[fp] = (state, (digests or {}).get(fp))
+    return {
+        fp
+        for fp, (state, digest) in latest.items()
+        if state == REJECTED and (digest is None or digest == contents[fp])
+    }
 
 
 def draft_check(row: DraftRow, card: Card | None = None) -> CardCheck:

@@ -258,6 +258,9 @@ class DraftRow(Base):
     failure_signature: Mapped[str] = mapped_column(Text)
     needs_local_profiler: Mapped[bool] = mapped_column(Boolean, default=False)
     fingerprints: Mapped[list] = mapped_column(JSON)
+    # fingerprint -> digest of the compressed item sent (jobs.drafts.compress.content_digest); None: a draft
+    # stored before revision 0006
+    contents: Mapped[dict | None] = mapped_column(JSON)
     offline: Mapped[bool] = mapped_column(Boolean, default=False)
     check_spec: Mapped[dict | None] = mapped_column(JSON)  # the check, valid in the card's grammar
     check_error: Mapped[str | None] = mapped_column(Text)  # why the draft's check did not validate

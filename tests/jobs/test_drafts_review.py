@@ -242,6 +242,38 @@ def test_a_rejected_anomaly_is_not_sent_to_the_model_again(store, monkeypatch):
     assert len(sent) == calls and done.run_id is None and len(done.skipped) == 5
 
 
+def test_a_rejected_anomaly_that_measures_something_new_is_sent_again(store, monkeypatch):
+    """The skip is for the same content: the same point and kind with another measurement (a cv of 0.82
+    where the rejected draft's anomaly had 0.31) is a new question for the model."""
+    sent: list[list[str]] = []
+    real = drafts_client.offline_reply
+
+    def spy(items, task):
+        sent.append([i["fingerprint"] for i in items])
+        return real(items, task)
+
+    monkeypatch.setattr(drafts_client, "offline_reply", spy)
+    job_id = seed_job(store)
+    draft_job(store, job_id, use_env=False)
+    noisy = by_kind(store, job_id)["noisy"]
+    review(store, noisy.id, "rejected", "the box was busy")
+    later = seed_job(store)
+    rows = []
+    for a in store.anomalies(later):
+        row = {k: getattr(a, k) for k in ("trial_id", "baseline_trial_id", "kind", "severity", "fingerprint")}
+        row |= {"message": a.message, "evidence": a.evidence}
+        if a.kind == "noisy":
+            row |= {"message": "noisy: cv 0.82 over 60 samples", "evidence": {**a.evidence, "cv": 0.82}}
+        rows.append(row)
+    store.replace_anomalies(later, rows)
+    again = draft_job(store, later, use_env=False)
+    assert again.skipped == [] and noisy.fingerprints[0] in sent[-1]
+    # drafted again with that content, and rejected: that content is not sent a third time
+    renewed = by_kind(store, later)["noisy"]
+    review(store, renewed.id, "rejected")
+    assert draft_job(store, later, use_env=False).skipped == noisy.fingerprints
+
+
 def test_promote_refuses_a_check_the_card_would_not_load(store, tmp_path):
     job_id = seed_job(store)
     draft_job(store, job_id, use_env=False)
