@@ -11,9 +11,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gateway.summaries.schema import Draft, DraftList
+from gateway.summaries.schema import CHECK_METRICS, CHECK_OPS, Draft, DraftList
 
-SYSTEM_PROMPT = """\
+_SYSTEM_PROMPT = """\
 You draft acceptance items for GPU kernel engineers. A benchmark farm found anomalies and sends each one
 compressed: an id, its kind and severity, the interface (family, backend, signature), the config fields
 that differ from the baseline, a short log excerpt (warnings and errors only), the card's expected metrics
@@ -27,16 +27,19 @@ Answer with ONE JSON object and nothing else, in exactly this shape:
 - needs_local_profiler: true only when deciding it needs a profiler run on a GPU host.
 - anomaly_ids: the ids of the anomalies the draft explains; every anomaly id appears in some draft.
 - check: the assertion as a check the farm runs, in its metric card's grammar, or null when no metric
-  states it: {"metric": one of METRICS, "op": one of "<=", "<", ">=", ">", "==", "threshold": number,
+  states it: {"metric": one of METRICS, "op": one of OPS, "threshold": number,
   "scope": {"family": str, "backend": str, "shapes": [{shape key: value, ...}], "dtype": str}}; scope
-  fields come from the anomaly's interface (leave out the ones the check does not depend on). METRICS:
-  cv (stdev/mean of the samples), median_ns, ratio (median over the baseline's), correct (1 or 0),
-  completes (1 or 0), max_abs_err, max_rel_err, bytes_per_token, peak_bytes, n_spills, occupancy, tflops,
-  gbps.
+  fields come from the anomaly's interface (leave out the ones the check does not depend on).
+  METRICS: {metrics} (cv is stdev/mean of the samples, ratio the median over the baseline's, correct
+  and completes are 1 or 0). OPS: {ops}.
 - device "cpu": CPU timings (no SM clock, no GPU profiler): say what can be done on a CPU.
 Obey every prohibition: never write a full kernel implementation, never production SQL, never a command
 to run against shared systems. Only drafts: you run nothing.
 """
+# the card grammar's metrics and comparisons, named once (gateway.summaries.schema)
+SYSTEM_PROMPT = _SYSTEM_PROMPT.replace("{metrics}", ", ".join(CHECK_METRICS)).replace(
+    "{ops}", ", ".join(f'"{op}"' for op in CHECK_OPS)
+)
 
 TASK_PROMPTS = {
     "checklist": "Task: checklist. Write at least one assertion per anomaly; merge anomalies only when one "

@@ -241,3 +241,12 @@ def test_the_summaries_contract_names_the_cards_check_metrics():
     from gateway.summaries import schema
 
     assert set(schema.CHECK_METRICS) == set(CHECK_METRICS) and schema.CHECK_OPS == CHECK_OPS
+    # and the model is asked for exactly those: the prompt's METRICS and OPS lists
+    import re
+
+    from gateway.summaries.drafts import SYSTEM_PROMPT
+
+    metrics = re.search(r"METRICS: ([a-z_, ]+) \(", SYSTEM_PROMPT)
+    ops = re.search(r"OPS: (.+)\.\n", SYSTEM_PROMPT)
+    assert metrics and set(metrics.group(1).split(", ")) == set(CHECK_METRICS), SYSTEM_PROMPT
+    assert ops and ops.group(1).split(", ") == [f'"{op}"' for op in CHECK_OPS], SYSTEM_PROMPT
