@@ -7,6 +7,7 @@ import asyncio
 import json
 import subprocess
 import sys
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -42,8 +43,9 @@ def model_reply(body: dict) -> str:
     return json.dumps({"drafts": drafts})
 
 
-@pytest.fixture
-async def live(tmp_path):
+@asynccontextmanager
+async def gateway_with_fake_model(tmp_path: Path, **summaries_settings):
+    """A real gateway (aiohttp, SQLite ledger) whose one provider is the fake upstream; (fake, target)."""
     fake = FakeUpstream()
     await fake.start()
     settings = GatewaySettings(
@@ -54,7 +56,7 @@ async def live(tmp_path):
         providers={"oa": {"kind": "openai", "base_url": fake.base_url}},
         models={"gpt-fake": {"provider": "oa", "upstream_model": "gpt-upstream"}},
         projects={"farm": {"models": ["gpt-fake"], "tasks": ["checklist"]}},
-        summaries={"window_ms": 5},
+        summaries={"window_ms": 5, **summaries_settings},
         ledger_flush_interval_s=0.05,
     )
     app = create_app(settings)
@@ -62,10 +64,17 @@ async def live(tmp_path):
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     key, _ = await app[GATEWAY].keys.create("farm", "ci")
-    target = GatewayTarget(f"http://127.0.0.1:{runner.addresses[0][1]}/v1", key)
-    yield fake, target
-    await runner.cleanup()
-    await fake.close()
+    try:
+        yield fake, GatewayTarget(f"http://127.0.0.1:{runner.addresses[0][1]}/v1", key)
+    finally:
+        await runner.cleanup()
+        await fake.close()
+
+
+@pytest.fixture
+async def live(tmp_path):
+    async with gateway_with_fake_model(tmp_path) as pair:
+        yield pair
 
 
 def test_offline_drafts_are_stored_and_shown_next_to_the_anomalies(store):

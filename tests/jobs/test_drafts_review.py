@@ -22,7 +22,11 @@ from jobs.drafts.compress import compress, facts_from_job
 from jobs.drafts.review import ReviewError, check_on_job, list_drafts, promote, review
 from jobs.spec.cards import CARDS_DIR, load_card, parse_check
 from jobs.store.results import result_of
-from tests.jobs.test_drafts import live, model_reply  # noqa: F401 - the gateway with a fake model
+from tests.jobs.test_drafts import (  # the gateway with a fake model
+    gateway_with_fake_model,
+    live,  # noqa: F401
+    model_reply,
+)
 
 M256 = {"m": 256, "n": 128, "k": 128}
 
@@ -272,6 +276,58 @@ def test_a_rejected_anomaly_that_measures_something_new_is_sent_again(store, mon
     renewed = by_kind(store, later)["noisy"]
     review(store, renewed.id, "rejected")
     assert draft_job(store, later, use_env=False).skipped == noisy.fingerprints
+
+
+async def test_the_four_commands_through_the_gateway_and_no_model_call_for_a_rejected_anomaly(
+    store, tmp_path, monkeypatch
+):
+    """Run, list, review --accept, promote with a model behind the gateway (its answer cache off, so
+    every request that reaches the gateway is a model call): the promoted check fails a later noisy job;
+    a rejected anomaly is not sent again, and no request reaches the model for it."""
+    async with gateway_with_fake_model(tmp_path, cache_entries=0) as (fake, target):
+
+        def with_checks(body):
+            reply = json.loads(model_reply(body))
+            for d in reply["drafts"]:
+                d["check"] = {
+                    "metric": "cv",
+                    "op": "<=",
+                    "threshold": 0.25,
+                    "scope": {"backend": "torch_fp32"},
+                }
+            return json.dumps(reply)
+
+        fake.reply = with_checks
+        monkeypatch.setenv("FARM_GATEWAY_URL", target.base_url)
+        monkeypatch.setenv("FARM_GATEWAY_KEY", target.api_key)
+
+        async def farm(*args):
+            return await asyncio.to_thread(cli, *args, "--db", store.url)
+
+        job_id = noisy_job(store)
+        out = await farm("accept", job_id, "--drafts")  # 1. run
+        assert out.exit_code == 0 and "gpt-fake via" in out.output and fake.requests == 1, out.output
+        (draft,) = json.loads((await farm("drafts", "list", job_id, "--json")).output)  # 2. list
+        assert draft["check_spec"]["metric"] == "cv" and draft["state"] == "new"
+        assert (await farm("drafts", "review", draft["id"], "--accept")).exit_code == 0  # 3. review
+        card = tmp_path / "gemm.yaml"
+        shutil.copy(CARDS_DIR / "gemm.yaml", card)
+        assert (await farm("drafts", "promote", draft["id"], "--card", card)).exit_code == 0  # 4. promote
+        later = noisy_job(store)
+        out = await farm("accept", later, "--card", card, "--json")
+        assert out.exit_code == 1, out.output
+        failed = [a["check"] for a in json.loads(out.output)["assertions"] if a["outcome"] == "fail"]
+        assert failed == [f"draft-{draft['id']}"]
+        # the same anomaly drafted for the later job reaches the model (no cache), and is rejected there
+        done = await asyncio.to_thread(draft_job, store, later)
+        assert fake.requests == 2 and done.skipped == []
+        (renewed,) = list_drafts(store, later)
+        assert (await farm("drafts", "review", renewed.id, "--reject", "--reason", "busy box")).exit_code == 0
+        third = noisy_job(store)  # the same anomaly, with the same content, once more
+        out = await farm("accept", third, "--card", card, "--drafts")
+        assert out.exit_code == 1 and "not sent" in out.output, out.output
+        assert fake.requests == 2  # no model call for it
+        assert list_drafts(store, third) == []
 
 
 def test_promote_refuses_a_check_the_card_would_not_load(store, tmp_path):
