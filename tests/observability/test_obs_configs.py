@@ -158,6 +158,7 @@ def test_dashboards_cover_the_issue():
         "429s", "in flight", "queue wait", "budget",
         # the token account's row (issue 33)
         "tokens per task and model", "upstream 429s/s per task", "retry wait per task",
+        "calls and cost per task and model",
     ]:  # fmt: skip
         assert words in titles["gateway.json"], words
     for words in [
