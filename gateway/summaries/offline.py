@@ -55,6 +55,26 @@ _VERIFY_CPU: dict[str, tuple[str, bool]] = {
         "else busy; if the cv stays above the limit on a quiet machine, the card's cpu.max_cv is too tight",
         False,
     ),
+    "timeout": (
+        "re-run the single trial alone with a longer timeout_s and keep its stderr; a GPU-sized shape run "
+        "in the Triton interpreter on a CPU can take minutes: shrink the shape, or time the point on a GPU",
+        False,
+    ),
+    "throttled": (
+        "on a CPU the slow samples met other load on the machine, not a clock to lock: re-run with fewer "
+        "workers than CPU cores (farm sweep run SPEC --gpus 1) and nothing else busy",
+        False,
+    ),
+    "hw_fraction": (
+        "CPU timings against a GPU's peak say nothing of the kernel: time the point on a GPU host and "
+        "profile it there (ncu: dram throughput, SM busy) before judging the fraction",
+        True,
+    ),
+    "resource": (
+        "the Triton interpreter on a CPU reports no spills or occupancy: compile the config on a GPU host "
+        "and read them from its metadata (n_spills, n_regs) or ncu",
+        True,
+    ),
 }
 _DEFAULT_VERIFY = ("re-run the trial on the farm and compare with the baseline point", False)
 _ERROR_LINE = re.compile(r"(?i)\b(error|exception|fatal|assert|failed|nan)\b")

@@ -131,6 +131,26 @@ def test_offline_drafts_of_a_cpu_job_say_what_a_cpu_allows(store):
     assert "--gpus 1" in noisy.verify_how and "cpu.max_cv" in noisy.verify_how
     gpu = AnomalyIn.model_validate({**next(i for i in items if i["kind"] == "noisy"), "device": "gpu"})
     assert "SM clock" in offline_drafts([gpu], "checklist")[0].verify_how
+    # every kind of anomaly on a CPU job: no GPU clock to lock or record; a profiler only where deciding
+    # needs a GPU host, and then the advice says so
+    base = next(i for i in items if i["kind"] == "noisy")
+    kinds = [
+        "ambiguous",
+        "throttled",
+        "timeout",
+        "hw_fraction",
+        "resource",
+        "slower",
+        "correctness",
+        "memory",
+    ]
+    for kind in kinds:
+        (d,) = offline_drafts([AnomalyIn.model_validate({**base, "kind": kind})], "checklist")
+        for gpu_only in ("SM clock", "clocks locked", "pin the GPU clock", "measured None"):
+            assert gpu_only not in d.verify_how + d.assertion, (kind, d.verify_how)
+        assert not d.needs_local_profiler or "GPU host" in d.verify_how, (kind, d.verify_how)
+    (timeout,) = offline_drafts([AnomalyIn.model_validate({**base, "kind": "timeout"})], "checklist")
+    assert not timeout.needs_local_profiler  # a stall on a CPU is read from its stderr, not a profiler
 
 
 # ---- review, check, promote: the four commands --------------------------------------------------------
