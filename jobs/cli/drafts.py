@@ -38,7 +38,8 @@ def _check_text(spec: dict | None, error: str | None) -> str:
 @click.option("--json", "as_json", is_flag=True, help="print the drafts as JSON instead of a table")
 @db_option
 def drafts_list(job_id: int | None, as_json: bool, db: str | None) -> None:
-    """Drafts with their ids, review state, job and anomaly fingerprints (all jobs, or JOB_ID's)."""
+    """Drafts with their ids, review state, job and the anomalies they came from, by kind and fingerprint
+    (all jobs, or JOB_ID's)."""
     from jobs.drafts.review import list_drafts
 
     store = store_for(db, create=False)
@@ -55,6 +56,9 @@ def drafts_list(job_id: int | None, as_json: bool, db: str | None) -> None:
             "no drafts" + (f" for job {job_id}" if job_id is not None else "") + " (farm accept JOB --drafts)"
         )
         return
+    kinds: dict[tuple[int, str], str] = {}  # (job, fingerprint) -> the anomaly's kind, what the table shows
+    for job in {r.job_id for r in rows}:
+        kinds |= {(job, a.fingerprint): a.kind for a in store.anomalies(job)}
     table = Table(show_lines=True)
     for col in ("id", "job", "state", "anomalies", "assertion", "check", "profiler"):
         table.add_column(col, overflow="fold")
@@ -68,7 +72,7 @@ def drafts_list(job_id: int | None, as_json: bool, db: str | None) -> None:
             str(r.id),
             str(r.job_id),
             escape(state),
-            "\n".join(fp[:12] for fp in r.fingerprints),
+            "\n".join(f"{kinds.get((r.job_id, fp), '?')} {fp[:12]}" for fp in r.fingerprints),
             escape(r.assertion),
             escape(_check_text(r.check_spec, r.check_error)),
             "yes" if r.needs_local_profiler else "no",

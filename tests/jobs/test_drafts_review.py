@@ -166,7 +166,7 @@ def test_from_anomalies_to_an_enforced_card_assertion_in_four_commands(store, tm
     assert out.exit_code == 0, out.output
     (noisy,) = json.loads(cli("drafts", "list", job_id, "--json", "--db", store.url).output)
     assert noisy["state"] == "new" and noisy["check_spec"]["metric"] == "cv"
-    assert f"│ {noisy['id']} " in out.output and noisy["fingerprints"][0][:12] in out.output
+    assert f"│ {noisy['id']} " in out.output and f"noisy {noisy['fingerprints'][0][:12]}" in out.output
     assert "cv <= 0.25 on backend=torch_fp32" in out.output
     # its check, run on its own job, does not hold there
     out = cli("drafts", "check", noisy["id"], "--db", store.url)
