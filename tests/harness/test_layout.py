@@ -51,7 +51,6 @@ EXERCISED_BY: dict[str, tuple[str, ...]] = {
     "gateway/ops/doctor/refusals.py": ("tests/gateway/ops/test_doctor.py",),
     "gateway/ops/doctor/run.py": ("tests/gateway/ops/test_doctor.py",),
     "gateway/ops/doctor/settings.py": ("tests/gateway/ops/test_doctor.py",),
-    "gateway/summaries/drafts.py": ("tests/gateway/http/endpoints/test_summaries.py",),  # through the batcher
     # the fake upstream's answers: tests reach them through FakeUpstream (gateway.testing.fake_upstream)
     "gateway/testing/fake_apis.py": (
         "tests/gateway/http/endpoints/test_proxy.py",

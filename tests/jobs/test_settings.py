@@ -39,6 +39,7 @@ def test_each_variable_is_read_from_the_environment(monkeypatch):
     given = {
         "FARM_DB": "postgresql+psycopg://farm@db/farm",
         "FARM_RAY_ADDRESS": "10.0.0.5:6379",
+        "FARM_RAY_DASHBOARD": "http://10.0.0.5:8265",
         "FARM_GPUS": "4",
         "FARM_METRICS_PORT": "9464",
         "FARM_METRICS_ADDR": "0.0.0.0",
@@ -53,6 +54,7 @@ def test_each_variable_is_read_from_the_environment(monkeypatch):
         monkeypatch.setenv(k, v)
     s = FarmSettings.load()
     assert (s.db, s.ray_address, s.gpus) == ("postgresql+psycopg://farm@db/farm", "10.0.0.5:6379", 4)
+    assert s.ray_dashboard == "http://10.0.0.5:8265"
     assert (s.metrics_port, s.metrics_addr, s.metrics_push_s) == (9464, "0.0.0.0", 2.5)
     assert s.metrics_pushgateway == "http://127.0.0.1:9091"
     assert (s.gateway_url, s.gateway_key, s.gateway_model) == ("http://gw:8787/v1", "kf_abc", "gpt-fake")
