@@ -123,3 +123,21 @@ def test_logical_gpus_of_a_joined_cluster_give_cpu_timings_whatever_the_driver_h
     plan = _join(address, gpus=2, oversubscribe=True)
     assert plan["address"] == address
     assert not plan["cuda"] and plan["workers"] == 2 and "no CUDA device" in plan["note"]
+
+
+def test_grow_revives_a_retired_slot_first_then_adds_new_ones_started_at_once_when_warm(two_cores_four_gpus):
+    """A pool follows the cluster through Dispatcher.grow: a slot retired (its node gone) comes back
+    before a new one is added, and a warm dispatcher starts their workers at once."""
+    d = Dispatcher(DispatchOptions(workers=2, gpu=True, timeout_s=60, name_prefix="grow"), Events())
+    d.slots[1].retired = True  # as after its worker could not start within start_timeout_s
+    try:
+        assert d.grow(1) == 0  # w0 is live: nothing to add
+        d.run(_items(2), keep_workers=True)  # warm: w0's worker stays up
+        assert d.grow(3) == 2
+        assert [s.name for s in d.slots] == ["w0", "w1", "w2"] and not any(s.retired for s in d.slots)
+        started = [s for s in d.slots[1:] if s.ready_ref is not None]
+        assert len(started) == 2
+        assert {ray.get(s.ready_ref, timeout=120)["slot"] for s in started} == {"w1", "w2"}
+        assert d.grow(3) == 0
+    finally:
+        d.shutdown()
