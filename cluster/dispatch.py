@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
+from cluster.session import first_line
 from cluster.worker import RemoteWorker, WorkerResult
 from kernels.base import TrialOutcome, TrialRequest, TrialStatus
 
@@ -442,7 +443,7 @@ class Dispatcher:
             slot.info = ray.get(ref)
         except ray.exceptions.RayError as err:
             self._kill(slot)
-            self._lose(slot, f"actor failed to start: {_first_line(err)}", count_death=True)
+            self._lose(slot, f"actor failed to start: {first_line(err)}", count_death=True)
             return
         self.listener.worker_ready(slot.name, slot.info)
 
@@ -454,13 +455,13 @@ class Dispatcher:
         try:
             results = pickle.loads(ray.get(ref))
         except _ACTOR_GONE as err:
-            self._actor_died(slot, call, _first_line(err))
+            self._actor_died(slot, call, first_line(err))
             return
         except ray.exceptions.RayTaskError as err:  # the framework failed, not the kernel
             failed = WorkerResult(TrialOutcome(status=TrialStatus.ERROR, error=str(err)))
             results = [failed] * len(call.items)
         except ray.exceptions.RayError as err:  # object lost, system error: treat the worker as gone
-            self._actor_died(slot, call, _first_line(err))
+            self._actor_died(slot, call, first_line(err))
             return
         slot.inflight.popleft()
         slot.head_started = time.monotonic()
@@ -533,11 +534,6 @@ class Dispatcher:
 
 def _kind(item: WorkItem) -> tuple[str, str]:
     return item.request.family, item.request.backend
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return text[0] if text else type(err).__name__
 
 
 __all__ = [

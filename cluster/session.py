@@ -86,7 +86,7 @@ def start_local(num_gpus: int, num_cpus: int) -> None:
             raise  # a session folder that cannot be made: the CLI names the file and the fix
         _stop_partial_start()
         raise ClusterConnectError(
-            f"cannot start a local Ray: {_first_line(err).rstrip('.')}; a loaded machine can make its "
+            f"cannot start a local Ray: {first_line(err).rstrip('.')}; a loaded machine can make its "
             "start time out: run this again when the machine is quieter, or join a running cluster with "
             "--address (FARM_RAY_ADDRESS)"
         ) from err
@@ -138,7 +138,7 @@ def connect(
         return _plan(where, gpus, cuda, oversubscribe)
     except Exception as err:  # noqa: BLE001 - Ray's GCS did not answer the resource query
         raise ClusterConnectError(
-            f"the Ray cluster ({where}) did not report its nodes and resources: {_first_line(err)}; "
+            f"the Ray cluster ({where}) did not report its nodes and resources: {first_line(err)}; "
             "run this again, or check the cluster (`ray status`)"
         ) from err
 
@@ -235,7 +235,7 @@ def _join(address: str, timeout_s: float) -> None:
             f"cannot join the Ray cluster at {address}: it requires token authentication and {tried}; "
             f"{TOKEN_FIX}"
         )
-    raise ClusterConnectError(f"cannot join the Ray cluster at {address}: {_first_line(error)}")
+    raise ClusterConnectError(f"cannot join the Ray cluster at {address}: {first_line(error)}")
 
 
 def _probe(address: str) -> None:
@@ -295,7 +295,8 @@ class _stderr_kept:
             return f.read().decode(errors="replace")
 
 
-def _first_line(err: BaseException) -> str:
+def first_line(err: BaseException) -> str:
+    """An error's first line (its type's name when it says nothing): what a one-line message quotes."""
     lines = str(err).strip().splitlines()
     return lines[0] if lines else type(err).__name__
 

@@ -15,7 +15,7 @@ import getpass
 import os
 import socket
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from sqlalchemy import delete, exists, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
@@ -179,11 +179,6 @@ class Queue:
         stale = now() - timedelta(seconds=POOL_STALE_S)
         with Session(self.engine, expire_on_commit=False) as s:
             return list(s.scalars(select(Pool).where(Pool.seen_at >= stale)))
-
-    def submitted_at(self, job_id: int) -> datetime | None:
-        """When `job_id` was queued (None: it was never submitted to the queue)."""
-        with self.engine.connect() as conn:
-            return conn.scalar(select(QueuedJob.submitted_at).where(QueuedJob.job_id == job_id))
 
     # ---- cancelling and finishing ------------------------------------------------------------------
     def cancel(self, job_id: int) -> str:

@@ -235,15 +235,21 @@ def test_review_commands_refuse_bad_input(store, tmp_path):
 
 
 # ---- a rejected anomaly is not sent again ---------------------------------------------------------------
-def test_a_rejected_anomaly_is_not_sent_to_the_model_again(store, monkeypatch):
-    sent: list[list[str]] = []
+@pytest.fixture
+def sent(monkeypatch) -> list[list[str]]:
+    """The fingerprints of each call the offline drafter gets (it still answers)."""
+    calls: list[list[str]] = []
     real = drafts_client.offline_reply
 
     def spy(items, task):
-        sent.append([i["fingerprint"] for i in items])
+        calls.append([i["fingerprint"] for i in items])
         return real(items, task)
 
     monkeypatch.setattr(drafts_client, "offline_reply", spy)
+    return calls
+
+
+def test_a_rejected_anomaly_is_not_sent_to_the_model_again(store, sent):
     job_id = seed_job(store)
     draft_job(store, job_id, use_env=False)
     noisy = by_kind(store, job_id)["noisy"]
@@ -266,17 +272,9 @@ def test_a_rejected_anomaly_is_not_sent_to_the_model_again(store, monkeypatch):
     assert len(sent) == calls and done.run_id is None and len(done.skipped) == 5
 
 
-def test_a_rejected_anomaly_that_measures_something_new_is_sent_again(store, monkeypatch):
+def test_a_rejected_anomaly_that_measures_something_new_is_sent_again(store, sent):
     """The skip is for the same content: the same point and kind with another measurement (a cv of 0.82
     where the rejected draft's anomaly had 0.31) is a new question for the model."""
-    sent: list[list[str]] = []
-    real = drafts_client.offline_reply
-
-    def spy(items, task):
-        sent.append([i["fingerprint"] for i in items])
-        return real(items, task)
-
-    monkeypatch.setattr(drafts_client, "offline_reply", spy)
     job_id = seed_job(store)
     draft_job(store, job_id, use_env=False)
     noisy = by_kind(store, job_id)["noisy"]
