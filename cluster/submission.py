@@ -10,11 +10,15 @@ joins. Kernel source is not sent here: each queued job carries its own (cluster.
 from __future__ import annotations
 
 import shlex
+import time
 from dataclasses import dataclass
 
-from cluster.session import ClusterConnectError
+from cluster.session import ClusterConnectError, first_line
 
 POOL_KIND = "farm-pool"  # the metadata "kind" of the Ray jobs this module submits
+# A head that has just started may not have its job agent up yet: Ray answers 500 "No available agent to
+# submit job, please try again later". Submitting is retried that long, with backoff.
+AGENT_WAIT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -28,10 +32,6 @@ class PoolJob:
     entrypoint: str
 
 
-def _first_line(err: BaseException) -> str:
-    return (str(err).strip().splitlines() or [type(err).__name__])[0].rstrip(".")
-
-
 def _client(dashboard: str):
     from ray.job_submission import JobSubmissionClient
 
@@ -40,16 +40,35 @@ def _client(dashboard: str):
         return JobSubmissionClient(url)
     except Exception as err:  # noqa: BLE001 - Ray raises ConnectionError or a bare Exception
         raise ClusterConnectError(
-            f"cannot reach the Ray job API at {url}: {_first_line(err)}; start the head with its dashboard "
-            "(`ray start --head --dashboard-host 0.0.0.0`, ray[default]) and pass its URL (port 8265 by "
-            "default)"
+            f"cannot reach the Ray job API at {url}: {first_line(err).rstrip('.')}; start the head with its "
+            "dashboard (`ray start --head --dashboard-host 0.0.0.0`, ray[default]) and pass its URL "
+            "(port 8265 by default)"
         ) from err
 
 
 def start_pool(dashboard: str, serve_args: list[str], *, farm: str = "farm") -> str:
     """Submit `farm pool serve --address auto SERVE_ARGS` as a Ray job; its submission id."""
     entrypoint = shlex.join([farm, "pool", "serve", "--address", "auto", *serve_args])
-    return _client(dashboard).submit_job(entrypoint=entrypoint, metadata={"kind": POOL_KIND})
+    client = _client(dashboard)
+    deadline, pause = time.monotonic() + AGENT_WAIT_S, 0.25
+    while True:
+        try:
+            return client.submit_job(entrypoint=entrypoint, metadata={"kind": POOL_KIND})
+        except RuntimeError as err:  # Ray's job API answered with an error status
+            no_agent = "No available agent" in str(err)
+            if no_agent and time.monotonic() + pause <= deadline:
+                time.sleep(pause)
+                pause = min(2 * pause, 2.0)
+                continue
+            hint = ""
+            if no_agent:
+                hint = (
+                    f" (for {AGENT_WAIT_S:g} s: is the head's job agent port, --dashboard-agent-listen-port, "
+                    "held by another Ray on that host?)"
+                )
+            raise ClusterConnectError(
+                f"the Ray job API at {dashboard} did not take the pool: {first_line(err)}{hint}"
+            ) from err
 
 
 def pool_jobs(dashboard: str) -> list[PoolJob]:
@@ -63,16 +82,22 @@ def _pool_jobs(client) -> list[PoolJob]:
     return [PoolJob(j.submission_id or "", str(j.status.value), j.message or "", j.entrypoint) for j in jobs]
 
 
+def _known(client, submission_id: str) -> None:
+    """KeyError unless `submission_id` is a pool job of this cluster."""
+    if submission_id not in {j.submission_id for j in _pool_jobs(client)}:
+        raise KeyError(submission_id)
+
+
 def stop_pool(dashboard: str, submission_id: str) -> bool:
     """Ask Ray to stop the pool driver `submission_id` (its workers' running trials go back to the queue);
     False when it had already ended. KeyError: no such pool job on this cluster."""
     client = _client(dashboard)
-    known = {j.submission_id for j in _pool_jobs(client)}
-    if submission_id not in known:
-        raise KeyError(submission_id)
+    _known(client, submission_id)
     return bool(client.stop_job(submission_id))
 
 
 def pool_logs(dashboard: str, submission_id: str) -> str:
-    """What the pool driver printed so far."""
-    return _client(dashboard).get_job_logs(submission_id)
+    """What the pool driver printed so far. KeyError: no such pool job on this cluster."""
+    client = _client(dashboard)
+    _known(client, submission_id)
+    return client.get_job_logs(submission_id)

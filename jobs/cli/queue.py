@@ -129,14 +129,17 @@ dashboard_option = click.option(
 
 
 @contextmanager
-def _job_api():
-    """A Ray job API that cannot be reached is an infrastructure error (exit 4, one line)."""
+def _job_api(submission_id: str | None = None):
+    """A Ray job API that cannot be reached is an infrastructure error (exit 4, one line); a pool it does
+    not know of, bad input (exit 2)."""
     from cluster.session import ClusterConnectError
 
     try:
         yield
     except ClusterConnectError as err:
         raise InfrastructureError(str(err)) from None
+    except KeyError:
+        raise BadInput(f"no pool {submission_id!r} on this cluster (`farm pool list` shows them)") from None
 
 
 def _dashboard(dashboard: str | None) -> str:
@@ -199,11 +202,8 @@ def pool_stop(submission_id: str, dashboard: str | None) -> None:
     """Stop a pool started with `farm pool start`: the trials it had taken go back to the queue."""
     from cluster.submission import stop_pool
 
-    try:
-        with _job_api():
-            stopping = stop_pool(_dashboard(dashboard), submission_id)
-    except KeyError:
-        raise BadInput(f"no pool {submission_id!r} on this cluster (`farm pool list` shows them)") from None
+    with _job_api(submission_id):
+        stopping = stop_pool(_dashboard(dashboard), submission_id)
     echo(f"pool {submission_id}: " + ("stopping" if stopping else "had already ended"))
 
 
@@ -214,7 +214,7 @@ def pool_logs_command(submission_id: str, dashboard: str | None) -> None:
     """What a pool started with `farm pool start` printed so far."""
     from cluster.submission import pool_logs
 
-    with _job_api():
+    with _job_api(submission_id):
         click.echo(pool_logs(_dashboard(dashboard), submission_id), nl=False)
 
 

@@ -29,6 +29,8 @@ def two_nodes():
     path = os.environ["PATH"]
     os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{path}"
     head = {"num_cpus": 1, "num_gpus": 2, "include_dashboard": True, "dashboard_port": 0}
+    # the head's job agent on a port of its own (Ray's default, 52365, may be held by another Ray here)
+    head["dashboard_agent_listen_port"] = None
     cluster = Cluster(initialize_head=True, head_node_args=head)
     cluster.add_node(num_cpus=1, num_gpus=2)
     cluster.wait_for_nodes()
@@ -121,7 +123,7 @@ def test_a_pool_started_as_a_ray_job_serves_two_submitters_by_priority(two_nodes
     ci = int(ci_submitter.stdout.readline())
     ci_submitter.kill()  # the submitter goes away at once: the job is the cluster's now
     ci_submitter.wait()
-    queued_at = _until("CI's queue row", lambda: Queue(store).submitted_at(ci))
+    queued_at = _until("CI's queue row", lambda: (row := Queue(store).entry(ci)) and row.submitted_at)
 
     for job in (ci, sweep):
         waited = _farm("jobs", "wait", str(job), "--db", db, "--timeout", "150", timeout=180)
@@ -147,6 +149,9 @@ def test_a_pool_started_as_a_ray_job_serves_two_submitters_by_priority(two_nodes
     assert status.value == "STOPPED"
     unknown = _farm("pool", "stop", "raysubmit_none", "--dashboard", dashboard)
     assert unknown.returncode == 2 and "raysubmit_none" in unknown.stderr
+    unknown = _farm("pool", "logs", "raysubmit_none", "--dashboard", dashboard)
+    assert unknown.returncode == 2 and "raysubmit_none" in unknown.stderr
+    assert "Traceback" not in unknown.stderr
     store.close()
 
 
