@@ -5,7 +5,10 @@ FARM_TRITON), then runs this driver, which:
   1. runs the GPU tests (every test file that skips with "needs a CUDA GPU" on a CPU);
   2. runs one small sweep per family through the real `farm sweep run` (jobs/specs/*_gpu_check.yaml);
   3. times torch._scaled_mm on the FP8 GEMM shapes (the fp8_gemm family has no such backend);
-  4. prints the key figures against the device's limits (kernels/hardware.py): paged MLA GB/s against
+  4. where FlashMLA or DeepGEMM is installed, runs the library and the project's Triton kernel on the same
+     inputs and judges the project's output against the library's by the peer's own rule, beside both
+     timings (benchmarks/peers.py);
+  5. prints the key figures against the device's limits (kernels/hardware.py): paged MLA GB/s against
      HBM bandwidth, FP8 TFLOPS against the dense FP8 peak and against torch._scaled_mm, attention
      against torch SDPA, each row with its correctness verdict.
 Everything lands in one folder, benchmarks/results/gpu-check-<host>-<YYYYMMDD>/: a log per step, the
@@ -253,8 +256,11 @@ def summarize(
     jobs: dict[str, int],
     steps: list[Step] = (),  # type: ignore[assignment]
     scaled_mm: list[dict[str, Any]] | None = None,
+    peers: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The summary of a check as a JSON-ready dict; `ok` is every step exiting 0 and no trial failing."""
+    """The summary of a check as a JSON-ready dict; `ok` is every step exiting 0, no trial failing and no
+    peer comparison failing."""
+    from benchmarks.peers import failed_peers
     from jobs.store.repository import Store
     from kernels.base import NOT_FAILED, TrialStatus
 
@@ -282,12 +288,14 @@ def summarize(
         for r in scaled_mm or []
         if "error" in r
     ]
+    failed += failed_peers(peers or [])
     return {
         "host": platform.node(),
         "store": str(db),
         "steps": [{**s.__dict__, "ok": s.ok} for s in steps],
         "families": families,
         "scaled_mm": scaled_mm,
+        "peers": peers,
         "failed": failed,
         "ok": not failed,
     }
@@ -378,6 +386,10 @@ def render(summary: dict[str, Any]) -> str:
             lines.append(
                 f"  {_point(r['shape'])}: {r.get('error') or figures}  {r.get('scaling', '')}  {verdict}"
             )
+    if summary.get("peers"):
+        from benchmarks.peers import render_peers
+
+        lines += render_peers(summary["peers"])
     if summary["failed"]:
         lines += ["", "failed:"] + [f"  {f}" for f in summary["failed"]]
     return "\n".join(lines) + "\n"
@@ -415,14 +427,17 @@ def run_check(out: Path, *, skip_tests: bool = False) -> dict[str, Any]:
     sweep_steps, jobs = run_sweeps(out, db)
     steps += sweep_steps
     scaled_mm = None
-    if "fp8_gemm" in jobs:
-        from jobs.spec.sweep import load_spec
+    from benchmarks.peers import peer_rows
+    from jobs.spec.sweep import load_spec
 
+    print("[gpu-check] FlashMLA / DeepGEMM against the project's kernels, where installed", flush=True)
+    peers = peer_rows(load_spec(ROOT / SPECS["paged_mla"]).measure)
+    if "fp8_gemm" in jobs:
         spec = load_spec(ROOT / SPECS["fp8_gemm"])
         shapes = list({_point(t.shape): t.shape for t in spec.trials()}.values())
         print("[gpu-check] timing torch._scaled_mm on the FP8 GEMM shapes", flush=True)
         scaled_mm = scaled_mm_figures(shapes, spec.measure)
-    summary = summarize(db, jobs, steps, scaled_mm)
+    summary = summarize(db, jobs, steps, scaled_mm, peers)
     print(write_summary(out, summary), flush=True)
     print(f"[gpu-check] logs, store and summary in {out}", flush=True)
     return summary

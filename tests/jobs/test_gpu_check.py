@@ -232,3 +232,57 @@ def test_summary_fails_on_a_failed_step_or_baseline_error(cpu_store, tmp_path):
     ]
     text = gpu_check.render(summary)
     assert text.startswith(f"gpu-check on {summary['host']}: FAIL") and "timed out" in text
+
+
+# ---- the peer step (benchmarks/peers.py): FlashMLA / DeepGEMM against the project's kernels ------------
+
+
+@requires_no_gpu
+def test_peer_step_without_the_libraries_is_one_skipped_row_each_with_its_reason():
+    from benchmarks import peers
+
+    rows = peers.peer_rows(policy=None)
+    assert [(r["peer"], r["verdict"]) for r in rows] == [("flash_mla", "skipped"), ("deep_gemm", "skipped")]
+    assert all("CUDA GPU" in r["detail"] for r in rows)
+    assert peers.failed_peers(rows) == []  # a library that is not there fails nothing
+
+
+def test_peer_judges_take_the_library_as_reference_and_fail_what_it_would_not_pass():
+    import torch
+
+    from benchmarks import peers
+    from kernels.paged_mla.inputs import build_decode_inputs
+    from kernels.paged_mla.reference import mla_decode_reference
+
+    x = build_decode_inputs([5, 17], h_q=4, s_q=2, page_size=16, seed=1)
+    out, lse = mla_decode_reference(x.q, x.kv_cache, x.block_table, x.cache_seqlens, d_v=x.d_v)
+    assert peers.judge_decode(out.to(torch.bfloat16), lse, out, lse)[0]
+    bad_out = out.clone()
+    bad_out[1, 0, 2] += 0.05
+    passed, detail = peers.judge_decode(bad_out.to(torch.bfloat16), lse, out, lse)
+    assert not passed and "out:" in detail
+
+    gen = torch.Generator().manual_seed(0)
+    ref = torch.randn(64, 96, generator=gen)
+    ours = ref.to(torch.bfloat16)
+    passed, detail = peers.judge_gemm(ours, ref.to(torch.bfloat16), ref)
+    assert passed and detail.startswith("calc_diff to DeepGEMM 0.00e+00")
+    assert not peers.judge_gemm(torch.zeros_like(ours), ref.to(torch.bfloat16), ref)[0]
+
+
+def test_a_failed_peer_comparison_fails_the_check_and_is_printed_beside_its_timings(tmp_path):
+    rows = [
+        {"peer": "flash_mla", "case": "bf16 batch=64", "verdict": "FAIL", "detail": "out: 3 mismatches",
+         "peer_us": 40.0, "ours_us": 50.0},
+        {"peer": "deep_gemm", "case": "m=128", "verdict": "pass", "detail": "calc_diff 1e-6",
+         "peer_us": 10.0, "ours_us": 20.0},
+    ]  # fmt: skip
+    db = tmp_path / "farm.db"
+    Store(str(db)).close()
+    summary = gpu_check.summarize(db, {}, [], None, rows)
+    assert not summary["ok"]
+    assert summary["failed"] == ["peer flash_mla bf16 batch=64: out: 3 mismatches"]
+    text = gpu_check.render(summary)
+    assert "== peers" in text
+    assert "peer 40.0 us, project 50.0 us (0.80x)" in text and "FAIL" in text
+    assert "peer 10.0 us, project 20.0 us (0.50x)" in text
