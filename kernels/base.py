@@ -14,6 +14,9 @@ A family is a module `kernels/<name>/case.py` exposing `FAMILY`, a `KernelFamily
                                       harness checks every seed, times, and derives the rates
 Declared with defaults (none), for reports and exports:
   optional_shape_keys: tuple[str, ...]           keys a shape point may add to shape_keys
+  def canonical_shape(shape) -> shape            the point as the farm stores it (a spec's point goes
+                                                 through it): a family drops an optional key written
+                                                 at its default, so the point is one series either way
   report_metrics: tuple[Metric(key, label, format spec), ...]   extra columns in reports
   scaling: tuple[(shape key, metric key), ...]   plot the metric against that shape key, one line per
                                                  backend/config and value of the other shape keys
@@ -180,9 +183,15 @@ class Backend:
     impl: Callable[..., Any] | None = None  # the family's own hook for this backend (what it runs)
     # extra checks of a trial's (shape, config) for this backend: raise ValueError naming the field
     check: Callable[[dict[str, Any], dict[str, Any]], None] | None = None
+    # why this backend cannot run a (valid) shape, or None: such a trial is skipped with the reason, not
+    # refused, since the shape is fine for the family's other backends
+    skips: Callable[[Mapping[str, Any]], str | None] | None = None
 
-    def unavailable_reason(self) -> str | None:
-        return self.requires()
+    def unavailable_reason(self, shape: Mapping[str, Any] | None = None) -> str | None:
+        reason = self.requires()
+        if reason is None and shape is not None and self.skips is not None:
+            reason = self.skips(shape)
+        return reason
 
     @property
     def runs_triton(self) -> bool:
@@ -209,12 +218,13 @@ class Backends(Mapping[str, Backend]):
         requires: Callable[[], str | None] = always_available,
         impl: Callable[..., Any] | None = None,
         check: Callable[[dict[str, Any], dict[str, Any]], None] | None = None,
+        skips: Callable[[Mapping[str, Any]], str | None] | None = None,
     ) -> Backend:
         if name in self._by_name:
             raise ValueError(f"{self.family}: backend {name!r} is declared twice")
         if reference and any(b.reference for b in self._by_name.values()):
             raise ValueError(f"{self.family}: a second reference backend {name!r}")
-        backend = Backend(name, description, reference, tuple(config_keys), requires, impl, check)
+        backend = Backend(name, description, reference, tuple(config_keys), requires, impl, check, skips)
         self._by_name[name] = backend
         return backend
 
@@ -227,6 +237,7 @@ class Backends(Mapping[str, Backend]):
         config_keys: tuple[str, ...] = (),
         requires: Callable[[], str | None] = always_available,
         check: Callable[[dict[str, Any], dict[str, Any]], None] | None = None,
+        skips: Callable[[Mapping[str, Any]], str | None] | None = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Declare the decorated function as the implementation of backend `name`."""
 
@@ -239,6 +250,7 @@ class Backends(Mapping[str, Backend]):
                 requires=requires,
                 impl=fn,
                 check=check,
+                skips=skips,
             )
             return fn
 
@@ -490,6 +502,11 @@ class KernelFamily:
     def cost(self, shape: dict[str, Any], dtype: str) -> Cost:
         raise NotImplementedError
 
+    def canonical_shape(self, shape: dict[str, Any]) -> dict[str, Any]:
+        """The shape point as stored and identified (jobs.spec.sweep applies it to every point): the
+        same point unless the family writes some keys one way only."""
+        return shape
+
     def execute(self, req: TrialRequest) -> TrialOutcome:
         raise NotImplementedError
 
@@ -521,7 +538,7 @@ class KernelFamily:
         return TrialOutcome(status=TrialStatus.SKIPPED, error=reason)
 
     def run(self, req: TrialRequest) -> TrialOutcome:
-        reason = self.backends[req.backend].unavailable_reason()
+        reason = self.backends[req.backend].unavailable_reason(req.shape)
         if reason is not None:
             return self.unavailable(req, reason)
         return self.execute(req)

@@ -12,7 +12,7 @@ import hashlib
 import itertools
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -30,7 +30,7 @@ from pydantic import (
 
 from jobs.spec.strict_yaml import load_strict
 from jobs.spec.validation import problems_from
-from kernels.base import TrialRequest, trial_label
+from kernels.base import KernelFamily, TrialRequest, trial_label
 from kernels.measure.policy import MeasurePolicy
 from kernels.registry import UnknownFamily, get_family
 
@@ -235,12 +235,39 @@ class TrialSpec:
         return TrialRequest(self.family, self.backend, self.shape, self.config, self.dtype, policy=policy)
 
 
+def _canonical(family_name: str) -> Callable[[Point], Point]:
+    """The family's canonical form of a shape point (KernelFamily.canonical_shape): how it is stored."""
+    try:
+        return get_family(family_name).canonical_shape
+    except UnknownFamily:  # parse_spec names it; a spec built without parsing keeps its points
+        return lambda shape: shape
+
+
 def _expand(spec: SweepSpec) -> Iterator[TrialSpec]:
+    canonical = _canonical(spec.family)
     for backend in spec.backends:
         configs = (backend.configs or spec.configs).points()  # the smaller grid, held; shapes stream
-        for shape in (backend.shapes or spec.shapes).iter_points():
+        for point in (backend.shapes or spec.shapes).iter_points():
+            shape = canonical(point)
             for config, dtype in itertools.product(configs, spec.dtypes):
                 yield TrialSpec(spec.family, backend.name, shape, config, dtype, backend.baseline)
+
+
+def _same_points(family: KernelFamily, grid: Grid, where: str) -> list[str]:
+    """Points of one grid that the family's canonical form makes one (fp8_gemm: scale_group 128 written
+    out and left out): two trials of one key. Only for a family with a canonical form of its own."""
+    if type(family).canonical_shape is KernelFamily.canonical_shape:
+        return []
+    first: dict[str, Point] = {}
+    problems = []
+    for point in grid.iter_points():
+        stored = family.canonical_shape(point)
+        ident = json.dumps(stored, sort_keys=True, default=str)
+        if ident in first:
+            problems.append(f"{where}: {point} is the same point as {first[ident]} (both are {stored})")
+        else:
+            first[ident] = point
+    return problems
 
 
 # --------------------------------------------------------------------------------------------------
@@ -275,10 +302,15 @@ def _check_against_family(spec: SweepSpec, source: str, max_trials: int | None =
                 f"backends[{i}].name: unknown backend for family {spec.family} (known: {known}) "
                 f"(got {b.name!r})"
             )
+    checked: set[int] = set()
     for i, b in enumerate(spec.backends):
         where = f"backends[{i}].shapes" if b.shapes is not None else "shapes"
-        if next((b.shapes or spec.shapes).iter_points(), None) is None:
+        grid = b.shapes or spec.shapes
+        if next(grid.iter_points(), None) is None:
             problems.append(f"{where}: the grid expands to no points after exclude")
+        elif id(grid) not in checked:  # the spec's own grid once
+            checked.add(id(grid))
+            problems.extend(_same_points(family, grid, where))
     for i, b in enumerate(spec.backends):
         where = f"backends[{i}].configs" if b.configs is not None else "configs"
         if next((b.configs or spec.configs).iter_points(), None) is None:

@@ -1,11 +1,20 @@
 """The FP8 GEMM family the farm runs: D[M,N] = A[M,K] x B[N,K]^T, fp8 e4m3 in, bf16 out.
 
+Shape: m, n, k, and optionally scale_group, the scales' granularity g (1 x g per-token scales of A,
+g x g block scales of B): 128 (DeepGEMM's; what a shape without the key means) or 64. A spec may write
+scale_group: 128, but the point is stored without it (`canonical_shape`), so it is one series with the
+same GEMM written without the key. The group reaches the quantization of every seed's inputs, both
+torch references, the kernel, the compile check (meta_launch), the cost (scale bytes) and the resource
+model, which prunes a triton config whose block_k does not divide the group ("pruned: block_k 128 does
+not divide the scale group 64 ..."), so one spec can sweep both groups over one config grid.
+
 Backends:
   torch_ref   dequantize A and B with their scales, fp32 matmul (the baseline)
   torch_bf16  the unquantized bf16 matmul (the reference calc_diff is judged against; a speed anchor)
   triton      kernels.fp8_gemm.triton_gemm with the trial's tile config (block_m, block_n, block_k,
               group_m, num_warps, num_stages)
-  deep_gemm   the DeepGEMM library, when importable on a GPU host (skipped, saying why, otherwise)
+  deep_gemm   the DeepGEMM library, when importable on a GPU host (skipped, saying why, otherwise; at
+              scale_group 64 always skipped: its SM90 path takes 128-granular scales only)
 Every trial: correctness on policy.seeds seeds against the bf16 reference (kernels.fp8_gemm.check:
 calc_diff below 1e-3 and every 128x128 output tile's max error, relative to the tile's largest reference
 value, at most 0.15, so one wrong tile fails), then timing with kernels.measure. Metrics: time_ns,
@@ -44,6 +53,7 @@ from kernels.fp8_gemm import deep_gemm_adapter
 from kernels.fp8_gemm.check import CALC_DIFF_THRESHOLD, check_fp8_gemm, worst_tile_error
 from kernels.fp8_gemm.cost import gemm_cost
 from kernels.fp8_gemm.inputs import GemmInputs, build_inputs
+from kernels.fp8_gemm.quant import GROUP, SCALE_GROUPS, check_scale_group
 from kernels.fp8_gemm.reference import gemm_bf16, gemm_dequant_fp32
 from kernels.fp8_gemm.resources import estimate
 from kernels.fp8_gemm.tiles import CONFIG_KEYS, TileConfig, deepgemm_choice
@@ -60,7 +70,8 @@ BACKENDS = Backends("fp8_gemm")
 
 @BACKENDS.register("torch_ref", "dequantized fp32 torch matmul (baseline)")
 def _torch_ref(x: GemmInputs, cfg: TileConfig | None) -> tuple[Runner, Any]:
-    return (lambda: gemm_dequant_fp32(x.a_fp8, x.a_scales, x.b_fp8, x.b_scales)), None
+    g = x.scale_group
+    return (lambda: gemm_dequant_fp32(x.a_fp8, x.a_scales, x.b_fp8, x.b_scales, group=g)), None
 
 
 @BACKENDS.register("torch_bf16", "unquantized bf16 torch matmul (the calc_diff reference)", reference=True)
@@ -74,7 +85,7 @@ def _out(x: GemmInputs) -> torch.Tensor:
 
 @BACKENDS.register(
     "triton",
-    "Triton FP8 GEMM, 1x128 / 128x128 scales, tile config from the trial",
+    "Triton FP8 GEMM, 1xg / gxg scales (g = the shape's scale_group), tile config from the trial",
     config_keys=tuple(CONFIG_KEYS),
     requires=needs_triton,
 )
@@ -83,7 +94,9 @@ def _triton(x: GemmInputs, cfg: TileConfig | None) -> tuple[Runner, Any]:
 
     assert cfg is not None
     out = _out(x)
-    _, launch = triton_gemm.prepare(x.a_fp8, x.a_scales, x.b_fp8, x.b_scales, cfg, out=out)
+    _, launch = triton_gemm.prepare(
+        x.a_fp8, x.a_scales, x.b_fp8, x.b_scales, cfg, out=out, scale_group=x.scale_group
+    )
     compiled = launch()
 
     def call() -> torch.Tensor:
@@ -97,6 +110,7 @@ def _triton(x: GemmInputs, cfg: TileConfig | None) -> tuple[Runner, Any]:
     "deep_gemm",
     "DeepGEMM library (GPU hosts with deep_gemm installed)",
     requires=deep_gemm_adapter.unavailable_reason,
+    skips=lambda shape: deep_gemm_adapter.scale_group_reason(scale_group_of(shape)),
 )
 def _deep_gemm(x: GemmInputs, cfg: TileConfig | None) -> tuple[Runner, Any]:
     out = _out(x)
@@ -116,10 +130,16 @@ RESOURCE_MODELS: dict[str, Callable[[int, int, int], dict[str, Any]]] = {
 }
 
 
+def scale_group_of(shape: dict[str, Any]) -> int:
+    """The shape's scale group (128 where the shape does not name one)."""
+    return shape.get("scale_group", GROUP)
+
+
 class Fp8GemmFamily(KernelFamily):
     name = "fp8_gemm"
     backends = BACKENDS
     shape_keys = ("m", "n", "k")
+    optional_shape_keys = ("scale_group",)
     report_metrics = (Metric("calc_diff", "calc_diff", ".1e"), Metric("spread_cv", "cv", ".3f"))
     scaling = (("m", "tflops"),)
 
@@ -135,11 +155,24 @@ class Fp8GemmFamily(KernelFamily):
         return port_file_name(key, device_name)
 
     def validate(self, shape: dict[str, Any], config: dict[str, Any], dtype: str, backend: str) -> None:
-        if set(shape) != set(self.shape_keys):
-            raise ValueError(f"shape needs exactly the keys m, n, k (got {sorted(shape)})")
+        missing = [key for key in self.shape_keys if key not in shape]
+        if missing:
+            raise ValueError(f"shape needs the keys m, n, k (got {sorted(shape)})")
+        unknown = sorted(set(shape) - set(self.shape_keys) - set(self.optional_shape_keys))
+        if unknown:
+            raise ValueError(f"unknown shape keys {unknown} (known: m, n, k and optionally scale_group)")
         for key in self.shape_keys:
             if not isinstance(shape[key], int) or isinstance(shape[key], bool) or shape[key] < 1:
                 raise ValueError(f"shape.{key} must be a positive integer (got {shape[key]!r})")
+        if "scale_group" in shape:
+            try:
+                check_scale_group(shape["scale_group"])
+            except ValueError:
+                allowed = ", ".join(map(str, SCALE_GROUPS))
+                raise ValueError(
+                    f"shape.scale_group must be one of {allowed} (got {shape['scale_group']!r}); "
+                    f"without the key it is {GROUP}"
+                ) from None
         if dtype != DTYPE:
             raise ValueError(f"fp8_gemm operands are {DTYPE} (got dtype {dtype})")
         if self.backends[backend].config_keys:
@@ -147,8 +180,14 @@ class Fp8GemmFamily(KernelFamily):
         elif config:
             raise ValueError(f"backend {backend} takes no config (got {config})")
 
+    def canonical_shape(self, shape: dict[str, Any]) -> dict[str, Any]:
+        """The shape as stored: scale_group 128, the default, left out (one series with or without it)."""
+        if shape.get("scale_group") == GROUP and not isinstance(shape["scale_group"], bool):
+            return {key: value for key, value in shape.items() if key != "scale_group"}
+        return shape
+
     def cost(self, shape: dict[str, Any], dtype: str) -> Cost:
-        return gemm_cost(shape["m"], shape["n"], shape["k"])
+        return gemm_cost(shape["m"], shape["n"], shape["k"], scale_group_of(shape))
 
     def meta_launch(
         self, shape: dict[str, Any], config: dict[str, Any], dtype: str, backend: str
@@ -157,7 +196,8 @@ class Fp8GemmFamily(KernelFamily):
             return None
         from kernels.fp8_gemm import triton_gemm
 
-        return triton_gemm.meta_launch(shape["m"], shape["n"], shape["k"], TileConfig.from_dict(config))
+        cfg = TileConfig.from_dict(config)
+        return triton_gemm.meta_launch(shape["m"], shape["n"], shape["k"], cfg, scale_group_of(shape))
 
     def unavailable(self, req: TrialRequest, reason: str) -> TrialOutcome:
         """Skipped, with what is known without running: the cost, and DeepGEMM's own tile choice."""
@@ -174,13 +214,14 @@ class Fp8GemmFamily(KernelFamily):
     def execute(self, req: TrialRequest) -> TrialOutcome:
         self.validate(req.shape, req.config, req.dtype, req.backend)
         m, n, k = req.shape["m"], req.shape["n"], req.shape["k"]
+        group = scale_group_of(req.shape)
         cost = self.cost(req.shape, req.dtype)
         base_metrics = {"flops": cost.flops, "bytes": cost.bytes}  # of a trial that does not run
         resources: dict[str, Any] = {}
         cfg: TileConfig | None = None
         if self.backends[req.backend].config_keys:  # a tiled kernel: the static model may prune it
             cfg = TileConfig.from_dict(req.config)
-            est = estimate(cfg, m, n, k)
+            est = estimate(cfg, m, n, k, scale_group=group)
             resources["model"] = est.to_dict()
             if est.pruned:
                 return TrialOutcome(
@@ -205,7 +246,7 @@ class Fp8GemmFamily(KernelFamily):
         build = self.backends.impl(req.backend)
 
         def prepare(seed: int, device: torch.device) -> Prepared:
-            x = build_inputs(m, n, k, seed, device)
+            x = build_inputs(m, n, k, seed, device, scale_group=group)
             call, compiled = build(x, cfg)
             ref = gemm_bf16(x.a, x.b)
 

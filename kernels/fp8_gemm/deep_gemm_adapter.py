@@ -9,6 +9,9 @@ scales out once, before the timed region (as DeepGEMM's own benchmarks do), and 
 GEMM alone. B's 128x128 block scales are used as they are (contiguous). The GEMM itself is not exercised
 without a GPU; `tma_aligned_scales` is pure torch and is tested on the CPU. (On SM100 DeepGEMM wants
 UE8M0-packed scales instead, which this adapter does not prepare: the farm's reference GPU is an H200.)
+Scale group: this path takes fp32 scales of K granularity 128 only (its scale-layout step accepts no
+other on SM90), so a trial at scale_group 64 is skipped with `scale_group_reason`'s reason, before the
+library is loaded.
 """
 
 from __future__ import annotations
@@ -29,6 +32,20 @@ def unavailable_reason() -> str | None:
     except ImportError as exc:
         return f"backend deep_gemm: deep_gemm not installed (import failed: {exc})"
     return None
+
+
+LIBRARY_SCALE_GROUP = 128
+
+
+def scale_group_reason(scale_group: int) -> str | None:
+    """Why the library cannot take operands quantized at `scale_group` on this path, or None."""
+    if scale_group == LIBRARY_SCALE_GROUP:
+        return None
+    return (
+        f"backend deep_gemm: its SM90 FP8 GEMM takes fp32 scales of K granularity {LIBRARY_SCALE_GROUP} "
+        f"only (1x{LIBRARY_SCALE_GROUP} and {LIBRARY_SCALE_GROUP}x{LIBRARY_SCALE_GROUP}); this trial's "
+        f"scale_group is {scale_group}"
+    )
 
 
 def load() -> Any:

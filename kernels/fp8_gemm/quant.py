@@ -1,17 +1,22 @@
 """FP8 e4m3 quantizers with fine-grained scales, as DeepGEMM's inputs are laid out.
 
-Activations (A, [M, K]): one fp32 scale per row per 128 columns ("1x128", per token), shape
-[M, ceil(K/128)]. Weights (B, [N, K]): one fp32 scale per 128x128 block, shape [ceil(N/128),
-ceil(K/128)]. Each group is scaled so its largest magnitude (amax, floored at AMAX_FLOOR so an all-zero
-group stays finite) maps to the e4m3 maximum 448: q = fp8(x / s), s = amax / 448, x ~ q * s.
-A K (or N) that is not a multiple of 128 gets a last, narrower group: the scale covers only real columns.
+The scale group g (SCALE_GROUPS: 128, DeepGEMM's SM90 granularity and the default, or 64) is the scales'
+granularity along K, and along N for the weights. Activations (A, [M, K]): one fp32 scale per row per g
+columns ("1 x g", per token), shape [M, ceil(K/g)]. Weights (B, [N, K]): one fp32 scale per g x g block,
+shape [ceil(N/g), ceil(K/g)]. Each group is scaled so its largest magnitude (amax, floored at AMAX_FLOOR
+so an all-zero group stays finite) maps to the e4m3 maximum 448: s = amax / 448, q = fp8(x * (1/s)),
+x ~ q * s. The multiplication by the reciprocal (not a division) is what DeepGEMM's casts do: the two
+round differently in about one element in 2200 of bf16 data, and with it the scales and the fp8 bytes are
+bit-exact with DeepGEMM's casts at g = 64 and 128 (tests/kernels/peers/test_deepgemm.py).
+A K (or N) that is not a multiple of g gets a last, narrower group: the scale covers only real columns.
 """
 
 from __future__ import annotations
 
 import torch
 
-GROUP = 128  # scale granularity along K (both operands) and along N (weights)
+GROUP = 128  # the default scale granularity along K (both operands) and along N (weights)
+SCALE_GROUPS = (64, 128)  # the granularities the kernel and the family take
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3fn value
 AMAX_FLOOR = 1e-4
@@ -19,6 +24,14 @@ AMAX_FLOOR = 1e-4
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def check_scale_group(group: object) -> int:
+    """The scale group when it is one of SCALE_GROUPS; ValueError naming the allowed values otherwise."""
+    if not isinstance(group, int) or isinstance(group, bool) or group not in SCALE_GROUPS:
+        allowed = ", ".join(map(str, SCALE_GROUPS))
+        raise ValueError(f"scale_group must be one of {allowed} (got {group!r})")
+    return group
 
 
 def _pad_to(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
@@ -37,7 +50,7 @@ def quantize_per_token(x: torch.Tensor, group: int = GROUP) -> tuple[torch.Tenso
     xp = _pad_to(x.float(), m, kg * group).view(m, kg, group)
     amax = xp.abs().amax(dim=2).clamp(min=AMAX_FLOOR)  # [M, kg]
     scales = amax / FP8_MAX
-    q = (xp / scales.unsqueeze(2)).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    q = (xp * (1.0 / scales).unsqueeze(2)).clamp(-FP8_MAX, FP8_MAX).to(FP8)
     return q.view(m, kg * group)[:, :k].contiguous(), scales.contiguous()
 
 
@@ -50,7 +63,7 @@ def quantize_per_block(w: torch.Tensor, group: int = GROUP) -> tuple[torch.Tenso
     wp = _pad_to(w.float(), ng * group, kg * group).view(ng, group, kg, group)
     amax = wp.abs().amax(dim=(1, 3)).clamp(min=AMAX_FLOOR)  # [ng, kg]
     scales = amax / FP8_MAX
-    q = (wp / scales[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    q = (wp * (1.0 / scales)[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
     return q.view(ng * group, kg * group)[:n, :k].contiguous(), scales.contiguous()
 
 

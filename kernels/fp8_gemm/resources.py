@@ -1,8 +1,9 @@
 """The static resource model of one tile config on one shape: no GPU needed.
 
-Shared memory (bytes; operands are fp8, 1 byte per element; scales fp32):
+Shared memory (bytes; operands are fp8, 1 byte per element; scales fp32 at the scale group g, 128 by
+default or 64):
   per stage      A tile block_m x block_k + B tile block_n x block_k
-                 + A scales block_m x 4 + B scales ceil(block_n / 128) x 4
+                 + A scales block_m x 4 + B scales ceil(block_n / g) x 4
   triton style   the A and B tiles are buffered in shared memory, the scales go to registers; Triton
                  keeps num_stages buffers when the dot is a wgmma (block_m >= 64) and num_stages - 1
                  with mma.sync (smaller block_m), so pipeline = buffers x (A tile + B tile);
@@ -11,7 +12,7 @@ Shared memory (bytes; operands are fp8, 1 byte per element; scales fp32):
                  total = max(pipeline, epilogue). Within 2% of sm_90a compiles of the shipped configs
                  (tests/kernels/test_compiled.py keeps it within 10%).
   deepgemm style pipeline (A, B, A scales) + the bf16 D tile block_m x block_n x 2 + all of B's K scales
-                 (ceil(K / 128) x 4, doubled when block_n does not divide 128 evenly into the scale
+                 (ceil(K / g) x 4, doubled when block_n does not divide g evenly into the scale
                  blocks) + 2 mbarriers (8 B each) per stage; all live together
   fits           total <= 227 KB (232448 B), the SM90 per-block limit
 Waves (one CTA per SM, the DeepGEMM view): tiles = ceil(M/block_m) x ceil(N/block_n), waves =
@@ -23,8 +24,9 @@ Registers (an estimate, not a compiler result): the fp32 accumulator is acc = bl
   compiles of the shipped wgmma configs (within 10%). The mma.sync tiles (block_m < 64) hold their
   operands in registers and need more than this says. Above 255 it spills ("spill_risk"): every
   shipped config over 255 here spills when compiled. kernels.compiled has the compiler's own figures.
-Pruned (cannot run, with the reasons): shared memory over 227 KB, a block over 1024 threads, or an
-  estimate over 255 registers per thread (it would spill).
+Pruned (cannot run, with the reasons): a block_k that does not divide the scale group (a K step would
+  straddle two scales), shared memory over 227 KB, a block over 1024 threads, or an estimate over 255
+  registers per thread (it would spill).
 """
 
 from __future__ import annotations
@@ -45,22 +47,25 @@ REG_PER_ACC = 3.5  # registers per accumulator register: partial sum, operands, 
 BARRIER_BYTES = 8
 
 
-def stage_bytes(block_m: int, block_n: int, block_k: int) -> dict[str, int]:
+def stage_bytes(block_m: int, block_n: int, block_k: int, scale_group: int = GROUP) -> dict[str, int]:
     """Shared memory of one pipeline stage, by part."""
     parts = {
         "a": block_m * block_k,
         "b": block_n * block_k,
         "a_scales": block_m * 4,
-        "b_scales": cdiv(block_n, GROUP) * 4,
+        "b_scales": cdiv(block_n, scale_group) * 4,
     }
     parts["stage"] = sum(parts.values())
     return parts
 
 
-def deepgemm_smem(block_m: int, block_n: int, block_k: int, num_stages: int, k: int) -> dict[str, Any]:
+def deepgemm_smem(
+    block_m: int, block_n: int, block_k: int, num_stages: int, k: int, *, scale_group: int = GROUP
+) -> dict[str, Any]:
     """Shared memory of a DeepGEMM-style kernel (see the module docstring)."""
+    g = scale_group
     per = block_m * block_k + block_n * block_k + block_m * 4
-    b_scales = cdiv(k, block_k) * 4 * (1 if GROUP % block_n == 0 or block_n % GROUP == 0 else 2)
+    b_scales = cdiv(k, g) * 4 * (1 if g % block_n == 0 or block_n % g == 0 else 2)
     d = block_m * block_n * 2
     barriers = num_stages * 2 * BARRIER_BYTES
     total = num_stages * per + d + b_scales + barriers
@@ -96,6 +101,7 @@ class ResourceEstimate:
     style: str
     config: dict[str, int]
     shape: dict[str, int]
+    scale_group: int
     smem_per_stage: int
     smem_stage_parts: dict[str, int]
     smem_pipeline: int
@@ -135,22 +141,31 @@ def estimate(
     num_sms: int = NUM_SMS,
     limits: SMLimits = H100,
     style: str = "triton",
+    scale_group: int = GROUP,
 ) -> ResourceEstimate:
-    """The resource model of `cfg` on the GEMM m x n x k (see the module docstring)."""
+    """The resource model of `cfg` on the GEMM m x n x k with scales at `scale_group` (see the module
+    docstring)."""
     if style not in ("triton", "deepgemm"):
         raise ValueError(f"style must be 'triton' or 'deepgemm' (got {style!r})")
-    parts = stage_bytes(cfg.block_m, cfg.block_n, cfg.block_k)
+    parts = stage_bytes(cfg.block_m, cfg.block_n, cfg.block_k, scale_group)
     buffers = cfg.num_stages if cfg.block_m >= 64 else max(cfg.num_stages - 1, 1)
     pipeline = buffers * (parts["a"] + parts["b"])
     epilogue = cfg.block_m * cfg.block_n * 2
     if style == "triton":
         total = max(pipeline, epilogue)
     else:
-        total = deepgemm_smem(cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_stages, k)["total"]
+        total = deepgemm_smem(
+            cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_stages, k, scale_group=scale_group
+        )["total"]
     threads = cfg.num_warps * limits.warp_size
     acc = cfg.block_m * cfg.block_n / threads
     regs = int(REG_PER_ACC * acc + REG_OVERHEAD)
     reasons = []
+    if scale_group % cfg.block_k:
+        reasons.append(
+            f"block_k {cfg.block_k} does not divide the scale group {scale_group}: a K step would straddle "
+            "two scales (take a block_k of at most the group)"
+        )
     extra = "" if style == "triton" else " + D tile, B scales, barriers"
     if total > limits.max_smem_per_block:
         reasons.append(
@@ -177,6 +192,7 @@ def estimate(
         style=style,
         config=cfg.to_dict(),
         shape={"m": m, "n": n, "k": k},
+        scale_group=scale_group,
         smem_per_stage=parts["stage"],
         smem_stage_parts={k_: v for k_, v in parts.items() if k_ != "stage"},
         smem_pipeline=pipeline,

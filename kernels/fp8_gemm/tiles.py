@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from kernels.fp8_gemm.quant import GROUP
+from kernels.fp8_gemm.quant import GROUP, SCALE_GROUPS
 
 CONFIG_KEYS = ("block_m", "block_n", "block_k", "group_m", "num_warps", "num_stages")
 TRITON_PORT_KEYS = {
@@ -61,7 +61,8 @@ class TileConfig:
         return cfg
 
     def check(self) -> None:
-        """What the kernel itself needs (the resource model judges the rest)."""
+        """What the kernel itself needs at some scale group (the resource model judges the rest, the
+        trial's scale group included: a block_k of 128 at scale_group 64 is pruned there)."""
         for key in ("block_m", "block_n", "block_k"):
             v = getattr(self, key)
             if not _is_pow2(v) or v < 16:
@@ -71,10 +72,10 @@ class TileConfig:
                 f"config.block_k must be >= 32: an fp8 tl.dot needs K >= 32 and fails to compile below "
                 f"(got {self.block_k})"
             )
-        if GROUP % self.block_k:
+        if max(SCALE_GROUPS) % self.block_k:
             raise ValueError(
-                f"config.block_k must divide the scale group {GROUP} so one K step has one scale "
-                f"(got {self.block_k})"
+                f"config.block_k must divide the scale group ({', '.join(map(str, SCALE_GROUPS))}) so one K "
+                f"step has one scale (got {self.block_k})"
             )
         if self.group_m < 1:
             raise ValueError(f"config.group_m must be >= 1 (got {self.group_m})")

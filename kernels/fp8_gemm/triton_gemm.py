@@ -4,10 +4,12 @@ One program computes a block_m x block_n tile of D. Programs are ordered in band
 (all column tiles of a band before the next band), so tiles running together share A rows and B columns
 in L2. Each K step loads an A tile [block_m, block_k] and a B tile [block_k, block_n] (B is stored
 [N, K], K-major, which is what the fp8 tensor-core path wants), multiplies them into a fresh fp32 partial
-sum, multiplies that by the step's scales (A's per-row scale of the 128-wide K group, B's per-column
-scale of its 128x128 block: block_n may span two weight blocks) and adds it into the fp32 accumulator.
-That is DeepGEMM's promotion: no more than one 128-wide K group is ever summed in the tensor core's
-reduced-precision accumulator. block_k must divide the scale group (128) so a step has one scale.
+sum, multiplies that by the step's scales (A's per-row scale of the K group, B's per-column scale of its
+group x group block: block_n may span several weight blocks) and adds it into the fp32 accumulator.
+That is DeepGEMM's promotion: no more than one K group is ever summed in the tensor core's
+reduced-precision accumulator. The scale group (scale_group, kernels.fp8_gemm.quant.SCALE_GROUPS: 128,
+the default, or 64) is a constexpr; block_k must divide it so a step has one scale, and the operand
+checks judge the scales' shapes by it.
 Every load and the store are masked: M, N and K need not be multiples of the block.
 
 Dots: on a GPU the operands stay fp8 e4m3 (tl.dot fp8 x fp8 -> fp32, wgmma on SM90). In the interpreter
@@ -24,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.fp8_gemm.quant import FP8, GROUP, cdiv
+from kernels.fp8_gemm.quant import FP8, GROUP, cdiv, check_scale_group
 from kernels.fp8_gemm.tiles import TileConfig
 from kernels.hardware import triton_interpreting
 
@@ -111,7 +113,8 @@ def _fp8_gemm_kernel(
 def check_operands(
     a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scales: torch.Tensor, group: int = GROUP
 ) -> tuple[int, int, int]:
-    """(M, N, K) of valid operands; ValueError naming the operand otherwise."""
+    """(M, N, K) of valid operands with scales of 1 x group and group x group; ValueError naming the
+    operand otherwise."""
     if a.dtype != FP8 or b.dtype != FP8:
         raise ValueError(f"A and B must be {FP8} (got {a.dtype}, {b.dtype})")
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[1]:
@@ -141,9 +144,12 @@ def prepare(
 ) -> tuple[torch.Tensor, Callable[[], Any]]:
     """Check the operands once and return (D, launch): launch() runs the kernel into D and returns the
     compiled kernel (None in the interpreter). The timed region is then the launch alone."""
-    m, n, k = check_operands(a, a_scales, b, b_scales)
+    check_scale_group(scale_group)
+    m, n, k = check_operands(a, a_scales, b, b_scales, scale_group)
     if scale_group % cfg.block_k:
-        raise ValueError(f"block_k {cfg.block_k} must divide the scale group {scale_group}")
+        raise ValueError(
+            f"block_k {cfg.block_k} must divide the scale group {scale_group} so one K step has one scale"
+        )
     if out is None:
         out = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
     elif tuple(out.shape) != (m, n) or out.dtype != torch.bfloat16:
@@ -163,15 +169,16 @@ def prepare(
     return out, lambda: kernel(*args, **meta)
 
 
-def meta_launch(m: int, n: int, k: int, cfg: TileConfig) -> Callable[[], Any]:
+def meta_launch(m: int, n: int, k: int, cfg: TileConfig, scale_group: int = GROUP) -> Callable[[], Any]:
     """The launch of `prepare` on meta tensors of the real shapes and layouts (no storage): what
     kernels.compiled captures to compile this config exactly as the JIT would for the trial."""
     meta = torch.device("meta")
+    g = scale_group
     a = torch.empty((m, k), dtype=FP8, device=meta)
     b = torch.empty((n, k), dtype=FP8, device=meta)
-    a_scales = torch.empty((m, cdiv(k, GROUP)), dtype=torch.float32, device=meta)
-    b_scales = torch.empty((cdiv(n, GROUP), cdiv(k, GROUP)), dtype=torch.float32, device=meta)
-    return prepare(a, a_scales, b, b_scales, cfg)[1]
+    a_scales = torch.empty((m, cdiv(k, g)), dtype=torch.float32, device=meta)
+    b_scales = torch.empty((cdiv(n, g), cdiv(k, g)), dtype=torch.float32, device=meta)
+    return prepare(a, a_scales, b, b_scales, cfg, scale_group=g)[1]
 
 
 def fp8_gemm(
@@ -184,7 +191,8 @@ def fp8_gemm(
     out: torch.Tensor | None = None,
     scale_group: int = GROUP,
 ) -> tuple[torch.Tensor, Any]:
-    """D = A x B^T with A's 1x128 and B's 128x128 scales. Returns (D bf16 [M, N], the compiled kernel
-    (None in the interpreter)). `scale_group` is the scales' K granularity: it must match the quantizer."""
+    """D = A x B^T with A's 1 x g and B's g x g scales, g = scale_group (64 or 128: the granularity the
+    operands were quantized with; the scales' shapes are checked against it). Returns (D bf16 [M, N], the
+    compiled kernel (None in the interpreter))."""
     out, launch = prepare(a, a_scales, b, b_scales, cfg, out=out, scale_group=scale_group)
     return out, launch()

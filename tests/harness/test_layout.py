@@ -34,7 +34,6 @@ EXERCISED_BY: dict[str, tuple[str, ...]] = {
     "jobs/run/verdict.py": ("tests/jobs/queue/test_queue_pool.py", "tests/jobs/test_exit_codes.py"),
     "jobs/spec/validation.py": ("tests/jobs/test_spec.py", "tests/jobs/test_cards.py"),
     "kernels/attention/profile.py": ("tests/kernels/attention/test_attention_gpu.py",),  # ncu, GPU only
-    "kernels/fp8_gemm/cost.py": ("tests/kernels/test_contract.py",),
     "kernels/fp8_gemm/profile_target.py": ("tests/kernels/fp8_gemm/test_fp8_gemm_gpu.py",),  # ncu, GPU only
     "kernels/measure/summary.py": (
         "tests/kernels/measure/test_measure_timing.py",

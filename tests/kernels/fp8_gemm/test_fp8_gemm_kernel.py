@@ -48,10 +48,14 @@ def test_kernel_writes_nothing_outside_d():
 
 
 def test_wrong_scale_granularity_is_caught_by_calc_diff():
+    # 128-granular scales read as 64-granular ones: laid out in the 64 shape (so the operand checks pass)
+    # but indexed wrong, group g of 64 reading the scale of 128-group g
     x = build_inputs(48, 96, 256, seed=1)
     ref = gemm_bf16(x.a, x.b)
+    a_scales = torch.cat([x.a_scales, x.a_scales], dim=1)  # [48, 4]
+    b_scales = torch.cat([x.b_scales, x.b_scales], dim=0).repeat(1, 2)[:2]  # [2, 4]
     broken, _ = triton_gemm.fp8_gemm(
-        x.a_fp8, x.a_scales, x.b_fp8, x.b_scales, TileConfig(16, 32, 64), scale_group=64
+        x.a_fp8, a_scales, x.b_fp8, b_scales, TileConfig(16, 32, 64), scale_group=64
     )
     assert calc_diff(broken, ref) > 1e-2
     assert not check_calc_diff(broken, ref).passed
@@ -91,8 +95,8 @@ def test_case_runs_triton_with_metrics_resources_and_every_seed():
 def test_case_marks_a_broken_kernel_incorrect(monkeypatch):
     real = triton_gemm.prepare
 
-    def wrong_scales(*args, **kwargs):
-        return real(*args, **{**kwargs, "scale_group": 64})
+    def wrong_scales(a, a_scales, b, b_scales, cfg, **kwargs):  # the K groups' scales swapped
+        return real(a, a_scales.flip(1), b, b_scales.flip(1), cfg, **kwargs)
 
     monkeypatch.setattr(triton_gemm, "prepare", wrong_scales)
     o = case.FAMILY.run(_request("triton", {**CFG, "block_k": 64}))

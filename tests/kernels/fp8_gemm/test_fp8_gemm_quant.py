@@ -23,28 +23,32 @@ def _bound(x: torch.Tensor, scale_full: torch.Tensor) -> torch.Tensor:
     return torch.maximum(REL * x.abs(), SUBNORMAL * scale_full) * (1 + 1e-6) + 1e-12
 
 
+@pytest.mark.parametrize("group", [64, 128])
 @pytest.mark.parametrize("m, k", [(4, 128), (5, 300), (1, 17)])
-def test_per_token_round_trip_within_the_e4m3_bound(m, k):
+def test_per_token_round_trip_within_the_e4m3_bound(m, k, group):
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m * k)) * 3
-    q, s = quantize_per_token(x)
-    assert q.dtype == FP8 and q.shape == (m, k) and s.shape == (m, -(-k // 128)) and s.dtype == torch.float32
-    back = dequantize_per_token(q, s)
-    full = s.repeat_interleave(128, dim=1)[:, :k]
+    q, s = quantize_per_token(x, group)
+    assert (
+        q.dtype == FP8 and q.shape == (m, k) and s.shape == (m, -(-k // group)) and s.dtype == torch.float32
+    )
+    back = dequantize_per_token(q, s, group)
+    full = s.repeat_interleave(group, dim=1)[:, :k]
     assert torch.all((back - x).abs() <= _bound(x, full))
     assert float((back - x).norm() / x.norm()) < 0.04
     # each group's largest magnitude lands exactly on +-448: no range is wasted
     for g in range(s.shape[1]):
-        cols = slice(g * 128, min(k, (g + 1) * 128))
+        cols = slice(g * group, min(k, (g + 1) * group))
         assert torch.allclose(q[:, cols].float().abs().amax(dim=1), torch.full((m,), FP8_MAX))
 
 
+@pytest.mark.parametrize("group", [64, 128])
 @pytest.mark.parametrize("n, k", [(128, 256), (200, 130), (7, 9)])
-def test_per_block_round_trip_within_the_e4m3_bound(n, k):
+def test_per_block_round_trip_within_the_e4m3_bound(n, k, group):
     w = torch.randn(n, k, generator=torch.Generator().manual_seed(n + k))
-    q, s = quantize_per_block(w)
-    assert q.shape == (n, k) and s.shape == (-(-n // 128), -(-k // 128))
-    back = dequantize_per_block(q, s)
-    full = s.repeat_interleave(128, dim=0).repeat_interleave(128, dim=1)[:n, :k]
+    q, s = quantize_per_block(w, group)
+    assert q.shape == (n, k) and s.shape == (-(-n // group), -(-k // group))
+    back = dequantize_per_block(q, s, group)
+    full = s.repeat_interleave(group, dim=0).repeat_interleave(group, dim=1)[:n, :k]
     assert torch.all((back - w).abs() <= _bound(w, full))
     assert float((back - w).norm() / w.norm()) < 0.04
 
