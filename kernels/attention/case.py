@@ -9,8 +9,12 @@ Backends:
   triton     the Triton kernel of the mode (config: block_m, block_n, num_warps, num_stages, and
              num_splits for the split-KV decode modes)
 The correctness reference is an fp64 computation (kernels.attention.reference), never a backend's own
-code path at the backend's precision. Work that is not the kernel (deduplicating sparse indices, SDPA
-masks) is done once when the inputs are prepared, outside the timed call.
+code path at the backend's precision. Sparse modes follow FlashMLA's semantics: a position named twice in
+a token's indices counts twice (softmax over index slots), and the triton backend's timed call is the
+gather kernel alone (nothing to de-duplicate). Work that is not the kernel (SDPA masks) is done once when
+the inputs are prepared, outside the timed call. lse is the natural log, and a row that sees no key has
+out 0 and lse +inf in every backend and reference (kernels.common.lse); the check below wants the +inf
+positions exactly.
 A trial: for each correctness seed, build seeded inputs (unused memory NaN-poisoned, except for sdpa:
 its math backend multiplies masked rows by 0), run the backend and the reference, check out and lse
 by FlashMLA's rule (kernels.paged_mla.check: out abs 8e-4 or rel
@@ -39,7 +43,7 @@ import torch
 
 from kernels import harness
 from kernels.attention import reference as ref
-from kernels.attention.cost import AttentionCost, dense_cost, distinct_positions, sparse_cost
+from kernels.attention.cost import AttentionCost, dense_cost, distinct_positions, sparse_cost, valid_slots
 from kernels.attention.inputs import build_dense, build_sparse
 from kernels.attention.sdpa import Sdpa
 from kernels.attention.shapes import OPTIONAL_KEYS, REQUIRED_KEYS, Shape, parse_shape
@@ -122,9 +126,9 @@ def prepare(
         indices = x.indices
         assert indices is not None
         cost = sparse_cost(
-            int((indices >= 0).sum()), distinct=distinct_positions(indices), batch=shape.batch,
-            s_q=shape.s_q, topk=shape.topk, h_q=shape.h_q, h_kv=shape.h_kv, d=shape.d, d_v=shape.d_v,
-            elem=elem, shared_kv=shape.shared_kv,
+            valid_slots(indices, shape.s_k), distinct=distinct_positions(indices, shape.s_k),
+            batch=shape.batch, s_q=shape.s_q, topk=shape.topk, h_q=shape.h_q, h_kv=shape.h_kv, d=shape.d,
+            d_v=shape.d_v, elem=elem, shared_kv=shape.shared_kv,
         )  # fmt: skip
 
         def reference(dtype: torch.dtype = torch.float64) -> Pair:
@@ -170,15 +174,12 @@ def _sdpa_prepare(b: Built) -> tuple[Callable[[list | None], Pair], Callable[[],
 def _triton_prepare(b: Built) -> tuple[Callable[[list | None], Pair], Callable[[], dict[str, Any]]]:
     x, config = b.x, b.config
     if b.shape.is_sparse:
-        from kernels.attention.triton_sparse import sparse_attention_triton, unique_indices
+        from kernels.attention.triton_sparse import sparse_attention_triton
 
-        indices = unique_indices(x.indices)  # once, here: the timed call runs the kernel only
-
-        def sparse(launches: list | None) -> Pair:
+        def sparse(launches: list | None) -> Pair:  # the indices as built: every slot counts
             return sparse_attention_triton(
-                x.q, x.k, x.v, indices, softmax_scale=x.softmax_scale, indices_unique=True,
-                launches=launches, **config,
-            )  # fmt: skip
+                x.q, x.k, x.v, x.indices, softmax_scale=x.softmax_scale, launches=launches, **config
+            )
 
         return sparse, dict
     if b.shape.mode == "prefill":
@@ -359,9 +360,7 @@ def _meta_launch(s: Shape, config: dict[str, Any], dtype: torch.dtype) -> Callab
         from kernels.attention.triton_sparse import sparse_attention_triton
 
         idx = torch.empty(b, s_q, s.topk, dtype=torch.int32, device=meta)
-        return lambda: sparse_attention_triton(
-            q, k, v, idx, softmax_scale=scale, indices_unique=True, **config
-        )
+        return lambda: sparse_attention_triton(q, k, v, idx, softmax_scale=scale, **config)
     lens = torch.empty(b, dtype=torch.int32, device=meta) if s.seqlens != "fixed" else None
     if s.mode == "prefill":
         from kernels.attention.triton_prefill import flash_attention_triton as fn

@@ -101,15 +101,16 @@ class DecodeStepper:
 
 def exact_attend(softmax_scale: float) -> Attend:
     """The correctness reference of a step: every sequence's cached rows gathered (exact: the cache holds
-    bf16/fp16) and attended in fp64 by kernels.attention.reference. A row that sees no key (an empty
-    sequence) gets out 0 and lse +inf, as FlashMLA and the paged MLA reference (EMPTY_ROW_LSE)."""
+    bf16/fp16) and attended in fp64 by kernels.attention.reference. lse is the natural log; a row that
+    sees no key (an empty sequence) gets out 0 and lse +inf (kernels.common.lse: FlashMLA's convention,
+    which the paged MLA reference follows too)."""
     from kernels.attention.reference import masked_attention
-    from kernels.paged_mla.layout import EMPTY_ROW_LSE
+    from kernels.common.lse import EMPTY_ROW_LSE, EMPTY_ROW_OUT
     from kernels.paged_mla.reference import gather_kv
 
     def attend(q: torch.Tensor, t: KernelTensors) -> tuple[torch.Tensor, torch.Tensor]:
         b, s_q, h_q, _ = q.shape
-        out = torch.zeros(b, s_q, h_q, D_V, dtype=torch.float64, device=q.device)
+        out = torch.full((b, s_q, h_q, D_V), EMPTY_ROW_OUT, dtype=torch.float64, device=q.device)
         lse = torch.full((b, h_q, s_q), EMPTY_ROW_LSE, dtype=torch.float64, device=q.device)
         for i, n in enumerate(t.cache_seqlens.tolist()):
             if n <= 0:
@@ -117,8 +118,7 @@ def exact_attend(softmax_scale: float) -> Attend:
             kv = gather_kv(t.kv_cache, t.block_table, n, i).to(q.device)[None, :, None, :]
             mask = torch.ones(1, s_q, n, dtype=torch.bool, device=q.device)
             o, row_lse = masked_attention(q[i : i + 1], kv, kv[..., :D_V], mask, softmax_scale, torch.float64)
-            out[i] = o[0]
-            lse[i] = torch.where(torch.isneginf(row_lse[0]), EMPTY_ROW_LSE, row_lse[0])
+            out[i], lse[i] = o[0], row_lse[0]
         return out, lse
 
     return attend

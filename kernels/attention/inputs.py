@@ -4,8 +4,11 @@
   latent form) v is the view k[..., :d_v] of one cached row. Key rows at or past a sequence's length
   (`seqlens`) are NaN.
 - Sparse indices [b, s_q, topk] int32: query i of sequence b (position s_k_b - s_q + i) gets up to
-  `topk` distinct random positions among the keys it may see, in random order, the rest -1. Key rows
-  that no index of their sequence names are NaN, so a kernel reading outside its indices shows up.
+  `topk` distinct random positions among the keys it may see, in random order, the rest -1, as a
+  top-k indexer (and FlashMLA's test data) proposes them. A repeated position is legal input (it counts
+  once per slot, kernels.attention.reference) but never generated here: the peer suite
+  (tests/kernels/peers) and the reference tests build their own repeats. Key rows that no index of their
+  sequence names are NaN, so a kernel reading outside its indices shows up.
 Values are standard normal, drawn on the CPU generator so a seed gives the same inputs on any device.
 """
 

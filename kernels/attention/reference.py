@@ -12,16 +12,18 @@ or past s_k_b do not exist and the causal rule uses s_k_b in place of s_k.
 GQA: query head h reads KV head h // (h_q // h_kv). The MLA latent form is GQA with one KV head, a
 576-channel key (512 latent + 64 rope) and V = the first 512 channels of the same cached row.
 
-Top-k sparse attention (DeepSeek sparse attention): `indices [b, s_q, topk]` int, shared by all heads of
-a query token. The query attends to exactly the set of positions its indices name. Semantics:
-  - an index outside [0, s_k_b) (in particular -1) is padding and selects nothing;
-  - duplicates count ONCE: the indices are a set of positions, so a repeated index does not double that
-    key's weight (the softmax is over distinct positions). The Triton kernel gets the same result by
-    deduplicating on the host (`kernels.attention.triton_sparse.unique_indices`).
+Top-k sparse attention (DeepSeek sparse attention), FlashMLA's semantics: `indices [b, s_q, topk]` int,
+shared by all heads of a query token. The query attends to its index SLOTS:
+  - each valid slot gathers its key once, so a position named twice enters the softmax twice (its weight
+    doubles): there is no de-duplication, as in FlashMLA's sparse references. The reference counts how
+    many valid slots name each position (`sparse_counts`) and adds log(count) to its score, which is
+    the softmax over slots; the Triton kernel walks the slots as they are;
+  - an index outside [0, s_k_b) (in particular -1) is padding: an invalid slot, nothing read;
   - no causal mask is applied on top: the indexer only proposes visible keys.
 
-Empty rows (a query that sees no key: causal with s_q > s_k_b, or only padding indices) have out = 0 and
-lse = -inf, the log-sum-exp of an empty set.
+lse is the natural logarithm of the softmax denominator (scale applied to the scores). Empty rows (a query
+that sees no key: a zero-length sequence, causal with s_q > s_k_b, or only padding indices) have
+out = EMPTY_ROW_OUT (0) and lse = EMPTY_ROW_LSE (+inf), the convention of kernels.common.lse (FlashMLA's).
 """
 
 from __future__ import annotations
@@ -30,9 +32,10 @@ import math
 
 import torch
 
+from kernels.common.lse import finish_empty_rows
+
 MLA_D_QK = 576
 MLA_D_V = 512
-EMPTY_LSE = float("-inf")
 
 
 def causal_mask(s_q: int, s_k: int, seqlens_k: torch.Tensor | None, batch: int, device) -> torch.Tensor:
@@ -51,15 +54,16 @@ def length_mask(s_q: int, s_k: int, seqlens_k: torch.Tensor | None, batch: int, 
     return (j < lens[:, None, None]).expand(batch, s_q, s_k)
 
 
-def sparse_mask(indices: torch.Tensor, s_k: int, seqlens_k: torch.Tensor | None = None) -> torch.Tensor:
-    """[b, s_q, s_k] bool: position j is selected by query i's indices (a set: duplicates count once)."""
+def sparse_counts(indices: torch.Tensor, s_k: int, seqlens_k: torch.Tensor | None = None) -> torch.Tensor:
+    """[b, s_q, s_k] int32: how many valid slots of query i's indices name position j (0: not selected;
+    2: named twice, counted twice). Padding (outside [0, s_k_b)) counts nowhere."""
     b, s_q, _ = indices.shape
     lens = _lens(seqlens_k, s_k, b, indices.device)
     idx = indices.long()
     ok = (idx >= 0) & (idx < lens[:, None, None])
-    mask = torch.zeros(b, s_q, s_k + 1, dtype=torch.bool, device=indices.device)
-    mask.scatter_(-1, torch.where(ok, idx, s_k), True)  # padding lands in the extra column
-    return mask[..., :s_k]
+    counts = torch.zeros(b, s_q, s_k + 1, dtype=torch.int32, device=indices.device)
+    counts.scatter_add_(-1, torch.where(ok, idx, s_k), torch.ones_like(idx, dtype=torch.int32))
+    return counts[..., :s_k]  # padding landed in the extra column
 
 
 def _lens(seqlens_k: torch.Tensor | None, s_k: int, batch: int, device) -> torch.Tensor:
@@ -81,8 +85,11 @@ def masked_attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention restricted to `mask [b, s_q, s_k]`, math in `dtype`, GQA without expanding K/V.
 
-    Keys no query may see are zeroed first, so NaN poison in unused K/V memory cannot leak through a
-    0 x NaN product. Returns out [b, s_q, h_q, d_v] and lse [b, h_q, s_q], both in `dtype`.
+    `mask` is bool (key visible or not) or an integer multiplicity (`sparse_counts`: a key counted c
+    times enters the softmax c times, i.e. its score gets + log c; 0 hides it). Keys no query may see are
+    zeroed first, so NaN poison in unused K/V memory cannot leak through a 0 x NaN product. Returns
+    out [b, s_q, h_q, d_v] and lse [b, h_q, s_q] (natural log), both in `dtype`; a row that sees no key
+    gets out 0 and lse +inf (kernels.common.lse).
     """
     b, s_q, h_q, d = q.shape
     _, s_k, h_kv, d_k = k.shape
@@ -92,17 +99,18 @@ def masked_attention(
         raise ValueError(f"h_q ({h_q}) must be a multiple of h_kv ({h_kv})")
     group = h_q // h_kv
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale
-    used = mask.any(dim=1)[:, :, None, None]  # [b, s_k, 1, 1]: keys some query sees
+    weight = mask.to(dtype)  # 1 / 0, or the multiplicity
+    used = (weight > 0).any(dim=1)[:, :, None, None]  # [b, s_k, 1, 1]: keys some query sees
     kf = torch.where(used, k.to(dtype), 0.0)
     vf = torch.where(used, v.to(dtype), 0.0)
     qf = q.to(dtype).reshape(b, s_q, h_kv, group, d)
     scores = torch.einsum("bqhgd,bkhd->bhgqk", qf, kf) * scale
-    scores = scores.masked_fill(~mask[:, None, None], float("-inf"))
+    scores = scores + torch.log(weight)[:, None, None]  # log 1 = 0, log 0 = -inf (hidden)
     lse = torch.logsumexp(scores, dim=-1)  # [b, h_kv, group, s_q], -inf for empty rows
     empty = torch.isneginf(lse)
-    p = torch.exp(scores - torch.where(empty, 0.0, lse)[..., None])
+    p = torch.exp(scores - torch.where(empty, 0.0, lse)[..., None])  # 0 everywhere in an empty row
     out = torch.einsum("bhgqk,bkhv->bqhgv", p, vf).reshape(b, s_q, h_q, v.shape[-1])
-    return out, lse.reshape(b, h_q, s_q)
+    return out, finish_empty_rows(lse.reshape(b, h_q, s_q))
 
 
 def attention_reference(
@@ -131,11 +139,12 @@ def sparse_attention_reference(
     seqlens_k: torch.Tensor | None = None,
     dtype: torch.dtype = torch.float64,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k sparse attention: each query token attends to the set of positions in indices[b, i]."""
+    """Top-k sparse attention: each query token attends to the valid slots of indices[b, i], a position
+    named twice counted twice (FlashMLA's semantics, see the module docstring)."""
     if indices.shape[:2] != q.shape[:2]:
         raise ValueError(f"indices {tuple(indices.shape)} must be [b, s_q, topk] for q {tuple(q.shape)}")
-    mask = sparse_mask(indices, k.shape[1], seqlens_k)
-    return masked_attention(q, k, v, mask, softmax_scale, dtype)
+    counts = sparse_counts(indices, k.shape[1], seqlens_k)
+    return masked_attention(q, k, v, counts, softmax_scale, dtype)
 
 
 def mla_decode_reference(

@@ -7,9 +7,16 @@ gives the family's semantics (kernels.attention.reference) is built once, outsid
   - s_q == s_k, every sequence full: `is_causal` (top-left and bottom-right alignment agree);
   - s_q == 1, every sequence full: no mask (the one query sees every key);
   - s_q < s_k, every sequence full: torch's lower-right causal bias (flash/efficient capable);
-  - ragged lengths or top-k indices: an explicit boolean mask [b, 1, s_q, s_k].
-SDPA returns no log-sum-exp, so the baseline's lse is None and only its output is checked. Its inputs
-must not hold NaN poison: a masked key still enters P @ V as 0 x NaN in the math backend.
+  - ragged lengths, or top-k indices that name each position at most once: an explicit boolean mask
+    [b, 1, s_q, s_k];
+  - top-k indices with a repeated position (counted once per slot, kernels.attention.reference): an
+    additive mask in q's dtype, log(count) for a position named count times and -inf for one not named
+    (softmax over slots = softmax over positions with + log count). In bf16 log count rounds (log 2 to
+    0.691: weight 1.997 for 2), a few tenths of a percent in a repeated key's weight, within the out
+    tolerance; negligible in fp32.
+SDPA returns no log-sum-exp, so the baseline's lse is None and only its output is checked (a row that sees
+no key should come out 0; which value SDPA gives there depends on its backend). Its inputs must not hold
+NaN poison: a masked key still enters P @ V as 0 x NaN in the math backend.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
-from kernels.attention.reference import causal_mask, sparse_mask
+from kernels.attention.reference import causal_mask, sparse_counts
 
 FAST = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
 
@@ -71,7 +78,9 @@ class Sdpa:
     def sparse(
         cls, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, indices: torch.Tensor
     ) -> Sdpa:
-        mask = sparse_mask(indices, k.shape[1])[:, None]
+        counts = sparse_counts(indices, k.shape[1])[:, None]
+        repeats = bool((counts > 1).any())
+        mask = torch.log(counts.float()).to(q.dtype) if repeats else counts > 0
         return cls(q, k, v, softmax_scale, mask=mask, backends=preferred_backends(q.device))
 
     def _sdpa(self) -> torch.Tensor:

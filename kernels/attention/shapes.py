@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from kernels.paged_mla.layout import MAX_PAGE_SIZE
+
 MODES = ("prefill", "decode", "mla_decode", "sparse_prefill", "sparse_decode", "decode_step")
 DECODE_MODES = frozenset({"decode", "mla_decode", "sparse_decode", "decode_step"})
 SPARSE_MODES = frozenset({"sparse_prefill", "sparse_decode"})
@@ -111,6 +113,8 @@ def parse_shape(shape: dict[str, Any]) -> Shape:
         raise ValueError(f"shape.seqlens {seqlens!r} applies to the decode and mla_decode modes only")
     if "page_size" in shape and mode != "decode_step":
         raise ValueError("shape.page_size applies to mode decode_step only")
+    if ints.get("page_size", 1) > MAX_PAGE_SIZE:
+        raise ValueError(f"shape.page_size must be at most {MAX_PAGE_SIZE} tokens (got {ints['page_size']})")
     if mode == "decode_step" and ints["s_q"] != 1:
         raise ValueError(
             f"decode_step appends and attends one token per sequence: shape.s_q must be 1 (got {ints['s_q']})"

@@ -12,6 +12,12 @@ The interpreter's fp32 -> bf16 cast truncates, so there the kernels store fp32 a
 
 The online softmax (softmax_init / softmax_step / finish), the split-KV merge (lse_shift / merge_splits)
 and the split count (split_count) also serve the paged MLA decode (kernels.paged_mla.triton_decode).
+
+lse (kernels.common.lse): natural log; the online softmax runs in base 2 and converts back when it
+stores. A row's final lse is EMPTY_ROW_LSE (+inf, out 0) when it saw no key: `finish_row` (single-pass
+kernels) and `merge_splits` (the split-KV combine) write that. A split-KV partial is finished with
+`finish` instead, which keeps the log-sum-exp of an empty set, -inf, so that the combine weights an
+empty split by exp(-inf) = 0; only the merged lse of a row no split saw becomes +inf.
 """
 
 from __future__ import annotations
@@ -230,12 +236,21 @@ def softmax_step(s, visible, m_i, l_i, acc, v, F32: tl.constexpr):
 
 @triton.jit
 def finish(m_i, l_i, acc):
-    """Normalised output and natural-log lse; rows that saw no key get 0 and -inf."""
+    """A split-KV PARTIAL: normalised output and natural-log lse; rows that saw no key get 0 and -inf
+    (the empty set's log-sum-exp, weighted 0 by the combine). A row's final result: `finish_row`."""
     has = l_i > 0.0
     l_safe = tl.where(has, l_i, 1.0)
     out = acc / l_safe[:, None]
     lse = tl.where(has, (m_i + tl.math.log2(l_safe)) / 1.4426950408889634, float("-inf"))
     return out, lse
+
+
+@triton.jit
+def finish_row(m_i, l_i, acc):
+    """A row's FINAL normalised output and natural-log lse; a row that saw no key gets out 0 and lse
+    +inf (kernels.common.lse.EMPTY_ROW_LSE)."""
+    out, lse = finish(m_i, l_i, acc)
+    return out, tl.where(l_i > 0.0, lse, float("inf"))
 
 
 @triton.jit
@@ -250,7 +265,7 @@ def lse_shift(lses):
 def merge_splits(acc, total, shift):
     """Merge split-KV partials by their lse: with w_s = exp(lse_s - shift), acc = sum_s w_s out_s and
     total = sum_s w_s, the output is acc / total and the lse shift + log(total) (natural log); a row no
-    split saw gets 0 and -inf."""
+    split saw (every partial -inf) gets out 0 and lse +inf (kernels.common.lse.EMPTY_ROW_LSE)."""
     has = total > 0.0
     total_safe = tl.where(has, total, 1.0)
-    return acc / total_safe, tl.where(has, shift + tl.log(total_safe), float("-inf"))
+    return acc / total_safe, tl.where(has, shift + tl.log(total_safe), float("inf"))

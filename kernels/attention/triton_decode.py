@@ -8,9 +8,11 @@ latent form (one KV head, 128 query heads, V inside K) once per sequence.
 
 Stage 1 `_decode_split_kernel`, grid (b x h_kv, num_splits, row blocks): split s walks keys
 [s x chunk, (s + 1) x chunk) of its sequence (chunk a multiple of BLOCK_N), with the causal rule of
-kernels.attention.reference, and writes a normalised partial output and a partial lse (fp32).
+kernels.attention.reference, and writes a normalised partial output and a partial lse (fp32, natural
+log; -inf for a split with no visible key, so the combine gives it weight 0).
 Stage 2 `_decode_combine_kernel`, grid (b x h_kv, rows): merges splits by lse into out [b, s_q, h_q,
-d_v] and lse [b, h_q, s_q]. Splits are chosen from the SM count (`choose_splits`).
+d_v] and lse [b, h_q, s_q]; a row no split saw gets out 0 and lse +inf (kernels.common.lse). Splits are
+chosen from the SM count (`choose_splits`).
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Grid (cdiv(s_q, BLOCK_M), b x h_q): a program owns BLOCK_M query rows of one head and walks the keys of
 that head's KV head (h // group) BLOCK_N at a time, stopping at the last key its last row can see. The
 causal rule, the per-sequence key counts and the empty-row convention are those of
-kernels.attention.reference. Returns out [b, s_q, h_q, d_v] (q's dtype) and lse [b, h_q, s_q] fp32.
+kernels.attention.reference. Returns out [b, s_q, h_q, d_v] (q's dtype) and lse [b, h_q, s_q] fp32
+(natural log; out 0 and lse +inf for a row that sees no key, kernels.common.lse).
 
 `_causal_shift` is for tests only: a non-zero value moves the causal diagonal (1 = every query also
 sees the next key, an off-by-one mask) so the correctness check can be shown to catch it.
@@ -19,7 +20,7 @@ import triton.language as tl
 
 from kernels.attention.triton_common import (
     LOG2E,
-    finish,
+    finish_row,
     head_dims,
     load_q,
     load_v,
@@ -74,7 +75,7 @@ def _flash_fwd_kernel(
         v = load_v(k1, v_base + offs_n * stride_vs, n_ok, DV, BLOCK_DV, V_IN_K)
         visible = visible_keys(offs_n, n_ok, last, CAUSAL)
         m_i, l_i, acc = softmax_step(s, visible, m_i, l_i, acc, v, F32)
-    out, lse = finish(m_i, l_i, acc)
+    out, lse = finish_row(m_i, l_i, acc)
     store_rows(o_ptr + b * stride_ob + offs_m * stride_os + h * stride_oh, out, m_ok, DV, BLOCK_DV)
     tl.store(lse_ptr + b * stride_lb + h * stride_lh + offs_m, lse, mask=m_ok)
 

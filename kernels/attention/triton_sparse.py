@@ -2,14 +2,15 @@
 KV rows its indices name, gathered by index.
 
 Grid (b x s_q, h_kv, row blocks): a program owns one query token and BLOCK_M of the query heads that
-share one KV head (all heads of a token share its indices). It walks `indices[b, i]` BLOCK_N at a
+share one KV head (all heads of a token share its indices). It walks `indices[b, i]` BLOCK_N slots at a
 time, gathers those K rows (and the V rows, which may live inside K as in MLA) and runs the online
-softmax. An index outside [0, s_k_b) (-1 is the padding value) is masked and never dereferenced.
+softmax. An index outside [0, s_k_b) (-1 is the padding value) is an invalid slot: masked, never
+dereferenced.
 
-Duplicates: the semantics are a set of positions (kernels.attention.reference). The kernel itself
-counts each index slot, so `sparse_attention_triton` first replaces repeats by -1 with
-`unique_indices` (one sort per row on the device); pass `indices_unique=True` to skip that when the
-indices come from a top-k (which never repeats) and only the kernel is to be timed.
+Semantics (kernels.attention.reference, FlashMLA's): the softmax is over the index SLOTS. A position
+named twice is gathered twice and counted twice, as FlashMLA's sparse references do; there is no
+de-duplication anywhere, so the timed call is the kernel alone. lse is the natural log; a token
+whose slots are all invalid gets out 0 and lse +inf (kernels.common.lse).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import triton.language as tl
 
 from kernels.attention.triton_common import (
     LOG2E,
-    finish,
+    finish_row,
     head_dims,
     load_q,
     load_v,
@@ -36,14 +37,6 @@ from kernels.attention.triton_common import (
     tile_meta,
 )
 from kernels.attention.triton_prefill import _check
-
-
-def unique_indices(indices: torch.Tensor) -> torch.Tensor:
-    """indices [..., topk] with every repeated value within a row replaced by -1 (row order sorted)."""
-    ordered, _ = torch.sort(indices, dim=-1)
-    repeat = torch.zeros_like(ordered, dtype=torch.bool)
-    repeat[..., 1:] = ordered[..., 1:] == ordered[..., :-1]
-    return torch.where(repeat, torch.full_like(ordered, -1), ordered)
 
 
 @triton.jit
@@ -84,7 +77,7 @@ def _sparse_kernel(
         s, k1 = qk_scores(q1, q2, k_base + pos * stride_ks, ok, sm_scale_log2, D1, D2, BLOCK_D2, F32)
         v = load_v(k1, v_base + pos * stride_vs, ok, DV, BLOCK_DV, V_IN_K)
         m_i, l_i, acc = softmax_step(s, ok[None, :], m_i, l_i, acc, v, F32)
-    out, lse = finish(m_i, l_i, acc)
+    out, lse = finish_row(m_i, l_i, acc)
     store_rows(o_ptr + b * stride_ob + t * stride_os + head * stride_oh, out, m_ok, DV, BLOCK_DV)
     tl.store(lse_ptr + b * stride_lb + head * stride_lh + t, lse, mask=m_ok)
 
@@ -97,7 +90,6 @@ def sparse_attention_triton(
     *,
     softmax_scale: float | None = None,
     seqlens_k: torch.Tensor | None = None,
-    indices_unique: bool = False,
     block_m: int | None = None,
     block_n: int = 64,
     num_warps: int | None = None,
@@ -105,7 +97,8 @@ def sparse_attention_triton(
     launches: list | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q [b, s_q, h_q, d], k [b, s_k, h_kv, d], v [b, s_k, h_kv, d_v], indices [b, s_q, topk] int
-    -> (out [b, s_q, h_q, d_v] in q's dtype, lse [b, h_q, s_q] fp32)."""
+    -> (out [b, s_q, h_q, d_v] in q's dtype, lse [b, h_q, s_q] fp32, natural log). Every valid slot counts,
+    repeats included. int32 indices on q's device are used as they are (no copy in the timed call)."""
     b, s_q, h_q, d = q.shape
     _check(q, k, v)
     if indices.dim() != 3 or indices.shape[:2] != (b, s_q):
@@ -113,10 +106,7 @@ def sparse_attention_triton(
     h_kv = k.shape[2]
     group = h_q // h_kv
     dims = head_dims(d, v.shape[-1])
-    idx = indices.to(device=q.device, dtype=torch.int32)
-    if not indices_unique:
-        idx = unique_indices(idx)
-    idx = idx.contiguous()
+    idx = indices.to(device=q.device, dtype=torch.int32).contiguous()
     topk = idx.shape[-1]
     bm = rows_block(group, dims.block_dv, block_m)
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale

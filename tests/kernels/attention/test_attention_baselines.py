@@ -1,6 +1,7 @@
 """What the attention family counts and compares against: the timed call does only the kernel's work,
-sparse bytes are the distinct KV rows read, the roofline peak is the trial dtype's, the dense baseline
-is torch SDPA, and every backend (torch_ref included) is checked against an fp64 reference."""
+sparse flops count every valid index slot and sparse bytes the distinct KV rows, the roofline peak is the
+trial dtype's, the dense baseline is torch SDPA (with repeated sparse indices counted per slot too), and
+every backend (torch_ref included) is checked against an fp64 reference."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from torch.overrides import TorchFunctionMode
 
 from kernels.attention import reference as ref
 from kernels.attention.case import FAMILY, prepare
-from kernels.attention.cost import distinct_positions, sparse_cost
+from kernels.attention.cost import distinct_positions, sparse_cost, valid_slots
 from kernels.attention.inputs import build_dense
 from kernels.attention.sdpa import Sdpa
 from kernels.attention.shapes import parse_shape
@@ -61,6 +62,14 @@ def test_sparse_bytes_count_each_distinct_kv_row_once():
     assert c.kv_bytes == 3 * (16 + 16) * 2
     with pytest.raises(ValueError, match="distinct positions"):
         sparse_cost(2, distinct=3, batch=1, s_q=2, topk=3, h_q=2, h_kv=1, d=16, d_v=16, elem=2)
+
+
+def test_a_repeated_index_costs_flops_per_slot_but_no_bytes():
+    indices = torch.tensor([[[3, 3, -1, 12], [3, 5, 5, 5]]], dtype=torch.int32)  # s_k 10: 12 is padding
+    assert valid_slots(indices, 10) == 6  # each slot's score is computed, repeats included
+    assert distinct_positions(indices, 10) == 2  # rows 3 and 5: a repeat doubles a weight, reads nothing
+    c = sparse_cost(6, distinct=2, batch=1, s_q=2, topk=4, h_q=2, h_kv=1, d=16, d_v=16, elem=2)
+    assert c.flops == 2 * 2 * 32 * 6 and c.kv_bytes == 2 * 32 * 2
 
 
 def test_spec_sparse_prefill_bytes_are_bounded_by_the_cache_and_stay_under_the_roofline():
@@ -131,6 +140,19 @@ def test_sdpa_lower_right_causal_matches_the_reference():
     want, _ = ref.attention_reference(x.q, x.k, x.v, softmax_scale=x.softmax_scale)
     assert lse is None
     torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.bfloat16, 1.6e-2)])  # bf16: ~2 ulps
+def test_sdpa_sparse_baseline_counts_a_repeated_index_per_slot(dtype, atol):
+    x = build_dense(1, 2, 10, 2, 1, 16, 16, dtype=dtype, seed=3, poison=False)
+    repeated = torch.tensor([[[7, 1, 4, 4, 1, -1, 7], [2, 2, 0, -1, 2, 0, 12]]])
+    distinct = torch.tensor([[[7, 1, 4, -1], [2, 0, -1, 12]]])
+    for idx in (repeated, distinct):
+        call = Sdpa.sparse(x.q, x.k, x.v, x.softmax_scale, idx)
+        assert (call.mask.dtype == torch.bool) == (idx is distinct)  # an additive log-count mask if repeats
+        got, _ = call()
+        want, _ = ref.sparse_attention_reference(x.q, x.k, x.v, idx, softmax_scale=x.softmax_scale)
+        torch.testing.assert_close(got.double(), want, atol=atol, rtol=atol)
 
 
 def test_reference_is_fp64_and_torch_ref_path_is_fp32():

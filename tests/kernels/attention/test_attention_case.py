@@ -65,6 +65,12 @@ def test_registry_serves_the_family():
             "torch_ref",
             "block_m",
         ),
+        (  # the paged cache takes pages of 1 to 1024 tokens, as paged_mla's shapes (issue 43)
+            {"mode": "decode_step", "batch": 1, "s_q": 1, "s_k": 4, "h_q": 2, "page_size": 2048},
+            {},
+            "torch_ref",
+            "page_size must be at most 1024",
+        ),
     ],
 )
 def test_validate_names_the_bad_field(shape, config, backend, needle):

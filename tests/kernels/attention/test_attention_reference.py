@@ -1,4 +1,5 @@
-"""The fp32 torch references: causal rule, GQA, empty rows, sparse set semantics, MLA vs the paged form."""
+"""The torch references: causal rule, GQA, empty rows (out 0, lse +inf), sparse per-slot semantics (a
+repeated index counts once per slot, as FlashMLA's), MLA vs the paged form."""
 
 from __future__ import annotations
 
@@ -13,21 +14,21 @@ from kernels.attention.reference import (
     causal_mask,
     mla_decode_reference,
     sparse_attention_reference,
-    sparse_mask,
+    sparse_counts,
 )
-from kernels.attention.triton_sparse import unique_indices
 
 
 def _naive(q, k, v, visible):
-    """Per (batch, head, query) loop, K/V heads expanded: the slow obvious answer."""
+    """Per (batch, head, query) loop, K/V heads expanded: the slow obvious answer. `visible [b, s_q, s_k]`
+    bool, or counts: a key counted c times is gathered c times."""
     b, s_q, h_q, _ = q.shape
     group = h_q // k.shape[2]
     out = torch.zeros(b, s_q, h_q, v.shape[-1], dtype=torch.float64)
-    lse = torch.full((b, h_q, s_q), -math.inf, dtype=torch.float64)
+    lse = torch.full((b, h_q, s_q), math.inf, dtype=torch.float64)
     for i in range(b):
         for h in range(h_q):
             for t in range(s_q):
-                keys = visible[i, t].nonzero().flatten()
+                keys = torch.arange(k.shape[1]).repeat_interleave(visible[i, t].long())
                 if len(keys) == 0:
                     continue
                 kk = k[i, keys, h // group].double()
@@ -55,27 +56,35 @@ def test_dense_reference_matches_a_naive_loop_with_gqa_and_lengths(h_q, h_kv):
     torch.testing.assert_close(lse.double(), want_lse, atol=1e-5, rtol=1e-5)
 
 
-def test_rows_that_see_no_key_are_zero_with_minus_inf_lse():
-    x = build_dense(1, 4, 6, 2, 1, 16, 16, dtype=torch.float32, seqlens=[2])
+@pytest.mark.parametrize("seqlens", [[2], [0]])
+def test_rows_that_see_no_key_are_zero_with_plus_inf_lse(seqlens):
+    x = build_dense(1, 4, 6, 2, 1, 16, 16, dtype=torch.float32, seqlens=seqlens)
     out, lse = attention_reference(x.q, x.k, x.v, seqlens_k=x.seqlens_k)
-    # s_k_b = 2, s_q = 4: queries 0 and 1 would see keys <= -2 and <= -1: nothing
-    assert torch.isneginf(lse[0, :, :2]).all() and (out[0, :2] == 0).all()
-    assert torch.isfinite(lse[0, :, 2:]).all()
+    # s_k_b = 2, s_q = 4: queries 0 and 1 would see keys <= -2 and <= -1: nothing; s_k_b = 0: no query
+    empty = 4 - seqlens[0]
+    assert torch.isposinf(lse[0, :, :empty]).all() and (out[0, :empty] == 0).all()
+    assert torch.isfinite(lse[0, :, empty:]).all() and not out.isnan().any()
 
 
-def test_sparse_duplicates_count_once_and_padding_selects_nothing():
+def test_sparse_repeats_count_per_slot_and_padding_selects_nothing():
     x = build_dense(1, 2, 10, 2, 1, 16, 16, dtype=torch.float32, seed=3)
     distinct = torch.tensor([[[1, 4, 7, -1], [0, 2, -1, -1]]])
-    repeated = torch.tensor([[[7, 1, 4, 4, 1, -1, 7], [2, 2, 0, -1, 2, 0, 0]]])
     beyond = torch.tensor([[[1, 4, 7, 10, 99], [0, 2, -5, 10, 10]]])  # out of range = padding
+    repeated = torch.tensor([[[7, 1, 4, 4, 1, -1, 7], [2, 2, 0, -1, 2, 0, -1]]])  # same sets, repeated
     a = sparse_attention_reference(x.q, x.k, x.v, distinct)
-    b = sparse_attention_reference(x.q, x.k, x.v, repeated)
     c = sparse_attention_reference(x.q, x.k, x.v, beyond)
-    for other in (b, c):
-        torch.testing.assert_close(other[0], a[0], atol=0, rtol=0)
-        torch.testing.assert_close(other[1], a[1], atol=0, rtol=0)
-    want = _naive(x.q, x.k, x.v, sparse_mask(distinct, 10))
-    torch.testing.assert_close(a[0].double(), want[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(c[0], a[0], atol=0, rtol=0)
+    torch.testing.assert_close(c[1], a[1], atol=0, rtol=0)
+    b = sparse_attention_reference(x.q, x.k, x.v, repeated)
+    assert torch.equal(sparse_counts(repeated, 10)[0, 1, :3], torch.tensor([2, 0, 3], dtype=torch.int32))
+    for idx, got in ((distinct, a), (repeated, b)):
+        want = _naive(x.q, x.k, x.v, sparse_counts(idx, 10))  # one gathered key per valid slot
+        torch.testing.assert_close(got[0], want[0], atol=1e-12, rtol=1e-12)
+        torch.testing.assert_close(got[1], want[1], atol=1e-12, rtol=1e-12)
+    # row 0 names each of its positions twice: a uniform multiplicity leaves out alone, lse + log 2
+    torch.testing.assert_close(b[0][0, 0], a[0][0, 0], atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(b[1][0, :, 0], a[1][0, :, 0] + math.log(2), atol=1e-12, rtol=1e-12)
+    assert (b[0][0, 1] - a[0][0, 1]).abs().max() > 0.05  # row 1: 2 x key 0, 3 x key 2 shifts the mix
 
 
 def test_sparse_with_every_visible_index_equals_causal_dense():
@@ -91,14 +100,14 @@ def test_sparse_with_every_visible_index_equals_causal_dense():
 def test_all_padding_row_is_empty():
     x = build_dense(1, 1, 5, 2, 1, 16, 16, dtype=torch.float32)
     out, lse = sparse_attention_reference(x.q, x.k, x.v, torch.full((1, 1, 3), -1))
-    assert (out == 0).all() and torch.isneginf(lse).all()
+    assert (out == 0).all() and torch.isposinf(lse).all()
 
 
-def test_unique_indices_keeps_one_of_each_value():
-    idx = torch.tensor([[[5, 3, 5, -1, 3, 3, 0]]])
-    u = unique_indices(idx)
-    kept = sorted(v for v in u.flatten().tolist() if v >= 0)
-    assert kept == [0, 3, 5] and u.shape == idx.shape
+def test_sparse_counts_count_valid_slots_per_position():
+    idx = torch.tensor([[[5, 3, 5, -1, 3, 3, 0, 6]]])
+    assert sparse_counts(idx, 6)[0, 0].tolist() == [1, 0, 0, 3, 0, 2]  # 6 and -1: padding
+    lens = torch.tensor([4])
+    assert sparse_counts(idx, 6, lens)[0, 0].tolist() == [1, 0, 0, 3, 0, 0]  # 5 >= s_k_b: padding
 
 
 def test_generated_sparse_inputs_are_causal_distinct_and_poison_unused_rows():

@@ -1,5 +1,5 @@
-"""The decode step's exact reference gives an empty sequence lse +inf (FlashMLA's value), as the paged MLA
-reference does, so the two references agree on empty rows."""
+"""The decode step's exact reference gives an empty sequence lse +inf (FlashMLA's value, kernels.common.lse),
+as the paged MLA reference does, so the two references agree on empty rows."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import math
 import torch
 
 from kernels.attention.decode_step import exact_attend
+from kernels.common.lse import EMPTY_ROW_LSE
 from kernels.paged_mla.cache import KernelTensors
-from kernels.paged_mla.layout import D_QK, D_V, EMPTY_ROW_LSE, INVALID_BLOCK_ID
+from kernels.paged_mla.layout import D_QK, D_V, INVALID_BLOCK_ID
 from kernels.paged_mla.reference import mla_decode_reference
 
 
