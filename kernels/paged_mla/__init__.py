@@ -1,6 +1,7 @@
 """FlashMLA-style paged MLA decode: the KV cache manager, the torch reference, the Triton kernels.
 
-  layout         shapes, constants (INVALID_BLOCK_ID, EMPTY_ROW_LSE), fp8 per-token scale helpers
+  layout         shapes, constants (INVALID_BLOCK_ID, PAGE_SIZES, MAX_PAGE_SIZE, EMPTY_ROW_LSE), fp8 helpers:
+                 per-token scales, FlashMLA's 656-byte tokens (power-of-two scales, bf16 dequantisation)
   cache          PagedKVCache (pages, block tables, prefix hits, LRU eviction, counters), OutOfPagesError
   reference      mla_decode_reference: fp32 torch decode over the paged layout (runs anywhere)
   triton_decode  mla_decode_triton (split-KV + combine), choose_num_splits (imports triton)

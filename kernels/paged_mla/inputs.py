@@ -11,6 +11,12 @@ The cache is built by `PagedKVCache.add_sequence` on a pool whose free list is s
 are non-contiguous), with an optional shared prompt prefix (prefix pages become cache hits). Every slot
 not holding a token is NaN (fp8: NaN bytes and NaN scale) and every unused block-table entry is
 INVALID_BLOCK_ID.
+
+Values at FlashMLA's scale: the cached tokens are drawn as its tests draw them (N(0, 0.1^2), clamped to
+[-1, 1]), which is what its correctness rule (kernels.paged_mla.check: an absolute limit of 8e-4 per
+element) is sized for; with unit V entries the bf16 rounding of P alone, FlashMLA's own arithmetic, breaks
+that limit at 15-70 tokens. q is drawn at 1 / KV_STD (FlashMLA's tests: 0.1), so q.k / sqrt(576) keeps a
+unit spread and the softmax stays peaked: a wrong scale or a shifted mask still moves the result.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ from kernels.paged_mla.layout import D_QK, D_V
 
 SeqlenDist = Literal["fixed", "uniform", "skewed", "boundary"]
 SEQLEN_DISTS: tuple[str, ...] = ("fixed", "uniform", "skewed", "boundary")
+KV_STD = 0.1  # FlashMLA's tests: randn / 10, clamped to [-1, 1]
+Q_STD = 1.0 / KV_STD  # scores q.k / sqrt(d_qk) of unit spread
 
 
 def sample_seqlens(
@@ -74,6 +82,10 @@ class DecodeInputs:
     d_v: int
 
 
+def _cache_values(n: int, d_qk: int, gd: torch.Generator, device: str | torch.device) -> torch.Tensor:
+    return (torch.randn(n, d_qk, generator=gd, device=device) * KV_STD).clamp_(-1.0, 1.0)
+
+
 def build_decode_inputs(
     seqlens: list[int],
     *,
@@ -108,14 +120,14 @@ def build_decode_inputs(
         num_pages, page_size, head_dim=d_qk, kv_dtype=kv_dtype, device=device, page_order=order
     )
     prefix_ids = torch.randint(0, 2**31 - 1, (prefix_len,), generator=g).tolist()
-    prefix_kv = torch.randn(prefix_len, d_qk, generator=gd, device=device)
+    prefix_kv = _cache_values(prefix_len, d_qk, gd, device)
     for i, n in enumerate(seqlens):
         k = min(prefix_len, n)
         ids = prefix_ids[:k] + torch.randint(0, 2**31 - 1, (n - k,), generator=g).tolist()
-        kv = torch.cat([prefix_kv[:k], torch.randn(n - k, d_qk, generator=gd, device=device)])
+        kv = torch.cat([prefix_kv[:k], _cache_values(n - k, d_qk, gd, device)])
         cache.add_sequence(i, ids, kv)
     t = cache.kernel_inputs(list(range(len(seqlens))), pad_blocks=pad_blocks)
-    q = torch.randn(len(seqlens), s_q, h_q, d_qk, generator=gd, device=device).to(q_dtype)
+    q = (torch.randn(len(seqlens), s_q, h_q, d_qk, generator=gd, device=device) * Q_STD).to(q_dtype)
     return DecodeInputs(
         q=q,
         kv_cache=t.kv_cache,

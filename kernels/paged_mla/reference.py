@@ -1,10 +1,12 @@
 """The torch reference MLA decode over a paged KV cache: fp32 math, runs anywhere (CPU included).
 
 It gathers exactly the first cache_seqlens[b] slots of each sequence through the block table (never an
-unused slot or block-table entry), dequantises fp8 with the per-token scales (or FlashMLA's 656-byte
-tokens with their per-128-channel scales), and applies the causal rule
-inside the query block: query i of s_q sees keys 0 .. seqlen - s_q + i. Rows that see no key get
-out = 0 and lse = EMPTY_ROW_LSE (+inf, as FlashMLA); see kernels.paged_mla.layout.
+unused slot or block-table entry), dequantises fp8 with the per-token scales, or FlashMLA's 656-byte
+tokens as FlashMLA does (NoPE x its tile's power-of-two scale stored in bf16, bf16 RoPE:
+kernels.paged_mla.layout.dequantize_flashmla), and computes in fp32 from those values. The causal rule
+inside the query block: query i of s_q sees keys 0 .. seqlen - s_q + i. Softmax scale 1 / sqrt(d) unless
+given; lse is a natural log. Rows that see no key get out = 0 and lse = +inf (EMPTY_ROW_LSE, FlashMLA's
+convention: kernels.common.lse).
 """
 
 from __future__ import annotations
@@ -23,12 +25,13 @@ def gather_kv(
     batch_index: int,
     kv_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The first `seqlen` cached tokens of one sequence as fp32 [seqlen, head_dim]."""
+    """The first `seqlen` cached tokens of one sequence as fp32 [seqlen, head_dim] (FlashMLA's fp8 tokens
+    dequantised to bf16 first, as FlashMLA's references read them)."""
     page = kv_cache.shape[1]
     n_pages = -(-seqlen // page)
     pages = block_table[batch_index, :n_pages].long()
     kv = kv_cache[pages].reshape(n_pages * page, -1)[:seqlen]
-    kv = dequantize_flashmla(kv) if is_flashmla_fp8(kv_cache) else kv.float()
+    kv = dequantize_flashmla(kv).float() if is_flashmla_fp8(kv_cache) else kv.float()
     if kv_scales is not None:
         kv = kv * kv_scales[pages].reshape(-1)[:seqlen, None].float()
     return kv

@@ -13,15 +13,21 @@ per-token scales is converted to bf16 as it is (exact: every e4m3 value is a bf1
 applied after the dots, to the scores (q . k_j x scale_j) and to P's columns before P @ V
 (sum_j p_ij scale_j v_j). FlashMLA's fp8 layout (656 B/token: fp8 NoPE with one fp32 scale per 128
 channels, bf16 RoPE) is read through three views of the same bytes and its NoPE dequantised to bf16 with
-its tile's scale, as FlashMLA does. It writes a partial output (normalised, fp32) and a partial lse
+its tile's scale, as FlashMLA does (fp8 x scale in fp32, rounded to nearest bf16: exact for the
+power-of-two scales FlashMLA's quantiser writes, kernels.paged_mla.layout; the interpreter rounds by bits,
+since its own bf16 cast truncates), so the K it multiplies is the reference's bf16 K on a GPU and in the
+interpreter alike. It writes a partial output (normalised, fp32) and a partial lse
 (natural log, fp32) per chunk; a chunk with no visible key writes out 0 and lse -inf.
 Every load is masked by the token's position < seqlen, so no slot past a sequence's length and no unused
-block-table entry is ever dereferenced.
+block-table entry is ever dereferenced. Any page size works (the family's spec takes 1 to
+layout.MAX_PAGE_SIZE): a token's page and slot come from its own position, so a BLOCK_N tile may
+straddle pages and need not divide the page (default_block_n rounds other page sizes up to a power of
+two; only the shipped spec's pages, layout.PAGE_SIZES, are register-checked below).
 
 Stage 2, `_combine_kernel`, grid (batch, rows): merges a sequence's chunks by their lse
 (out = sum_s exp(lse_s - lse) out_s, lse = log sum_s exp(lse_s)), writes out [b, s_q, h_q, d_v] in
 q's dtype and lse [b, h_q, s_q] fp32; a row with no key anywhere gets out 0 and lse +inf (FlashMLA's
-value; kernels.paged_mla.layout.EMPTY_ROW_LSE).
+value; the convention of kernels.common.lse).
 
 Default tiles on sm_90a (what the compiler makes of them: kernels.compiled, checked by
 tests/kernels/paged_mla/test_paged_mla_compiled.py at the shipped spec's shapes), all with 8 warps, 2 stages
@@ -169,15 +175,16 @@ def default_block_m(rows: int, kv_format: str = "plain", target: str = "sm_90a")
 
 
 def default_block_n(page_size: int, fp8: bool, kv_format: str | None = None, target: str = "sm_90a") -> int:
-    """Cached tokens per step when the caller does not choose: for a plain cache min(64, page) on sm_90a
-    and min(32, page) on sm_100a; for the per-token fp8 cache 32 at page >= 64 and 16 below; 16 for
-    FlashMLA's fp8 layout (see "Default tiles" in the module docstring)."""
+    """Cached tokens per step when the caller does not choose, a power of two >= 16 at any page size: for a
+    plain cache min(64, page) on sm_90a and min(32, page) on sm_100a, the page rounded up to a power of
+    two first; for the per-token fp8 cache 32 at page >= 64 and 16 below; 16 for FlashMLA's fp8 layout
+    (see "Default tiles" in the module docstring)."""
     _known_target(target)
     if kv_format == "fp8_flashmla":
         return 16
     if fp8:
         return 32 if page_size >= 64 else 16
-    return max(16, min(32 if target == "sm_100a" else 64, page_size))
+    return max(16, min(32 if target == "sm_100a" else 64, triton.next_power_of_2(page_size)))
 
 
 def default_tiles(rows: int, page_size: int, kv_format: str, target: str) -> tuple[int, int]:
@@ -236,6 +243,15 @@ def choose_num_splits(
         return 1
     programs = len(lens) * triton.cdiv(rows, block_m)
     return split_count(programs, sum(lens) / len(lens), triton.cdiv(max(lens), page_size), num_sms)
+
+
+@triton.jit
+def _round_bf16(x):
+    """fp32 -> the nearest bf16 value (ties to even), kept in fp32: the GPU's bf16 conversion, done on the
+    bits because the interpreter's cast truncates. NaN stays NaN, +-inf stays +-inf."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -332,13 +348,16 @@ def _split_kernel(
         k_n = tl.load(kv_rows[:, None] + offs_dn[None, :], mask=n_ok[:, None] & dn_ok[None, :], other=0.0)
         rope_rows = rope_ptr + blk * stride_rb + slot * stride_rp + ROPE_OFF
         k_r = tl.load(rope_rows[:, None] + offs_dr[None, :], mask=n_ok[:, None] & dr_ok[None, :], other=0.0)
-        if KV_FORMAT == 2:  # NoPE dequantised with its 128-channel tile's scale, to bf16 (as FlashMLA)
+        if KV_FORMAT == 2:  # NoPE x its 128-channel tile's scale, rounded to bf16 (as FlashMLA)
             sc_rows = scale_ptr + blk * stride_sb + slot * stride_sp + SCALE_OFF
             sc = tl.zeros([BLOCK_N, BLOCK_DN], tl.float32)
             for t in tl.static_range(D_NOPE // 128):  # one [BLOCK_N] load per tile, no [N, 512] gather
                 sc_t = tl.load(sc_rows + t, mask=n_ok, other=0.0)
                 sc = tl.where((offs_dn // 128 == t)[None, :], sc_t[:, None], sc)
-            k_n = (k_n.to(tl.float32) * sc).to(q_n.dtype)
+            if F32:
+                k_n = _round_bf16(k_n.to(tl.float32) * sc)  # the same bf16 values, held in fp32
+            else:
+                k_n = (k_n.to(tl.float32) * sc).to(tl.bfloat16)
         else:
             k_n = k_n.to(q_n.dtype)  # bf16 for the tensor cores (exact from fp8), or fp32 (F32)
         k_r = k_r.to(q_r.dtype)
@@ -488,6 +507,8 @@ def mla_decode_triton(
     if bm is None or bn is None:
         dm, dn = default_tiles(rows, page, kv_format, tgt)
         bm, bn = bm or dm, bn or dn
+    if min(bm, bn) < 16 or bm & (bm - 1) or bn & (bn - 1):
+        raise ValueError(f"block_m and block_n must be powers of two >= 16 (tl.dot), got {bm} and {bn}")
     if num_stages is None:
         num_stages = default_num_stages(bm, bn, kv_format, tgt)
     if maxnreg is None:

@@ -159,7 +159,8 @@ def test_cost_uses_the_shape_seqlens():
         ("torch_ref", {**SHAPE, "batch": 0}, {}, "bfloat16", r"shape\.batch"),
         ("torch_ref", {**SHAPE, "seqlen": "long"}, {}, "bfloat16", r"shape\.seqlen"),
         ("torch_ref", {**SHAPE, "s_q": 17}, {}, "bfloat16", r"shape\.s_q"),
-        ("torch_ref", {**SHAPE, "page_size": 48}, {}, "bfloat16", r"shape\.page_size"),
+        ("torch_ref", {**SHAPE, "page_size": 0}, {}, "bfloat16", r"shape\.page_size"),
+        ("torch_ref", {**SHAPE, "page_size": 1025}, {}, "bfloat16", r"shape\.page_size"),
         ("torch_ref", {**SHAPE, "kv_dtype": "int8"}, {}, "bfloat16", r"shape\.kv_dtype"),
         ("torch_ref", {**SHAPE, "dist": "zipf"}, {}, "bfloat16", r"shape\.dist"),
         (

@@ -28,25 +28,42 @@ def test_layout_is_656_bytes_with_scales_and_bf16_rope_where_flashmla_puts_them(
     assert FLASHMLA_FP8_BYTES == 512 + 4 * 4 + 64 * 2 == 656
     x = torch.randn(3, D_QK)
     x[:, 128:256] *= 100  # tile 1 has its own, larger scale
+    x[2, 384:512] = 0  # an all-zero tile: amax / 448 floored at 1e-4, then rounded up to 2^-13
     packed = quantize_flashmla(x)
     assert packed.shape == (3, 656) and packed.dtype == torch.float8_e4m3fn
     raw = packed.view(torch.uint8)
     scales = raw[:, 512:528].contiguous().view(torch.float32)
-    want = x[:, :512].reshape(3, 4, 128).abs().amax(-1) / 448
-    torch.testing.assert_close(scales, want)
+    amax = x[:, :512].reshape(3, 4, 128).abs().amax(-1)
+    mantissa, _ = torch.frexp(scales)
+    assert (mantissa == 0.5).all()  # powers of two, as FlashMLA's quantiser writes them
+    assert (scales >= amax / 448).all() and (scales < 2 * (amax / 448).clamp(min=1e-4)).all()
+    assert scales[2, 3] == 2.0**-13 and (raw[2, 384:512] == 0).all()
+    assert scales[0, 1] >= 64 * scales[0, 0]
     assert torch.equal(raw[:, 528:].contiguous().view(torch.bfloat16), x[:, 512:].to(torch.bfloat16))
+
+
+def test_scales_are_powers_of_two_so_the_bf16_dequantisation_is_exact():
+    x = torch.randn(256, D_QK, generator=torch.Generator().manual_seed(4)) * 3
+    packed = quantize_flashmla(x)
+    back = dequantize_flashmla(packed)
+    assert back.dtype == torch.bfloat16
+    raw = packed.view(torch.uint8)
+    fp8 = raw[:, :512].contiguous().view(torch.float8_e4m3fn).float().reshape(-1, 4, 128)
+    exact = (fp8 * raw[:, 512:528].contiguous().view(torch.float32)[..., None]).reshape(-1, 512)
+    assert torch.equal(back[:, :512].float(), exact)  # fp32 product == its bf16 rounding
 
 
 def test_round_trip_against_the_bf16_cache_is_within_fp8_tolerance():
     x = torch.randn(64, D_QK, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16).float()
-    back = dequantize_flashmla(quantize_flashmla(x))
+    packed = quantize_flashmla(x)
+    back = dequantize_flashmla(packed).float()
     assert back.shape == x.shape
     assert torch.equal(back[:, D_V:], x[:, D_V:])  # RoPE stays bf16: exact
-    tile_max = x[:, :D_V].reshape(64, 4, 128).abs().amax(-1, keepdim=True)
+    scale = packed.view(torch.uint8)[:, 512:528].contiguous().view(torch.float32)[..., None]
     err = (back[:, :D_V] - x[:, :D_V]).reshape(64, 4, 128).abs()
-    # e4m3 keeps 3 mantissa bits: half an ulp is 1/16 of the value, and values below the tile's
-    # smallest normal step are off by at most half a subnormal step (2^-10 of 448 x scale)
-    assert (err <= x[:, :D_V].reshape(64, 4, 128).abs() / 16 + tile_max / 448 * 2**-10 + 1e-7).all()
+    # e4m3 keeps 3 mantissa bits: half an ulp is 1/16 of the value, and values below the smallest normal
+    # step are off by at most half a subnormal step (2^-10 of the tile's scale)
+    assert (err <= x[:, :D_V].reshape(64, 4, 128).abs() / 16 + scale * 2**-10).all()
     assert (err > 0).any()  # it really was quantised
 
 
@@ -95,3 +112,16 @@ def test_family_accepts_fp8_flashmla_and_counts_656_bytes():
         FAMILY.validate({**shape, "kv_dtype": "fp4"}, {}, "bfloat16", "triton")
     cost = FAMILY.cost({**shape, "kv_dtype": "fp8_flashmla"}, "bfloat16")
     assert cost.kv_bytes == 2 * 64 * 656
+
+
+def test_the_interpreter_rounds_k_to_bf16_as_the_gpu_does_whatever_the_scales():
+    # the kernel forms K = fp8 x scale rounded to bf16 (the GPU's cast; the interpreter's own truncates, so
+    # it rounds by bits): with scales that are not powers of two the rounding is real, and it must be the
+    # one the reference's bf16 dequantisation makes
+    inp = build_decode_inputs([23, 40], h_q=2, s_q=2, page_size=16, kv_dtype="fp8_flashmla", seed=8)
+    scales = inp.kv_cache.view(torch.uint8)[..., 512:528].view(torch.float32)
+    scales.mul_(1.3)  # no longer powers of two: fp8 x scale needs rounding to become bf16
+    args = (inp.q, inp.kv_cache, inp.block_table, inp.cache_seqlens)
+    res = check_decode(*mla_decode_triton(*args, num_splits=2, block_n=16), *mla_decode_reference(*args))
+    assert res.passed, res.message
+    assert res.lse.max_abs_err < 2e-6
