@@ -36,6 +36,9 @@ esc = html.escape
 FAST_P = (0.0, 0.1, 0.5)  # the fast_p thresholds shown
 TICK_CHAR_PX = 7.5  # about one character of a 13 px tick label
 SLANT_ABOVE_PX = 900  # category labels longer than this all together are slanted
+LEGEND_ROW_PX = 1100  # a legend row on a 1400 px page, less the margins (a narrower page wraps sooner)
+LEGEND_SYMBOL_PX = 50  # a legend entry's symbol and gaps
+LEGEND_LINE_PX = 22  # one more legend row
 
 STYLE = """body{font-family:system-ui,sans-serif;margin:1.5em;max-width:1360px;color:#222}
 table{border-collapse:collapse;font-size:13px;margin:.5em 0}
@@ -186,6 +189,24 @@ def log_axes(data: list[dict], layout: dict) -> None:
         layout["annotations"] = kept
 
 
+def legend_room(data: list[dict[str, Any]], layout: dict[str, Any]) -> int:
+    """The height a horizontal legend above the plot takes beyond its first row: entries (a symbol and
+    the name) wrap onto rows of a page's width, and the figure grows by them so the plot area does not
+    shrink as a spec gains configs."""
+    if layout.get("showlegend") is False:
+        return 0
+    names = [str(d.get("name") or "") for d in data if d.get("showlegend", True) and d.get("name")]
+    if len(names) < 2:
+        return 0
+    widths = [LEGEND_SYMBOL_PX + len(n) * TICK_CHAR_PX for n in names]
+    rows, used = 1, 0.0
+    for w in widths:
+        if used and used + w > LEGEND_ROW_PX:
+            rows, used = rows + 1, 0.0
+        used += w
+    return (rows - 1) * LEGEND_LINE_PX
+
+
 def figure(fig: go.Figure, div_id: str, height: int | None = None) -> str:
     """The figure as a <div> and the script that draws it (plotly.js must be on the page). The page's
     look is set here as plain layout keys: a Plotly template is merged on every figure, which is slow."""
@@ -203,7 +224,9 @@ def figure(fig: go.Figure, div_id: str, height: int | None = None) -> str:
         layout["xaxis"] = {"tickangle": -30, **layout.get("xaxis", {})}
     layout.update(
         autosize=True,
-        height=(height or layout.get("height") or 420) + (int(longest * TICK_CHAR_PX / 2) if slanted else 0),
+        height=(height or layout.get("height") or 420)
+        + (int(longest * TICK_CHAR_PX / 2) if slanted else 0)
+        + legend_room(spec["data"], layout),
         font={"size": 13},
         margin={"l": 70, "r": 30, "t": 20, "b": 60},
         plot_bgcolor="white",

@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from jobs.cli import main
+from jobs.report.html import legend_room
 from jobs.report.render import render_html
 from jobs.spec.sweep import loads_spec
 from jobs.store.repository import Store
@@ -322,3 +323,13 @@ def test_shipped_cpu_spec_report_at_1400_px(store, tmp_path, spec_path, browser)
     # readable labels: every tick label at 11 px or more
     sizes = [float(v) for v in re.findall(r'class="[xy]tick"><text[^>]*font-size: ([\d.]+)px', dom)]
     assert sizes and min(sizes) >= 11, sorted(set(sizes))
+
+
+def test_a_legend_that_wraps_grows_the_figure_by_its_rows():
+    # a spec that gains configs gains legend entries; the plot area must not pay for them
+    few = [{"name": "torch_ref"}, {"name": "triton"}]
+    many = [{"name": f"triton block_m={m} block_n={n} block_k=64"} for m in (32, 64, 128) for n in (32, 64)]
+    assert legend_room(few, {}) == 0
+    assert legend_room(many[:3], {}) == 0 < legend_room(many, {}) < legend_room(many + many, {})
+    assert legend_room(many, {"showlegend": False}) == 0
+    assert legend_room([{**d, "showlegend": False} for d in many], {}) == 0
