@@ -229,7 +229,7 @@ async def run(args: argparse.Namespace) -> dict:
     cfg = _config(tmp, fake_port, gw_port, {"max_concurrency": 256})
     cfg_path = tmp / "gateway.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
-    procs = [_start([sys.executable, "-m", "gateway.testing.fake_upstream", str(fake_port)], env)]
+    procs = [_start([sys.executable, "-m", "testkit.gateway.fake_upstream", str(fake_port)], env)]
     try:
         key = await _create_key(cfg_path, env)
         prof = (
@@ -358,7 +358,7 @@ async def run_limits(args: argparse.Namespace) -> dict:
         return {"skipped": redis}
     redis_proc, redis_url = redis
     fake_port = _free_port()
-    fake = _start([sys.executable, "-m", "gateway.testing.fake_upstream", str(fake_port)], env)
+    fake = _start([sys.executable, "-m", "testkit.gateway.fake_upstream", str(fake_port)], env)
     modes = [("in-process", None, 1), ("redis", redis_url, 1), (f"redis, {args.workers} workers", redis_url,
              args.workers)]  # fmt: skip
     out: dict = {"runs": [], "concurrency": args.concurrency, "seconds": args.seconds}

@@ -50,7 +50,7 @@ async def _serve_and_count(mode: str, n: int, stream: bool, free: str | None) ->
     from benchmarks.aiohttp_floor import make_app as make_floor
     from gateway.config import load_settings
     from gateway.http.app import GATEWAY, create_app
-    from gateway.testing.fake_upstream import FakeUpstream
+    from testkit.gateway.fake_upstream import FakeUpstream
 
     def counting(on: bool) -> None:
         flag = "on" if on else "off"

@@ -1,6 +1,6 @@
 """Soak: many requests through the gateway against a faulty upstream, with a SIGKILL of the gateway half-way.
 
-Three kinds of process, as in gateway_bench: the fake upstream (gateway/testing/fake_upstream.py in its
+Three kinds of process, as in gateway_bench: the fake upstream (testkit/gateway/fake_upstream.py in its
 random fault mode), the gateway (``python -m gateway.ops.cli serve``) and this process, the aiohttp clients.
 
 - Requests: ``requests`` of them, ``concurrency`` at a time, a fixed mix drawn from ``seed`` of chat
@@ -54,7 +54,7 @@ from typing import Any
 import aiohttp
 import yaml
 
-from gateway.testing.fake_upstream import BAD_REQUEST_MARKER
+from testkit.gateway.fake_upstream import BAD_REQUEST_MARKER
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = "soak-secret-0123456789abcdef"
@@ -357,7 +357,7 @@ async def run_soak(cfg: SoakConfig) -> dict[str, Any]:
     cfg_path.write_text(yaml.safe_dump(gateway_config(cfg, fake_port, gw_port, db)))
     fake = _Proc(
         "fake upstream",
-        [sys.executable, "-m", "gateway.testing.fake_upstream", str(fake_port), "--fault-rates",
+        [sys.executable, "-m", "testkit.gateway.fake_upstream", str(fake_port), "--fault-rates",
          json.dumps(cfg.fault_rates), "--seed", str(cfg.seed), "--stall-s", str(cfg.stall_s),
          "--latency-s", str(cfg.upstream_latency_s)],
         env, work / "fake.log",

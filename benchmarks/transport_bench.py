@@ -146,7 +146,7 @@ async def main(args: argparse.Namespace) -> dict[str, float]:
     port = _free_port()
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     fake = subprocess.Popen(
-        [sys.executable, "-m", "gateway.testing.fake_upstream", str(port)],
+        [sys.executable, "-m", "testkit.gateway.fake_upstream", str(port)],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.STDOUT,

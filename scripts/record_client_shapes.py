@@ -2,9 +2,9 @@
 suite (tests/gateway/conformance/) and `farm gateway doctor` (gateway/ops/client_shapes/, whose README says
 when and how to refresh them).
 
-Each client runs against the fake upstream (gateway.testing.fake_upstream, a real HTTP server on
+Each client runs against the fake upstream (testkit.gateway.fake_upstream, a real HTTP server on
 127.0.0.1 speaking the client's own wire format, no gateway between) which plays the model of
-gateway.testing.agents: it asks for a file through the client's file-reading tool, then answers with its
+testkit.gateway.agents: it asks for a file through the client's file-reading tool, then answers with its
 content. The two requests of that task (the first, and the one carrying the tool's result) are written to
 gateway/ops/client_shapes/<client>.json, with long strings shortened (the shapes matter, not
 Claude Code's 20 kB system prompt) and the run's temporary paths replaced by /work.
@@ -32,8 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gateway.testing.agents import play_model  # noqa: E402
-from gateway.testing.fake_upstream import FakeUpstream  # noqa: E402
+from testkit.gateway.agents import play_model  # noqa: E402
+from testkit.gateway.fake_upstream import FakeUpstream  # noqa: E402
 
 OUT = ROOT / "gateway" / "ops" / "client_shapes"
 BIN = ROOT / ".agents" / "node_modules" / ".bin"

@@ -23,7 +23,7 @@ from gateway.config import GatewaySettings
 from gateway.http.app import GATEWAY, Gateway, create_app
 from gateway.http.server import GatewayRunner
 from gateway.store.db import create_engine, ledger, upgrade_schema
-from gateway.testing.fake_upstream import FakeUpstream
+from testkit.gateway.fake_upstream import FakeUpstream
 
 SECRET = "test-secret-0123456789"
 

@@ -50,11 +50,6 @@ EXERCISED_BY: dict[str, tuple[str, ...]] = {
     "gateway/ops/doctor/refusals.py": ("tests/gateway/ops/test_doctor.py",),
     "gateway/ops/doctor/run.py": ("tests/gateway/ops/test_doctor.py",),
     "gateway/ops/doctor/settings.py": ("tests/gateway/ops/test_doctor.py",),
-    # the fake upstream's answers: tests reach them through FakeUpstream (gateway.testing.fake_upstream)
-    "gateway/testing/fake_apis.py": (
-        "tests/gateway/http/endpoints/test_proxy.py",
-        "tests/gateway/translate/test_translate_proxy.py",
-    ),
     "gateway/translate/api.py": ("tests/gateway/translate/test_translate.py",),
     "gateway/translate/chat.py": (
         "tests/gateway/translate/test_translate.py",

@@ -20,11 +20,11 @@ from gateway.config import GatewaySettings
 from gateway.http.app import GATEWAY, create_app
 from gateway.summaries import batcher as summaries
 from gateway.summaries import schema as summary_schema
-from gateway.testing.fake_upstream import FakeUpstream
 from jobs.cli import main
 from jobs.drafts import client as drafts
 from jobs.drafts.client import DraftsError, GatewayTarget, draft_job
 from jobs.report.render import render_terminal
+from testkit.gateway.fake_upstream import FakeUpstream
 
 
 def model_reply(body: dict) -> str:

@@ -18,12 +18,12 @@ from benchmarks.acceptance_bench import realistic_log, seed_job
 from gateway.config import GatewaySettings
 from gateway.http.app import GATEWAY, create_app
 from gateway.store.db import ledger
-from gateway.testing.fake_upstream import FakeUpstream, Fault
 from jobs.cli import main
 from jobs.drafts.account import Account, AccountRow, build_account, conclusion
 from jobs.drafts.client import GatewayTarget, draft_job
 from jobs.drafts.review import list_drafts
 from jobs.report.account_page import render_account
+from testkit.gateway.fake_upstream import FakeUpstream, Fault
 
 VERDICTS = ["--accept", "--accept", "--needs-profiler", "--reject"]  # the fifth draft stays unreviewed
 

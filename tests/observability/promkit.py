@@ -235,7 +235,7 @@ class LiveGateway:
     """A fake upstream and a gateway app served from an event loop on its own thread."""
 
     def __init__(self, db_path: Path, *, upstream_latency_s: float = 0.0, **overrides: Any) -> None:
-        from gateway.testing.fake_upstream import FakeUpstream
+        from testkit.gateway.fake_upstream import FakeUpstream
 
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="live-gateway", daemon=True)

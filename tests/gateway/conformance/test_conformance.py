@@ -28,7 +28,6 @@ from openai.types.responses import Response
 from sdk_streams import anthropic_final, chat_final, responses_final
 
 from gateway.errors import BadRequest
-from gateway.testing.agents import READERS, play_model, tool_result
 from gateway.translate import (
     StreamTranslator,
     chat,
@@ -39,6 +38,7 @@ from gateway.translate import (
 )
 from gateway.translate.ir import FORMATS
 from gateway.translate.namespaces import flat_name, tool_names
+from testkit.gateway.agents import READERS, play_model, tool_result
 
 RECORDED = Path(__file__).resolve().parents[3] / "gateway" / "ops" / "client_shapes"
 RECORDINGS = {p.stem: json.loads(p.read_text()) for p in sorted(RECORDED.glob("*.json"))}
@@ -241,7 +241,7 @@ def outcome(fmt: str, answer: object) -> tuple:
 
 
 def expected(body: dict) -> tuple:
-    """What the fake model of gateway.testing.agents answers: a call of the client's file-reading tool on
+    """What the fake model of testkit.gateway.agents answers: a call of the client's file-reading tool on
     the first turn, the tool's result on the second."""
     result = tool_result(body)
     if result is not None:

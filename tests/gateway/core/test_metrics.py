@@ -9,7 +9,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.core.metrics import GatewayMetrics
-from gateway.testing.fake_upstream import Fault
+from testkit.gateway.fake_upstream import Fault
 
 MSGS = [{"role": "user", "content": "hi"}]
 ALLOWED_LABELS = {"project", "model", "task", "status", "reason", "limit", "le"}

@@ -23,7 +23,7 @@ from gateway.limits.base import LimitExceeded
 from gateway.limits.local import ProjectLimits, share_of
 from gateway.ops.cli import gateway as cli
 from gateway.ops.cli import usage_rows
-from gateway.testing.fake_upstream import Fault
+from testkit.gateway.fake_upstream import Fault
 
 MSGS = [{"role": "user", "content": "hi"}]
 # Prices for the test config's models (none has a default price): gpt-fake by its upstream id, claude-fake

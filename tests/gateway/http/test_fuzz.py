@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from gateway.http.app import GATEWAY, create_app
 from gateway.http.server import GatewayRunner
-from gateway.testing.fake_upstream import FakeUpstream
+from testkit.gateway.fake_upstream import FakeUpstream
 
 PATHS = [
     "/v1/chat/completions",

@@ -14,7 +14,7 @@ import openai
 import pytest
 from rawhttp import send_raw
 
-from gateway.testing.fake_upstream import Fault
+from testkit.gateway.fake_upstream import Fault
 
 MSGS = [{"role": "user", "content": "hi"}]
 

@@ -17,8 +17,8 @@ import openai
 import pytest
 from rawhttp import send_raw
 
-from gateway.testing.fake_upstream import Fault
 from gateway.upstream.client import MAX_RETRY_AFTER_S, client_retry_after, parse_retry_after
+from testkit.gateway.fake_upstream import Fault
 
 MSGS = [{"role": "user", "content": "hi"}]
 CHAT = json.dumps({"model": "gpt-fake", "messages": MSGS}).encode()

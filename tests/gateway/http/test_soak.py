@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 
 from benchmarks.soak import SoakConfig, gateway_caused, report, run_soak
-from gateway.testing.fake_upstream import BAD_REQUEST_MARKER, FakeUpstream
+from testkit.gateway.fake_upstream import BAD_REQUEST_MARKER, FakeUpstream
 
 
 @pytest.mark.slow

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from gateway.http.startup import port_lock_path
-from gateway.testing.fake_upstream import FakeUpstream
+from testkit.gateway.fake_upstream import FakeUpstream
 
 ROOT = Path(__file__).resolve().parents[3]
 SECRET = "workers-secret-0123456789abcdef"

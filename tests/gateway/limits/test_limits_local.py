@@ -9,7 +9,7 @@ import openai
 import pytest
 from pg import DB_BACKENDS
 
-from gateway.testing.fake_upstream import Fault
+from testkit.gateway.fake_upstream import Fault
 
 MSGS = [{"role": "user", "content": "hi"}]
 

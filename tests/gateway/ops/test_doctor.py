@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from gateway.ops.cli import gateway as cli
 from gateway.ops.doctor import TIMEOUT_FIX, Check, DoctorInput, failed, run_doctor, store_lookup
 from gateway.ops.onboarding import ConfigRequest, project_models, write_config
-from gateway.testing.fake_upstream import Fault
+from testkit.gateway.fake_upstream import Fault
 
 
 async def diagnose(gw, tool: str = "openai-env", env: dict | None = None, tmp: Path | None = None, **kw):

@@ -2,7 +2,7 @@
 .agents/ by `make test`), each through the gateway on a model of each kind, streamed: Claude Code (Anthropic
 Messages) on a model whose only deployment speaks OpenAI chat (through translation) and on an Anthropic
 one, the Codex CLI (OpenAI Responses) on one whose only deployment speaks Anthropic Messages (through
-translation) and on an OpenAI one. The fake upstream plays the model (gateway.testing.agents): it asks for
+translation) and on an OpenAI one. The fake upstream plays the model (testkit.gateway.agents): it asks for
 the file through the client's own tool, then answers with what the tool returned; each CLI must print the
 file's content.
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import services
 
-from gateway.testing.agents import play_model
+from testkit.gateway.agents import play_model
 
 ROOT = Path(__file__).resolve().parents[3]
 BIN = ROOT / ".agents" / "node_modules" / ".bin"

@@ -21,7 +21,7 @@ import pytest
 import yaml
 from pg import DB_BACKENDS
 
-from gateway.testing.fake_upstream import FakeUpstream, Fault
+from testkit.gateway.fake_upstream import FakeUpstream, Fault
 from tests.gateway.http.test_workers import drop_stale_port_lock
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -18,7 +18,7 @@ import gateway.store.ledger_rows as ledger_rows
 from gateway.core.usage import MAX_TOKENS_PER_REQUEST, StreamUsage, usage_from_body
 from gateway.store.ledger_queries import usage_today
 from gateway.store.ledger_rows import clean_row
-from gateway.testing.fake_upstream import Fault
+from testkit.gateway.fake_upstream import Fault
 
 MSGS = [{"role": "user", "content": "hi"}]
 

@@ -23,7 +23,7 @@ from gateway.store.db import create_engine, ledger
 from gateway.store.ledger import LedgerWriter
 from gateway.store.ledger_rows import DATETIMES
 from gateway.store.spool import default_spool_dir, read_rows
-from gateway.testing.fake_upstream import Fault
+from testkit.gateway.fake_upstream import Fault
 
 MSGS = [{"role": "user", "content": "hi"}]
 

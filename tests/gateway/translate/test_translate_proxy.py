@@ -13,7 +13,7 @@ import anthropic
 import openai
 import pytest
 
-from gateway.testing.fake_upstream import Fault
+from testkit.gateway.fake_upstream import Fault
 
 WEATHER_ARGS = {"city": "Paris", "unit": "celsius"}
 ANTHROPIC_TOOL = {

@@ -11,7 +11,7 @@ import anthropic
 import openai
 import pytest
 
-from gateway.testing.fake_upstream import Fault
+from testkit.gateway.fake_upstream import Fault
 
 MSGS = [{"role": "user", "content": "hi"}]
 SHORT_READ = {"providers": {"oa": {"read_timeout_s": 0.5}, "an": {"read_timeout_s": 0.5}}}

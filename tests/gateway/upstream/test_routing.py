@@ -12,7 +12,7 @@ import anthropic
 import openai
 import pytest
 
-from gateway.testing.fake_upstream import FakeUpstream, Fault
+from testkit.gateway.fake_upstream import FakeUpstream, Fault
 
 MSGS = [{"role": "user", "content": "hi"}]
 

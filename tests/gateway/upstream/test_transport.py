@@ -28,9 +28,9 @@ from gateway.errors import (
     UpstreamTooLarge,
     UpstreamUnreachable,
 )
-from gateway.testing.fake_upstream import FakeUpstream, Fault
 from gateway.upstream.client import UpstreamClient, client_retry_after, pool_warnings
 from gateway.upstream.slots import FairSlots
+from testkit.gateway.fake_upstream import FakeUpstream, Fault
 
 FAST_RETRY = RetryConfig(max_retries=2, backoff_base_s=0.01, backoff_cap_s=0.02, jitter_s=0.0)
 CHAT = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()

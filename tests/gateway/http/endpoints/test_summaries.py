@@ -259,7 +259,7 @@ async def test_projects_never_share_cached_or_in_flight_answers(start_gateway, f
 
 
 async def test_upstream_auth_failure_is_a_502_without_the_upstream_body(start_gateway, fake):
-    from gateway.testing.fake_upstream import Fault
+    from testkit.gateway.fake_upstream import Fault
 
     gw = await start_gateway(summaries={"window_ms": 1})
     fake.faults.append(Fault(status=401))
@@ -270,7 +270,7 @@ async def test_upstream_auth_failure_is_a_502_without_the_upstream_body(start_ga
 
 
 async def test_upstream_retry_after_ms_reaches_the_caller_as_seconds(start_gateway, fake):
-    from gateway.testing.fake_upstream import Fault
+    from testkit.gateway.fake_upstream import Fault
 
     gw = await start_gateway(summaries={"window_ms": 1})
     fake.faults.append(Fault(status=429, headers={"retry-after-ms": "75001"}))

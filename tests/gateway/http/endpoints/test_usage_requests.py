@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.ops.cli import usage_rows
 from gateway.summaries.schema import MAX_USAGE_IDS, USAGE_PATH, UsageReply
-from gateway.testing.fake_upstream import Fault
+from testkit.gateway.fake_upstream import Fault
 
 pytestmark = pytest.mark.asyncio
 MSGS = [{"role": "user", "content": "hi"}]

@@ -1,4 +1,4 @@
-"""What the fake upstream (gateway.testing.fake_upstream) answers: OpenAI chat completions and Responses,
+"""What the fake upstream (testkit.gateway.fake_upstream) answers: OpenAI chat completions and Responses,
 Anthropic Messages and count_tokens, and the model list, whole and streamed (SSE), with numbered words as
 text and a deterministic usage, or one call of the request's first tool (``fake.tool_call``).
 

@@ -10,14 +10,14 @@ Random fault mode (benchmarks/soak.py): ``FakeUpstream(fault_rates={"429": 0.1, 
 after some events (mid-body when not streamed). A body containing ``BAD_REQUEST_MARKER`` is answered 400,
 and a POST repeating a body answered 400 before is counted in ``retried_400``. ``stats()`` (also
 ``GET /_fake/stats``) gives the counts, including the most concurrent requests seen per path. As a process:
-``python -m gateway.testing.fake_upstream PORT --fault-rates '{"429": 0.1}' --seed 1 --stall-s 1.2``.
+``python -m testkit.gateway.fake_upstream PORT --fault-rates '{"429": 0.1}' --seed 1 --stall-s 1.2``.
 
 Usage it reports is deterministic and logged in ``fake.usage_log`` so tests can compare ledger rows.
 
 Tool calls: with ``fake.tool_call = {...}`` (the arguments), a chat or Messages request that defines tools is
 answered (whole or streamed) with one call of its first tool, with those arguments, instead of text.
 
-The answers are shaped in gateway.testing.fake_apis (``FakeAPIs``, which ``FakeUpstream`` extends); this
+The answers are shaped in testkit.gateway.fake_apis (``FakeAPIs``, which ``FakeUpstream`` extends); this
 module is the server: requests counted and recorded, faults queued or drawn and played on the wire, stats.
 """
 
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from gateway.testing.fake_apis import FakeAPIs
+from testkit.gateway.fake_apis import FakeAPIs
 
 
 @dataclass
@@ -330,7 +330,7 @@ async def _main(port: int) -> None:  # pragma: no cover - used by the benchmark 
 async def _main_options(argv: list[str]) -> None:  # pragma: no cover - benchmarks/soak.py's subprocess
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m gateway.testing.fake_upstream")
+    ap = argparse.ArgumentParser(prog="python -m testkit.gateway.fake_upstream")
     ap.add_argument("port", nargs="?", type=int, default=0)
     ap.add_argument("--fault-rates", default=None, help='JSON, e.g. {"429": 0.1, "503": 0.05}')
     ap.add_argument("--seed", type=int, default=0)
