@@ -55,8 +55,8 @@ from kernels.fp8_gemm.cost import gemm_cost
 from kernels.fp8_gemm.inputs import GemmInputs, build_inputs
 from kernels.fp8_gemm.quant import GROUP, SCALE_GROUPS, check_scale_group
 from kernels.fp8_gemm.reference import gemm_bf16, gemm_dequant_fp32
-from kernels.fp8_gemm.resources import estimate
-from kernels.fp8_gemm.tiles import CONFIG_KEYS, TileConfig, deepgemm_choice
+from kernels.fp8_gemm.resources import deepgemm_choice, estimate
+from kernels.fp8_gemm.tiles import CONFIG_KEYS, TileConfig
 from kernels.harness import Checked, Prepared, run_trial
 from kernels.measure.resources import collect_ncu, triton_resources
 

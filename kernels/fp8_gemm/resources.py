@@ -24,6 +24,9 @@ Registers (an estimate, not a compiler result): the fp32 accumulator is acc = bl
   compiles of the shipped wgmma configs (within 10%). The mma.sync tiles (block_m < 64) hold their
   operands in registers and need more than this says. Above 255 it spills ("spill_risk"): every
   shipped config over 255 here spills when compiled. kernels.compiled has the compiler's own figures.
+DeepGEMM's SM90 space (`deepgemm_space`): block_m in {64, 128}, block_n 16..256 step 16, block_k 128, as
+  many stages as fit in 227 KB (at least 3), cluster 1 or 2; `deepgemm_choice` applies its rule: fewest
+  waves, then the best last-wave use.
 Pruned (cannot run, with the reasons): a block_k that does not divide the scale group (a K step would
   straddle two scales), shared memory over 227 KB, a block over 1024 threads, or an estimate over 255
   registers per thread (it would spill).
@@ -31,6 +34,8 @@ Pruned (cannot run, with the reasons): a block_k that does not divide the scale 
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -218,3 +223,62 @@ def prune(
     """Split configs into (runnable, pruned) estimates; every pruned one keeps its reasons."""
     ests = [estimate(c, m, n, k, **kwargs) for c in configs]
     return [e for e in ests if not e.pruned], [e for e in ests if e.pruned]
+
+
+@dataclass(frozen=True)
+class DeepGemmCandidate:
+    block_m: int
+    block_n: int
+    block_k: int
+    num_stages: int
+    cluster: int
+    tiles: int
+    waves: int
+    last_wave_util: float
+    smem_total: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def deepgemm_space(
+    m: int,
+    n: int,
+    k: int,
+    *,
+    num_sms: int = 132,
+    block_ms: Iterable[int] = (64, 128),
+    block_ns: Iterable[int] = range(16, 257, 16),
+    min_stages: int = 3,
+    max_stages: int = 8,
+) -> list[DeepGemmCandidate]:
+    """DeepGEMM-like candidates for one shape, each with the most stages that fit (those with fewer than
+    `min_stages` fitting are left out: DeepGEMM never runs them)."""
+    out = []
+    for bm, bn in itertools.product(block_ms, block_ns):
+        stages = 0
+        for s in range(max_stages, min_stages - 1, -1):
+            if deepgemm_smem(bm, bn, GROUP, s, k)["fits"]:
+                stages = s
+                break
+        if not stages:
+            continue
+        waves = wave_stats(m, n, bm, bn, num_sms)
+        # TMA multicast of the shared operand across a 2-CTA cluster needs an even tile count along M.
+        cluster = 2 if waves["tiles_m"] % 2 == 0 and waves["tiles"] >= num_sms else 1
+        smem = deepgemm_smem(bm, bn, GROUP, stages, k)["total"]
+        out.append(
+            DeepGemmCandidate(
+                bm, bn, GROUP, stages, cluster, waves["tiles"], waves["waves"], waves["last_wave_util"], smem
+            )
+        )
+    return out
+
+
+def deepgemm_choice(m: int, n: int, k: int, *, num_sms: int = 132) -> DeepGemmCandidate:
+    """DeepGEMM's rule over `deepgemm_space`: fewest waves, then the best last-wave utilisation, then the
+    larger tile (fewer tiles re-read less of A and B)."""
+    space = deepgemm_space(m, n, k, num_sms=num_sms)
+    if not space:
+        raise ValueError(f"no DeepGEMM-like config fits for m={m} n={n} k={k}")
+    return min(space, key=lambda c: (c.waves, -c.last_wave_util, -(c.block_m * c.block_n)))

@@ -6,9 +6,8 @@ this GEMM key their tuned configs by M with upper-case names (BLOCK_SIZE_M, ...,
 
 Spaces:
   triton_port_space()   the product the Triton ports tune over (powers of two; the kernel needs them)
-  deepgemm_space(m,n,k) DeepGEMM's SM90 space: block_m in {64, 128}, block_n 16..256 step 16,
-                        block_k 128, as many stages as fit in 227 KB (at least 3), cluster 1 or 2;
-                        `deepgemm_choice` applies its rule: fewest waves, then best last-wave use.
+DeepGEMM's SM90 space (`deepgemm_space`, `deepgemm_choice`) is built on the resource model and lives
+with it in kernels.fp8_gemm.resources.
 """
 
 from __future__ import annotations
@@ -119,64 +118,3 @@ def nearest_m(keys: Iterable[int | str], m: int) -> int:
     if not ms:
         raise ValueError("no M keys to choose from")
     return min(ms, key=lambda key: (abs(key - m), key))
-
-
-@dataclass(frozen=True)
-class DeepGemmCandidate:
-    block_m: int
-    block_n: int
-    block_k: int
-    num_stages: int
-    cluster: int
-    tiles: int
-    waves: int
-    last_wave_util: float
-    smem_total: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def deepgemm_space(
-    m: int,
-    n: int,
-    k: int,
-    *,
-    num_sms: int = 132,
-    block_ms: Iterable[int] = (64, 128),
-    block_ns: Iterable[int] = range(16, 257, 16),
-    min_stages: int = 3,
-    max_stages: int = 8,
-) -> list[DeepGemmCandidate]:
-    """DeepGEMM-like candidates for one shape, each with the most stages that fit (those with fewer than
-    `min_stages` fitting are left out: DeepGEMM never runs them)."""
-    from kernels.fp8_gemm.resources import deepgemm_smem, wave_stats
-
-    out = []
-    for bm, bn in itertools.product(block_ms, block_ns):
-        stages = 0
-        for s in range(max_stages, min_stages - 1, -1):
-            if deepgemm_smem(bm, bn, GROUP, s, k)["fits"]:
-                stages = s
-                break
-        if not stages:
-            continue
-        waves = wave_stats(m, n, bm, bn, num_sms)
-        # TMA multicast of the shared operand across a 2-CTA cluster needs an even tile count along M.
-        cluster = 2 if waves["tiles_m"] % 2 == 0 and waves["tiles"] >= num_sms else 1
-        smem = deepgemm_smem(bm, bn, GROUP, stages, k)["total"]
-        out.append(
-            DeepGemmCandidate(
-                bm, bn, GROUP, stages, cluster, waves["tiles"], waves["waves"], waves["last_wave_util"], smem
-            )
-        )
-    return out
-
-
-def deepgemm_choice(m: int, n: int, k: int, *, num_sms: int = 132) -> DeepGemmCandidate:
-    """DeepGEMM's rule over `deepgemm_space`: fewest waves, then the best last-wave utilisation, then the
-    larger tile (fewer tiles re-read less of A and B)."""
-    space = deepgemm_space(m, n, k, num_sms=num_sms)
-    if not space:
-        raise ValueError(f"no DeepGEMM-like config fits for m={m} n={n} k={k}")
-    return min(space, key=lambda c: (c.waves, -c.last_wave_util, -(c.block_m * c.block_n)))

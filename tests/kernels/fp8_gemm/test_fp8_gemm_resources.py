@@ -6,14 +6,8 @@ import pytest
 
 from kernels.base import TrialRequest
 from kernels.fp8_gemm import case
-from kernels.fp8_gemm.resources import deepgemm_smem, estimate, prune
-from kernels.fp8_gemm.tiles import (
-    TileConfig,
-    deepgemm_choice,
-    deepgemm_space,
-    nearest_m,
-    triton_port_space,
-)
+from kernels.fp8_gemm.resources import deepgemm_choice, deepgemm_smem, deepgemm_space, estimate, prune
+from kernels.fp8_gemm.tiles import TileConfig, nearest_m, triton_port_space
 from kernels.measure import MeasurePolicy
 
 
