@@ -53,11 +53,6 @@ def parse_duration(text: str) -> timedelta:
     return timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)])
 
 
-def is_gateway_key(value: str) -> bool:
-    """Whether ``value`` has a gateway key's form (``kf_<12 hex>_<secret>``); says nothing of validity."""
-    return KEY_RE.match(value) is not None
-
-
 _HEADER_LABEL = {"authorization": "'Authorization: Bearer'", "x-api-key": "'x-api-key'"}
 MISSING_KEY_MESSAGE = "missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'"
 INVALID_KEY_MESSAGE = "invalid, expired or revoked API key"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gateway.errors import error_body, error_type
+from gateway.errors import error_type
 from gateway.translate import policy
 from gateway.translate.ir import (
     Image,
@@ -378,15 +378,6 @@ def render_response(reply: Reply, model: str) -> dict:
         "stop_sequence": reply.stop_sequence if reply.stop == "stop_sequence" else None,
         "usage": render_usage(reply.usage or Usage()),
     }
-
-
-def parse_error(body: dict) -> tuple[str, str | None]:
-    err = body.get("error") if isinstance(body.get("error"), dict) else {}
-    return str(err.get("message") or ""), err.get("type")
-
-
-def render_error(status: int, message: str) -> dict:
-    return error_body("anthropic", status, message)
 
 
 # ------------------------------------------------------------------------------------------------ streams

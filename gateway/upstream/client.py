@@ -325,12 +325,6 @@ class UpstreamClient:
             resp.release()
 
 
-class _Target(Protocol):
-    client: UpstreamClient | None
-    # a key header of its own, sent instead of the client's; None: the client's
-    auth: Mapping[str, str] | None
-
-
 class Plan(Protocol):
     """Where a request's attempts go (``send_planned``); gateway.upstream.routing.RoutePlan is the full
     one."""
