@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from gateway.config import ProjectConfig
+    from gateway.core.usage import Usage
 
 # Request ids: a random prefix drawn once per process, then a counter (unique without a syscall each).
 _ID_PREFIX = os.urandom(6).hex()
@@ -139,6 +140,12 @@ class Record:
     @property
     def tokens(self) -> int:
         return self.input_tokens + self.output_tokens
+
+    def count(self, usage: Usage, estimated: bool) -> None:
+        """The answer's tokens, as gateway.core.usage reads them (``estimated``: the estimate, the upstream
+        reported no count)."""
+        self.input_tokens, self.output_tokens, self.cached_input_tokens, self.cache_write_tokens = usage
+        self.estimated = estimated
 
     def fail(self, status: str, http_status: int | None, error_class: str | None) -> None:
         self.status, self.http_status, self.error_class = status, http_status, error_class

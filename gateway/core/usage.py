@@ -92,6 +92,33 @@ class Usage(NamedTuple):
     cache_write_tokens: int = 0
 
 
+def read_usage(api: Api, u: dict) -> Usage:
+    """THE reader of a wire format's usage object (a whole answer's ``usage``, the usage of a stream's
+    event), for the ledger: chat's prompt/completion tokens, Responses' input/output tokens, Anthropic's
+    input/output tokens with its cache reads and writes added into the input. BadUsage when a count is none.
+    """
+    if api == "chat":
+        inp = _tok(u, "prompt_tokens")
+        return Usage(inp, _tok(u, "completion_tokens"), _openai_cached(u, "prompt_tokens_details", inp))
+    if api == "responses":
+        inp = _tok(u, "input_tokens")
+        return Usage(inp, _tok(u, "output_tokens"), _openai_cached(u, "input_tokens_details", inp))
+    return Usage(
+        _anthropic_input(u),
+        _tok(u, "output_tokens"),
+        _tok(u, "cache_read_input_tokens"),
+        _tok(u, "cache_creation_input_tokens"),
+    )
+
+
+# the keys of a usage object that say it holds a count at all (else: no usage reported)
+_COUNT_KEYS: dict[str, tuple[str, str]] = {
+    "chat": ("prompt_tokens", "completion_tokens"),
+    "responses": ("input_tokens", "output_tokens"),
+    "messages": ("input_tokens", "output_tokens"),
+}
+
+
 def usage_from_body(api: Api, body: object) -> tuple[int, int] | None:
     """(input, output) tokens from a non-streamed response body, or None when it reports none or reports
     something that is not a token count (the caller then estimates)."""
@@ -101,36 +128,22 @@ def usage_from_body(api: Api, body: object) -> tuple[int, int] | None:
 
 def usage_details(api: Api, body: object) -> Usage | None:
     """The ``Usage`` of a non-streamed response body, cached tokens included; None as ``usage_from_body``."""
+    u = body.get("usage") if isinstance(body, dict) else None
+    if not isinstance(u, dict) or not any(k in u for k in _COUNT_KEYS[api]):
+        return None
     try:
-        return _usage_from_body(api, body)
+        return read_usage(api, u)
     except BadUsage:
         return None
 
 
-def _usage_from_body(api: Api, body: object) -> Usage | None:
-    if not isinstance(body, dict):
-        return None
-    u = body.get("usage")
-    if not isinstance(u, dict):
-        return None
-    if api == "chat":
-        if "prompt_tokens" not in u and "completion_tokens" not in u:
-            return None
-        inp = _tok(u, "prompt_tokens")
-        return Usage(inp, _tok(u, "completion_tokens"), _openai_cached(u, "prompt_tokens_details", inp))
-    if api == "responses":
-        if "input_tokens" not in u and "output_tokens" not in u:
-            return None
-        inp = _tok(u, "input_tokens")
-        return Usage(inp, _tok(u, "output_tokens"), _openai_cached(u, "input_tokens_details", inp))
-    if "input_tokens" not in u and "output_tokens" not in u:
-        return None
-    return Usage(
-        _anthropic_input(u),
-        _tok(u, "output_tokens"),
-        _tok(u, "cache_read_input_tokens"),
-        _tok(u, "cache_creation_input_tokens"),
-    )
+def answer_usage(api: Api, body: object, request: bytes, answer: bytes) -> tuple[Usage, bool]:
+    """The tokens of a whole answer for the ledger: the upstream's own count, else (estimated: True) the
+    estimate from the request's and the answer's bytes."""
+    usage = usage_details(api, body)
+    if usage is not None:
+        return usage, False
+    return Usage(estimate_tokens(request), estimate_output_tokens(answer)), True
 
 
 def _event_data(block: bytes) -> bytes:
@@ -271,9 +284,7 @@ class StreamUsage:
             if isinstance(u, dict):
                 keep = not (self.strip_usage_chunk and not obj.get("choices"))
                 try:
-                    self.input_tokens = _tok(u, "prompt_tokens")
-                    self.output_tokens = _tok(u, "completion_tokens")
-                    self.cached_input_tokens = _openai_cached(u, "prompt_tokens_details", self.input_tokens)
+                    self._take(read_usage(api, u))
                 except BadUsage:
                     self.bad_usage = True
                     return keep
@@ -285,9 +296,7 @@ class StreamUsage:
             u = resp.get("usage") if isinstance(resp, dict) else None
             if isinstance(u, dict):
                 self.seen_usage = self.output_final = True
-                self.input_tokens = _tok(u, "input_tokens")
-                self.output_tokens = _tok(u, "output_tokens")
-                self.cached_input_tokens = _openai_cached(u, "input_tokens_details", self.input_tokens)
+                self._take(read_usage(api, u))
             return True
         # Anthropic messages: the event's own type decides (a text delta may quote "message_delta")
         kind = obj.get("type")
@@ -296,9 +305,7 @@ class StreamUsage:
             u = msg.get("usage") if isinstance(msg, dict) else None
             if isinstance(u, dict):
                 self.seen_usage = True
-                self.input_tokens = _anthropic_input(u)
-                self.output_tokens = _tok(u, "output_tokens")
-                self._anthropic_cache(u)
+                self._take(read_usage(api, u))
         elif kind == "message_delta":
             u = obj.get("usage")
             if isinstance(u, dict):
@@ -307,22 +314,37 @@ class StreamUsage:
                     self.output_tokens = _tok(u, "output_tokens")  # cumulative
                     self.output_final = True
                 if u.get("input_tokens"):
-                    self.input_tokens = _anthropic_input(u)
-                    self._anthropic_cache(u)
+                    output = self.output_tokens
+                    self._take(read_usage(api, u))
+                    self.output_tokens = output
         return True
+
+    def _take(self, u: Usage) -> None:
+        self.input_tokens, self.output_tokens, self.cached_input_tokens, self.cache_write_tokens = u
 
     def count_text(self, data: bytes) -> None:
         """Count the text fields of whole events (for the estimate), as ``feed`` does; for a caller that
         reports usage with ``observe``."""
         self._text += sum(map(len, _TEXT_RE.findall(data)))
 
-    def _anthropic_cache(self, u: dict) -> None:
-        self.cached_input_tokens = _tok(u, "cache_read_input_tokens")
-        self.cache_write_tokens = _tok(u, "cache_creation_input_tokens")
-
     def usage(self) -> Usage:
         """What the stream reported so far (meaningful when ``seen_usage``)."""
         return Usage(self.input_tokens, self.output_tokens, self.cached_input_tokens, self.cache_write_tokens)
+
+    def counted(self, request: bytes, answered: bool) -> tuple[Usage, bool] | None:
+        """The stream's tokens for the ledger and whether they are estimated: the upstream's own count (its
+        output estimated from what was relayed when the stream was cut before the final count), else, when
+        the stream was ``answered`` (a 200 went out), the estimate from the request's bytes and the text
+        relayed; None: nothing to count."""
+        if self.seen_usage and not self.bad_usage:
+            usage = self.usage()
+            if self.output_final:
+                return usage, False
+            relayed = self.estimated_output_tokens()
+            return usage._replace(output_tokens=max(usage.output_tokens, relayed)), True
+        if answered:
+            return Usage(estimate_tokens(request), self.estimated_output_tokens()), True
+        return None
 
     @staticmethod
     def _json(block: bytes) -> dict | None:

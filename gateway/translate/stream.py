@@ -16,11 +16,16 @@ an unfinished event.
 
 The translator also counts the tokens for the gateway's ledger: ``tokens`` is a ``StreamUsage`` that the
 decoder hands the events carrying usage (already parsed), so the upstream's bytes are read once.
+
+A stream in the client's own format (``src == dst``) has a translator too, ``PassThrough``: the upstream's
+bytes as they are, counted on the way. ``stream_translator(src, dst, ...)`` gives the one a pair needs; both
+have the same face (``feed``, ``finish``, ``error_event``, ``failed``, ``tokens``).
 """
 
 from __future__ import annotations
 
 from gateway.core.usage import StreamUsage
+from gateway.errors import ApiStyle, sse_error_event
 from gateway.translate import chat, messages, responses
 from gateway.translate.ir import Format, Usage, loads
 
@@ -69,12 +74,12 @@ class StreamTranslator:
     is called once when the upstream's bytes end and returns the rest. A stream cut short ends with the
     client format's error event. ``input_tokens`` (cached ones included), ``output_tokens`` and
     ``cached_input_tokens`` give the usage the upstream reported so far, as the client sees it;
-    ``tokens`` counts them for the ledger exactly as a ``StreamUsage`` fed the same bytes would. With
-    ``src == dst`` the bytes pass through unchanged and only the usage is read.
+    ``tokens`` counts them for the ledger exactly as a ``StreamUsage`` fed the same bytes would. For
+    ``src == dst``, ``PassThrough`` (``stream_translator`` picks).
     """
 
     __slots__ = (
-        "src", "dst", "tokens", "_decoder", "_encoder", "_buf", "_started", "_closed", "_identity", "failed",
+        "src", "dst", "tokens", "_decoder", "_encoder", "_buf", "_started", "_closed", "failed",
         "_calls",
     )  # fmt: skip
 
@@ -98,14 +103,11 @@ class StreamTranslator:
         self._buf = b""
         self._started = False
         self._closed = False
-        self._identity = src == dst
         self.failed: str | None = None  # the message of the error event that ended the stream, if one did
         # Anthropic clients read a tool call's input as JSON pieces that must add up to an object (their SDK
         # parses the pieces as they come): each call's name and pieces are held and checked at its end, then
         # sent as one piece (OpenAI formats carry arguments as text, passed on as they come)
-        self._calls: dict[int, tuple[str, list[str]]] | None = (
-            {} if dst == "messages" and src != dst else None
-        )
+        self._calls: dict[int, tuple[str, list[str]]] | None = {} if dst == "messages" else None
 
     # -- usage, for the caller's accounting
     @property
@@ -139,7 +141,7 @@ class StreamTranslator:
             return b""
         complete, self._buf = buf[:end], buf[end + 2 :]
         self.tokens.count_text(complete)
-        return self._translate(complete.split(b"\n\n"), complete + b"\n\n")
+        return self._translate(complete.split(b"\n\n"))
 
     def finish(self) -> bytes:
         """The upstream's bytes ended: translate a last unterminated event, and end the client's stream
@@ -147,7 +149,7 @@ class StreamTranslator:
         rest, self._buf = self._buf, b""
         if rest.strip():
             self.tokens.count_text(rest)
-            out = self._translate([rest], rest, cut=True)
+            out = self._translate([rest], cut=True)
         else:
             out = b""
         if self._closed:
@@ -162,7 +164,7 @@ class StreamTranslator:
         return self._encoder.error(status, message)
 
     # -- internals
-    def _translate(self, blocks: list[bytes], raw: bytes, cut: bool = False) -> bytes:
+    def _translate(self, blocks: list[bytes], cut: bool = False) -> bytes:
         hub: list = []
         decoder = self._decoder
         for block in blocks:
@@ -179,8 +181,6 @@ class StreamTranslator:
                     hub.append(("error", 502, f"the upstream sent a malformed stream event: {data[:200]!r}"))
                 decoder.finished = True
                 break
-        if self._identity:
-            return raw
         return self._emit(hub)
 
     def _emit(self, hub: list) -> bytes:
@@ -251,3 +251,39 @@ class StreamTranslator:
         self._closed = True
         self.failed = message
         return self._encoder.error(502, message)
+
+
+class PassThrough:
+    """The translator of a stream in the client's own format: the upstream's bytes as they are, counted on
+    the way (``tokens``), a chat stream's usage chunk taken out when the client did not ask for it
+    (``include_usage``: the gateway asked on its behalf). An upstream error event passes as it is."""
+
+    __slots__ = ("tokens", "feed", "finish", "_style", "_responses")
+    failed = None  # an error event is the upstream's own, relayed: the stream is not failed by translation
+
+    def __init__(self, fmt: Format, *, include_usage: bool = True) -> None:
+        self.tokens = StreamUsage(fmt, strip_usage_chunk=not include_usage)
+        self.feed, self.finish = self.tokens.feed, self.tokens.finish
+        self._style: ApiStyle = "anthropic" if fmt == "messages" else "openai"
+        self._responses = fmt == "responses"
+
+    def error_event(self, status: int, message: str) -> bytes:
+        """The client-format events that end a stream with an error (the status line has gone out)."""
+        return sse_error_event(self._style, status, message, responses_api=self._responses)
+
+
+def stream_translator(
+    src: Format,
+    dst: Format,
+    *,
+    public_model: str,
+    include_usage: bool = True,
+    tool_names: responses.ToolNames | None = None,
+) -> StreamTranslator | PassThrough:
+    """The translator of an upstream stream in ``src`` for a client of ``dst``: ``PassThrough`` for the
+    client's own format, else a ``StreamTranslator``."""
+    if src == dst:
+        return PassThrough(dst, include_usage=include_usage)
+    return StreamTranslator(
+        src, dst, public_model=public_model, include_usage=include_usage, tool_names=tool_names
+    )

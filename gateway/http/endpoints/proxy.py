@@ -22,39 +22,37 @@ import functools
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.core.metrics import client_label
 from gateway.core.record import Record
-from gateway.core.usage import Api, StreamUsage, estimate_output_tokens, estimate_tokens, usage_details
+from gateway.core.usage import Api, answer_usage, estimate_tokens
 from gateway.errors import (
     ApiStyle,
     BadRequest,
-    Forbidden,
     GatewayError,
-    NotFound,
+    UpstreamCredentialRejected,
     UpstreamError,
     error_response,
-    sse_error_event,
     upstream_error_is_shaped,
 )
-from gateway.http.pipeline import (
-    Pipeline,
-    StreamShape,
-    credential_refused,
-    dump_json,
-    header,
-    parse_json_object,
-    read_body,
-)
+from gateway.http.pipeline import Pipeline, dump_json, header, parse_json_object, read_body
+from gateway.http.targets import UPSTREAM_FORMAT, TargetRequests, check_model, translation_of, upstream_error
 from gateway.summaries.schema import SUMMARIES_PATH
-from gateway.translate import Format, StreamTranslator, translate_error, translate_request, translate_response
+from gateway.translate import (
+    Format,
+    stream_translator,
+    translate_error,
+    translate_request,
+    translate_response,
+)
 from gateway.translate.api import ANTHROPIC_VERSION as DEFAULT_ANTHROPIC_VERSION
 from gateway.translate.namespaces import tool_names
-from gateway.upstream.client import UpstreamResult, client_retry_after
-from gateway.upstream.routing import Deployment, ModelDeployments, RoutePlan
+from gateway.upstream.client import UpstreamResult
+from gateway.upstream.routing import Deployment, ModelDeployments
 
 log = logging.getLogger("gateway")
 
@@ -65,14 +63,6 @@ SUMMARIES_HINT = SUMMARIES_PATH
 # After the gateway has retried, the client must not retry again on top (both SDKs honour this header):
 # one client call then costs at most max_retries + 1 upstream attempts.
 NO_CLIENT_RETRY = {"x-should-retry": "false"}
-
-
-# A target whose provider kind is not the client's gets this format (every OpenAI-compatible API has chat
-# completions), on this path.
-UPSTREAM_FORMAT: dict[str, Format] = {"anthropic": "messages", "openai": "chat"}
-UPSTREAM_PATH = {"messages": "/messages", "chat": "/chat/completions"}
-# Headers that only mean something to one provider kind: not sent to a target of another kind.
-_KIND_HEADERS = ("anthropic-version", "anthropic-beta", "openai-beta")
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,15 +116,6 @@ def forward_headers(request: web.Request, ep: Endpoint) -> dict[str, str]:
     return headers
 
 
-def translated_headers(headers: dict[str, str], kind: str) -> dict[str, str]:
-    """The client's headers for a target of provider ``kind`` that is not the client's: the other kind's
-    version and beta flags dropped, ``anthropic-version`` set for Anthropic (the client's, if it sent one)."""
-    out = {k: v for k, v in headers.items() if k not in _KIND_HEADERS}
-    if kind == "anthropic":
-        out["anthropic-version"] = headers.get("anthropic-version", DEFAULT_ANTHROPIC_VERSION)
-    return out
-
-
 class Proxy:
     def __init__(self, pipeline: Pipeline) -> None:
         self.pipeline = pipeline
@@ -154,26 +135,9 @@ class Proxy:
 
         raw = await read_body(request)
         body = parse_json_object(raw)
-        try:
-            head = RequestHead.model_validate(body)
-        except ValidationError as e:
-            err = e.errors()[0]
-            field = ".".join(str(p) for p in err["loc"])
-            raise BadRequest(f"invalid request body: {field}: {err['msg']}") from None
+        head = _read_head(body)
         rec.public_model, rec.stream = head.model, head.stream
-
-        router = self.router
-        models = router.models.get(head.model)
-        if models is None:
-            raise NotFound(
-                f"model {head.model!r} does not exist", error_class="model_unknown", code="model_not_found"
-            )
-        if head.model not in project.models:
-            raise Forbidden(
-                f"project {rec.project!r} is not allowed to use model {head.model!r}",
-                error_class="model_forbidden",
-                code="model_not_allowed",
-            )
+        models = check_model(self.router, project, rec.project or "", head.model)
         rec.model_label = head.model
         if models.kind == "local":  # the offline drafter serves the summaries endpoint only
             raise BadRequest(
@@ -183,86 +147,33 @@ class Proxy:
         if ep is COUNT_TOKENS and models.kind != ep.style:
             return self._count_locally(rec, body, models)
 
-        strip_usage = False
-        if ep is CHAT and head.stream:
-            opts = body.get("stream_options")
-            if not (isinstance(opts, dict) and opts.get("include_usage")):
-                strip_usage = True  # the client did not ask for the usage chunk: the gateway does
-        bodies: dict[str, bytes] = {}
-        if strip_usage:
-            opts = body.get("stream_options")
-            body["stream_options"] = {**(opts if isinstance(opts, dict) else {}), "include_usage": True}
-            if opts is None:  # appended to the client's bytes (an object with a "model"): no re-encoding
-                end = raw.rstrip().rfind(b"}")
-                bodies[head.model] = raw[:end] + b',"stream_options":{"include_usage":true}}'
-        else:
-            bodies[head.model] = raw  # sent as it came when the upstream id is the public one
-        translated: dict[tuple[str, str, bool], tuple[str, bytes, dict[str, str]]] = {}
-        dropped_by: dict[tuple[str, str, bool], list[str]] = {}  # the fields each translation left out
-
-        def prepare(target: Deployment) -> bytes | tuple[str, bytes, dict[str, str]]:
-            """What one attempt's target gets: the body with its upstream model id (encoded once per id), or
-            for a target of another kind the translated (path, body, headers)."""
-            if target.kind != ep.style:
-                return translate_for(target)
-            out = bodies.get(target.upstream_model)
-            if out is None:
-                body["model"] = target.upstream_model
-                out = bodies[target.upstream_model] = dump_json(body)
-            return out
-
-        def translate_for(target: Deployment) -> tuple[str, bytes, dict[str, str]]:
-            dst = UPSTREAM_FORMAT[target.kind]
-            key = (dst, target.upstream_model, target.effort)
-            out = translated.get(key)
-            if out is None:
-                dropped = dropped_by[key] = []
-                try:
-                    tb = translate_request(
-                        body, ep.fmt, dst, upstream_model=target.upstream_model,
-                        default_max_tokens=project.default_max_tokens,
-                        strict=project.translation == "strict", dropped=dropped, effort=target.effort,
-                    )  # fmt: skip
-                except BadRequest as e:
-                    if target.model != head.model:  # a fallback model's format: say which
-                        e.message = f"fallback model {target.model!r} ({target.kind}): {e.message}"
-                    raise
-                out = translated[key] = (
-                    UPSTREAM_PATH[dst],
-                    dump_json(tb),
-                    translated_headers(headers, target.kind),
-                )
-            return out
-
-        for d in models.deployments:  # the primary's translations now: an untranslatable field is a 400 here
-            if d.kind != ep.style:
-                translate_for(d)
+        strip_usage, encoded = _ask_for_usage(ep, head, body, raw)
+        targets = TargetRequests(
+            body, ep.fmt, ep.style, headers, model=head.model, default_max_tokens=project.default_max_tokens,
+            strict=project.translation == "strict", encoded=encoded,
+        )  # fmt: skip
+        targets.check(models)  # the primary's translations now: an untranslatable field is a 400 here
         if header(request, DRY_RUN_HEADER) == "translation":
-            return self._dry_run(rec, ep, models, dropped_by)
+            return self._dry_run(rec, ep, models, targets)
 
         input_estimate = estimate_tokens(raw)
         cap = head.token_cap()
         tokens = input_estimate + (cap or 0) if ep.usage_api is not None else 0  # for deployments' tpm
-        plan = router.plan(head.model, project, tokens=tokens, prepare=prepare)
+        plan = self.router.plan(head.model, project, tokens=tokens, prepare=targets)
 
         if ep.usage_api is None:  # count_tokens: no tokens consumed, no limits
             try:
                 result = await pipeline.send(rec, plan, ep.path, raw, headers)
             finally:
-                self._note_target(rec, plan, ep)
+                targets.note(rec, plan)
             if result.status >= 400:
                 return self._upstream_error(result, ep, rec)
             return self._with_route(result, await self._respond_whole(result, ep, rec, raw), ep)
 
         def on_target() -> None:
-            self._note_target(rec, plan, ep)
-            target = plan.target
-            if target is not None and target.kind != ep.style:
-                rec.dropped = dropped_by.get(
-                    (UPSTREAM_FORMAT[target.kind], target.upstream_model, target.effort), []
-                )
-                if rec.dropped:
-                    self._report_dropped(rec, request)
+            targets.note(rec, plan)
+            if rec.dropped:
+                self._report_dropped(rec, request)
 
         try:
             async with pipeline.exchange(
@@ -294,29 +205,17 @@ class Proxy:
             )  # fmt: skip
 
     @staticmethod
-    def _note_target(rec: Record, plan: RoutePlan, ep: Endpoint) -> None:
-        """The ledger's view of where the request went: the final attempt's deployment, and the
-        translation ("messages->chat") when it speaks another format than the client."""
-        target = plan.target
-        if target is not None:
-            rec.deployment, rec.provider = target.name, target.provider
-            rec.upstream_model = target.upstream_model
-            if plan.fallback_from is not None:
-                rec.fallback_from = plan.fallback_from
-            rec.translation = None if target.kind == ep.style else f"{ep.fmt}->{UPSTREAM_FORMAT[target.kind]}"
-
-    @staticmethod
-    def _dry_run(rec: Record, ep: Endpoint, models: ModelDeployments, dropped_by: dict) -> web.Response:
+    def _dry_run(
+        rec: Record, ep: Endpoint, models: ModelDeployments, targets: TargetRequests
+    ) -> web.Response:
         """``X-Farm-Dry-Run: translation`` (``farm gateway doctor``): what each of the model's deployments
         would be sent, without sending it: the translation and the fields it would drop (a field it would
         refuse was the 400 already). No upstream call, no tokens; the row says ``dry_run``."""
-        out = []
-        for d in models.deployments:
-            dst = UPSTREAM_FORMAT[d.kind] if d.kind != ep.style else ep.fmt
-            dropped = dropped_by.get((dst, d.upstream_model, d.effort), []) if dst != ep.fmt else []
-            how = f"{ep.fmt}->{dst}" if dst != ep.fmt else ""
-            out.append({"deployment": d.name, "provider": d.provider, "format": dst, "translation": how,
-                        "dropped": dropped})  # fmt: skip
+        out = [
+            {"deployment": d.name, "provider": d.provider, "format": targets.upstream_format(d),
+             "translation": targets.translation(d) or "", "dropped": targets.dropped(d)}
+            for d in models.deployments
+        ]  # fmt: skip
         rec.dropped = list(dict.fromkeys(f for d in out for f in d["dropped"]))
         rec.translation = next((d["translation"] for d in out if d["translation"]), "")
         rec.status, rec.http_status, rec.error_class = "ok", 200, "dry_run"
@@ -344,8 +243,9 @@ class Proxy:
         if target is None:
             return {}
         headers = {"x-farm-model": target.model, "x-farm-deployment": target.name}
-        if target.kind != ep.style:
-            headers["x-farm-translation"] = f"{ep.fmt}->{UPSTREAM_FORMAT[target.kind]}"
+        translation = translation_of(target, ep.fmt, ep.style)
+        if translation is not None:
+            headers["x-farm-translation"] = translation
         return headers
 
     def _with_route(self, result: UpstreamResult, resp: web.Response, ep: Endpoint) -> web.Response:
@@ -354,27 +254,20 @@ class Proxy:
 
     def _upstream_error(self, result: UpstreamResult, ep: Endpoint, rec: Record) -> web.Response:
         """An upstream's own error answer, passed on with its status (never its 401/403: those refused
-        the gateway's provider key, not the client's)."""
-        rec.upstream_end = time.perf_counter()
-        status = result.status
-        rec.status, rec.http_status, rec.error_class = "error", status, f"upstream_{status}"
+        the gateway's provider key, not the client's): as it came when it is in the client's shape,
+        translated when the target speaks another format, else in the client's shape naming the provider."""
+        err = upstream_error(rec, result)
         extra = self._route_headers(result.target, ep)
         if rec.retries:
             extra.update(NO_CLIENT_RETRY)
-        if status in (401, 403):
-            rec.http_status = 502
+        if isinstance(err, UpstreamCredentialRejected):
             return error_response(
-                ep.style,
-                502,
-                credential_refused(rec.provider, status),
-                code="upstream_credential_rejected",
-                request_id=rec.request_id,
-                headers=extra,
+                ep.style, err.status, err.message, code=err.code, request_id=rec.request_id, headers=extra
             )
+        status = result.status
         headers = {"x-request-id": rec.request_id, **extra}
-        retry_after = client_retry_after(result.headers)
-        if retry_after:
-            headers["Retry-After"] = retry_after
+        if err.retry_after:
+            headers["Retry-After"] = err.retry_after
         body = result.body or b""
         try:
             parsed = parse_json_object(body)
@@ -389,11 +282,10 @@ class Proxy:
             )
         if upstream_error_is_shaped(ep.style, parsed):
             return web.Response(status=status, body=body, content_type="application/json", headers=headers)
-        detail = body[:500].decode("utf-8", "replace").strip()
-        message = f"upstream {rec.provider!r} returned HTTP {status}" + (f": {detail}" if detail else "")
         return error_response(
-            ep.style, status, message, retry_after=retry_after, request_id=rec.request_id, headers=extra
-        )
+            ep.style, status, err.message, retry_after=err.retry_after, request_id=rec.request_id,
+            headers=extra,
+        )  # fmt: skip
 
     async def _respond_whole(
         self, result: UpstreamResult, ep: Endpoint, rec: Record, raw: bytes, body: dict | None = None
@@ -414,12 +306,7 @@ class Proxy:
                 parsed = parse_json_object(data)
             except GatewayError:
                 parsed = None
-            usage = usage_details(src or ep.usage_api, parsed)
-            if usage is not None:
-                rec.input_tokens, rec.output_tokens, rec.cached_input_tokens, rec.cache_write_tokens = usage
-            else:
-                rec.input_tokens, rec.output_tokens = estimate_tokens(raw), estimate_output_tokens(data)
-                rec.estimated = True
+            rec.count(*answer_usage(src or ep.usage_api, parsed, raw, data))
             if src is not None:
                 data = self._translate_answer(rec, parsed, src, ep.fmt, body)
                 content_type = "application/json"
@@ -462,12 +349,16 @@ class Proxy:
         upstream = result.response
         assert upstream is not None  # an answer below 400 holds its open response
         target = result.target
-        if target is None or target.kind == ep.style:  # the client's own format: bytes pass through
-            shape: StreamShape = _PassThrough(ep, raw, strip_usage)
+        src: Format = ep.fmt
+        if target is None or target.kind == ep.style:  # the client's own format: the bytes pass through
             content_type = upstream.headers.get("Content-Type", "text/event-stream")
         else:  # translated event by event; the translator counts the upstream's tokens as it reads them
-            shape = _Translated(UPSTREAM_FORMAT[target.kind], ep, rec, raw, strip_usage, body)
-            content_type = "text/event-stream"
+            src, content_type = UPSTREAM_FORMAT[target.kind], "text/event-stream"
+        translator = stream_translator(
+            src, ep.fmt, public_model=rec.public_model or "", include_usage=not strip_usage,
+            tool_names=tool_names(body) if ep.fmt == "responses" else None,  # Codex's namespaced tools
+        )  # fmt: skip
+        shape = _Relayed(translator, raw)
         headers = {
             "Content-Type": content_type,
             "Cache-Control": "no-cache",
@@ -479,61 +370,51 @@ class Proxy:
         return await self.pipeline.relay(request, rec, upstream, shape, headers)
 
 
-class _Counted:
-    """A stream's tokens onto its record: the upstream's own count when it sent one, else an estimate."""
+def _read_head(body: dict) -> RequestHead:
+    try:
+        return RequestHead.model_validate(body)
+    except ValidationError as e:
+        err = e.errors()[0]
+        field = ".".join(str(p) for p in err["loc"])
+        raise BadRequest(f"invalid request body: {field}: {err['msg']}") from None
 
-    tracker: StreamUsage
-    raw: bytes
+
+def _ask_for_usage(ep: Endpoint, head: RequestHead, body: dict, raw: bytes) -> tuple[bool, dict[str, bytes]]:
+    """A chat stream's usage chunk, asked for when the client did not (``stream_options.include_usage``;
+    then taken out of the stream again: the first value), and the client's body as it is sent to the public
+    model's id: its bytes, with the option appended when the client sent no ``stream_options``."""
+    if ep is not CHAT or not head.stream:
+        return False, {head.model: raw}  # sent as it came when the upstream id is the public one
+    opts = body.get("stream_options")
+    if isinstance(opts, dict) and opts.get("include_usage"):
+        return False, {head.model: raw}
+    body["stream_options"] = {**(opts if isinstance(opts, dict) else {}), "include_usage": True}
+    if opts is not None:
+        return True, {}
+    end = raw.rstrip().rfind(b"}")  # appended to the client's bytes (an object with a "model"): no re-encode
+    return True, {head.model: raw[:end] + b',"stream_options":{"include_usage":true}}'}
+
+
+class _Relayed:
+    """A stream as the pipeline relays it (``StreamShape``): its translator (gateway.translate; the client's
+    own format passes through) and, onto the record, the tokens it counted: the upstream's own, else an
+    estimate."""
+
+    __slots__ = ("translator", "raw", "feed", "finish", "error_event")
+
+    def __init__(self, translator: Any, raw: bytes) -> None:
+        self.translator, self.raw = translator, raw
+        self.feed, self.finish, self.error_event = translator.feed, translator.finish, translator.error_event
+
+    @property
+    def failed(self) -> str | None:
+        """The upstream's error event that ended a translated stream, if one did (one in the client's own
+        format passes through as it is)."""
+        return self.translator.failed
 
     def count(self, rec: Record) -> None:
-        tracker = self.tracker
         if rec.upstream_end is None:
             rec.upstream_end = time.perf_counter()
-        if tracker.seen_usage and not tracker.bad_usage:
-            rec.input_tokens, rec.output_tokens, rec.cached_input_tokens, rec.cache_write_tokens = (
-                tracker.usage()
-            )
-            if not tracker.output_final:  # cut before the final count: what was relayed, estimated
-                rec.output_tokens = max(rec.output_tokens, tracker.estimated_output_tokens())
-                rec.estimated = True
-        elif rec.http_status == 200:
-            rec.input_tokens = estimate_tokens(self.raw)
-            rec.output_tokens = tracker.estimated_output_tokens()
-            rec.estimated = True
-
-
-class _PassThrough(_Counted):
-    """The client's own format: the upstream's bytes as they are (a chat stream's usage chunk taken out
-    when the gateway asked for it), counted on the way."""
-
-    def __init__(self, ep: Endpoint, raw: bytes, strip_usage: bool) -> None:
-        self.tracker, self.raw = StreamUsage(ep.usage_api, strip_usage), raw
-        self.style, self.responses_api = ep.style, ep is RESPONSES
-        self.feed, self.finish = self.tracker.feed, self.tracker.finish
-
-    def error_event(self, status: int, message: str) -> bytes:
-        return sse_error_event(self.style, status, message, responses_api=self.responses_api)
-
-    @property
-    def failed(self) -> str | None:
-        return None  # an upstream error event passes through as it is
-
-
-class _Translated(_Counted):
-    """Another format's stream, translated event by event into the client's."""
-
-    def __init__(
-        self, src: Format, ep: Endpoint, rec: Record, raw: bytes, strip_usage: bool, body: dict | None = None
-    ) -> None:
-        names = tool_names(body) if ep.fmt == "responses" else None  # Codex's namespaced tools
-        self.translator = StreamTranslator(
-            src, ep.fmt, public_model=rec.public_model or "", include_usage=not strip_usage, tool_names=names
-        )
-        self.tracker, self.raw = self.translator.tokens, raw  # fed the parsed events, not the bytes again
-        self.feed, self.finish = self.translator.feed, self.translator.finish
-        self.error_event = self.translator.error_event
-
-    @property
-    def failed(self) -> str | None:
-        """The upstream's error event that ended the stream (translated into the client's), if one did."""
-        return self.translator.failed
+        counted = self.translator.tokens.counted(self.raw, rec.http_status == 200)
+        if counted is not None:
+            rec.count(*counted)

@@ -18,27 +18,18 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from pydantic import ValidationError
 
-from gateway.core.usage import Api, estimate_output_tokens, estimate_tokens, usage_from_body
-from gateway.errors import (
-    BadRequest,
-    Forbidden,
-    NotFound,
-    PayloadTooLarge,
-    UpstreamCredentialRejected,
-    UpstreamError,
-)
-from gateway.http.endpoints.proxy import UPSTREAM_FORMAT, UPSTREAM_PATH, translated_headers
-from gateway.http.pipeline import Pipeline, credential_refused, dump_json, parse_json_object, read_body
+from gateway.core.usage import Api, answer_usage, estimate_tokens
+from gateway.errors import BadRequest, PayloadTooLarge
+from gateway.http.pipeline import Pipeline, dump_json, parse_json_object, read_body
+from gateway.http.targets import UPSTREAM_PATH, TargetRequests, check_model, upstream_error
 from gateway.summaries.batcher import UNCOVERED, SetAnswer, SummaryBatcher
 from gateway.summaries.schema import AnomalyIn, SummaryRequest
-from gateway.translate import translate_request, translate_response
-from gateway.upstream.client import client_retry_after
+from gateway.translate import translate_response
 
 if TYPE_CHECKING:
     from gateway.config import ProjectConfig
     from gateway.core.record import Record
     from gateway.upstream.client import UpstreamResult
-    from gateway.upstream.routing import Deployment
 
 
 class SummariesEndpoint:
@@ -61,13 +52,7 @@ class SummariesEndpoint:
                 error_class="too_many_anomalies",
             )
         model = req.model or project.models[0]
-        if model not in self.settings.models:
-            raise NotFound(f"model {model!r} does not exist", error_class="model_unknown")
-        if model not in project.models:
-            raise Forbidden(
-                f"project {info.project!r} is not allowed to use model {model!r}",
-                error_class="model_forbidden",
-            )
+        check_model(self.pipeline.services.router, project, info.project, model)
         hashes: dict[str, AnomalyIn] = {}
         ids_by_hash: dict[str, list[str]] = {}
         for a in req.anomalies:
@@ -149,40 +134,20 @@ class PipelineModelCalls:
             "max_tokens": max_tokens,
             "temperature": temperature,
         }
-        headers = {"Content-Type": "application/json"}
-        made: dict[tuple[str, str], tuple[str, bytes, dict[str, str]]] = {}
-
-        def prepare(target: Deployment) -> tuple[str, bytes, dict[str, str]]:
-            """What a deployment (gateway.upstream.routing) is sent: the call in its wire format."""
-            key = (target.kind, target.upstream_model)
-            if key not in made:
-                dst = UPSTREAM_FORMAT[target.kind]
-                if dst == "chat":
-                    out = {**body, "model": target.upstream_model, "response_format": {"type": "json_object"}}
-                else:
-                    out = translate_request(
-                        body, "chat", dst, upstream_model=target.upstream_model, default_max_tokens=max_tokens
-                    )
-                made[key] = (UPSTREAM_PATH[dst], dump_json(out), translated_headers(headers, target.kind))
-            return made[key]
-
+        targets = TargetRequests(
+            body, "chat", "openai", {"Content-Type": "application/json"}, model=model,
+            default_max_tokens=max_tokens, native_fields={"response_format": {"type": "json_object"}},
+        )  # fmt: skip
         plan = self.router.plan(
-            model, project, tokens=len(dump_json(body)) // 4 + max_tokens, prepare=prepare
+            model, project, tokens=len(dump_json(body)) // 4 + max_tokens, prepare=targets
         )
-        first = prepare(plan.primary.deployments[0])
-
-        def note_target() -> None:
-            target = plan.target
-            if target is not None:
-                rec.deployment, rec.provider = target.name, target.provider
-                rec.upstream_model = target.upstream_model
-                rec.fallback_from = plan.fallback_from
+        first = targets.request(plan.primary.deployments[0], UPSTREAM_PATH["chat"])
 
         async with (
             self.pipeline.model_call(rec),
             self.pipeline.exchange(
                 rec, plan, first, token_cap=max_tokens, input_estimate=estimate_tokens(first[1]),
-                on_target=note_target,
+                on_target=lambda: targets.note(rec, plan),
             ) as result,
         ):  # fmt: skip
             data = await _answer_body(rec, result)
@@ -191,12 +156,7 @@ class PipelineModelCalls:
             except BadRequest:
                 parsed = None
             api: Api = "messages" if plan.target is not None and plan.target.kind == "anthropic" else "chat"
-            usage = usage_from_body(api, parsed)
-            if usage is not None:
-                rec.input_tokens, rec.output_tokens = usage
-            else:
-                rec.input_tokens, rec.output_tokens = estimate_tokens(first[1]), estimate_output_tokens(data)
-                rec.estimated = True
+            rec.count(*answer_usage(api, parsed, first[1], data))
             rec.status, rec.http_status = "ok", 200
             return _answer_text(api, parsed)
 
@@ -206,22 +166,9 @@ async def _answer_body(rec: Record, result: UpstreamResult) -> bytes:
     keeps its status, so the farm can tell "slow down" from "broken")."""
     try:
         if result.status >= 400:
-            rec.fail("error", result.status, f"upstream_{result.status}")
-            if result.status in (401, 403):  # the gateway's own provider key; its body stays here
-                rec.http_status = 502
-                raise UpstreamCredentialRejected(
-                    credential_refused(rec.provider, result.status),
-                    code="upstream_credential_rejected",
-                )
-            detail = (result.body or b"")[:300].decode("utf-8", "replace").strip()
-            err = UpstreamError(
-                f"upstream {rec.provider!r} returned HTTP {result.status}"
-                + (f": {detail}" if detail else ""),
-                error_class=f"upstream_{result.status}",
-                retry_after=client_retry_after(result.headers),
-            )
-            if result.status in (429, 504):
-                err.status = result.status
+            err = upstream_error(rec, result)
+            if err.status not in (429, 504):
+                err.status = 502
             raise err
         assert result.response is not None  # an answer below 400 holds its open response
         try:
