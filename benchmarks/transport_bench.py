@@ -48,10 +48,11 @@ def kind(name: str):
 @kind("client")
 async def _client(base_url: str, conc: int):
     from gateway.config import ProviderConfig, RetryConfig
+    from gateway.limits.slots import FairSlots
     from gateway.upstream.client import UpstreamClient
 
     cfg = ProviderConfig(kind="openai", base_url=base_url, max_connections=conc)
-    client = UpstreamClient("bench", cfg, RetryConfig(), "sk-bench")
+    client = UpstreamClient("bench", cfg, RetryConfig(), "sk-bench", slots=FairSlots(cfg.max_connections))
     await client.start()
 
     async def one() -> None:

@@ -142,7 +142,8 @@ class Gateway:
             api_key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
             if cfg.api_key_env and not api_key:
                 log.warning("provider %s: environment variable %s is not set", name, cfg.api_key_env)
-            client = UpstreamClient(name, cfg, self.settings.retry, api_key)
+            slots = self.limits.provider(name, cfg.max_connections)
+            client = UpstreamClient(name, cfg, self.settings.retry, api_key, slots=slots)
             await client.start()
             self.clients[name] = client
         # ValueError: a deployment's bad key; deployments' rpm/tpm counted where the projects' limits are

@@ -12,8 +12,10 @@ What the gateway calls (typing Protocols, below): ``limits[project]`` is a ``Pro
 (a 429 naming the limit, with Retry-After); the admission has ``queue_wait_s``, ``release()`` (the
 concurrency slot, once the upstream is done) and ``settle(actual_tokens, cost_usd)`` (the tpm and budget
 reservations become the real usage). ``limits.deployment(model, name, rpm, tpm)`` is a
-``DeploymentLimiter``: a deployment's own rpm/tpm, which routing (``gateway.upstream.routing``) skips a
-deployment at rather than refusing the request.
+``DeploymentLimiter``: a deployment's own rpm/tpm, which routing (``gateway.upstream.routing``, given them by
+the gateway) skips a deployment at rather than refusing the request. ``limits.provider(name, capacity)`` is
+a ``ProviderSlots``: a provider's connection slots, shared fairly between projects, which its client
+(``gateway.upstream.client``) holds one of per request in flight.
 
 **Refusals**: ``RULES`` is every way admission can refuse: the limit it names (``x-farm-limit``), the code
 the Redis admission script returns for it, the message, and its Retry-After. The in-process limiter and the
@@ -188,8 +190,30 @@ class DeploymentLimiter(Protocol):
         ...
 
 
+class ProviderSlots(Protocol):
+    """A provider's ``capacity`` connection slots (``max_connections``), shared fairly between projects:
+    free slots are taken at once; when they are scarce, a freed slot goes to the waiting project that holds
+    the fewest (gateway.limits.slots)."""
+
+    capacity: int
+    free: int
+
+    @property
+    def waiting(self) -> int: ...  # requests waiting for a slot
+
+    def held(self, project: str) -> int: ...
+
+    async def acquire(self, project: str) -> float:
+        """Take a slot for ``project``; returns the seconds waited for it."""
+        ...
+
+    def release(self, project: str) -> None:
+        """Give a slot of ``project`` back (to the fairest waiter, if any)."""
+        ...
+
+
 class Limiters(Protocol):
-    """Every project's limits, and the deployments'."""
+    """Every project's limits, the deployments' and the providers' slots."""
 
     @property
     def projects(self) -> Mapping[str, ProjectLimiter]: ...
@@ -198,4 +222,8 @@ class Limiters(Protocol):
 
     def deployment(self, model: str, name: str, rpm: int | None, tpm: int | None) -> DeploymentLimiter:
         """The limiter of deployment ``name`` of public model ``model`` (at least one of rpm, tpm set)."""
+        ...
+
+    def provider(self, name: str, capacity: int) -> ProviderSlots:
+        """The slots of provider ``name``'s ``capacity`` connections."""
         ...

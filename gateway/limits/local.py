@@ -18,6 +18,7 @@ from aiolimiter import AsyncLimiter
 
 from gateway.config import ProjectConfig
 from gateway.limits.base import refusal
+from gateway.limits.slots import FairSlots
 
 WINDOW_S = 60.0  # a deployment's rpm/tpm window
 
@@ -280,6 +281,9 @@ class Limits:
 
     def deployment(self, model: str, name: str, rpm: int | None, tpm: int | None) -> DeploymentWindow:
         return DeploymentWindow(rpm, tpm)
+
+    def provider(self, name: str, capacity: int) -> FairSlots:
+        return FairSlots(capacity)
 
 
 class DeploymentWindow:

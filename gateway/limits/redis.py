@@ -61,6 +61,7 @@ from gateway.limits.local import share_of
 from gateway.limits.redis_deployment import DEPLOY_SETTLE, DEPLOY_TAKE, SharedDeploymentWindow
 from gateway.limits.redis_project import FallbackLimits, SharedProjectLimits
 from gateway.limits.redis_scripts import ADMIT, DAY_TTL_S, NOW, REFUND, SETTLE, SLOT, nanos, utc_day
+from gateway.limits.slots import FairSlots
 from gateway.redis.errors import SharedUnavailable
 from gateway.redis.lane import Lane, Script, evalsha, ignore, resolve
 from gateway.redis.state import SharedState
@@ -197,6 +198,10 @@ class SharedLimits:
 
     def deployment(self, model: str, name: str, rpm: int | None, tpm: int | None) -> SharedDeploymentWindow:
         return SharedDeploymentWindow(self.state, model, name, rpm, tpm)
+
+    def provider(self, name: str, capacity: int) -> FairSlots:
+        """This process's connections to the provider: its slots are this process's too."""
+        return FairSlots(capacity)
 
     # --- the shared state's participant ----------------------------------------------------------------
     async def connected(self, lane: Lane) -> None:

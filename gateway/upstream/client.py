@@ -7,10 +7,11 @@ Nothing above this module sees an aiohttp or asyncio exception: ``UpstreamClient
 for a header that cannot be sent). An upstream's own error answer is not an exception: it comes back as an
 ``UpstreamResult`` with its status and body.
 
-**Fair slots.** A provider has ``max_connections`` slots, shared fairly between projects
-(gateway.upstream.slots). A request holds one from the moment it is sent until its response is released or
-closed (a stream holds it to its end); the waits between retries do not hold one. The time spent waiting for
-a slot is returned as ``slot_wait_s``: queueing, not upstream time.
+**Fair slots.** A provider has ``max_connections`` slots, shared fairly between projects, given to its client
+by the limits (a ``gateway.limits.base.ProviderSlots``, ``Limiters.provider``). A request holds one from the
+moment it is sent until its response is released or closed (a stream holds it to its end); the waits between
+retries do not hold one. The time spent waiting for a slot is returned as ``slot_wait_s``: queueing, not
+upstream time.
 
 **Retries.** Retried: 408, 409, 429, 5xx, and connection failures where nothing of the response came back
 (refused, DNS, connect timeout, a connection dropped before the head), with backoff
@@ -25,7 +26,7 @@ over its deployments and fallback models. A plan may move a retry to another tar
 off; the rules above still bound the attempts (``max_retries``), and a 400 is never retried, except that a
 plan may re-send a context-window error once to a longer-context model. A plan gives each attempt's path, body
 and headers (``request``): a target of another wire format gets a translated request
-(gateway.http.endpoints.proxy).
+(gateway.http.targets).
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ from multidict import CIMultiDictProxy
 
 from gateway.config import ProviderConfig, RetryConfig
 from gateway.errors import BadRequest, GatewayError, UpstreamBadAnswer, UpstreamError, UpstreamTimeout
-from gateway.upstream.slots import FairSlots
 from gateway.upstream.transport import (
     AiohttpTransport,
     Transport,
@@ -55,6 +55,7 @@ from gateway.upstream.transport import (
 
 if TYPE_CHECKING:
     from gateway.config import GatewaySettings
+    from gateway.limits.base import ProviderSlots
 
 log = logging.getLogger("gateway.upstream.client")
 
@@ -169,7 +170,7 @@ class UpstreamResponse:
     def __init__(
         self,
         r: TransportResponse,
-        slots: FairSlots | None,
+        slots: ProviderSlots | None,
         project: str,
         on_done: Callable[[], None] | None = None,
     ) -> None:
@@ -246,8 +247,9 @@ class UpstreamResult:
 
 # --- the client ----------------------------------------------------------------------------------
 class UpstreamClient:
-    """One provider: its fair slots, its transport, the retry loop. ``transport``: another Transport than
-    the default AiohttpTransport (tests, another HTTP library); it then sends the provider key itself."""
+    """One provider: its fair slots (``slots``, given by the limits: ``Limiters.provider``), its transport,
+    the retry loop. ``transport``: another Transport than the default AiohttpTransport (tests, another HTTP
+    library); it then sends the provider key itself."""
 
     def __init__(
         self,
@@ -256,6 +258,7 @@ class UpstreamClient:
         retry: RetryConfig,
         api_key: str | None,
         *,
+        slots: ProviderSlots,
         transport: Transport | None = None,
     ) -> None:
         self.name = name
@@ -266,7 +269,7 @@ class UpstreamClient:
         if api_key:
             auth = auth_headers(cfg.kind, api_key, f"provider {name!r}", cfg.api_key_env)
         self._auth_headers = auth
-        self.slots = FairSlots(cfg.max_connections)
+        self.slots = slots
         self._transport: Transport | None = transport
         self._started = False
 
@@ -383,6 +386,24 @@ class _OneTarget:
         return None
 
 
+@dataclass(slots=True)
+class _Tally:
+    """The running counts of one request's attempts (``send_planned``)."""
+
+    key: str  # the project whose fair share the provider slots come from
+    attempt: int = 0
+    waited: float = 0.0  # between attempts
+    slot_wait: float = 0.0  # for provider slots
+    reasons: list[str] = field(default_factory=list)
+
+    def result(
+        self, status: int, headers: Any, response: UpstreamResponse | None, body: bytes | None, target: Any
+    ) -> UpstreamResult:
+        return UpstreamResult(
+            status, headers, response, body, self.attempt, self.waited, self.reasons, self.slot_wait, target
+        )
+
+
 async def send_planned(
     plan: Plan,
     r: RetryConfig,
@@ -402,112 +423,135 @@ async def send_planned(
                 f"header {name!r} is set by the gateway and cannot be forwarded", error_class="bad_header"
             )
     check_headers(headers)
-    key = project or ""
-    attempt = 0
-    waited = 0.0
-    slot_wait = 0.0
-    reasons: list[str] = []
+    tally = _Tally(project or "")
     claim = getattr(plan, "claim", None)
     target = plan.first()
     while True:
         if claim is not None:  # the target's shared limits, taken (or another target) before the attempt
             target = await claim(target)
-        client: UpstreamClient | None = target.client
-        transport = client._transport if client is not None else None
-        if client is None or transport is None or not client._started:
-            name = client.name if client is not None else "local"
-            raise RuntimeError(f"upstream client {name!r} is not started")
-        slots = client.slots
-        slot_wait += await slots.acquire(key)
-        plan.begin(target)
-        held = True
-        err: UpstreamError | None = None
-        nxt = None
-        try:
-            auth = target.auth
-            t_path, t_body, t_headers = plan.request(target, path, headers)
-            resp = await transport.post(t_path, t_body, t_headers if auth is None else {**t_headers, **auth})
-            status = resp.status
-            if status < 400 and not _is_answer(status):
-                resp.close()
-                raise UpstreamBadAnswer(
-                    f"upstream {client.name!r} answered HTTP {status}, which is no answer to this API "
-                    "(expected 200 with a body)",
-                    error_class="upstream_bad_status",
-                )
-            if status < 400:
-                held = False
-                plan.answered(target)
-                done = (lambda t=target: plan.done(t)) if not isinstance(plan, _OneTarget) else None
-                return UpstreamResult(
-                    status, resp.headers, UpstreamResponse(resp, slots, key, done), None, attempt, waited,
-                    reasons, slot_wait, target,
-                )  # fmt: skip
-            body_bytes = await client._read_error(resp)
-        except UpstreamError as e:
-            err = e
-        finally:
-            if held:
-                slots.release(key)
-                plan.done(target)
-        if err is not None:
-            reason = retry_reason(err)
-            kind = error_failure_kind(err)
-            plan.failed(target, kind, None)
-            if attempt < r.max_retries:  # a read timeout is not retried, but may go to a fallback model
-                nxt = plan.switch(target, kind, reason is not None)
-            if nxt is not None:
-                delay = 0.0
-                reason = reason or kind
-            else:
-                delay = client._backoff(attempt)
-                if reason is None or attempt >= r.max_retries or waited + delay > r.max_total_wait_s:
-                    if reason is None:
-                        err.slot_wait_s, err.retry_wait_s = slot_wait, waited
-                        err.target = target
-                        raise err
-                    final = type(err)(
-                        f"{err.message} (after {attempt} {'retry' if attempt == 1 else 'retries'})",
-                        error_class=err.error_class,
-                    )
-                    final.slot_wait_s, final.retry_wait_s = slot_wait, waited
-                    final.target = target
-                    raise final from None
+        client = _started_client(target)
+        outcome = await _attempt(plan, target, client, path, headers, tally)
+        if isinstance(outcome, UpstreamError):
+            nxt, delay, reason = _after_failure(plan, r, target, client, outcome, tally)
+        elif outcome.response is not None:
+            return outcome  # an answer
         else:
-            result = UpstreamResult(
-                status, resp.headers, None, body_bytes, attempt, waited, reasons, slot_wait, target
-            )
-            if not is_retryable_status(status):
-                plan.answered(target)  # the request's own fault (or the key's): not the deployment's health
-                nxt = plan.context_fallback(target, status, body_bytes)
-                if nxt is None:
-                    return result
-                delay, reason = 0.0, "context_window"
-            else:
-                retry_after = parse_retry_after(resp.headers)
-                kind = status_failure_kind(status)
-                plan.failed(target, kind, retry_after)
-                if attempt >= r.max_retries:
-                    return result
-                nxt = plan.switch(target, kind, True)
-                if nxt is not None:
-                    delay = 0.0
-                else:
-                    delay = retry_after if retry_after is not None else client._backoff(attempt)
-                    if (
-                        retry_after is not None and retry_after > r.max_retry_after_s
-                    ) or waited + delay > r.max_total_wait_s:
-                        return result
-                reason = str(status)
-        reasons.append(reason)
+            step = _after_error_answer(plan, r, target, client, outcome, tally)
+            if step is None:
+                return outcome
+            nxt, delay, reason = step
+        tally.reasons.append(reason)
         if on_retry is not None:
             on_retry(reason)
         if delay:
             log.debug("retrying %s (%s) in %.2fs", client.name, reason, delay)
             await asyncio.sleep(delay)
-            waited += delay
-        attempt += 1
+            tally.waited += delay
+        tally.attempt += 1
         target = nxt if nxt is not None else plan.again(target)
+
+
+def _started_client(target: Any) -> UpstreamClient:
+    client: UpstreamClient | None = target.client
+    if client is None or client._transport is None or not client._started:
+        name = client.name if client is not None else "local"
+        raise RuntimeError(f"upstream client {name!r} is not started")
+    return client
+
+
+async def _attempt(
+    plan: Plan, target: Any, client: UpstreamClient, path: str, headers: Mapping[str, str], tally: _Tally
+) -> UpstreamResult | UpstreamError:
+    """One attempt, holding a provider slot of ``client`` while it runs: an answer (its response open, the
+    slot held until it is released), the upstream's error answer (its body read, the slot freed), or the
+    failure that raised."""
+    slots, key = client.slots, tally.key
+    tally.slot_wait += await slots.acquire(key)
+    plan.begin(target)
+    held = True
+    try:
+        auth = target.auth
+        t_path, t_body, t_headers = plan.request(target, path, headers)
+        assert client._transport is not None
+        resp = await client._transport.post(
+            t_path, t_body, t_headers if auth is None else {**t_headers, **auth}
+        )
+        status = resp.status
+        if status < 400 and not _is_answer(status):
+            resp.close()
+            raise UpstreamBadAnswer(
+                f"upstream {client.name!r} answered HTTP {status}, which is no answer to this API "
+                "(expected 200 with a body)",
+                error_class="upstream_bad_status",
+            )
+        if status < 400:
+            held = False
+            plan.answered(target)
+            done = (lambda t=target: plan.done(t)) if not isinstance(plan, _OneTarget) else None
+            return tally.result(status, resp.headers, UpstreamResponse(resp, slots, key, done), None, target)
+        body = await client._read_error(resp)
+        return tally.result(status, resp.headers, None, body, target)
+    except UpstreamError as e:
+        return e
+    finally:
+        if held:
+            slots.release(key)
+            plan.done(target)
+
+
+def _after_failure(
+    plan: Plan, r: RetryConfig, target: Any, client: UpstreamClient, err: UpstreamError, tally: _Tally
+) -> tuple[Any, float, str]:
+    """After an attempt that raised: (the next target or None for ``again``, the wait, the reason), or the
+    error raised when it is final (not retryable, out of retries or of waiting time)."""
+    reason = retry_reason(err)
+    kind = error_failure_kind(err)
+    plan.failed(target, kind, None)
+    nxt = None
+    if tally.attempt < r.max_retries:  # a read timeout is not retried, but may go to a fallback model
+        nxt = plan.switch(target, kind, reason is not None)
+    if nxt is not None:
+        return nxt, 0.0, reason or kind
+    delay = client._backoff(tally.attempt)
+    if reason is not None and tally.attempt < r.max_retries and tally.waited + delay <= r.max_total_wait_s:
+        return None, delay, reason
+    if reason is None:
+        err.slot_wait_s, err.retry_wait_s = tally.slot_wait, tally.waited
+        err.target = target
+        raise err
+    n = tally.attempt
+    final = type(err)(
+        f"{err.message} (after {n} {'retry' if n == 1 else 'retries'})", error_class=err.error_class
+    )
+    final.slot_wait_s, final.retry_wait_s = tally.slot_wait, tally.waited
+    final.target = target
+    raise final from None
+
+
+def _after_error_answer(
+    plan: Plan, r: RetryConfig, target: Any, client: UpstreamClient, result: UpstreamResult, tally: _Tally
+) -> tuple[Any, float, str] | None:
+    """After the upstream's error answer: (the next target or None for ``again``, the wait, the reason), or
+    None when the answer is final (the request's own fault, out of retries, a wait too long)."""
+    status = result.status
+    if not is_retryable_status(status):
+        plan.answered(target)  # the request's own fault (or the key's): not the deployment's health
+        nxt = plan.context_fallback(target, status, result.body)
+        return None if nxt is None else (nxt, 0.0, "context_window")
+    retry_after = parse_retry_after(result.headers)
+    kind = status_failure_kind(status)
+    plan.failed(target, kind, retry_after)
+    if tally.attempt >= r.max_retries:
+        return None
+    nxt = plan.switch(target, kind, True)
+    if nxt is not None:
+        return nxt, 0.0, str(status)
+    delay = retry_after if retry_after is not None else client._backoff(tally.attempt)
+    if (
+        retry_after is not None and retry_after > r.max_retry_after_s
+    ) or tally.waited + delay > r.max_total_wait_s:
+        return None
+    return None, delay, str(status)
 
 
 def pool_warnings(settings: GatewaySettings) -> list[str]:

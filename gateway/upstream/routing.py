@@ -9,13 +9,13 @@ its provider's ``UpstreamClient`` (deployments of one provider share its connect
 **Picking** (``ModelDeployments.pick``, on every request): a deployment whose cooldown has just ended is
 probed first (one request at a time); otherwise, among the deployments neither cooling down nor at their
 ``rpm``/``tpm``, the one with the fewest requests in flight relative to its weight, ties broken by smooth
-weighted round-robin (so sequential requests split exactly by weight). A deployment's rpm/tpm are counted
-over one-minute windows by its ``gateway.limits.base.DeploymentLimiter``: in this process
-(``gateway.limits.local.DeploymentWindow``), or, with ``redis_url``, in Redis for every process
-(``gateway.limits.redis_deployment.SharedDeploymentWindow``). Shared counters are taken before each attempt
-(``RoutePlan.claim``, awaited by the retry loop): one atomic check-and-count per attempt, so the processes
-together send a deployment at most its rpm within a window; a deployment another process used up meanwhile
-is skipped for the rest of its window and the next choice is taken instead.
+weighted round-robin (so sequential requests split exactly by weight). A deployment's rpm/tpm are counted over
+one-minute windows by its ``gateway.limits.base.DeploymentLimiter``, which the router is given by the
+gateway's limits (``Limiters.deployment``): in this process (``gateway.limits.local``), or, with
+``redis_url``, in Redis for every process (``gateway.limits.redis_deployment``). Shared counters are taken
+before each attempt (``RoutePlan.claim``, awaited by the retry loop): one atomic check-and-count per attempt,
+so the processes together send a deployment at most its rpm within a window; a deployment another process used
+up meanwhile is skipped for the rest of its window and the next choice is taken instead.
 
 **Cooldowns** (``RoutingConfig``): a 429 cools a deployment down at once, for its Retry-After when it gives
 one; a 5xx, a timeout or a failed connection does once more than ``allowed_fails`` happen in a row. The
@@ -33,9 +33,8 @@ context-window error (a 400 that says so) is re-sent once to the model's first
 ``context_window_fallbacks`` entry when ``fallback_on`` has ``context_window``; any other 400 is final.
 Fallbacks are operator config: any project allowed the primary model may be served by its fallbacks.
 Deployments and fallbacks may speak different wire formats: a target is an explicit ``Deployment`` with its
-provider ``kind``, and the request's ``prepare(target)`` gives what to send it (gateway.http.endpoints.proxy
-translates the
-body, path and headers for a target of another kind, and its answer back).
+provider ``kind``, and the request's ``prepare(target)`` gives what to send it (gateway.http.targets
+translates the body, path and headers for a target of another kind; the endpoint translates its answer back).
 """
 
 from __future__ import annotations
@@ -47,7 +46,6 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from gateway.limits.local import DeploymentWindow
 from gateway.upstream.client import UpstreamClient, UpstreamResult, auth_headers, send_planned
 
 if TYPE_CHECKING:
@@ -97,10 +95,7 @@ class Deployment:
         self.strikes = 0  # cooldowns in a row
         self.cooldown_until = 0.0  # 0: healthy; else a cooldown ends (or ended: a probe is due) then
         self.probing = False
-        # its rpm/tpm (None: neither set); in this process unless the router was given shared limits
-        if window is None and (cfg.rpm is not None or cfg.tpm is not None):
-            window = DeploymentWindow(cfg.rpm, cfg.tpm)
-        self.window = window
+        self.window = window  # its rpm/tpm (None: neither set), from the gateway's limits
         self._metrics = metrics
         self._m_errors: dict[str, Any] = {}
         if metrics is not None:
@@ -235,8 +230,8 @@ class ModelDeployments:
 
 class Router:
     """The deployments of every public model of one gateway. ``clock``: monotonic seconds (tests replace
-    it to end a cooldown without sleeping). ``limits``: where deployments' rpm/tpm are counted (the
-    gateway's ``Limiters``: shared through Redis with ``redis_url``); None: in this process."""
+    it to end a cooldown without sleeping). ``limits``: the gateway's ``Limiters``, which give each
+    deployment with an rpm or tpm its ``DeploymentLimiter`` (shared through Redis with ``redis_url``)."""
 
     def __init__(
         self,
@@ -244,9 +239,9 @@ class Router:
         clients: Mapping[str, UpstreamClient],
         metrics: GatewayMetrics | None = None,
         *,
+        limits: Limiters,
         clock: Callable[[], float] = time.monotonic,
         environ: Mapping[str, str] = os.environ,
-        limits: Limiters | None = None,
     ) -> None:
         self.cfg = settings.routing
         self.retry = settings.retry
@@ -270,7 +265,7 @@ class Router:
                             model, dc.name, dc.api_key_env, dc.provider,
                         )  # fmt: skip
                 window = None
-                if limits is not None and (dc.rpm is not None or dc.tpm is not None):
+                if dc.rpm is not None or dc.tpm is not None:
                     window = limits.deployment(model, dc.name, dc.rpm, dc.tpm)
                 deps.append(
                     Deployment(model, dc, provider.kind, clients.get(dc.provider), auth, metrics, window)

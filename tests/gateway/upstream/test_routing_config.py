@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.config import ConfigError, ProjectConfig, load_settings
+from gateway.limits.local import Limits
 from gateway.upstream.client import pool_warnings
 from gateway.upstream.routing import Router, is_context_window_error
 
@@ -130,7 +131,8 @@ class Clock:
 
 def router(models: dict, **kw) -> tuple[Router, Clock]:
     clock = Clock()
-    return Router(settings(models, **kw), {}, clock=clock, environ={}), clock
+    cfg = settings(models, **kw)
+    return Router(cfg, {}, limits=Limits(cfg.projects), clock=clock, environ={}), clock
 
 
 def test_all_cooling_tries_the_one_whose_cooldown_ends_first_and_cooldowns_double():

@@ -28,8 +28,8 @@ from gateway.errors import (
     UpstreamTooLarge,
     UpstreamUnreachable,
 )
+from gateway.limits.slots import FairSlots
 from gateway.upstream.client import UpstreamClient, client_retry_after, pool_warnings
-from gateway.upstream.slots import FairSlots
 from testkit.gateway.fake_upstream import FakeUpstream, Fault
 
 FAST_RETRY = RetryConfig(max_retries=2, backoff_base_s=0.01, backoff_cap_s=0.02, jitter_s=0.0)
@@ -100,7 +100,8 @@ def provider(url: str, **kw) -> ProviderConfig:
 async def started(
     url: str, retry: RetryConfig = FAST_RETRY, key: str | None = "sk-test", **kw
 ) -> UpstreamClient:
-    client = UpstreamClient("up", provider(url, **kw), retry, key)
+    cfg = provider(url, **kw)
+    client = UpstreamClient("up", cfg, retry, key, slots=FairSlots(cfg.max_connections))
     await client.start()
     return client
 

@@ -1,5 +1,7 @@
-"""A provider's fair slots (``FairSlots``): ``max_connections`` slots shared by projects, one held by each
-request in flight to the provider (gateway.upstream.client holds one ``FairSlots`` per provider).
+"""A provider's fair slots (``FairSlots``, a ``gateway.limits.base.ProviderSlots``): ``max_connections``
+slots shared by projects, one held by each request in flight to the provider. Each provider's client
+(gateway.upstream.client) is given its own by the limits (``Limiters.provider``); they count this process's
+connections, so they are in this process with shared limits too.
 
 While slots are free, anyone gets one at once. When they are scarce, a freed slot goes to the project with
 waiters that holds the fewest slots (ties: the one served least recently), so a project with one request
