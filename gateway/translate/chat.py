@@ -25,6 +25,7 @@ from gateway.translate.ir import (
     invalid,
     loads,
     new_id,
+    sub_object,
     untranslatable,
     want,
 )
@@ -254,8 +255,8 @@ def render_request(req: Request, model: str) -> dict:
 def parse_usage(u: object) -> Usage | None:
     if not isinstance(u, dict):
         return None
-    pd = _details(u, "prompt_tokens_details")
-    cd = _details(u, "completion_tokens_details")
+    pd = sub_object(u, "prompt_tokens_details")
+    cd = sub_object(u, "completion_tokens_details")
     return Usage(
         input=count(u.get("prompt_tokens")),
         output=count(u.get("completion_tokens")),
@@ -263,11 +264,6 @@ def parse_usage(u: object) -> Usage | None:
         cache_write=count(pd.get("cache_write_tokens")),
         reasoning=count(cd.get("reasoning_tokens")),
     )
-
-
-def _details(u: dict, name: str) -> dict:
-    d = u.get(name)
-    return d if isinstance(d, dict) else {}
 
 
 def render_usage(u: Usage) -> dict:

@@ -188,6 +188,12 @@ def loads(data: str) -> object:
     return obj
 
 
+def sub_object(obj: dict, name: str) -> dict:
+    """``obj[name]`` when it is an object, else an empty one (a usage's ``*_details``)."""
+    d = obj.get(name)
+    return d if isinstance(d, dict) else {}
+
+
 def count(v: object) -> int:
     """A token count of an upstream's usage as a client may be shown it (gateway.core.usage.token_count);
     anything that is no count (a list, NaN, 10**30, a negative number) shows as 0, and the gateway's own

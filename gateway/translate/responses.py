@@ -30,6 +30,7 @@ from gateway.translate.ir import (
     invalid,
     loads,
     new_id,
+    sub_object,
     untranslatable,
     want,
 )
@@ -277,10 +278,7 @@ def render_request(req: Request, model: str) -> dict:
 def parse_usage(u: object) -> Usage | None:
     if not isinstance(u, dict):
         return None
-    details = u.get("input_tokens_details")
-    details = details if isinstance(details, dict) else {}
-    out_details = u.get("output_tokens_details")
-    out_details = out_details if isinstance(out_details, dict) else {}
+    details, out_details = sub_object(u, "input_tokens_details"), sub_object(u, "output_tokens_details")
     return Usage(
         input=count(u.get("input_tokens")),
         output=count(u.get("output_tokens")),
@@ -489,9 +487,8 @@ class Encoder:
         self.names = names  # namespaced tools of the client's request (gateway.translate.namespaces)
         self._seq = 0
         self._id = ""
-        self._items: dict[
-            int, list
-        ] = {}  # block key -> [output_index, item id, kind, name/call_id..., texts]
+        # block key -> [output_index, item id, kind, texts (, the call)]
+        self._items: dict[int, list] = {}
         self._done: list[dict] = []  # finished output items, in output order
         self._ended: set[int] = set()
 
@@ -515,15 +512,8 @@ class Encoder:
             index = len(self._items)
             item_id = new_id("msg_", f"{self._id}_{index}")
             state = self._items[key] = [index, item_id, "message", []]
-            added = dumps(
-                {
-                    "id": item_id,
-                    "type": "message",
-                    "status": "in_progress",
-                    "role": "assistant",
-                    "content": [],
-                }
-            )
+            added = dumps({"id": item_id, "type": "message", "status": "in_progress", "role": "assistant",
+                           "content": []})  # fmt: skip
             out = self._event(
                 "response.output_item.added", f'"output_index":{index},"item":{added}'
             ) + self._event(
