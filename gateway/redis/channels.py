@@ -19,16 +19,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import redis.asyncio as aredis
 
 from gateway.config import GatewaySettings
 from gateway.redis.errors import SharedUnavailable
 from gateway.redis.lane import Lane, Script
-
-if TYPE_CHECKING:
-    from gateway.store.keys import KeyStore
 
 log = logging.getLogger("gateway.redis.channels")
 
@@ -59,12 +56,23 @@ class SharedState(Protocol):
     async def call(self, what: str, command: Callable[[aredis.Redis], Awaitable[Any]]) -> Any: ...
 
 
+class KeyCache(Protocol):
+    """What key changes reach in each process: its key store's cache (gateway.store.keys.KeyStore), which
+    publishes its own changes through ``on_change``."""
+
+    on_change: Callable[[str, bool], Awaitable[None]] | None
+
+    def forget_key(self, key_id: str, *, revoked: bool) -> None: ...
+
+    def forget_all(self) -> None: ...
+
+
 class KeyRevocations:
     """Key changes published to every process sharing the Redis (see the module docstring)."""
 
     scripts: tuple[Script, ...] = ()
 
-    def __init__(self, state: SharedState, keys: KeyStore | None) -> None:
+    def __init__(self, state: SharedState, keys: KeyCache | None) -> None:
         self.state = state
         self.keys = keys
         self.channel = state.channel("keys")
@@ -92,11 +100,11 @@ class KeyRevocations:
         if what in ("revoked", "changed") and key_id:
             self.keys.forget_key(key_id, revoked=what == "revoked")
         else:  # a message of another form (an older gateway's): forget every key
-            self.keys._forget()
+            self.keys.forget_all()
 
     async def connected(self, lane: Lane) -> None:
         if self.keys is not None:
-            self.keys._forget()  # revocations published while Redis was away were lost
+            self.keys.forget_all()  # revocations published while Redis was away were lost
 
     def down(self) -> None:
         pass

@@ -23,7 +23,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import redis.asyncio as aredis
 from redis.asyncio.connection import parse_url
@@ -31,12 +31,9 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from gateway.config import ConfigError, GatewaySettings
-from gateway.redis.channels import KeyRevocations, SummaryClaims
+from gateway.redis.channels import KeyCache, KeyRevocations, SummaryClaims
 from gateway.redis.errors import REDIS_ERRORS, ReplyError, SharedUnavailable, describe, unavailable
 from gateway.redis.lane import Lane, Script, open_lane
-
-if TYPE_CHECKING:
-    from gateway.store.keys import KeyStore
 
 log = logging.getLogger("gateway.redis.state")
 
@@ -63,7 +60,7 @@ class SharedState:
     """This process's connection to the shared state. Hangs off the Gateway (``gw.shared``); nothing at
     module level. ``summaries`` and ``revocations`` are its channels (``gateway.redis.channels``)."""
 
-    def __init__(self, settings: GatewaySettings, *, keys: KeyStore | None = None) -> None:
+    def __init__(self, settings: GatewaySettings, *, keys: KeyCache | None = None) -> None:
         assert settings.redis_url
         self.settings = settings
         self.url = settings.redis_url

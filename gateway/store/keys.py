@@ -184,7 +184,7 @@ class KeyStore:
         if not secret:
             raise ValueError("empty server secret")
         self._secret = secret
-        self._forget()
+        self.forget_all()
 
     def _digest(self, key: str) -> str:
         if self._secret is None:
@@ -282,7 +282,7 @@ class KeyStore:
         self._loading.pop(key_id, None)
         self._generation += 1
 
-    def _forget(self) -> None:
+    def forget_all(self) -> None:
         """Drop what this process knows about keys (a new secret, or key changes that may have been
         missed): nothing is served from the last known good after this."""
         self._cache.clear()

@@ -25,7 +25,7 @@ async def test_a_burst_on_a_cold_cache_queries_the_store_once_and_revocation_sti
         keys = KeyStore(engine, b"s" * 32, cache_ttl_s=60)
         key, info = await keys.create("alpha", "bench")
         other, _ = await keys.create("beta", "bench")
-        keys._forget()  # cold, as after start or a TTL expiry
+        keys.forget_all()  # cold, as after start or a TTL expiry
         lookups.clear()
         got = await asyncio.gather(*(keys.authenticate(k) for k in [key] * 20 + [other] * 5))
         assert [g.project for g in got] == ["alpha"] * 20 + ["beta"] * 5
@@ -33,7 +33,7 @@ async def test_a_burst_on_a_cold_cache_queries_the_store_once_and_revocation_sti
         assert await keys.authenticate(key + "x") is None  # a wrong secret part: no match
 
         # a lookup in flight when the key is revoked must not put the key back in the cache
-        keys._forget()
+        keys.forget_all()
         slow = asyncio.ensure_future(keys.authenticate(key))
         await asyncio.sleep(0)  # its query has started
         assert await keys.revoke(info.id)

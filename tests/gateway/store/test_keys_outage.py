@@ -55,7 +55,7 @@ async def test_a_key_seen_lately_authenticates_through_an_outage_and_an_unseen_o
     keys = KeyStore(engine, SECRET, cache_ttl_s=1, stale_ttl_s=60, lookup_timeout_s=5, monotonic=clock)
     seen, seen_info = await keys.create("alpha", "seen")
     unseen, _ = await keys.create("alpha", "unseen")
-    keys._forget()
+    keys.forget_all()
     assert (await keys.authenticate(seen)).id == seen_info.id  # verified by the database
 
     dead = create_engine(_dead_url(db_backend, tmp_path))
@@ -98,7 +98,7 @@ async def test_a_hung_database_costs_one_lookup_deadline_then_is_not_asked_for_a
     keys = KeyStore(engine, SECRET, cache_ttl_s=1, stale_ttl_s=60, lookup_timeout_s=0.5, monotonic=clock)
     key, info = await keys.create("alpha", "k")
     unseen, _ = await keys.create("alpha", "u")
-    keys._forget()
+    keys.forget_all()
     await keys.authenticate(key)
 
     silent = socket.socket()  # accepts connections (the kernel's backlog) and never answers
