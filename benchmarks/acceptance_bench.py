@@ -18,7 +18,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from jobs.store.repository import Store
+from jobs.store import AnomalyRecord, Store
 from jobs.store.results import result_of
 from kernels.base import Summary
 
@@ -156,15 +156,15 @@ def seed_job(store: Store) -> int:
         if kind:
             t = rows[seq]
             anomalies.append(
-                {
-                    "trial_id": t.id,
-                    "baseline_trial_id": rows[0].id if t.shape["m"] == 128 else rows[6].id,
-                    "kind": kind,
-                    "severity": SEVERITY[kind],
-                    "fingerprint": fingerprint(t, kind),
-                    "message": f"{kind} on #{seq}",
-                    "evidence": EVIDENCE[kind],
-                }
+                AnomalyRecord(
+                    trial_id=t.id,
+                    baseline_trial_id=rows[0].id if t.shape["m"] == 128 else rows[6].id,
+                    kind=kind,
+                    severity=SEVERITY[kind],
+                    fingerprint=fingerprint(t, kind),
+                    message=f"{kind} on #{seq}",
+                    evidence=EVIDENCE[kind],
+                )
             )
     store.replace_anomalies(job_id, anomalies)
     return job_id

@@ -15,7 +15,7 @@ import time
 from cluster import session
 from jobs.run.runner import RunOptions, run_sweep
 from jobs.spec.sweep import loads_spec
-from jobs.store.repository import Store
+from jobs.store import Store
 from kernels.base import TrialRequest
 from kernels.registry import get_family
 

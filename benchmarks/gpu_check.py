@@ -118,7 +118,7 @@ def run_sweeps(out: Path, db: Path, timeout_s: float = SWEEP_TIMEOUT_S) -> tuple
     """One `farm sweep run` per family into one store; the job ids by family (a sweep that created no job
     has none)."""
     from jobs.spec.sweep import load_spec
-    from jobs.store.repository import Store
+    from jobs.store import Store
 
     steps, jobs = [], {}
     for family, spec_path in SPECS.items():
@@ -261,7 +261,7 @@ def summarize(
     """The summary of a check as a JSON-ready dict; `ok` is every step exiting 0, no trial failing and no
     peer comparison failing."""
     from benchmarks.peers import failed_peers
-    from jobs.store.repository import Store
+    from jobs.store import Store
     from kernels.base import NOT_FAILED, TrialStatus
 
     by_shape = {_point(r["shape"]): r["median_us"] * 1e3 for r in scaled_mm or [] if r.get("median_us")}

@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> dict:
     from jobs.history.series import Selection, collect
     from jobs.run.runner import RunOptions, run_sweep
     from jobs.spec.sweep import loads_spec
-    from jobs.store.repository import Store
+    from jobs.store import Store
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--commits", type=int, default=12)

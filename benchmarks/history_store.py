@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session
 
 from jobs.judge.baselines import point_config
 from jobs.spec.sweep import loads_spec
-from jobs.store.repository import Job, Store, TrialRow
+from jobs.store import Job, Store, TrialRow
 from jobs.store.results import result_of
 
 NAME = "history-probe"

@@ -71,7 +71,7 @@ def main() -> dict:
     from jobs.queue.pool import PoolOptions, serve
     from jobs.queue.queue import Queue
     from jobs.run.runner import RunOptions
-    from jobs.store.repository import Store
+    from jobs.store import Store
 
     env = {
         **os.environ,

@@ -16,7 +16,7 @@ from benchmarks.history_store import build_history_store
 from cluster import session
 from jobs.history.series import collect
 from jobs.report.site import build_site
-from jobs.store.repository import Store
+from jobs.store import Store
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:

@@ -42,7 +42,7 @@ class NoSuchJob(BadInput):
     a command's own `except LookupError` must not turn it into another message or code.)"""
 
     def __init__(self, job_id: int, url: str) -> None:
-        from jobs.store.schema import display_url
+        from schemakit import display_url  # the store as given, less its password
 
         where = display_url(url)
         super().__init__(f"no job {job_id} in the farm store {where} (`farm jobs list` shows its jobs)")
@@ -54,7 +54,7 @@ class NoSuchStore(BadInput):
     never created by reading, so a mistyped --db is not mistaken for an empty store."""
 
     def __init__(self, url: str, source: str | None = None) -> None:
-        from jobs.store.schema import display_url
+        from schemakit import display_url  # the store as given, less its password
 
         given = f" ({source})" if source else ""
         super().__init__(

@@ -17,10 +17,9 @@ from typing import Any
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from jobs.store.repository import DEFAULT_DB
-
 ENV_PREFIX = "FARM_"
 DEFAULT_GATEWAY_URL = "http://127.0.0.1:8787"
+DEFAULT_DB = ".farm/farm.db"  # the results store when neither --db nor FARM_DB names one
 
 
 class FarmSettingsError(ValueError):

@@ -88,7 +88,7 @@ def ray_local():
 def farm_store_template(tmp_path_factory):
     """An SQLite results store migrated to the newest schema once; ``store`` copies it (a file copy costs
     a fraction of running the migrations in every test)."""
-    from jobs.store.repository import Store
+    from jobs.store import Store
 
     path = tmp_path_factory.mktemp("farm-template") / "farm.db"
     Store(str(path)).close()
@@ -100,7 +100,7 @@ def farm_store_template(tmp_path_factory):
 def store(tmp_path, farm_store_template):
     """A fresh SQLite store in the test's folder (``tmp_path / "farm.db"``, a copy of the migrated
     template), closed after it."""
-    from jobs.store.repository import Store
+    from jobs.store import Store
 
     path = tmp_path / "farm.db"
     shutil.copyfile(farm_store_template, path)

@@ -114,7 +114,7 @@ def _as_farm_error(err: Exception, ctx: click.Context) -> FarmError | None:
 
     from jobs.cli.common import FILE_FIX, STORE_URL
     from jobs.settings import FarmSettingsError
-    from jobs.store.repository import store_error
+    from jobs.store import store_error
     from jobs.store.schema import StoreSchemaError
 
     if isinstance(err, FarmError):

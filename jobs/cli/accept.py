@@ -12,7 +12,7 @@ from rich.table import Table
 from jobs.cli.common import address_option, console, db_option, echo, require_job, store_for, writable_output
 from jobs.settings import FarmSettings
 from jobs.spec.sweep import SpecError
-from jobs.store.repository import Store
+from jobs.store import Store
 
 
 @click.command("accept")

@@ -13,7 +13,7 @@ from jobs.errors import InfrastructureError as InfrastructureError  # noqa: PLC0
 from jobs.errors import NoSuchJob
 
 if TYPE_CHECKING:  # the store (SQLAlchemy) and the settings (pydantic) load when a command opens them
-    from jobs.store.repository import Job, Store
+    from jobs.store import Job, Store
 
 STORE_URL = "farm.store_url"  # click context meta: the store the command opened (for error messages)
 FILE_FIX = "check that the folder exists and is writable (create it first), or choose another path"
@@ -34,7 +34,7 @@ def store_for(db: str | None, *, create: bool) -> Store:
     that only reads passes False, and a store that does not exist is then NoSuchStore (exit 2, one line)
     rather than a new, empty store that a mistyped --db would make look like one with no jobs."""
     from jobs.settings import FarmSettings
-    from jobs.store.repository import Store
+    from jobs.store import Store
 
     source = None
     if db is None:

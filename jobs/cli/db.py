@@ -25,7 +25,7 @@ def db_upgrade(db: str | None) -> None:
     creates it."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from jobs.store.repository import Base, make_engine
+    from jobs.store import Base, make_engine
     from jobs.store.schema import display_url, upgrade_schema
 
     url = db or FarmSettings().db

@@ -18,7 +18,7 @@ from jobs.cli.common import address_option, console, db_option, echo, gpus_optio
 from jobs.settings import FarmSettings
 from jobs.spec.sweep import SpecError, SweepSpec, TooManyTrials, load_spec
 from jobs.spec.sweep import loads_spec as load_spec_text
-from jobs.store.repository import Store
+from jobs.store import Store
 
 
 @click.group()

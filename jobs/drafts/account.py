@@ -39,7 +39,7 @@ from sqlalchemy.orm import Session
 from gateway.summaries.schema import MAX_USAGE_IDS, USAGE_PATH, UsageReply
 from jobs.drafts.client import DraftsError, GatewayTarget, post_json
 from jobs.drafts.review import ACCEPTED, NEEDS_PROFILER, NEW, REJECTED
-from jobs.store.repository import DraftRow, DraftRun, Store
+from jobs.store import DraftRow, DraftRun, Store
 
 OFFLINE, FARM_SIDE, GATEWAY = "offline", "farm-side", "gateway"
 SUMS = (  # the fields a rollup adds up

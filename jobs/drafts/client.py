@@ -30,7 +30,7 @@ from gateway.summaries.schema import SUMMARIES_PATH, TASKS, AnomalyIn
 from jobs.drafts.compress import Compressed, LogSource, compress, content_digest, facts_from_job, without
 from jobs.drafts.review import rejected_fingerprints, validate_check
 from jobs.settings import FarmSettings
-from jobs.store.repository import Store
+from jobs.store import DraftRecord, DraftRunRecord, Store
 
 
 @dataclass(frozen=True)
@@ -144,35 +144,35 @@ def draft_job(
     reply = request_drafts(packed.items, task, target) if target else offline_reply(packed.items, task)
     usage = reply.get("usage") or {}
     offline = bool(reply.get("offline"))
-    run = {
-        "task": task,
-        "model": reply.get("model"),
-        "provider": reply.get("provider"),
-        "offline": offline,
-        "cached": bool(reply.get("cached")),
-        "anomalies": len(facts),
-        "sent": len(packed.items),
-        "raw_bytes": packed.raw_bytes,
-        "compressed_bytes": packed.compressed_bytes,
-        "input_tokens": int(usage.get("input_tokens") or 0),
-        "output_tokens": int(usage.get("output_tokens") or 0),
-        "batch": reply.get("batch"),
-    }
+    run = DraftRunRecord(
+        task=task,
+        model=reply.get("model"),
+        provider=reply.get("provider"),
+        offline=offline,
+        cached=bool(reply.get("cached")),
+        anomalies=len(facts),
+        sent=len(packed.items),
+        raw_bytes=packed.raw_bytes,
+        compressed_bytes=packed.compressed_bytes,
+        input_tokens=int(usage.get("input_tokens") or 0),
+        output_tokens=int(usage.get("output_tokens") or 0),
+        batch=reply.get("batch"),
+    )
     rows = []
     for d in reply.get("drafts", []):
         check, check_error = validate_check(d.get("check"), card)
         rows.append(
-            {
-                "assertion": d["assertion"],
-                "verify_how": d["verify_how"],
-                "failure_signature": d["failure_signature"],
-                "needs_local_profiler": bool(d["needs_local_profiler"]),
-                "fingerprints": list(d["anomaly_ids"]),  # the ids sent are the fingerprints
-                "contents": {fp: contents[fp] for fp in d["anomaly_ids"] if fp in contents},
-                "offline": offline,
-                "check_spec": check,
-                "check_error": check_error,
-            }
+            DraftRecord(
+                assertion=d["assertion"],
+                verify_how=d["verify_how"],
+                failure_signature=d["failure_signature"],
+                needs_local_profiler=bool(d["needs_local_profiler"]),
+                fingerprints=list(d["anomaly_ids"]),  # the ids sent are the fingerprints
+                contents={fp: contents[fp] for fp in d["anomaly_ids"] if fp in contents},
+                offline=offline,
+                check_spec=check,
+                check_error=check_error,
+            )
         )
     run_id = store.replace_drafts(job_id, run, rows)
     return DraftOutcome(job_id, run_id, packed, reply, skipped)

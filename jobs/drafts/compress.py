@@ -6,7 +6,7 @@ window around the failure, repeated lines folded, capped in bytes), the card's t
 measured values, and the prohibitions. Anomalies with the same fingerprint are sent once. The sizes
 before (the raw log, evidence and config) and after (the JSON sent) are measured for the record.
 
-`facts_from_job` adapts the stored anomaly rows (jobs.store.repository.Anomaly) into
+`facts_from_job` adapts the stored anomaly rows (jobs.store.Anomaly) into
 `AnomalyFacts`; `compress`
 works on plain facts, so any other source plugs in the same way.
 """

@@ -22,7 +22,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from jobs.spec.cards import Card, CardCheck, CardError, parse_card, parse_check
-from jobs.store.repository import DRAFT_NEW, DraftRow, Store, now
+from jobs.store import DRAFT_NEW, DraftRow, Store, now
 
 NEW, ACCEPTED, REJECTED, NEEDS_PROFILER = DRAFT_NEW, "accepted", "rejected", "needs_profiler"
 STATES = (NEW, ACCEPTED, REJECTED, NEEDS_PROFILER)
@@ -126,24 +126,19 @@ class CheckRun:
 
 def check_on_job(store: Store, draft_id: int, job_id: int | None = None) -> CheckRun:
     """Run the draft's check on the trials of its job (or `job_id`) in its scope; stores nothing."""
-    from jobs.judge import baselines
-    from jobs.judge.acceptance import AssertionResult, card_for, trial_label
-    from jobs.judge.checks import Context, card_check, in_scope
+    from jobs.judge.acceptance import AssertionResult, card_of, contexts, judged, trial_label
+    from jobs.judge.checks import card_check, in_scope
 
     row = get_draft(store, draft_id)
-    job_id = row.job_id if job_id is None else job_id
-    card = card_for(store, job_id)
+    judging = judged(store, row.job_id if job_id is None else job_id)
+    card = card_of(judging.job)
     chk = draft_check(row, card)
-    base = baselines.resolve(store, job_id, None)
-    matched = baselines.matches(store, base, job_id) if base else {}
-    envs = baselines.trial_envs(store, job_id)
-    results = []
-    for t in store.trials(job_id):
-        if not in_scope(chk, t):
-            continue
-        ref = store.get_trial(matched[t.id]) if t.id in matched else None
-        c = Context(card, t, baselines.env_of(t, envs), ref, store.kept_samples)
-        results.append(AssertionResult(chk.name, t, trial_label(t), card_check(chk, c)))
+    by_trial = contexts(store, judging, card)
+    results = [
+        AssertionResult(chk.name, t, trial_label(t), card_check(chk, by_trial[t.id]))
+        for t in judging.trials
+        if in_scope(chk, t)
+    ]
     return CheckRun(chk, results)
 
 

@@ -35,7 +35,7 @@ from sqlalchemy.orm import Session
 
 from jobs.history.changepoints import ChangePoint, e_divisive
 from jobs.judge.baselines import env_class, point_config
-from jobs.store.repository import Environment, Job, Store, TrialRow
+from jobs.store import Environment, Job, Store, TrialRow
 from kernels.base import TrialStatus
 
 MEDIAN_SE_FACTOR = 1.2533  # sd of the median of n normal samples / (sd / sqrt(n)), large n

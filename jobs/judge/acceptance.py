@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +27,7 @@ from jobs.judge.anomalies import Found, contamination, throttling
 from jobs.judge.checks import AMBIGUOUS, FAIL, PASS, SKIP, Context, Outcome, card_check, in_scope, run_check
 from jobs.spec.cards import Card, load_card
 from jobs.spec.sweep import loads_spec
-from jobs.store.repository import Store, TrialRow
+from jobs.store import FailureRecord, Job, Judging, Store, TrialRow
 from kernels.base import trial_label as label_of
 
 if TYPE_CHECKING:  # the runner imports Ray: only `farm accept --confirm` needs it (jobs.judge.confirm)
@@ -52,6 +52,14 @@ class AssertionResult:
     @property
     def fingerprint(self) -> str:
         return baselines.digest([baselines.point_ident(self.trial), "assert", self.check])
+
+    def failure(self, card: str, job: Job, tag: str | None) -> FailureRecord:
+        """This failed assertion as the failure bank keeps it."""
+        return FailureRecord(
+            trial_id=self.trial.id, card=card, assertion=self.check, outcome=self.outcome,
+            fingerprint=self.fingerprint, label=self.label, message=self.result.reason,
+            evidence=self.result.numbers, git_commit=job.git_commit, tag=tag,
+        )  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -105,7 +113,7 @@ class Acceptance:
             "counts": self.counts(),
             "confirm_job": self.confirm_job,
             "assertions": [r.to_dict() for r in self.results],
-            "anomalies": [a.row() for a in self.anomalies],
+            "anomalies": [asdict(a.record()) for a in self.anomalies],
         }
 
 
@@ -113,17 +121,45 @@ def trial_label(t: TrialRow) -> str:
     return label_of(t.backend, t.shape, t.config, t.dtype, seq=t.seq)
 
 
-def card_for(store: Store, job_id: int, name: str | None = None) -> Card:
+def card_of(job: Job, name: str | None = None) -> Card:
     """The card named, else the job spec's `card:`, else the family's own card."""
+    if name is None:
+        name = loads_spec(job.spec, source=f"job {job.id} spec").card or job.family
+    card = load_card(name)
+    if card.family is not None and card.family != job.family:
+        raise ValueError(f"card {card.name} is for family {card.family}, job {job.id} is {job.family}")
+    return card
+
+
+def card_for(store: Store, job_id: int, name: str | None = None) -> Card:
+    """card_of the stored job (LookupError when there is none)."""
     job = store.get_job(job_id)
     if job is None:
         raise LookupError(f"no job {job_id} in {store.url}")
-    if name is None:
-        name = loads_spec(job.spec, source=f"job {job_id} spec").card or job.family
-    card = load_card(name)
-    if card.family is not None and card.family != job.family:
-        raise ValueError(f"card {card.name} is for family {card.family}, job {job_id} is {job.family}")
-    return card
+    return card_of(job, name)
+
+
+def judged(store: Store, job_id: int, baseline: str | None = None) -> Judging:
+    """Everything the job is judged on, read once (jobs.store.judging): its trials, their environments,
+    the baseline (the one named, else the newest of its family matching a point) and the kept samples."""
+    found = store.judging(job_id, key=baselines.point_key, baseline=baseline)
+    if found is None:
+        raise LookupError(f"no job {job_id} in {store.url}")
+    return found
+
+
+def contexts(store: Store, judging: Judging, card: Card) -> dict[int, Context]:
+    """What the checks of each trial of the judged job see; samples not read with the job (the re-runs of
+    --confirm) are read from the store when a check asks for them."""
+
+    def samples(trial_id: int) -> list[int]:
+        if trial_id not in judging.samples:
+            judging.samples[trial_id] = store.kept_samples(trial_id)
+        return judging.samples[trial_id]
+
+    return {
+        t.id: Context(card, t, judging.env_of(t), judging.matches.get(t.id), samples) for t in judging.trials
+    }
 
 
 def accept(
@@ -140,58 +176,22 @@ def accept(
 ) -> Acceptance:
     if ambiguous is not None and ambiguous not in AMBIGUOUS_MODES:
         raise ValueError(f"ambiguous must be one of {AMBIGUOUS_MODES} (got {ambiguous!r})")
-    the_card = card_for(store, job_id, card)
-    job = store.get_job(job_id)
-    assert job is not None
-    base = baselines.resolve(store, job_id, baseline)
-    matched = baselines.matches(store, base, job_id) if base else {}
-    if baseline is not None and not matched:  # asked for by name: judging nothing against it is no pass
+    judging = judged(store, job_id, baseline)
+    job, base, trials = judging.job, judging.baseline, judging.trials
+    the_card = card_of(job, card)
+    if baseline is not None and not judging.matches:  # asked for by name: judging nothing is no pass
         raise ValueError(
             f"baseline {baseline!r} matches no trial of job {job_id} (another family, other points, or "
             "another environment class: GPU model or CPU)"
         )
-    envs = baselines.trial_envs(store, job_id)
-    cache: dict[int, list[int]] = {}
-
-    def samples(trial_id: int) -> list[int]:
-        if trial_id not in cache:
-            cache[trial_id] = store.kept_samples(trial_id)
-        return cache[trial_id]
-
-    trials = store.trials(job_id)
-    contexts = {
-        t.id: Context(
-            the_card,
-            t,
-            baselines.env_of(t, envs),
-            store.get_trial(matched[t.id]) if t.id in matched else None,
-            samples,
-        )
-        for t in trials
-    }
+    by_trial = contexts(store, judging, the_card)
     if ambiguous is None:  # not given: "fail", except on CPU timings, where the card decides (warn)
-        on_cpu = any(c.on_cpu for c in contexts.values())
+        on_cpu = any(c.on_cpu for c in by_trial.values())
         ambiguous = the_card.cpu.ambiguous if on_cpu else "fail"
     acc = Acceptance(job_id, the_card, ambiguous, base.name if base else None, base.job_id if base else None)
-    for check in the_card.assertions:
-        for t in trials:
-            c = contexts[t.id]
-            acc.results.append(
-                AssertionResult(
-                    check, t, trial_label(t), run_check(check, c), c.baseline.id if c.baseline else None
-                )
-            )
-    for chk in the_card.checks:  # the scoped checks promoted from reviewed drafts, on their trials only
-        for t in trials:
-            if in_scope(chk, t):
-                c = contexts[t.id]
-                acc.results.append(
-                    AssertionResult(
-                        chk.name, t, trial_label(t), card_check(chk, c), c.baseline.id if c.baseline else None
-                    )
-                )
+    acc.results = assertions(the_card, trials, by_trial)
     if confirm:
-        _confirm(store, job, acc, contexts, rounds, options)
+        _confirm(store, job, acc, by_trial, rounds, options)
     acc.anomalies = [
         Found(r.result.anomaly, r.trial, r.result.reason, r.result.numbers, r.baseline_trial_id)
         for r in acc.results
@@ -199,26 +199,32 @@ def accept(
     ] + throttling(trials)
     flagged = {(a.trial.id, a.kind) for a in acc.anomalies}
     acc.anomalies += [a for a in contamination(trials) if (a.trial.id, a.kind) not in flagged]
-    store.replace_anomalies(job_id, [a.row() for a in acc.anomalies])
-    store.replace_failures(
+    store.record_verdict(
         job_id,
-        [
-            {
-                "trial_id": r.trial.id,
-                "card": the_card.name,
-                "assertion": r.check,
-                "outcome": r.outcome,
-                "fingerprint": r.fingerprint,
-                "label": r.label,
-                "message": r.result.reason,
-                "evidence": r.result.numbers,
-                "git_commit": job.git_commit,
-                "tag": tag,
-            }
-            for r in acc.failed()
-        ],
+        [a.record() for a in acc.anomalies],
+        [r.failure(the_card.name, job, tag) for r in acc.failed()],
     )
     return acc
+
+
+def assertions(card: Card, trials: list[TrialRow], by_trial: dict[int, Context]) -> list[AssertionResult]:
+    """Every assertion of the card on every trial, then its scoped checks (promoted from reviewed
+    drafts) on the trials in their scope, in the card's order."""
+    out = []
+    for check in card.assertions:
+        for t in trials:
+            c = by_trial[t.id]
+            out.append(AssertionResult(check, t, trial_label(t), run_check(check, c), _base_id(c)))
+    for chk in card.checks:
+        for t in trials:
+            if in_scope(chk, t):
+                c = by_trial[t.id]
+                out.append(AssertionResult(chk.name, t, trial_label(t), card_check(chk, c), _base_id(c)))
+    return out
+
+
+def _base_id(c: Context) -> int | None:
+    return c.baseline.id if c.baseline else None
 
 
 def _confirm(

@@ -14,7 +14,7 @@ Kinds and default severity:
   resource     error    register spills, or an occupancy drop against the baseline point
   throttled    warning  samples were taken while the SM clock was throttled
 
-The fingerprint hashes the point (family, backend, shape, config without `_` test knobs, dtype) and the
+The fingerprint hashes the point (family, backend, shape, config without variant keys, dtype) and the
 kind: never a job id, a trial id or a time, so the same anomaly in a later job has the same fingerprint.
 """
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jobs.judge.baselines import digest, point_ident
-from jobs.store.repository import TrialRow
+from jobs.store import AnomalyRecord, TrialRow
 from kernels.base import throttle_count
 
 SEVERITY: dict[str, str] = {
@@ -70,16 +70,12 @@ class Found:
     def fingerprint(self) -> str:
         return fingerprint(self.trial, self.kind)
 
-    def row(self) -> dict[str, Any]:
-        return {
-            "trial_id": self.trial.id,
-            "baseline_trial_id": self.baseline_trial_id,
-            "kind": self.kind,
-            "severity": self.severity,
-            "fingerprint": self.fingerprint,
-            "message": self.message,
-            "evidence": self.evidence,
-        }
+    def record(self) -> AnomalyRecord:
+        """The anomaly as the store keeps it."""
+        return AnomalyRecord(
+            trial_id=self.trial.id, kind=self.kind, severity=self.severity, fingerprint=self.fingerprint,
+            message=self.message, evidence=self.evidence, baseline_trial_id=self.baseline_trial_id,
+        )  # fmt: skip
 
 
 def throttled_samples(t: TrialRow) -> int | None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jobs.errors import BadInput, NoSuchJob
-from jobs.store.repository import Baseline, BaselineMoved, Environment, Store, TrialRow
+from jobs.store import Baseline, BaselineMoved, BaselinePoint, Environment, Store, TrialRow
 from kernels.base import TrialStatus
 
 
@@ -47,6 +47,11 @@ def env_class(env: Environment | None) -> str:
 
 def match_key(t: TrialRow, env: str) -> str:
     return digest([point_ident(t), env])
+
+
+def point_key(t: TrialRow, env: Environment | None) -> str:
+    """The match key of a trial that ran in `env` (what jobs.store.Store.judging matches points by)."""
+    return match_key(t, env_class(env))
 
 
 def trial_envs(store: Store, job_id: int) -> dict[int, Environment]:
@@ -101,7 +106,7 @@ def set_from_job(store: Store, job_id: int, name: str | None = None, *, force: b
                 f"(`farm baseline list --history` shows its moves)"
             )
     envs = trial_envs(store, job_id)
-    points: list[tuple[str, str, int]] = []
+    points: list[BaselinePoint] = []
     seen: set[str] = set()
     skipped: list[str] = []
     for t in store.trials(job_id):
@@ -115,7 +120,7 @@ def set_from_job(store: Store, job_id: int, name: str | None = None, *, force: b
             skipped.append(f"{label}: same point as an earlier trial (differs only in `_` test knobs)")
             continue
         seen.add(key)
-        points.append((key, cls, t.id))
+        points.append(BaselinePoint(key, cls, t.id))
     if not points:
         raise BadInput(f"job {job_id} has no ok trial to take as a baseline")
     expect = current.job_id if current is not None else None
@@ -128,27 +133,13 @@ def set_from_job(store: Store, job_id: int, name: str | None = None, *, force: b
 
 def matches(store: Store, baseline: Baseline, job_id: int) -> dict[int, int]:
     """trial id of the job -> the matching baseline trial id, for the points the baseline has."""
-    points = store.baseline_points(baseline.id)
-    envs = trial_envs(store, job_id)
-    out: dict[int, int] = {}
-    for t in store.trials(job_id):
-        found = points.get(match_key(t, env_class(env_of(t, envs))))
-        if found is not None and found != t.id:
-            out[t.id] = found
-    return out
+    judging = store.judging(job_id, key=point_key, baseline=baseline.name, samples=False)
+    return {tid: t.id for tid, t in judging.matches.items()} if judging else {}
 
 
 def resolve(store: Store, job_id: int, name: str | None = None) -> Baseline | None:
     """The named baseline (LookupError if unknown), else the newest baseline of the job's family that
-    is not the job itself and matches at least one of its points; None when there is none."""
-    if name is not None:
-        found = store.get_baseline(name)
-        if found is None:
-            known = ", ".join(b.name for b, _ in store.list_baselines()) or "none"
-            raise LookupError(f"no baseline named {name!r} (known: {known})")
-        return found
-    job = store.get_job(job_id)
-    for b, _ in store.list_baselines():
-        if job is not None and b.family == job.family and b.job_id != job_id and matches(store, b, job_id):
-            return b
-    return None
+    is not the job itself and matches at least one of its points (jobs.store.judging); None when there
+    is none."""
+    judging = store.judging(job_id, key=point_key, baseline=name, samples=False)
+    return judging.baseline if judging else None

@@ -13,7 +13,7 @@ import numpy as np
 
 from jobs.judge.runs import RunComparison, compare_runs, prior_drift
 from jobs.spec.cards import Card, CardCheck
-from jobs.store.repository import Environment, TrialRow
+from jobs.store import Environment, TrialRow
 from kernels.base import TrialStatus
 from kernels.hardware import limits_for
 

@@ -33,13 +33,13 @@ from jobs.judge.checks import AMBIGUOUS, DEFAULT_MAX_CV, FAIL, Context, Outcome,
 from jobs.judge.runs import compare_runs, prior_drift
 from jobs.run.runner import RunOptions, kernels_commit, resume_job
 from jobs.spec.sweep import dump_spec, loads_spec
-from jobs.store.repository import Job, Store, TrialRow
+from jobs.store import Job, Store, TrialRow
 from kernels.base import TrialStatus
 
 
 @dataclass(frozen=True)
 class _Row:
-    """A trial row of the confirmation job (the shape jobs.store.repository.Store.create_job reads)."""
+    """A trial row of the confirmation job (the shape jobs.store.Store.create_job reads)."""
 
     key: str
     family: str

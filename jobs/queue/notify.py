@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from jobs.run.verdict import exit_code_of
-from jobs.store.repository import Store
+from jobs.store import Store
 from jobs.store.schema import display_url
 from kernels.base import TrialStatus, trial_label
 

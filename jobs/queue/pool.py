@@ -30,12 +30,12 @@ from jobs.queue.queue import Queue
 from jobs.run.progress import ProgressView
 from jobs.run.runner import RunOptions, _StoreListener, connect
 from jobs.spec.sweep import SweepSpec, loads_spec
-from jobs.store.repository import Store
+from jobs.store import Store
 from jobs.store.results import TrialResult
 from jobs.store.schema import display_url
 from kernels.base import TrialRequest, trial_label
 
-BEAT_S = 5.0  # how often the pool writes that it is alive (model.POOL_STALE_S is 6x this)
+BEAT_S = 5.0  # how often the pool writes that it is alive (queue.POOL_STALE_S is 6x this)
 FOLLOW_S = 1.0  # how often the pool asks the cluster whether it has room for more workers (nodes joined)
 
 

@@ -1,5 +1,5 @@
-"""The queue in the results store: submit, take the next trial, cancel, finish, and what `farm jobs list`
-shows of it.
+"""The queue on the results store's queue tables (jobs.store.tables.queue): submit, take the next trial,
+cancel, finish, and what `farm jobs list` shows of it.
 
 Order: the job of highest priority that has a pending trial nobody has taken goes first; among jobs of
 equal priority, the one with the fewest trials taken right now (so equal jobs share the workers trial by
@@ -22,11 +22,11 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from cluster.shipping import PackedSource
-from jobs.queue.model import POOL_STALE_S, JobEvent, KernelSource, Pool, QueuedJob, TrialClaim
 from jobs.spec.sweep import SweepSpec, dump_spec
-from jobs.store.repository import PENDING, Job, Store, TrialRow, now
+from jobs.store import PENDING, Job, JobEvent, KernelSource, Pool, QueuedJob, Store, TrialClaim, TrialRow, now
 
 WAITING = ("queued", "running")  # the statuses of a job the pool serves
+POOL_STALE_S = 30.0  # a pool not seen for this long is gone: its claims are void
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from jobs.store.repository import Store, TrialRow
+from jobs.store import Store, TrialRow
 from kernels.base import TrialStatus
 from kernels.measure.stats import Comparison, compare_samples
 

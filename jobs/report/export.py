@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jobs.store.repository import Store
+from jobs.store import Store
 from kernels.registry import get_family
 
 

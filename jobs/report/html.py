@@ -28,7 +28,7 @@ import plotly.graph_objects as go
 from plotly.utils import PlotlyJSONEncoder
 
 from jobs.report.render import Row, build_rows, speedup_ci
-from jobs.store.repository import Store
+from jobs.store import Store
 from kernels.base import NOT_FAILED, TrialStatus
 from kernels.hardware import limits_for
 

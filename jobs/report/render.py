@@ -18,7 +18,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from jobs.store.repository import Store
+from jobs.store import Store
 from kernels.base import NOT_FAILED, TrialStatus
 from kernels.registry import get_family
 

@@ -18,7 +18,7 @@ from jobs.drafts.account import Account, build_account
 from jobs.history.series import Series, collect
 from jobs.report.account_page import render_account
 from jobs.report.html import figure, history_figure, page, plotly_js, render_job, sparkline, table
-from jobs.store.repository import Store
+from jobs.store import Store
 
 esc = html.escape
 

@@ -27,7 +27,7 @@ from jobs.run.progress import ProgressView
 from jobs.run.source import kernels_commit
 from jobs.run.verdict import exit_code_of
 from jobs.spec.sweep import SweepSpec, dump_spec, loads_spec
-from jobs.store.repository import Store, TrialRow
+from jobs.store import Store, TrialRow
 from jobs.store.results import TrialResult
 from jobs.store.schema import display_url
 from kernels.base import TrialRequest, TrialStatus, trial_label

@@ -207,7 +207,7 @@ class SweepSpec(_Strict):
 @dataclass(frozen=True)
 class TrialSpec:
     """One point of the sweep's grid: a backend run on one shape, config and dtype. Stored as a
-    jobs.store.repository.TrialRow; sent to a worker as a kernels.base.TrialRequest."""
+    jobs.store.TrialRow; sent to a worker as a kernels.base.TrialRequest."""
 
     family: str
     backend: str

@@ -1,6 +1,6 @@
 """The version of the farm store's schema: Alembic migrations in jobs/store/migrations/versions.
 
-The tables in jobs/store/repository.py are what the code reads and writes; the migrations make them
+The tables in jobs/store/tables/ are what the code reads and writes; the migrations make them
 (the first one
 creates today's tables and adopts a store made by the releases before migrations: missing tables and
 columns added, nothing dropped). ``ensure_schema`` is what every ``Store`` runs when it opens: a store at
@@ -53,8 +53,8 @@ class SchemaState(schemakit.SchemaState):
 
 @cache
 def migrations(metadata: MetaData) -> schemakit.Migrations[SchemaState]:
-    """The farm's schemakit.Migrations for its tables (``Base.metadata`` of jobs/store/repository.py,
-    which imports this module: so the tables are passed in)."""
+    """The farm's schemakit.Migrations for its tables (``Base.metadata`` of jobs.store.tables, passed in
+    so that this module stays below the tables and the engine that checks them)."""
     return schemakit.Migrations(
         metadata,
         MIGRATIONS_DIR,

@@ -17,7 +17,7 @@ from cluster import session
 from jobs.queue.queue import Queue
 from jobs.run.runner import RunOptions, run_sweep
 from jobs.spec.sweep import loads_spec
-from jobs.store.repository import Store
+from jobs.store import Store
 
 pytestmark = pytest.mark.multinode
 

@@ -16,7 +16,7 @@ import yaml
 from click.testing import CliRunner
 
 from jobs.cli import main
-from jobs.store.repository import Store
+from jobs.store import Store
 
 pytestmark = pytest.mark.slow  # CPU sweeps of the main spec, the first in a fresh farm process
 

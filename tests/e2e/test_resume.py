@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.store.repository import Store
+from jobs.store import Store
 
 pytestmark = pytest.mark.slow  # real farm processes interrupted and resumed
 

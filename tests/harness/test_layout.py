@@ -33,6 +33,20 @@ EXERCISED_BY: dict[str, tuple[str, ...]] = {
     "jobs/run/progress.py": ("tests/jobs/test_cli_output.py", "tests/e2e/test_readme_tour.py"),
     "jobs/run/verdict.py": ("tests/jobs/queue/test_queue_pool.py", "tests/jobs/test_exit_codes.py"),
     "jobs/spec/validation.py": ("tests/jobs/test_spec.py", "tests/jobs/test_cards.py"),
+    # the store's parts: its tests run them through the package's public face, jobs.store
+    "jobs/store/baseline_store.py": ("tests/jobs/test_baseline_safety.py",),
+    "jobs/store/draft_store.py": ("tests/jobs/test_drafts_review.py", "tests/jobs/test_store_migrations.py"),
+    "jobs/store/engine.py": ("tests/jobs/test_store_migrations.py", "tests/jobs/test_exit_codes.py"),
+    "jobs/store/errors.py": ("tests/jobs/test_exit_codes.py", "tests/jobs/test_baseline_safety.py"),
+    "jobs/store/finding_store.py": ("tests/jobs/test_store_judging.py", "tests/jobs/test_acceptance.py"),
+    "jobs/store/records.py": ("tests/jobs/test_store_judging.py", "tests/jobs/test_drafts_review.py"),
+    "jobs/store/trial_store.py": ("tests/jobs/test_store.py",),
+    "jobs/store/tables/base.py": ("tests/jobs/test_store_migrations.py",),  # every table against migrations
+    "jobs/store/tables/baselines.py": ("tests/jobs/test_store_migrations.py",),
+    "jobs/store/tables/drafts.py": ("tests/jobs/test_store_migrations.py",),
+    "jobs/store/tables/findings.py": ("tests/jobs/test_store_migrations.py",),
+    "jobs/store/tables/queue.py": ("tests/jobs/test_store_migrations.py", "tests/jobs/queue/test_queue.py"),
+    "jobs/store/tables/trials.py": ("tests/jobs/test_store_migrations.py",),
     "kernels/attention/profile.py": ("tests/kernels/attention/test_attention_gpu.py",),  # ncu, GPU only
     "kernels/fp8_gemm/profile_target.py": ("tests/kernels/fp8_gemm/test_fp8_gemm_gpu.py",),  # ncu, GPU only
     "kernels/measure/summary.py": (

@@ -24,7 +24,7 @@ from jobs.cli import main
 from jobs.judge.acceptance import accept, recurring
 from jobs.run.runner import RunOptions, run_sweep
 from jobs.spec.sweep import loads_spec
-from jobs.store.repository import Store
+from jobs.store import Store
 
 pytestmark = pytest.mark.slow  # real gemm sweeps, and interleaved A/B rounds
 

@@ -19,7 +19,7 @@ from jobs.spec.cards import (
     parse_card,
     parse_check,
 )
-from jobs.store.repository import Environment, TrialRow
+from jobs.store import Environment, TrialRow
 from kernels.gemm.case import FAMILY as GEMM
 
 H100 = Environment(id=1, device_kind="gpu", device_name="NVIDIA H100 80GB HBM3", data={})

@@ -19,7 +19,7 @@ def test_piped_output_is_wide_unless_columns_says_otherwise(monkeypatch):
 
 @pytest.mark.slow  # a farm process, piped
 def test_farm_jobs_list_piped_to_a_file_keeps_long_rows(tmp_path):
-    from jobs.store.repository import Store
+    from jobs.store import Store
 
     db = tmp_path / "farm.db"
     store = Store(str(db))

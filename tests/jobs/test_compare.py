@@ -13,7 +13,7 @@ from jobs.report.ab import Selector, compare_jobs
 from jobs.report.export import best_configs
 from jobs.run.runner import RunOptions, run_sweep
 from jobs.spec.sweep import loads_spec
-from jobs.store.repository import Store
+from jobs.store import Store
 from jobs.store.results import result_of
 from kernels.base import Summary
 from kernels.fp8_gemm.export import port_file_name

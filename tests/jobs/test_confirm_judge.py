@@ -8,7 +8,7 @@ import numpy as np
 from jobs.judge.checks import FAIL, PASS, Context
 from jobs.judge.confirm import _judge
 from jobs.spec.cards import load_card
-from jobs.store.repository import TrialRow
+from jobs.store import TrialRow
 
 
 def _trial(tid: int, config: dict) -> TrialRow:

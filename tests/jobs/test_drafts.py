@@ -185,7 +185,7 @@ def test_the_drafts_table_wraps_words_and_never_cuts_one(store):
     from sqlalchemy import update
     from sqlalchemy.orm import Session
 
-    from jobs.store.repository import Anomaly
+    from jobs.store import Anomaly
 
     job_id = seed_job(store)
     long = (

@@ -21,6 +21,7 @@ from jobs.drafts.client import draft_job
 from jobs.drafts.compress import compress, facts_from_job
 from jobs.drafts.review import ReviewError, check_on_job, list_drafts, promote, review
 from jobs.spec.cards import CARDS_DIR, load_card, parse_check
+from jobs.store import AnomalyRecord
 from jobs.store.results import result_of
 from tests.jobs.test_drafts import (  # the gateway with a fake model
     gateway_with_fake_model,
@@ -286,7 +287,7 @@ def test_a_rejected_anomaly_that_measures_something_new_is_sent_again(store, sen
         row |= {"message": a.message, "evidence": a.evidence}
         if a.kind == "noisy":
             row |= {"message": "noisy: cv 0.82 over 60 samples", "evidence": {**a.evidence, "cv": 0.82}}
-        rows.append(row)
+        rows.append(AnomalyRecord(**row))
     store.replace_anomalies(later, rows)
     again = draft_job(store, later, use_env=False)
     assert again.skipped == [] and noisy.fingerprints[0] in sent[-1]

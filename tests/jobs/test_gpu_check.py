@@ -19,7 +19,7 @@ import yaml
 from benchmarks import gpu_check
 from jobs.run.runner import RunOptions, run_sweep
 from jobs.spec.sweep import load_spec, parse_spec
-from jobs.store.repository import Store
+from jobs.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu-check.sh"

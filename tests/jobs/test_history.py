@@ -25,7 +25,7 @@ from jobs.cli import main
 from jobs.history.changepoints import e_divisive
 from jobs.history.series import Selection, collect
 from jobs.spec.sweep import loads_spec
-from jobs.store.repository import Store
+from jobs.store import Store
 from jobs.store.results import result_of
 
 REAL = (1, 2, 3, 20, 21, 22)

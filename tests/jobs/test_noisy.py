@@ -14,7 +14,7 @@ import pytest
 from jobs.judge.anomalies import contamination
 from jobs.run.runner import create_job
 from jobs.spec.sweep import loads_spec
-from jobs.store.repository import Store
+from jobs.store import Store
 from jobs.store.results import TrialResult
 from kernels.base import TrialOutcome, TrialStatus
 from kernels.measure.policy import MeasurePolicy

@@ -17,7 +17,7 @@ from sqlalchemy import text
 
 from jobs.cli import main
 from jobs.spec.sweep import loads_spec
-from jobs.store.repository import Store
+from jobs.store import Store
 from jobs.store.results import result_of
 from kernels.base import Summary
 

@@ -26,7 +26,7 @@ from jobs.report.ab import Selector, compare_jobs
 from jobs.report.html import figure, render_compare, verdict_html
 from jobs.report.render import render_html
 from jobs.report.site import _kernel_page
-from jobs.store.repository import Store
+from jobs.store import Store
 from jobs.store.results import result_of
 from kernels.base import Summary
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.store.repository import Store
+from jobs.store import Store
 
 SPEC = """
 name: probe-join

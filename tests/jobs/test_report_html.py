@@ -14,7 +14,7 @@ from jobs.cli import main
 from jobs.report.html import legend_room
 from jobs.report.render import render_html
 from jobs.spec.sweep import loads_spec
-from jobs.store.repository import Store
+from jobs.store import FailureRecord, Store
 from jobs.store.results import result_of
 from kernels.base import Summary
 
@@ -66,20 +66,18 @@ def make_job(store: Store, scale: float = 1.0, failures: bool = True) -> int:
         store.replace_failures(
             job,
             [
-                {
-                    "trial_id": spin.id,
-                    "card": "probe-card",
-                    "assertion": "performance",
-                    "outcome": "fail",
-                    "fingerprint": "f" * 32,
-                    "label": "spin n=1 ms=1",
-                    "message": "median 2.00x the baseline's (max 1.10x)",
-                    "evidence": {"ratio": 2.0},
-                    "git_commit": "c0ffee",
-                    "tag": None,
-                }
-            ],
-        )
+                FailureRecord(
+                    trial_id=spin.id,
+                    card="probe-card",
+                    assertion="performance",
+                    outcome="fail",
+                    fingerprint="f" * 32,
+                    label="spin n=1 ms=1",
+                    message="median 2.00x the baseline's (max 1.10x)",
+                    evidence={"ratio": 2.0},
+                    git_commit="c0ffee",
+                    tag=None,
+                )
     return job
 
 

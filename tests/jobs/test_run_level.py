@@ -13,7 +13,7 @@ from jobs.judge.checks import FAIL, PASS, Context, regression
 from jobs.judge.confirm import _judge
 from jobs.judge.runs import CONTAMINATED_DRIFT, DRIFT_CPU, DRIFT_GPU, compare_runs
 from jobs.spec.cards import load_card
-from jobs.store.repository import Environment, TrialRow
+from jobs.store import Environment, TrialRow
 from kernels.measure.stats import compare_samples
 
 GEMM = load_card("gemm")  # GPU: 5% max slowdown, 2% max cv; CPU: 50%, 25%

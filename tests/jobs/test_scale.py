@@ -15,7 +15,7 @@ from cluster import session
 from jobs.cli import main
 from jobs.run.runner import RunOptions, create_job, run_sweep
 from jobs.spec.sweep import SpecError, loads_spec
-from jobs.store.repository import Store
+from jobs.store import Store
 
 
 def _grid(shapes: int, configs: int) -> str:

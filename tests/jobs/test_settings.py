@@ -14,7 +14,7 @@ from jobs.cli import main
 from jobs.drafts.client import GatewayTarget
 from jobs.run.farm_metrics import FarmMetrics
 from jobs.settings import DEFAULT_GATEWAY_URL, FarmSettings, FarmSettingsError, env_name
-from jobs.store.repository import DEFAULT_DB
+from jobs.store import DEFAULT_DB
 
 REPO = Path(__file__).resolve().parents[2]
 VARIABLES = [env_name(f) for f in FarmSettings.model_fields]

@@ -13,7 +13,7 @@ from test_report_html import chromium_dom
 
 from benchmarks.history_store import build_history_store
 from jobs.cli import main
-from jobs.store.repository import Store
+from jobs.store import Store
 
 
 @pytest.fixture(scope="module")

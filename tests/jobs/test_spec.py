@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from jobs.cli import main
 from jobs.spec.sweep import SpecError, dump_spec, load_spec, loads_spec
-from jobs.store.repository import Store
+from jobs.store import Store
 
 GOOD = """
 name: gemm-small

@@ -6,7 +6,7 @@ import dataclasses
 
 from jobs.report import render as report
 from jobs.spec.sweep import loads_spec
-from jobs.store.repository import Store
+from jobs.store import Store
 from jobs.store.results import TrialResult, result_of
 from kernels.base import Summary
 

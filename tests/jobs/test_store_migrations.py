@@ -1,5 +1,5 @@
 """The results store's schema is Alembic's (jobs/store/migrations), on a real SQLite file: a new store is
-created at the newest revision, equal to the tables of jobs/store/repository.py; a store from before
+created at the newest revision, equal to the tables of jobs/store/tables/; a store from before
 migrations is refused by every command, naming `farm db upgrade`, which adopts it (its rows kept); a store
 from a newer release is refused; first starts at once create the tables once, on SQLite and on PostgreSQL
 (the session's server, tests/pgserver.py), even one whose first look finds another start's tables half
@@ -19,7 +19,7 @@ from sqlalchemy import create_engine, event, insert, inspect, select, text
 from sqlalchemy.engine import Engine
 
 from jobs.cli import main
-from jobs.store.repository import Base, Store, make_engine
+from jobs.store import Base, DraftRunRecord, Store, make_engine
 from jobs.store.schema import (
     VERSION_TABLE,
     SchemaState,
@@ -45,7 +45,7 @@ def empty_url(request, tmp_path) -> str:
 
 
 def _differences(engine) -> list:
-    """What Alembic's autogenerate finds between the store and the tables of jobs/store/repository.py."""
+    """What Alembic's autogenerate finds between the store and the tables of jobs/store/tables/."""
     from alembic.autogenerate import compare_metadata
     from alembic.runtime.migration import MigrationContext
 
@@ -145,8 +145,8 @@ def test_an_old_style_store_is_refused_until_db_upgrade_adopts_it(tmp_path):
     assert _farm("jobs", "list", "--db", str(path)).exit_code == 0
 
 
-def _draft_run() -> dict:
-    return {"task": "checklist", "anomalies": 0, "sent": 0, "raw_bytes": 0, "compressed_bytes": 0}
+def _draft_run() -> DraftRunRecord:
+    return DraftRunRecord(task="checklist", anomalies=0, sent=0, raw_bytes=0, compressed_bytes=0)
 
 
 def test_a_store_from_a_newer_release_is_refused(tmp_path):
@@ -194,7 +194,7 @@ def test_first_starts_at_once_in_threads_create_the_tables_once(empty_url):
 
 _CHILD = """
 import sys
-from jobs.store.repository import Store
+from jobs.store import Store
 print("ready", flush=True)
 sys.stdin.readline()  # the parent says go to all children at once
 Store(sys.argv[1]).close()

@@ -24,7 +24,7 @@ from sqlalchemy import inspect
 from jobs.cli import main
 from jobs.report import render as report
 from jobs.spec.sweep import loads_spec
-from jobs.store.repository import Store
+from jobs.store import Store
 from jobs.store.results import TrialResult, result_of
 from jobs.store.schema import VERSION_TABLE, head_revision
 
@@ -210,7 +210,7 @@ def test_migration_0002_keeps_each_existing_baseline_as_its_first_move(store_url
 
     from sqlalchemy import insert
 
-    from jobs.store.repository import Base, make_engine
+    from jobs.store import Base, make_engine
     from jobs.store.schema import upgrade_schema
 
     engine = make_engine(store_url, check_schema=False)

@@ -9,7 +9,7 @@ from jobs.judge.acceptance import accept
 from jobs.report.render import render_summary
 from jobs.run.runner import create_job
 from jobs.spec.sweep import loads_spec
-from jobs.store.repository import Store
+from jobs.store import Store
 from jobs.store.results import result_of
 from kernels.base import Summary
 

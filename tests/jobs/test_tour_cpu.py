@@ -12,7 +12,7 @@ import pytest
 from jobs.judge.acceptance import accept
 from jobs.run.runner import create_job
 from jobs.spec.sweep import loads_spec
-from jobs.store.repository import Store
+from jobs.store import Store
 from jobs.store.results import result_of
 
 CARD = """

@@ -18,7 +18,7 @@ from promkit import GRAFANA, LiveGateway, Prometheus, has_finite_value, needs_pr
 from jobs.run.farm_metrics import FarmMetrics
 from jobs.run.runner import RunOptions, run_sweep
 from jobs.spec.sweep import loads_spec
-from jobs.store.repository import Store
+from jobs.store import Store
 from testkit.gateway.fake_upstream import Fault
 
 pytestmark = [needs_prometheus, pytest.mark.slow]

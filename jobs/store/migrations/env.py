@@ -2,13 +2,13 @@
 
 ``farm db upgrade`` (jobs.store.schema.upgrade_schema) runs the migrations in-process with the same
 options (migration_options) and does not read this file. It is here for Alembic's own commands, e.g.
-writing the next revision from the tables in jobs/store/repository.py against a store at head:
+writing the next revision from the tables in jobs/store/tables/ against a store at head:
 
     .venv/bin/alembic -c jobs/store/migrations/alembic.ini -x url=sqlite:///.farm/farm.db \
         revision --autogenerate -m "what changed"
 
 Without ``-x url=...`` the farm's settings name the store (FARM_DB, default .farm/farm.db). A new
-revision must leave a store made by the older ones equal to the tables in jobs/store/repository.py
+revision must leave a store made by the older ones equal to the tables in jobs/store/tables/
 (tests/jobs/test_store_migrations.py compares them).
 """
 
@@ -17,8 +17,9 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy.engine import Connection
 
-from jobs.store.repository import Base, make_engine
+from jobs.store.engine import make_engine
 from jobs.store.schema import migration_options
+from jobs.store.tables import Base
 
 
 def _run(conn: Connection) -> None:

@@ -8,11 +8,10 @@ from datetime import timedelta
 
 from sqlalchemy import update
 
-from jobs.queue.model import Pool
 from jobs.queue.queue import Queue
 from jobs.run.source import kernels_source
 from jobs.spec.sweep import loads_spec
-from jobs.store.repository import Store, now
+from jobs.store import Pool, Store, now
 from jobs.store.results import result_of
 
 SPEC = """

@@ -15,7 +15,7 @@ from jobs.queue.pool import PoolOptions, serve
 from jobs.queue.queue import Queue
 from jobs.run.runner import RunOptions
 from jobs.spec.sweep import loads_spec
-from jobs.store.repository import Store
+from jobs.store import Store
 
 SPEC = """
 name: {name}

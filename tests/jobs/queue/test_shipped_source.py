@@ -13,7 +13,7 @@ from test_queue_pool import pool_options, spec
 from cluster.shipping import KERNELS, MAX_PACKED_BYTES, pack_kernels, unpack_kernels
 from jobs.queue.pool import serve
 from jobs.queue.queue import Queue
-from jobs.store.repository import Store
+from jobs.store import Store
 
 MARKED = 'metrics={"branch_marker": "b1", "cuda_visible_devices"'
 

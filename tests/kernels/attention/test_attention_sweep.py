@@ -9,7 +9,7 @@ import pytest
 from cluster import session
 from jobs.run.runner import RunOptions, run_sweep
 from jobs.spec.sweep import load_spec
-from jobs.store.repository import Store
+from jobs.store import Store
 
 SPEC = Path(__file__).resolve().parents[3] / "jobs" / "specs" / "attention_cpu.yaml"
 

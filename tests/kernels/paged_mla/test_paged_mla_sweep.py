@@ -11,7 +11,7 @@ from cluster import session
 from jobs.report import render as report
 from jobs.run.runner import RunOptions, run_sweep
 from jobs.spec.sweep import parse_spec
-from jobs.store.repository import Store
+from jobs.store import Store
 
 CPU_SPEC = Path(__file__).resolve().parents[3] / "jobs" / "specs" / "paged_mla_cpu.yaml"
 

@@ -22,7 +22,7 @@ branch_labels = None
 depends_on = None
 
 
-# The tables as this revision makes them (frozen here: jobs/store/repository.py moves on with later
+# The tables as this revision makes them (frozen here: jobs/store/tables/ moves on with later
 # revisions).
 # Each function returns fresh Column objects (a Column belongs to one table) and table constraints.
 def _fk(target: str, *, cascade: bool = True) -> sa.ForeignKey:

@@ -5,7 +5,8 @@ taken; what happened to each job; which pools are alive.
 A trial stays `pending` until its result is written (so `farm sweep resume` and the store's own rule,
 "a finished trial is never overwritten", hold as they are); a pool takes it by inserting its claim, whose
 primary key is the trial: two pools (or two processes of one) can never take one trial. A claim of a
-pool that stopped beating (`POOL_STALE_S`) is void, and its trial is taken again.
+pool that stopped beating (jobs.queue.queue.POOL_STALE_S) is void, and its trial is taken again.
+The queue's logic (jobs.queue) reads and writes these rows.
 """
 
 from __future__ import annotations
@@ -15,9 +16,7 @@ from datetime import datetime
 from sqlalchemy import DateTime, ForeignKey, Integer, LargeBinary, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from jobs.store.repository import Base, now
-
-POOL_STALE_S = 30.0  # a pool not seen for this long is gone: its claims are void
+from jobs.store.tables.base import Base, now
 
 
 class QueuedJob(Base):

@@ -1,0 +1,63 @@
+"""The store's findings: the anomalies of a job's latest analysis and the failed assertions of its
+latest acceptance run (the failure bank). Each write replaces what the job had; `record_verdict` writes
+both in one transaction, as `farm accept` ends."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import delete, insert, select
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
+
+from jobs.store.records import AnomalyRecord, FailureRecord, columns
+from jobs.store.tables import Anomaly, Failure
+
+
+def _replace(
+    s: Session, table: type[Anomaly] | type[Failure], job_id: int, records: Sequence[object]
+) -> None:
+    s.execute(delete(table).where(table.job_id == job_id))
+    if records:
+        s.execute(insert(table), [columns(r, job_id=job_id) for r in records])
+
+
+class FindingStore:
+    """The anomalies and failure-bank part of jobs.store.Store."""
+
+    engine: Engine
+
+    def replace_anomalies(self, job_id: int, records: Sequence[AnomalyRecord]) -> None:
+        """The anomalies of one analysis of the job: a new analysis replaces the previous one."""
+        with Session(self.engine) as s, s.begin():
+            _replace(s, Anomaly, job_id, records)
+
+    def replace_failures(self, job_id: int, records: Sequence[FailureRecord]) -> None:
+        """The failed assertions of one acceptance run of the job (a rerun replaces them)."""
+        with Session(self.engine) as s, s.begin():
+            _replace(s, Failure, job_id, records)
+
+    def record_verdict(
+        self, job_id: int, anomalies: Sequence[AnomalyRecord], failures: Sequence[FailureRecord]
+    ) -> None:
+        """What one acceptance run of the job found, anomalies and failed assertions, replacing the
+        previous run's in one transaction."""
+        with Session(self.engine) as s, s.begin():
+            _replace(s, Anomaly, job_id, anomalies)
+            _replace(s, Failure, job_id, failures)
+
+    def anomalies(self, job_id: int | None = None, fingerprint: str | None = None) -> list[Anomaly]:
+        with Session(self.engine, expire_on_commit=False) as s:
+            q = select(Anomaly).order_by(Anomaly.id)
+            if job_id is not None:
+                q = q.where(Anomaly.job_id == job_id)
+            if fingerprint is not None:
+                q = q.where(Anomaly.fingerprint == fingerprint)
+            return list(s.scalars(q))
+
+    def failures(self, fingerprint: str | None = None) -> list[Failure]:
+        with Session(self.engine, expire_on_commit=False) as s:
+            q = select(Failure).order_by(Failure.id)
+            if fingerprint is not None:
+                q = q.where(Failure.fingerprint == fingerprint)
+            return list(s.scalars(q))

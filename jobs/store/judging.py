@@ -1,0 +1,121 @@
+"""The one read a verdict makes: a job with everything it is judged on, in one session.
+
+`farm accept` (jobs.judge.acceptance) asks for the job, its trials and their environments, the baseline
+it is compared to with the baseline trial matching each of its trials, and the kept samples of all of
+those trials, once; the judging itself then runs on what it got, without coming back to the store.
+
+The baseline is the one named, else the newest baseline of the job's family, other than the job itself,
+that has a point of the job. Points are matched by the caller's `key` (jobs.judge.baselines.match_key of
+the trial and its environment's class): the store keeps the keys, the judge says what a point is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sqlalchemy import select
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
+
+from jobs.store.tables import Baseline, BaselineTrial, Environment, Job, Sample, TrialRow
+from jobs.store.trial_store import kept
+
+PointKey = Callable[[TrialRow, Environment | None], str]  # a trial and its environment -> its match key
+
+
+@dataclass
+class Judging:
+    """A job as its verdict sees it."""
+
+    job: Job
+    trials: list[TrialRow]  # in grid order
+    environments: dict[int, Environment]  # environment id -> row, for the job's trials
+    baseline: Baseline | None = None
+    matches: dict[int, TrialRow] = field(default_factory=dict)  # the job's trial id -> its baseline trial
+    samples: dict[int, list[int]] = field(default_factory=dict)  # trial id -> kept samples (ns)
+
+    def env_of(self, t: TrialRow) -> Environment | None:
+        return self.environments.get(t.environment_id) if t.environment_id is not None else None
+
+    def kept_samples(self, trial_id: int) -> list[int]:
+        """The kept samples of a trial of the job or of a matched baseline trial."""
+        return self.samples.get(trial_id, [])
+
+
+class JudgingStore:
+    """The read of jobs.store.Store that a verdict makes."""
+
+    engine: Engine
+
+    def judging(
+        self, job_id: int, *, key: PointKey, baseline: str | None = None, samples: bool = True
+    ) -> Judging | None:
+        """The job (None when there is none) with its baseline (LookupError for an unknown name) and,
+        unless `samples` is False, the kept samples of its trials and of the matched baseline trials."""
+        with Session(self.engine, expire_on_commit=False) as s:
+            named = _named(s, baseline) if baseline is not None else None
+            job = s.get(Job, job_id)
+            if job is None:
+                return None
+            trials = list(s.scalars(select(TrialRow).where(TrialRow.job_id == job_id).order_by(TrialRow.seq)))
+            used = select(TrialRow.environment_id).where(TrialRow.job_id == job_id)
+            envs = {e.id: e for e in s.scalars(select(Environment).where(Environment.id.in_(used)))}
+            out = Judging(job, trials, envs)
+            keys = {t.id: key(t, out.env_of(t)) for t in trials}
+            matched: dict[int, int] = {}  # the job's trial id -> the baseline trial id of its point
+            for candidate in [named] if named is not None else _family_baselines(s, job):
+                points = _points(s, candidate)
+                found = {t.id: points[keys[t.id]] for t in trials if points.get(keys[t.id], t.id) != t.id}
+                if found or baseline is not None:
+                    out.baseline, matched = candidate, found
+                    break
+            rows = {r.id: r for r in _trials(s, set(matched.values()))}
+            out.matches = {tid: rows[bid] for tid, bid in matched.items() if bid in rows}
+            if samples:
+                out.samples = _kept_samples(s, job_id, list(rows.values()), trials)
+            return out
+
+
+def _named(s: Session, name: str) -> Baseline:
+    found = s.scalar(select(Baseline).where(Baseline.name == name))
+    if found is None:
+        newest_first = select(Baseline.name).order_by(Baseline.created_at.desc(), Baseline.id.desc())
+        raise LookupError(
+            f"no baseline named {name!r} (known: {', '.join(s.scalars(newest_first)) or 'none'})"
+        )
+    return found
+
+
+def _family_baselines(s: Session, job: Job) -> list[Baseline]:
+    """The baselines of the job's family on other jobs, newest first."""
+    q = (
+        select(Baseline)
+        .where(Baseline.family == job.family, Baseline.job_id != job.id)
+        .order_by(Baseline.created_at.desc(), Baseline.id.desc())
+    )
+    return list(s.scalars(q))
+
+
+def _points(s: Session, baseline: Baseline) -> dict[str, int]:
+    q = select(BaselineTrial.match_key, BaselineTrial.trial_id).where(
+        BaselineTrial.baseline_id == baseline.id
+    )
+    return {k: t for k, t in s.execute(q)}
+
+
+def _trials(s: Session, ids: set[int]) -> list[TrialRow]:
+    return list(s.scalars(select(TrialRow).where(TrialRow.id.in_(ids)))) if ids else []
+
+
+def _kept_samples(
+    s: Session, job_id: int, baseline_trials: list[TrialRow], trials: list[TrialRow]
+) -> dict[int, list[int]]:
+    raw: dict[int, list[int]] = {}
+    ours = select(TrialRow.id).where(TrialRow.job_id == job_id)
+    theirs = [t.id for t in baseline_trials]
+    q = select(Sample.trial_id, Sample.value_ns).order_by(Sample.trial_id, Sample.seq)
+    for where in [Sample.trial_id.in_(ours)] + ([Sample.trial_id.in_(theirs)] if theirs else []):
+        for trial_id, value in s.execute(q.where(where)):
+            raw.setdefault(trial_id, []).append(value)
+    return {t.id: kept(raw.get(t.id, []), t.summary) for t in [*trials, *baseline_trials]}

@@ -1,0 +1,97 @@
+"""A job, its trials (one row per grid point, created pending, updated once with its result), their raw
+timing samples and the environments they ran in (deduplicated by fingerprint)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import Mapped, mapped_column
+
+from jobs.store.tables.base import PENDING, Base, now
+from kernels.base import Summary
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    family: Mapped[str] = mapped_column(String(64))
+    spec: Mapped[str] = mapped_column(Text)  # the spec as validated, YAML
+    spec_hash: Mapped[str] = mapped_column(String(32), index=True)
+    status: Mapped[str] = mapped_column(String(16), default="created")  # created running completed ...
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=now)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime)
+    git_commit: Mapped[str | None] = mapped_column(String(64))
+    cluster: Mapped[dict | None] = mapped_column(JSON)  # address, nodes, workers, mode (gpu or cpu)
+    message: Mapped[str | None] = mapped_column(Text)
+
+
+class Environment(Base):
+    __tablename__ = "environments"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    fingerprint: Mapped[str] = mapped_column(String(32), unique=True)
+    host: Mapped[str] = mapped_column(String(255))
+    device_kind: Mapped[str] = mapped_column(String(8))  # "gpu" or "cpu"
+    device_name: Mapped[str] = mapped_column(String(255))  # GPU model, or CPU model
+    data: Mapped[dict] = mapped_column(JSON)  # versions, driver, CUDA, clocks, counts
+
+
+class TrialRow(Base):
+    """A trial of a job as stored: its grid point, then its result (the point: jobs.spec.sweep.TrialSpec)."""
+
+    __tablename__ = "trials"
+    __table_args__ = (UniqueConstraint("job_id", "key", name="uq_trial_job_key"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    key: Mapped[str] = mapped_column(String(32))
+    seq: Mapped[int] = mapped_column(Integer)  # position in the expanded grid
+    family: Mapped[str] = mapped_column(String(64))
+    backend: Mapped[str] = mapped_column(String(64))
+    baseline: Mapped[bool] = mapped_column(Boolean, default=False)
+    shape: Mapped[dict] = mapped_column(JSON)
+    config: Mapped[dict] = mapped_column(JSON)
+    dtype: Mapped[str] = mapped_column(String(32))
+    status: Mapped[str] = mapped_column(String(16), default=PENDING, index=True)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    node: Mapped[str | None] = mapped_column(String(255))
+    worker: Mapped[str | None] = mapped_column(String(64))
+    gpu_id: Mapped[str | None] = mapped_column(String(32))
+    environment_id: Mapped[int | None] = mapped_column(ForeignKey("environments.id"))
+    started_at: Mapped[datetime | None] = mapped_column(DateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime)
+    error: Mapped[str | None] = mapped_column(Text)
+    median_ns: Mapped[float | None] = mapped_column(Float)
+    summary: Mapped[dict | None] = mapped_column(JSON)
+    stop_reason: Mapped[str | None] = mapped_column(String(32))
+    timer: Mapped[str | None] = mapped_column(String(32))
+    correct: Mapped[bool | None] = mapped_column(Boolean)
+    correctness: Mapped[dict | None] = mapped_column(JSON)
+    metrics: Mapped[dict | None] = mapped_column(JSON)
+    memory: Mapped[dict | None] = mapped_column(JSON)
+    resources: Mapped[dict | None] = mapped_column(JSON)
+
+    @property
+    def stats(self) -> Summary:
+        """The measurement summary, typed (kernels.base.Summary.from_stored): what every reader uses
+        instead of the stored dict."""
+        return Summary.from_stored(self.summary)
+
+
+class Sample(Base):
+    __tablename__ = "samples"
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    value_ns: Mapped[int] = mapped_column(BigInteger)

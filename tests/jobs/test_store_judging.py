@@ -1,0 +1,85 @@
+"""The one read a verdict makes (jobs.store.judging): the baseline picked (named, else the newest of the
+family with a point of the job), each trial's baseline trial and the kept samples, read once; and the
+verdict written in one transaction (jobs.store.finding_store)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from jobs.judge import baselines
+from jobs.spec.sweep import loads_spec
+from jobs.store import AnomalyRecord, FailureRecord, Store
+from jobs.store.results import result_of
+from kernels.base import Summary
+
+SPEC = """
+name: judging-test
+family: probe
+backends: [{name: spin, baseline: true, configs: {grid: {ms: [1]}}}]
+shapes: {grid: {n: [0, 1]}}
+"""
+ENV = {"host": "h", "device_kind": "cpu", "device_name": "Some CPU", "torch": "x"}
+
+
+def _job(store: Store, samples: list[int], summary: Summary | None = None) -> int:
+    spec = loads_spec(SPEC)
+    job = store.create_job(
+        name=spec.name, family=spec.family, spec_yaml=SPEC, spec_hash=spec.spec_hash(),
+        trials=spec.trials(), git_commit="abc",
+    )  # fmt: skip
+    store.record_results(
+        result_of(t.id, samples, summary=summary, environment=ENV, correct=True) for t in store.trials(job)
+    )
+    return job
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store(str(tmp_path / "farm.db"))
+    yield s
+    s.close()
+
+
+def test_the_newest_matching_baseline_its_trials_and_the_kept_samples_in_one_read(store):
+    old, new = _job(store, [10, 11, 12]), _job(store, [20, 21, 22])
+    baselines.set_from_job(store, old, "old")
+    baselines.set_from_job(store, new, "new")
+    discarded = dataclasses.replace(Summary.from_samples([30, 31, 99]), discarded=(2,))
+    job = _job(store, [30, 31, 99], discarded)
+    judging = store.judging(job, key=baselines.point_key)
+    assert judging is not None and judging.job.id == job and len(judging.trials) == 2
+    assert judging.baseline.name == "new"  # the newest of the family that matches a point
+    new_trials = {t.id for t in store.trials(new)}
+    assert {judging.matches[t.id].id for t in judging.trials} == new_trials
+    for t in judging.trials:
+        assert judging.kept_samples(t.id) == [30, 31]  # the discarded sample is left out
+        assert judging.kept_samples(judging.matches[t.id].id) == [20, 21, 22]
+        assert judging.env_of(t).device_name == "Some CPU"
+    named = store.judging(job, key=baselines.point_key, baseline="old", samples=False)
+    assert named.baseline.name == "old" and named.samples == {}
+    assert {t.id for t in named.matches.values()} == {t.id for t in store.trials(old)}
+    assert baselines.resolve(store, job).name == "new" and baselines.matches(store, named.baseline, job)
+
+
+def test_an_unknown_baseline_is_named_and_a_missing_job_is_none(store):
+    job = _job(store, [1, 2, 3])
+    baselines.set_from_job(store, job, "main")
+    with pytest.raises(LookupError, match=r"no baseline named 'nope' \(known: main\)"):
+        store.judging(job, key=baselines.point_key, baseline="nope")
+    assert store.judging(job + 100, key=baselines.point_key) is None
+    itself = store.judging(job, key=baselines.point_key)  # a job is never its own baseline
+    assert itself.baseline is None and itself.matches == {}
+
+
+def test_a_verdict_replaces_the_previous_one_in_one_write(store):
+    job = _job(store, [1, 2, 3])
+    trial = store.trials(job)[0]
+    anomaly = AnomalyRecord(trial.id, "noisy", "warning", "f" * 32, "noisy", {"cv": 0.5})
+    failure = FailureRecord(trial.id, "probe", "stability", "fail", "g" * 32, "spin n=0", "noisy", {})
+    store.record_verdict(job, [anomaly, anomaly], [failure])
+    assert [a.kind for a in store.anomalies(job)] == ["noisy", "noisy"]
+    assert [f.assertion for f in store.failures()] == ["stability"]
+    store.record_verdict(job, [], [failure])
+    assert store.anomalies(job) == [] and len(store.failures()) == 1
