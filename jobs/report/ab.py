@@ -20,6 +20,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from jobs.report.rows import fmt_point, num, point_text
 from jobs.store import Store, TrialRow
 from kernels.base import TrialStatus
 from kernels.measure.stats import Comparison, compare_samples
@@ -237,14 +238,10 @@ def _judge(
 # ---- the terminal table ------------------------------------------------------------------------
 
 
-def _fmt(v: float | None, fmt: str, scale: float = 1.0) -> str:
-    return "-" if v is None else format(v * scale, fmt)
-
-
 def _side_cells(s: Side | None) -> list[str]:
     if s is None:
         return ["-"] * 9
-    cfg = " ".join(f"{k}={v}" for k, v in s.config.items()) or "-"
+    cfg = fmt_point(s.config)
     regs = "-" if s.regs is None else (f"~{s.regs}" if s.regs_source != "compiled" else str(s.regs))
     if s.spills is not None:
         regs += f"/{s.spills}"
@@ -258,10 +255,10 @@ def _side_cells(s: Side | None) -> list[str]:
     return [
         f"{s.backend} {cfg}",
         status,
-        _fmt(s.median_ns, ".2f", 1e-3),
-        _fmt(s.tflops, ".3f"),
-        _fmt(s.gbps, ".1f"),
-        _fmt(s.spread_cv, ".1%"),
+        num(s.median_ns, ".2f", 1e-3),
+        num(s.tflops, ".3f"),
+        num(s.gbps, ".1f"),
+        num(s.spread_cv, ".1%"),
         smem,
         waves,
         regs,
@@ -278,7 +275,7 @@ def render(result: CompareResult, console: Console) -> None:
                 "smem KB", "waves (last)", "regs/spills", "verdict"):  # fmt: skip
         table.add_column(col)
     for r in result.rows:
-        shape = " ".join(f"{k}={v}" for k, v in r.shape.items())
+        shape = point_text(r.shape)
         c = r.comparison
         verdict = r.note
         if c is not None:

@@ -8,25 +8,29 @@ questions it is kept for, each a table:
    constrained);
 4. keys and projects with their spend.
 
-Plain HTML like the other pages (jobs.report.html's page and table); no plot, so no plotly.js.
+Rendered from templates/account.html.j2 like the other pages (their base and tables); no plot, so no
+plotly.js.
 """
 
 from __future__ import annotations
 
-import html
-
 from jobs.drafts.account import Account, AccountRow, per_accepted_draft, per_key, per_task
-from jobs.report.html import page, table
-
-esc = html.escape
+from jobs.report.rows import num
+from jobs.report.templating import render_page
+from jobs.report.views import Link, Table
 
 
 def _int(v: int) -> str:
     return f"{v:,}"
 
 
+def _ints(r: AccountRow, *names: str) -> list[str]:
+    """The row's counts `names`, each with thousands separators."""
+    return [_int(getattr(r, name)) for name in names]
+
+
 def _cost(v: float | None) -> str:
-    return "-" if v is None else f"{v:.4f}"
+    return num(v, ".4f")
 
 
 def _ratio(a: float, b: float, fmt: str = ".1f") -> str:
@@ -34,6 +38,7 @@ def _ratio(a: float, b: float, fmt: str = ".1f") -> str:
 
 
 def _source_text(account: Account) -> str:
+    """Where the account's numbers come from, as a sentence."""
     sources = account.sources
     parts = []
     if "gateway" in sources or "mixed" in sources:
@@ -46,13 +51,24 @@ def _source_text(account: Account) -> str:
     if "offline" in sources:
         parts.append("offline rows were drafted in-process by the offline drafter: no model call, no tokens")
     text = "; ".join(parts) or "no draft run yet (farm accept JOB --drafts)"
-    note = f"<p><b>Note:</b> {esc(account.note)}</p>" if account.note else ""
-    return f"<p>{esc(text[0].upper() + text[1:])}.</p>{note}"
+    return f"{text[0].upper() + text[1:]}."
 
 
-def _account_table(account: Account) -> str:
-    head = ["date", "task", "model", "key", "calls", "input", "output", "total", "cost $", "retries"]
-    head += ["429s", "retry wait s", "conclusion", "source"]
+SPEND = ["calls", "input", "output", "total", "cost $", "retries", "429s", "retry wait s"]
+
+
+def _spend(r: AccountRow) -> list[str]:
+    """A row's calls, tokens, cost, retries, 429s and retry wait: the SPEND columns."""
+    return [
+        *_ints(r, "calls", "input_tokens", "output_tokens", "total_tokens"),
+        _cost(r.cost_usd),
+        *_ints(r, "retries", "rate_limited"),
+        f"{r.retry_wait_ms / 1000:.2f}",
+    ]
+
+
+def _account_table(account: Account) -> Table:
+    head = ["date", "task", "model", "key", *SPEND, "conclusion", "source"]
     rows = [*account.rows, account.totals()] if account.rows else []
     body = [
         [
@@ -60,23 +76,16 @@ def _account_table(account: Account) -> str:
             r.task,
             r.model,
             r.key,
-            _int(r.calls),
-            _int(r.input_tokens),
-            _int(r.output_tokens),
-            _int(r.total_tokens),
-            _cost(r.cost_usd),
-            _int(r.retries),
-            _int(r.rate_limited),
-            f"{r.retry_wait_ms / 1000:.2f}",
+            *_spend(r),
             r.conclusion,
             r.source,
         ]  # fmt: skip
         for r in rows
     ]
-    return table(head, body, left=4)
+    return Table(head, body, left=4)
 
 
-def _per_accepted(rows: list[AccountRow]) -> str:
+def _per_accepted(rows: list[AccountRow]) -> Table:
     head = ["task", "model", "calls", "total tokens", "cost $", "drafts", "accepted", "tokens per accepted"]
     head += ["cost $ per accepted", "conclusion"]
     body = [
@@ -94,94 +103,68 @@ def _per_accepted(rows: list[AccountRow]) -> str:
         ]  # fmt: skip
         for r in rows
     ]
-    return table(head, body, left=2)
+    return Table(head, body, left=2)
 
 
-def _compression(rows: list[AccountRow]) -> str:
+def _compression(rows: list[AccountRow]) -> Table:
     head = ["task", "runs", "anomalies", "sent (repeats folded)", "log and evidence B", "summary sent B"]
     head += ["compression", "input tokens", "input tokens per anomaly sent"]
     body = [
         [
             r.task,
-            _int(r.runs),
-            _int(r.anomalies),
-            _int(r.sent),
-            _int(r.raw_bytes),
-            _int(r.compressed_bytes),
+            *_ints(r, "runs", "anomalies", "sent", "raw_bytes", "compressed_bytes"),
             f"{_ratio(r.raw_bytes, r.compressed_bytes)}x",
             _int(r.input_tokens),
             _ratio(r.input_tokens, r.sent, ",.0f"),
         ]  # fmt: skip
         for r in rows
     ]
-    return table(head, body)
+    return Table(head, body)
 
 
-def _outputs(rows: list[AccountRow]) -> str:
+def _outputs(rows: list[AccountRow]) -> Table:
     head = ["task", "calls", "calls with max_tokens", "their output tokens", "their max_tokens"]
     head += ["share of the cap used", "largest share in one call", "output tokens, all calls"]
     body = [
         [
             r.task,
-            _int(r.calls),
-            _int(r.capped_calls),
-            _int(r.capped_output_tokens),
-            _int(r.max_tokens),
+            *_ints(r, "calls", "capped_calls", "capped_output_tokens", "max_tokens"),
             _ratio(r.capped_output_tokens * 100, r.max_tokens, ".0f") + ("%" if r.max_tokens else ""),
             "-" if r.peak_output_share is None else f"{r.peak_output_share:.0%}",
             _int(r.output_tokens),
         ]  # fmt: skip
         for r in rows
     ]
-    return table(head, body)
+    return Table(head, body)
 
 
-def _keys(rows: list[AccountRow]) -> str:
-    head = ["project", "key", "calls", "input", "output", "total", "cost $", "retries", "429s"]
-    head += ["retry wait s", "jobs"]
+def _keys(rows: list[AccountRow]) -> Table:
+    head = ["project", "key", *SPEND, "jobs"]
     body = [
         [
             r.project,
             r.key,
-            _int(r.calls),
-            _int(r.input_tokens),
-            _int(r.output_tokens),
-            _int(r.total_tokens),
-            _cost(r.cost_usd),
-            _int(r.retries),
-            _int(r.rate_limited),
-            f"{r.retry_wait_ms / 1000:.2f}",
+            *_spend(r),
             ", ".join(map(str, r.jobs)),
         ]  # fmt: skip
         for r in rows
     ]
-    return table(head, body, left=2)
+    return Table(head, body, left=2)
 
 
-def render_account(account: Account, links: str = "") -> str:
+def render_account(account: Account, nav: tuple[Link, ...] = ()) -> str:
     """The account page: the account's rows with their totals, then the four questions."""
     tasks = per_task(account)
-    body = (
-        f"{links}<h1>Token account of the drafts</h1>"
-        + _source_text(account)
-        + "<h2>Per date, task, model and key</h2>"
-        + "<p>Conclusion: accepted drafts out of all the runs' drafts, then those awaiting a local profiler, "
-        "rejected and not yet reviewed (<code>farm drafts review</code>).</p>"
-        + _account_table(account)
-        + "<h2>1. Tokens per accepted draft, by task and model</h2>"
-        + "<p>Which tasks need a large model: a smaller model with as many accepted drafts costs less per "
-        "accepted draft.</p>"
-        + _per_accepted(per_accepted_draft(account))
-        + "<h2>2. Input compression per task</h2>"
-        + "<p>The log and evidence bytes the anomalies stood for against the fixed-format summary sent; "
-        "repeats of one anomaly are folded before sending. Many input tokens per anomaly sent: an input "
-        "that can be compressed further.</p>"
-        + _compression(tasks)
-        + "<h2>3. Output tokens against max_tokens per task</h2>"
-        + "<p>The share of the output cap the calls used (from the ledger's max_tokens): a task whose "
-        "largest share stays well below 100% can be given a lower cap.</p>"
-        + _outputs(tasks)
-        + "<h2>4. Keys and projects with their spend</h2>"
-        + _keys(per_key(account))
+    return render_page(
+        "account.html.j2",
+        "Token account",
+        plotly=False,
+        nav=nav,
+        sources=_source_text(account),
+        note=account.note,
+        rows=_account_table(account),
+        per_accepted=_per_accepted(per_accepted_draft(account)),
+        compression=_compression(tasks),
+        outputs=_outputs(tasks),
+        keys=_keys(per_key(account)),
     )
-    return page("Token account", body, plotly_src="plotly.min.js")

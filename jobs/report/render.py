@@ -12,114 +12,29 @@ from __future__ import annotations
 import csv
 import io
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from jobs.report.rows import Row, build_rows, family_view, fmt_point, speedup_ci
+from jobs.report.rows import num as _num
+from jobs.report.rows import sig as _sig
 from jobs.store import Store
 from kernels.base import NOT_FAILED, TrialStatus
-from kernels.registry import get_family
 
-
-@dataclass
-class Row:
-    trial: int
-    shape: str
-    backend: str
-    baseline: bool
-    config: str
-    dtype: str
-    status: str
-    attempt: int
-    median_ms: float | None
-    spread_pct: float | None  # IQR / median
-    cv_pct: float | None
-    n: int | None
-    stop_reason: str | None
-    flags: str  # the measurement's flags (noisy, throttled, step, few_samples), comma-separated
-    speedup: float | None  # baseline median / this median
-    tflops: float | None
-    gbps: float | None
-    correct: bool | None
-    max_abs_err: float | None
-    node: str | None
-    gpu_id: str | None
-    timer: str | None
-    error: str | None
-    extra: dict[str, Any] = field(default_factory=dict)  # the family's report_metrics
-    p10_ms: float | None = None
-    p90_ms: float | None = None
-
-
-def _family_view(family: str) -> tuple[tuple, tuple]:
-    """(report_metrics, scaling) the family declares; none when it declares none or cannot be imported."""
-    try:
-        fam = get_family(family)
-    except Exception:  # noqa: BLE001 - a report must render even for a family no longer installed
-        return (), ()
-    return tuple(fam.report_metrics), tuple(fam.scaling)
-
-
-def _fmt_point(point: dict[str, Any]) -> str:
-    return " ".join(f"{k}={v}" for k, v in point.items()) or "-"
-
-
-def build_rows(store: Store, job_id: int) -> list[Row]:
-    trials = store.trials(job_id)
-    extra_keys = [key for key, _label, _fmt in _family_view(trials[0].family)[0]] if trials else []
-    base: dict[tuple, dict[str, float]] = {}
-    for t in trials:
-        if t.baseline and t.status == TrialStatus.OK and t.median_ns:
-            key = (_fmt_point(t.shape), t.dtype)
-            base.setdefault(key, {})[_fmt_point(t.config)] = t.median_ns
-    rows = []
-    for t in trials:
-        s = t.stats
-        m = t.metrics or {}
-        c = t.correctness or {}
-        median = t.median_ns
-        speedup = None
-        candidates = base.get((_fmt_point(t.shape), t.dtype), {})
-        # the baseline on the same config; another config only when the baseline has just one
-        ref = candidates.get(_fmt_point(t.config))
-        if ref is None and len(candidates) == 1:
-            ref = next(iter(candidates.values()))
-        if ref and median:
-            speedup = ref / median
-        rows.append(
-            Row(
-                trial=t.seq,
-                shape=_fmt_point(t.shape),
-                backend=t.backend,
-                baseline=t.baseline,
-                config=_fmt_point(t.config),
-                dtype=(t.metrics or {}).get("compute_dtype")
-                or t.dtype,  # what ran (a bf16 backend on fp32 inputs)
-                status=t.status,
-                attempt=t.attempt,
-                median_ms=median / 1e6 if median else None,
-                spread_pct=100 * s.iqr / median if median and s.iqr is not None else None,
-                cv_pct=100 * s.cv if s.cv is not None else None,
-                n=s.n if t.summary is not None else None,
-                stop_reason=t.stop_reason,
-                flags=",".join(s.flags),
-                speedup=speedup,
-                tflops=m.get("tflops"),
-                gbps=m.get("gbps"),
-                correct=t.correct,
-                max_abs_err=c.get("max_abs_err"),
-                node=t.node,
-                gpu_id=t.gpu_id,
-                timer=t.timer,
-                error=(t.error or "").strip().splitlines()[-1][:200] if t.error else None,
-                extra={k: m[k] for k in extra_keys if k in m},
-                p10_ms=s.p10 / 1e6 if s.p10 is not None else None,
-                p90_ms=s.p90 / 1e6 if s.p90 is not None else None,
-            )
-        )
-    return rows
+# Row, build_rows and speedup_ci live in jobs.report.rows (the view the HTML pages share); named here too
+__all__ = [
+    "Row",
+    "build_rows",
+    "render_html",
+    "render_summary",
+    "render_terminal",
+    "speedup_ci",
+    "to_csv",
+    "to_json",
+]
 
 
 def _styled_status(status: str) -> str:
@@ -135,19 +50,6 @@ def _value(v: Any, fmt: str) -> str:
         return format(v, fmt)
     except (TypeError, ValueError):
         return str(v)
-
-
-def _num(v: float | None, fmt: str) -> str:
-    return "-" if v is None else format(v, fmt)
-
-
-def _sig(v: float | None, digits: int = 3) -> str:
-    """Significant digits, never a bare `0.000` for a small rate (CPU TFLOPS): 0.00123, 45.6, 1234."""
-    if v is None:
-        return "-"
-    if v == 0 or abs(v) >= 10 ** (digits - 1):
-        return f"{v:.0f}"
-    return f"{v:#.{digits}g}".rstrip(".")
 
 
 def render_terminal(store: Store, job_id: int, console: Console | None = None) -> None:
@@ -174,7 +76,7 @@ def render_terminal(store: Store, job_id: int, console: Console | None = None) -
     cols = ["backend"] + (["config"] if show_config else []) + (["dtype"] if len(dtypes) > 1 else [])
     extra = [
         (key, label, fmt)
-        for key, label, fmt in _family_view(job.family)[0]
+        for key, label, fmt in family_view(job.family)[0]
         if any(key in r.extra for r in rows)
     ]
     cols += ["status", "median ms", "spread", "n", "stop", "speedup", "TFLOPS", "GB/s"]
@@ -249,25 +151,6 @@ _WORST = {
 }  # a shape's verdict: its worst assertion outcome (skips aside)
 
 
-def speedup_ci(store: Store, base_trial_id: int, trial_id: int) -> tuple[float, float, float] | None:
-    """(baseline median / median, low, high): a speedup with a 95% bootstrap interval over both trials'
-    kept samples; None when either has none."""
-    import numpy as np
-
-    from kernels.measure.stats import bootstrap_ratio_ci
-
-    a = np.asarray(store.kept_samples(base_trial_id), dtype=float)
-    b = np.asarray(store.kept_samples(trial_id), dtype=float)
-    if len(a) == 0 or len(b) == 0:
-        return None
-    lo, hi = bootstrap_ratio_ci(a, b, n_boot=400, confidence=0.95, seed=0)  # of b/a: inverted below
-    return (
-        float(np.median(a) / np.median(b)),
-        (1 / hi if hi else float("nan")),
-        (1 / lo if lo else float("nan")),
-    )
-
-
 def render_summary(store: Store, job_id: int, console: Console, acc: Any = None) -> None:
     """One line per shape: the baseline, the fastest correct trial, its speedup with a 95% interval and,
     when the job was judged (``acc``: a jobs.judge.acceptance result), the shape's worst assertion."""
@@ -275,7 +158,7 @@ def render_summary(store: Store, job_id: int, console: Console, acc: Any = None)
     ids = {t.seq: t.id for t in store.trials(job_id)}
     verdicts: dict[str, str] = {}
     for r in getattr(acc, "results", ()):
-        shape = _fmt_point(r.trial.shape)
+        shape = fmt_point(r.trial.shape)
         if _WORST.get(r.outcome, 0) > _WORST.get(verdicts.get(shape, ""), 0):
             verdicts[shape] = r.outcome
     table = Table(title=f"summary of job {job_id}", title_justify="left")

@@ -23,7 +23,8 @@ from jobs.cli import main
 from jobs.history.series import collect
 from jobs.judge.acceptance import accept
 from jobs.report.ab import Selector, compare_jobs
-from jobs.report.html import figure, render_compare, verdict_html
+from jobs.report.html import render_compare, verdict_html
+from jobs.report.plotting import figure
 from jobs.report.render import render_html
 from jobs.report.site import _kernel_page
 from jobs.store import Store
@@ -90,7 +91,7 @@ def pages(tmp_path_factory) -> dict[str, Any]:
     assert series, "no change point found in the history"
     written["history"] = root / "history.html"
     written["history"].write_text(_kernel_page(series[0]).replace("../plotly.min.js", "plotly.min.js"))
-    from jobs.report.html import plotly_js
+    from jobs.report.templating import plotly_js
 
     (root / "plotly.min.js").write_text(plotly_js())
     history_store.close()
@@ -370,7 +371,7 @@ def test_figure_converts_every_annotation_and_range_on_a_log_axis():
     ],  # fmt: skip
 )
 def test_log_ticks_are_few_and_labelled_with_their_magnitude(lo, hi):
-    from jobs.report.html import log_ticks
+    from jobs.report.plotting import log_ticks
 
     values, labels = log_ticks(lo, hi)
     if lo == hi:  # one value: plotly.js shows it a decade either side

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from jobs.cli import main
-from jobs.report.html import legend_room
+from jobs.report.plotting import legend_room
 from jobs.report.render import render_html
 from jobs.spec.sweep import loads_spec
 from jobs.store import FailureRecord, Store
@@ -78,6 +78,8 @@ def make_job(store: Store, scale: float = 1.0, failures: bool = True) -> int:
                     git_commit="c0ffee",
                     tag=None,
                 )
+            ],
+        )
     return job
 
 

@@ -1,0 +1,318 @@
+"""The figures of the pages, built in data units (jobs.report.plotting places them and moves what a log
+axis needs into its coordinates): a job's time per shape (bar = median, whisker = p10..p90), a shape x
+config heatmap per backend with several configs, speedups with their bootstrap interval, every trial's
+samples, the roofline on a known GPU, a family's time series and scaling; a point's history across jobs;
+the A/B of two jobs.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+
+from jobs.report.plotting import log_ticks
+from jobs.report.rows import Row, Speedup, point_text
+from jobs.report.rows import label as row_label
+from jobs.store import Store
+from kernels.base import TrialStatus
+from kernels.hardware import limits_for
+
+
+def time_per_shape(rows: list[Row]) -> go.Figure | None:
+    timed = [r for r in rows if r.median_ms]
+    if not timed:
+        return None
+    fig = go.Figure()
+    for name in dict.fromkeys(row_label(r) for r in timed):
+        mine = [r for r in timed if row_label(r) == name]
+        fig.add_bar(
+            name=name + (" (baseline)" if mine[0].baseline else ""),
+            x=[r.shape for r in mine],
+            y=[r.median_ms for r in mine],
+            error_y={
+                "type": "data",
+                "symmetric": False,
+                "array": [max(r.p90_ms - r.median_ms, 0) if r.p90_ms else 0 for r in mine],
+                "arrayminus": [max(r.median_ms - r.p10_ms, 0) if r.p10_ms else 0 for r in mine],
+            },
+            hovertemplate="%{x}<br>%{y:.4g} ms<extra>" + html.escape(name) + "</extra>",
+        )
+    fig.update_layout(
+        title="Time per shape (median, whisker p10..p90), log axis",
+        barmode="group",
+        yaxis={"type": "log", "title": "median time (ms)"},
+        xaxis={"title": "shape"},
+    )
+    return fig
+
+
+def _log_colorbar(log10_ms: list[float]) -> dict[str, Any]:
+    """A colour bar over log10(ms) labelled in ms, with log_ticks' values (not in log10 units)."""
+    if not log10_ms:
+        return {"title": "median ms"}
+    values, labels = log_ticks(10 ** min(log10_ms), 10 ** max(log10_ms))
+    return {"title": "median ms", "tickvals": [math.log10(v) for v in values], "ticktext": labels}
+
+
+def heatmaps(rows: list[Row]) -> list[tuple[str, go.Figure]]:
+    """A shape x config heatmap of log10(median ms) for every backend with more than one config."""
+    out = []
+    for backend in dict.fromkeys(r.backend for r in rows):
+        mine = [r for r in rows if r.backend == backend]
+        configs = list(dict.fromkeys(r.config for r in mine))
+        if len(configs) < 2:
+            continue
+        shapes = list(dict.fromkeys(r.shape for r in mine))
+        cell = {(r.shape, r.config): r for r in mine}
+        z, text = [], []
+        for s in shapes:
+            zr, tr = [], []
+            for c in configs:
+                r = cell.get((s, c))
+                ok = r is not None and r.median_ms
+                zr.append(math.log10(r.median_ms) if ok else None)
+                tr.append(f"{r.median_ms:.4g} ms" if ok else (r.status if r else "-"))
+            z.append(zr)
+            text.append(tr)
+        fig = go.Figure(
+            go.Heatmap(
+                z=z,
+                x=configs,
+                y=shapes,
+                text=text,
+                texttemplate="%{text}",
+                colorscale="Viridis",
+                colorbar=_log_colorbar([v for zr in z for v in zr if v is not None]),
+                hovertemplate="%{y}<br>%{x}<br>%{text}<extra></extra>",
+            )
+        )
+        fig.update_layout(title=f"{backend}: median time per shape x config (blank: not timed)")
+        out.append((backend, fig))
+    return out
+
+
+def speedup_figure(items: list[Speedup], against: str = "the baseline") -> go.Figure | None:
+    if not items:
+        return None
+    fig = go.Figure()
+    for label in dict.fromkeys(s.label for s in items):
+        mine = [s for s in items if s.label == label]
+        fig.add_scatter(
+            name=label,
+            mode="markers",
+            x=[s.shape for s in mine],
+            y=[s.speedup for s in mine],
+            error_y={
+                "type": "data",
+                "symmetric": False,
+                "array": [max(s.high - s.speedup, 0) for s in mine],
+                "arrayminus": [max(s.speedup - s.low, 0) for s in mine],
+            },
+            marker={"size": 10},
+        )
+    fig.add_hline(y=1.0, line_dash="dash", annotation_text="baseline")
+    fig.update_layout(
+        title=f"Speedup over {against} (95% bootstrap interval; below 1: slower), log axis",
+        yaxis={"type": "log", "title": "baseline median / median"},
+        xaxis={"title": "shape"},
+    )
+    return fig
+
+
+def samples_figure(store: Store, job_id: int, rows: list[Row]) -> go.Figure | None:
+    trials = {t.seq: t for t in store.trials(job_id)}
+    fig = go.Figure()
+    for r in rows:
+        if not r.median_ms:
+            continue
+        samples = store.kept_samples(trials[r.trial].id)
+        if not samples:
+            continue
+        fig.add_box(
+            name=f"#{r.trial} {row_label(r)} | {r.shape}",
+            y=[v / 1e6 for v in samples],
+            boxpoints="all",
+            jitter=0.4,
+            pointpos=0,
+            marker={"size": 4},
+        )
+    if not fig.data:
+        return None
+    fig.update_layout(
+        title="Every trial's samples (ms), log axis",
+        yaxis={"type": "log", "title": "time (ms)"},
+        showlegend=False,
+        xaxis={"tickangle": -30, "automargin": True},
+    )
+    return fig
+
+
+def roofline_figure(rows: list[Row], device: str | None) -> go.Figure | None:
+    lim = limits_for(device)
+    points = [r for r in rows if r.tflops and r.gbps]
+    if lim is None or not points:
+        return None
+    ai = [r.tflops * 1e3 / r.gbps for r in points]  # FLOP per byte
+    xs = np.logspace(math.log10(min(ai) / 4), math.log10(max(ai) * 4), 100)
+    fig = go.Figure()
+    for dtype, peak in lim.dense_tflops.items():
+        fig.add_scatter(
+            name=f"{lim.name} roof ({dtype} {peak:g} TFLOPS, {lim.hbm_gbps:g} GB/s)",
+            x=xs,
+            y=np.minimum(peak, lim.hbm_gbps * xs / 1e3),
+            mode="lines",
+            line={"dash": "dash"},
+        )
+    for label in dict.fromkeys(row_label(r) for r in points):
+        mine = [(a, r) for a, r in zip(ai, points, strict=True) if row_label(r) == label]
+        fig.add_scatter(
+            name=label,
+            x=[a for a, _ in mine],
+            y=[r.tflops for _, r in mine],
+            text=[r.shape for _, r in mine],
+            mode="markers",
+            marker={"size": 10},
+        )
+    fig.update_layout(
+        title=f"Roofline on {lim.name}",
+        xaxis={"type": "log", "title": "arithmetic intensity (FLOP/byte)"},
+        yaxis={"type": "log", "title": "achieved TFLOPS"},
+    )
+    return fig
+
+
+def timeseries_figures(trials: list[Any]) -> list[go.Figure]:
+    """One figure per trial that recorded metrics["timeseries"] = {title, xlabel, x, series: {name: ys}}."""
+    out = []
+    for t in trials:
+        ts = (t.metrics or {}).get("timeseries")
+        if not isinstance(ts, dict):
+            continue
+        fig = go.Figure()
+        for name, ys in (ts.get("series") or {}).items():
+            fig.add_scatter(name=name, x=ts.get("x", [])[: len(ys)], y=ys, mode="lines")
+        shape = point_text(t.shape)
+        fig.update_layout(
+            title=f"{ts.get('title', 'Time series')} ({t.backend} {shape})",
+            xaxis={"title": ts.get("xlabel", "")},
+        )
+        out.append(fig)
+    return out
+
+
+def scaling_figures(trials: list[Any], scaling: tuple[tuple[str, str], ...]) -> list[go.Figure]:
+    """One figure per (shape key, metric) the family declares: a line per backend/config and other keys."""
+    out = []
+    for x_key, metric in scaling:
+        lines: dict[str, list[tuple[float, float]]] = {}
+        for t in trials:
+            y = (t.metrics or {}).get(metric)
+            if t.status != TrialStatus.OK or x_key not in t.shape or not isinstance(y, int | float):
+                continue
+            rest = point_text({k: v for k, v in {**t.config, **t.shape}.items() if k != x_key})
+            lines.setdefault(f"{t.backend} {rest}".strip(), []).append((t.shape[x_key], y))
+        lines = {k: sorted(v) for k, v in lines.items() if len(v) > 1}
+        if not lines:
+            continue
+        fig = go.Figure()
+        for label, pts in lines.items():
+            fig.add_scatter(name=label, x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers")
+        fig.update_layout(
+            title=f"{metric} against {x_key}", xaxis={"type": "log", "title": x_key}, yaxis={"title": metric}
+        )
+        out.append(fig)
+    return out
+
+
+def history_figure(series: Any) -> go.Figure:
+    """A jobs.history.series.Series: median per job (p10..p90 band) in commit order, the level change
+    detection reads (with its standard error; contended points crossed), change points marked at the level
+    after them."""
+    pts = series.points
+    x = [f"#{p.job_id} {(p.commit or '?')[:8]}" for p in pts]
+    fig = go.Figure()
+    # the band: an invisible line at p90, then p10 filled up to it
+    hidden = {"name": "p90", "showlegend": False, "hoverinfo": "skip"}
+    band = {"name": "p10..p90", "fill": "tonexty", "fillcolor": "rgba(54,108,204,0.2)"}
+    for edge, style in (("p90_ns", hidden), ("p10_ns", band)):
+        y = [(getattr(p, edge) or p.median_ns) / 1e6 for p in pts]
+        fig.add_scatter(x=x, y=y, mode="lines", line={"width": 0}, **style)
+    fig.add_scatter(name="median", x=x, y=[p.median_ns / 1e6 for p in pts], mode="lines+markers")
+    # what change detection reads: the level with its standard error; contended points as crosses
+    fig.add_scatter(
+        name="level (x: contended, not used)",
+        x=x,
+        y=[p.level_ns / 1e6 for p in pts],
+        mode="markers",
+        marker={"symbol": ["x" if p.contended else "circle" for p in pts], "size": 8, "color": "#2a7d2a"},
+        error_y={"type": "data", "array": [(p.uncertainty_ns or 0) / 1e6 for p in pts], "visible": True},
+    )
+    for c in series.changes:
+        fig.add_vline(x=c.index - 0.5, line_dash="dash", line_color="#b00020")
+        fig.add_annotation(
+            x=x[c.index],
+            y=c.after_ns / 1e6,
+            text=f"{c.magnitude:+.1%}",
+            showarrow=True,
+            font={"color": "#b00020"},
+        )
+    fig.update_layout(
+        title=f"{series.key.label} on {series.key.env}: median per job (commit order)",
+        yaxis={"type": "log", "title": "median time (ms)"},
+        xaxis={"title": "job / commit", "type": "category"},
+    )
+    return fig
+
+
+def compare_shape(row: Any) -> str:
+    """An A/B row's shape and dtype: its category on the A/B figures and its table row."""
+    return f"{point_text(row.shape)} {row.dtype}"
+
+
+def compare_time_figure(result: Any) -> go.Figure:
+    """A jobs.report.ab.CompareResult: per shape the medians of A and B side by side."""
+    shapes = [compare_shape(r) for r in result.rows]
+    fig = go.Figure()
+    for side in ("a", "b"):
+        sides = [getattr(r, side) for r in result.rows]
+        name = f"{side.upper()}: job {getattr(result, 'job_' + side)} {getattr(result, 'select_' + side)}"
+        fig.add_bar(name=name, x=shapes, y=[s.median_ns / 1e6 if s and s.median_ns else None for s in sides])
+    fig.update_layout(
+        title="Median time per shape, A and B (log axis)",
+        barmode="group",
+        yaxis={"type": "log", "title": "median time (ms)"},
+    )
+    return fig
+
+
+def compare_ratio_figure(result: Any) -> go.Figure:
+    """B / A per shape with its interval; a shape whose ratio is undefined (a side of one sample) has no
+    point: the page's table says why."""
+    judged = [(compare_shape(r), r.comparison) for r in result.rows
+              if r.comparison is not None and r.comparison.ratio is not None]  # fmt: skip
+    ratio = go.Figure()
+    if judged:
+        ratio.add_scatter(
+            name="B / A",
+            mode="markers",
+            x=[s for s, _ in judged],
+            y=[c.ratio for _, c in judged],
+            text=[c.verdict for _, c in judged],
+            error_y={
+                "type": "data",
+                "symmetric": False,
+                "array": [max((c.ci_high or c.ratio) - c.ratio, 0) for _, c in judged],
+                "arrayminus": [max(c.ratio - (c.ci_low or c.ratio), 0) for _, c in judged],
+            },
+            marker={"size": 11},
+        )
+        ratio.add_hline(y=1.0, line_dash="dash")
+    ratio.update_layout(
+        title="B / A median ratio with its confidence interval (> 1: B slower), log axis",
+        yaxis={"type": "log", "title": "median ratio B / A"},
+    )
+    return ratio

@@ -1,0 +1,233 @@
+"""A job's report, prepared for its template (templates/job.html.j2): the view of the job with its verdict,
+its speedups over the baseline backend and over the stored baseline, the geometric-mean speedup and fast_p
+(KernelBench: the fraction of shapes faster than the baseline by more than p), the figures, the pruned
+configs with their reason, each point's recent history, the anomalies and the trials.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import plotly.graph_objects as go
+
+from jobs.report import figures
+from jobs.report.plotting import figure_view
+from jobs.report.rows import Row, Speedup, baseline_for, build_rows, family_view, label, num, speedup_ci
+from jobs.report.verdict import VerdictView, verdict_view
+from jobs.report.views import FigureView, Table, spark
+from jobs.store import Store
+from kernels.base import NOT_FAILED, TrialStatus
+
+FAST_P = (0.0, 0.1, 0.5)  # the fast_p thresholds shown
+HISTORY_JOBS = 20  # how many recent jobs a point's history in a job's report shows
+
+
+@dataclass
+class Environment:
+    host: str
+    device_name: str
+    device_kind: str
+
+
+@dataclass
+class JobView:
+    """What the job's page shows, in its order."""
+
+    id: int
+    name: str
+    family: str
+    status: str
+    commit: str
+    timing: str  # GPU timings, or CPU timings (not GPU numbers)
+    envs: list[Environment]
+    verdict: VerdictView
+    speedups: Table | None = None
+    figures: list[FigureView] = field(default_factory=list)
+    pruned: Table | None = None
+    history: Table | None = None
+    anomalies: Table | None = None
+    trials: Table | None = None
+
+
+def speedups(store: Store, job_id: int, rows: list[Row]) -> list[Speedup]:
+    """Each timed non-baseline trial against the baseline on its shape (same config when the baseline
+    has it), with a 95% bootstrap interval over both trials' kept samples."""
+    trials = {t.seq: t for t in store.trials(job_id)}
+    base: dict[tuple[str, str], dict[str, int]] = {}
+    for r in rows:
+        if r.baseline and r.status == TrialStatus.OK and r.median_ms:
+            base.setdefault((r.shape, r.dtype), {})[r.config] = r.trial
+    out = []
+    for r in rows:
+        if r.baseline or r.status != TrialStatus.OK or not r.median_ms:
+            continue
+        ref = baseline_for(base.get((r.shape, r.dtype), {}), r.config)
+        if ref is None:
+            continue
+        ratio = speedup_ci(store, trials[ref].id, trials[r.trial].id)
+        if ratio is not None:
+            out.append(Speedup(r.shape, label(r), *ratio))
+    return out
+
+
+def stored_baseline(store: Store, job_id: int) -> tuple[str, int, dict[int, int]] | None:
+    """The stored baseline (`farm baseline set`) the job is judged against: the one `farm accept` used
+    when its failures name a baseline job, else the newest one matching the job's points. Returns
+    (name, its job, trial id of the job -> the matching baseline trial id), or None."""
+    from jobs.judge import baselines
+
+    used = {(f.evidence or {}).get("baseline_job") for f in store.failures() if f.job_id == job_id}
+    family = store.get_job(job_id).family
+    named = [b for b, _ in store.list_baselines() if b.job_id in used and b.family == family]
+    base = named[0] if named else baselines.resolve(store, job_id)
+    if base is None:
+        return None
+    found = baselines.matches(store, base, job_id)
+    return (base.name, base.job_id, found) if found else None
+
+
+def baseline_job_speedups(store: Store, job_id: int, rows: list[Row]) -> tuple[str, list[Speedup]]:
+    """Each timed trial against its point in the stored baseline's job: how a regression `farm accept`
+    caught shows (below 1). Returns (the baseline's description, the speedups); none without a baseline."""
+    found = stored_baseline(store, job_id)
+    if found is None:
+        return "", []
+    name, base_job, matched = found
+    by_seq = {t.seq: t for t in store.trials(job_id)}
+    out = []
+    for r in rows:
+        t = by_seq[r.trial]
+        if r.status != TrialStatus.OK or not r.median_ms or t.id not in matched:
+            continue
+        ratio = speedup_ci(store, matched[t.id], t.id)
+        if ratio is not None:
+            out.append(Speedup(r.shape, f"#{r.trial} {label(r)}", *ratio))
+    return f"baseline {name} (job {base_job})", out
+
+
+def speedup_summary(items: list[Speedup]) -> Table | None:
+    """Per backend/config: shapes, geometric-mean speedup, and fast_p for each p in FAST_P."""
+    if not items:
+        return None
+    out = []
+    for name in dict.fromkeys(s.label for s in items):
+        mine = [s.speedup for s in items if s.label == name]
+        geo = math.exp(sum(math.log(v) for v in mine) / len(mine))
+        fast = [sum(v > 1 + p for v in mine) / len(mine) for p in FAST_P]
+        out.append([name, len(mine), f"{geo:.3f}x", *(f"{f:.0%}" for f in fast)])
+    head = ["backend / config", "shapes", "geomean speedup"] + [f"fast_{p:g}" for p in FAST_P]
+    return Table(head, out)
+
+
+def recent_history(store: Store, job_id: int, family: str, last: int = HISTORY_JOBS) -> Table | None:
+    """For each point of the job that earlier jobs also measured: its median over the last `last` jobs
+    up to this one (a sparkline, this job the last dot) and the change from the previous job."""
+    from jobs.history.series import Selection, collect
+
+    rows = []
+    for series in collect(store, Selection(family=family), detect=False):
+        at = next((i for i, p in enumerate(series.points) if p.job_id == job_id), None)
+        if at is None or at == 0:
+            continue
+        window = series.points[max(0, at - last + 1) : at + 1]
+        prev, this = window[-2], window[-1]
+        cells = [
+            series.key.label,
+            len(window),
+            spark([p.median_ns for p in window], marks=(len(window) - 1,)),
+            f"{this.median_ns / 1e6:.4f}",
+            f"{this.median_ns / prev.median_ns - 1:+.1%} (job {prev.job_id})",
+        ]
+        rows.append((this.trial_id, cells))
+    if not rows:
+        return None
+    rows.sort(key=lambda r: r[0])
+    head = ["point", "jobs", f"median, last {last} jobs (red: this job)", "median ms", "vs previous job"]
+    return Table(head, [cells for _, cells in rows], left=1)
+
+
+def anomalies_table(store: Store, job_id: int) -> Table | None:
+    found = store.anomalies(job_id)
+    if not found:
+        return None
+    return Table(["severity", "kind", "message"], [[a.severity, a.kind, a.message] for a in found], left=3)
+
+
+def pruned_table(rows: list[Row]) -> Table | None:
+    pruned = [r for r in rows if r.status == TrialStatus.PRUNED]
+    if not pruned:
+        return None
+    body = [[r.shape, r.backend, r.config, r.error or "-"] for r in pruned]
+    return Table(["shape", "backend", "config", "reason"], body, left=4)
+
+
+def trials_table(rows: list[Row]) -> Table:
+    head = ["trial", "shape", "backend", "config", "dtype", "status", "median ms", "spread %", "n", "stop"]
+    head += ["speedup", "TFLOPS", "GB/s", "correct", "node"]
+    body = [
+        [
+            r.trial,
+            r.shape,
+            r.backend + (" (baseline)" if r.baseline else ""),
+            r.config,
+            r.dtype,
+            r.status,
+            num(r.median_ms, ".4f"),
+            num(r.spread_pct, ".1f"),
+            num(r.n, "d"),
+            (r.stop_reason or "-") + (f" ({r.flags})" if r.flags else ""),
+            num(r.speedup, ".3f"),
+            num(r.tflops, ".3f"),
+            num(r.gbps, ".2f"),
+            {True: "pass", False: "FAIL", None: "-"}[r.correct],
+            r.node or "-",
+        ]
+        for r in rows
+    ]
+    classes = ["" if r.status in NOT_FAILED else "bad" for r in rows]
+    return Table(head, body, classes, left=6)
+
+
+def job_figures(
+    store: Store, job_id: int, family: str, rows: list[Row], items: list[Speedup], device: str | None
+) -> list[FigureView]:
+    """The job's figures in their order, each placed (those without data left out)."""
+    trials = store.trials(job_id)
+    figs: list[tuple[str, go.Figure | None, int | None]] = [("time", figures.time_per_shape(rows), None)]
+    figs += [(f"heatmap-{b}", f, 150 + 45 * len(f.data[0].y)) for b, f in figures.heatmaps(rows)]
+    figs.append(("speedup", figures.speedup_figure(items, "the baseline backend"), None))
+    against, stored = baseline_job_speedups(store, job_id, rows)
+    figs.append(("speedup-stored-baseline", figures.speedup_figure(stored, against), None))
+    figs.append(("samples", figures.samples_figure(store, job_id, rows), 520))
+    figs.append(("roofline", figures.roofline_figure(rows, device), 520))
+    figs += [(f"series-{i}", f, None) for i, f in enumerate(figures.timeseries_figures(trials))]
+    scaling = family_view(family)[1]
+    figs += [(f"scaling-{i}", f, None) for i, f in enumerate(figures.scaling_figures(trials, scaling))]
+    return [figure_view(fig, f"plot-{name}", height) for name, fig, height in figs if fig is not None]
+
+
+def job_view(store: Store, job_id: int) -> JobView:
+    job = store.get_job(job_id)
+    if job is None:
+        raise LookupError(f"no job {job_id} in {store.url}")
+    rows = build_rows(store, job_id)
+    envs = store.environments(job_id)
+    device = next((e.device_name for e in envs if e.device_kind == "gpu"), None)
+    items = speedups(store, job_id, rows)
+    return JobView(
+        id=job.id,
+        name=job.name,
+        family=job.family,
+        status=job.status,
+        commit=job.git_commit or "unknown commit",
+        timing="GPU timings" if device else "CPU timings (not GPU numbers)",
+        envs=[Environment(e.host, e.device_name, e.device_kind) for e in envs],
+        verdict=verdict_view(store, job_id),
+        speedups=speedup_summary(items),
+        figures=job_figures(store, job_id, job.family, rows, items, device),
+        pruned=pruned_table(rows),
+        history=recent_history(store, job_id, job.family),
+        anomalies=anomalies_table(store, job_id),
+        trials=trials_table(rows),
+    )
