@@ -21,6 +21,9 @@ from typing import Any
 from jobs.store import AnomalyRecord, Store
 from jobs.store.results import result_of
 from kernels.base import Summary
+from testkit.kernels import faults
+
+faults.enable()  # the injected faults its specs use: a FARM_PLUGINS module, for Ray and subprocesses too
 
 T0 = datetime(2025, 6, 1, 12, 0, 0)
 BYTES_PER_TOKEN = 4

@@ -23,6 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from testkit.kernels import faults
+
+faults.enable()  # the injected faults its specs use: a FARM_PLUGINS module, for Ray and subprocesses too
+
 SPEC = """
 name: {name}
 family: probe

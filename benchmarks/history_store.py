@@ -3,8 +3,8 @@
 The spec is tiny: one probe backend, `spin` by default (a busy loop of a few ms of CPU time; its wall time
 grows when the machine is busy, as a kernel's would) or `wait` (a sleep of a few ms: a latency that a busy
 machine barely moves), on two shapes. From job `slow_from` on (1-based, in creation
-order) its config carries the probe's `_slowdown` test knob, so those jobs really run `slowdown`
-slower; the knob is not part of the point (jobs.judge.baselines strips `_` keys), so all 30 jobs are
+order) its config carries the `_slowdown` fault of testkit.kernels.faults (a FARM_PLUGINS module), so those
+jobs really run `slowdown` slower; the fault is a variant key, not part of the point, so all 30 jobs are
 one history per shape.
 
 Jobs whose numbers are in `real` run for real through the runner (the caller connects local Ray); the
@@ -33,6 +33,9 @@ from jobs.judge.baselines import point_config
 from jobs.spec.sweep import loads_spec
 from jobs.store import Job, Store, TrialRow
 from jobs.store.results import result_of
+from testkit.kernels import faults
+
+faults.enable()  # the injected faults its specs use: a FARM_PLUGINS module, for Ray and subprocesses too
 
 NAME = "history-probe"
 MS = 3
@@ -66,8 +69,8 @@ def fake_commit(i: int) -> str:
 
 
 def _point(t: TrialRow) -> str:
-    """What a trial measures, without its test knobs: the same in slowed and plain jobs."""
-    return json.dumps([t.backend, t.shape, point_config(t.config)], sort_keys=True)
+    """What a trial measures, without its variant keys: the same in slowed and plain jobs."""
+    return json.dumps([t.backend, t.shape, point_config(t)], sort_keys=True)
 
 
 def _stamp_commit(store: Store, job_id: int, commit: str) -> None:

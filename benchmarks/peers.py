@@ -5,7 +5,7 @@ the project's Triton kernel on the same inputs, and the project's output is judg
 by the peer's own rule, beside both timings (the farm's measurement core, kernels.measure, under the
 gpu-check spec's policy):
   flash_mla bf16     dense decode, bf16 cache, page 64: out and lse by FlashMLA's test tolerances
-                     (kernels.paged_mla.check.check_decode, the library's output in the reference's place)
+                     (kernels.common.mla.check.check_decode, the library's output in the reference's place)
   flash_mla fp8      FlashMLA's sparse decode over its 656-byte fp8 cache with every cached token indexed
                      (s_q 1, so it is the dense decode the project's fp8_flashmla path computes): the
                      same bytes, the same tolerances
@@ -32,7 +32,7 @@ PAGE = 64
 
 def judge_decode(out: Any, lse: Any, peer_out: Any, peer_lse: Any) -> tuple[bool, str]:
     """The project's decode output against a peer's, by FlashMLA's tolerances (the peer as reference)."""
-    from kernels.paged_mla.check import check_decode
+    from kernels.common.mla.check import check_decode
 
     report = check_decode(out, lse, peer_out.float(), peer_lse.float())
     return report.passed, report.message

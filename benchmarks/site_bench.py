@@ -17,6 +17,9 @@ from cluster import session
 from jobs.history.series import collect
 from jobs.report.site import build_site
 from jobs.store import Store
+from testkit.kernels import faults
+
+faults.enable()  # the injected faults its specs use: a FARM_PLUGINS module, for Ray and subprocesses too
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:

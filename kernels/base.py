@@ -186,6 +186,13 @@ class Backend:
     # why this backend cannot run a (valid) shape, or None: such a trial is skipped with the reason, not
     # refused, since the shape is fine for the family's other backends
     skips: Callable[[Mapping[str, Any]], str | None] | None = None
+    # config keys that pick a variant of the code that runs, not the point measured (a plugin's injected
+    # fault, a build option): baselines, anomaly fingerprints and history pair trials across them
+    variant_keys: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:  # keys given as any sequence are kept as tuples
+        object.__setattr__(self, "config_keys", tuple(self.config_keys))
+        object.__setattr__(self, "variant_keys", tuple(self.variant_keys))
 
     def unavailable_reason(self, shape: Mapping[str, Any] | None = None) -> str | None:
         reason = self.requires()
@@ -208,53 +215,56 @@ class Backends(Mapping[str, Backend]):
         self.family = family
         self._by_name: dict[str, Backend] = {}
 
-    def add(
-        self,
-        name: str,
-        description: str,
-        *,
-        reference: bool = False,
-        config_keys: tuple[str, ...] = (),
-        requires: Callable[[], str | None] = always_available,
-        impl: Callable[..., Any] | None = None,
-        check: Callable[[dict[str, Any], dict[str, Any]], None] | None = None,
-        skips: Callable[[Mapping[str, Any]], str | None] | None = None,
-    ) -> Backend:
+    def add(self, name: str, description: str, **declared: Any) -> Backend:
+        """Declare backend `name`; the keywords are Backend's fields (reference, config_keys, requires,
+        impl, check, skips, variant_keys)."""
         if name in self._by_name:
             raise ValueError(f"{self.family}: backend {name!r} is declared twice")
-        if reference and any(b.reference for b in self._by_name.values()):
+        if declared.get("reference") and any(b.reference for b in self._by_name.values()):
             raise ValueError(f"{self.family}: a second reference backend {name!r}")
-        backend = Backend(name, description, reference, tuple(config_keys), requires, impl, check, skips)
+        backend = Backend(name, description, **declared)
         self._by_name[name] = backend
         return backend
 
     def register(
-        self,
-        name: str,
-        description: str,
-        *,
-        reference: bool = False,
-        config_keys: tuple[str, ...] = (),
-        requires: Callable[[], str | None] = always_available,
-        check: Callable[[dict[str, Any], dict[str, Any]], None] | None = None,
-        skips: Callable[[Mapping[str, Any]], str | None] | None = None,
+        self, name: str, description: str, **declared: Any
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        """Declare the decorated function as the implementation of backend `name`."""
+        """Declare the decorated function as the implementation of backend `name` (`add`'s keywords)."""
 
         def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-            self.add(
-                name,
-                description,
-                reference=reference,
-                config_keys=config_keys,
-                requires=requires,
-                impl=fn,
-                check=check,
-                skips=skips,
-            )
+            self.add(name, description, impl=fn, **declared)
             return fn
 
         return decorate
+
+    def wrap(
+        self,
+        name: str,
+        wrapper: Callable[[Callable[..., Any]], Callable[..., Any]],
+        *,
+        config_keys: tuple[str, ...] = (),
+        variant_keys: tuple[str, ...] = (),
+        check: Callable[[dict[str, Any], dict[str, Any]], None] | None = None,
+    ) -> Backend:
+        """Put `wrapper(impl)` in place of backend `name`'s implementation, taking `config_keys` more (those
+        also in `variant_keys` are not part of the point) checked by `check` after the backend's own: the
+        extension point of a FARM_PLUGINS module (kernels.registry) that changes how a backend runs."""
+        old = self[name]
+
+        def checks(shape: dict[str, Any], config: dict[str, Any]) -> None:
+            for each in (old.check, check):
+                if each is not None:
+                    each(shape, config)
+
+        new = dataclasses.replace(
+            old,
+            impl=wrapper(self.impl(name)),
+            config_keys=old.config_keys + tuple(config_keys),
+            variant_keys=old.variant_keys + tuple(variant_keys),
+            check=checks,
+        )
+        self._by_name[name] = new
+        return new
 
     @property
     def reference(self) -> Backend:
@@ -509,6 +519,11 @@ class KernelFamily:
 
     def execute(self, req: TrialRequest) -> TrialOutcome:
         raise NotImplementedError
+
+    def point_config(self, backend: str, config: Mapping[str, Any]) -> dict[str, Any]:
+        """The config as the point measured: without the backend's variant keys (Backend.variant_keys)."""
+        variants = self.backends[backend].variant_keys if backend in self.backends else ()
+        return {k: v for k, v in config.items() if k not in variants}
 
     def meta_launch(
         self, shape: dict[str, Any], config: dict[str, Any], dtype: str, backend: str

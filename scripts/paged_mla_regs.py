@@ -6,7 +6,7 @@ offline (kernels.compiled: no GPU needed), at shapes of jobs/specs/paged_mla.yam
 
 Each variant is a trial shape plus a triton config (block_m, block_n, num_warps, num_stages, as a spec would
 give them) and optionally `maxnreg` (Triton's NVIDIA launch option: the .maxnreg cap ptxas allocates
-under; 0 for none, unset for the launch's own, kernels.paged_mla.triton_decode.default_maxnreg). The
+under; 0 for none, unset for the launch's own, kernels.common.mla.decode_kernels.default_maxnreg). The
 launch is captured from the family's own meta_launch (kernels.paged_mla.case), so the tiles, split plan
 and specialisation are the trial's; a maxnreg given replaces the captured one before compiling.
 Besides kernels.compiled's evidence, a row gives the static count of MMA instructions in the PTX per
@@ -110,7 +110,7 @@ def measure(v: dict[str, Any]) -> dict[str, Any]:
     try:
         call = FAMILY.meta_launch(v["shape"], v["config"], "bfloat16", "triton")
         (launch,) = [x for x in launches_of(call, v["target"]) if x.name == "_split_kernel"]
-        if v["maxnreg"] is not None:  # 0: no cap; None: the launch's own (triton_decode.default_maxnreg)
+        if v["maxnreg"] is not None:  # 0: no cap; None: the launch's own (decode_kernels.default_maxnreg)
             opts = {**dict(launch.options), "maxnreg": v["maxnreg"] or None}
             launch = dataclasses.replace(launch, options=tuple(opts.items()))
         ev, compiled = compile_launch(launch)

@@ -18,6 +18,9 @@ import pytest
 
 # Triton kernels run in the interpreter on CPU; this must be set before triton is imported.
 os.environ.setdefault("TRITON_INTERPRET", "1")
+# The injected faults the tests use (gemm `_repeat`, probe `_slowdown`, ...) are a kernels.registry plugin;
+# named here, before any Ray or subprocess starts, so every process of the session loads it.
+os.environ.setdefault("FARM_PLUGINS", "testkit.kernels.faults")
 # Ray: no telemetry, no auth tokens on the local test cluster, temp files in a folder we remove.
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")

@@ -1,7 +1,7 @@
 """One point's history across jobs: its median and spread per job, in commit order, with change points.
 
-A point is what jobs.judge.baselines matches across jobs: family, backend, shape, config (without `_`
-test knobs) and dtype, plus the environment class (a GPU model, or the CPU model for CPU timings), so
+A point is what jobs.judge.baselines matches across jobs: family, backend, shape, config (without
+variant keys) and dtype, plus the environment class (a GPU model, or the CPU model for CPU timings), so
 CPU and GPU numbers never share a series. Jobs are taken in the order they were created, which is the
 order of the commits they measured (each job stores its kernels' commit, jobs.run.runner.kernels_commit).
 Only trials that finished `ok` with a median count.
@@ -183,7 +183,7 @@ def _key(t: TrialRow, env: Environment | None) -> PointKey:
         family=t.family,
         backend=t.backend,
         shape=tuple(sorted(t.shape.items())),
-        config=tuple(sorted(point_config(t.config).items())),
+        config=tuple(sorted(point_config(t).items())),
         dtype=t.dtype,
         env=env_class(env),
     )
@@ -214,7 +214,7 @@ def collect(store: Store, selection: Selection | None = None, *, detect: bool = 
             continue
         series = by_key.setdefault(key, Series(key))
         if series.points and series.points[-1].job_id == job.id:
-            continue  # the same point twice in one job (it differs only in `_` knobs): the first counts
+            continue  # the same point twice in one job (it differs only in variant keys): the first counts
         stats = t.stats
         series.points.append(
             HistoryPoint(

@@ -2,8 +2,8 @@
 
 A point is matched by family, backend, shape, config, dtype and the environment class: the GPU model
 ("NVIDIA H100 80GB HBM3"), or "cpu:<CPU model>" for CPU timings, which never match a GPU baseline.
-Config keys that start with `_` are injected test knobs (gemm `_repeat` / `_perturb`, paged_mla
-`_overread`): they change the code that runs, not the point measured, so matching and anomaly
+Config keys a backend declares as variant keys (kernels.base.Backend.variant_keys: a plugin's injected
+fault, a build option) change the code that runs, not the point measured, so matching and anomaly
 fingerprints ignore them. That is what lets a test inject a slowdown into "the same point".
 Only trials that finished `ok` become baseline points.
 """
@@ -17,20 +17,18 @@ from typing import Any
 
 from jobs.errors import BadInput, NoSuchJob
 from jobs.store import Baseline, BaselineMoved, BaselinePoint, Environment, Store, TrialRow
+from kernels import registry
 from kernels.base import TrialStatus
 
 
-def is_knob(key: str) -> bool:
-    return key.startswith("_")
-
-
-def point_config(config: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in config.items() if not is_knob(k)}
+def point_config(t: TrialRow) -> dict[str, Any]:
+    """The trial's config without its backend's variant keys (kernels.registry.point_config)."""
+    return registry.point_config(t.family, t.backend, t.config)
 
 
 def point_ident(t: TrialRow) -> list[Any]:
-    """What identifies a point across jobs (no job ids, timestamps or test knobs)."""
-    return [t.family, t.backend, sorted(t.shape.items()), sorted(point_config(t.config).items()), t.dtype]
+    """What identifies a point across jobs (no job ids, timestamps or variant keys)."""
+    return [t.family, t.backend, sorted(t.shape.items()), sorted(point_config(t).items()), t.dtype]
 
 
 def digest(value: Any) -> str:
@@ -117,7 +115,7 @@ def set_from_job(store: Store, job_id: int, name: str | None = None, *, force: b
         cls = env_class(env_of(t, envs))
         key = match_key(t, cls)
         if key in seen:
-            skipped.append(f"{label}: same point as an earlier trial (differs only in `_` test knobs)")
+            skipped.append(f"{label}: same point as an earlier trial (differs only in variant keys)")
             continue
         seen.add(key)
         points.append(BaselinePoint(key, cls, t.id))

@@ -7,11 +7,11 @@ form, top-k sparse attention (DeepSeek sparse attention), and a paged decode ste
   inputs         seeded input builders (NaN-poisoned memory a kernel must not read)
   cost           FLOPs and bytes per mode
   triton_common  shared Triton helpers (head-dim split, tile loads, online softmax, split-KV merge and
-                 split count; kernels.paged_mla.triton_decode uses them too)
+                 split count; kernels.common.mla.triton_decode uses them too)
   triton_prefill flash-attention forward (online softmax, causal, GQA)
   triton_decode  split-KV decode with GQA heads packed into the rows, plus the combine kernel
   triton_sparse  top-k sparse attention gathering KV rows by index slot (no de-duplication)
-  decode_step    one paged MLA decode step: KV append into kernels.paged_mla's cache + attention
+  decode_step    one paged MLA decode step: KV append into kernels.common.mla's cache + attention
   shapes         the spec's shape keys, per-mode defaults and validation
   case           the farm's FAMILY
   profile        the program ncu profiles for a trial (GPU only)

@@ -17,7 +17,7 @@ out 0 and lse +inf in every backend and reference (kernels.common.lse); the chec
 positions exactly.
 A trial: for each correctness seed, build seeded inputs (unused memory NaN-poisoned, except for sdpa:
 its math backend multiplies masked rows by 0), run the backend and the reference, check out and lse
-by FlashMLA's rule (kernels.paged_mla.check: out abs 8e-4 or rel
+by FlashMLA's rule (kernels.common.mla.check: out abs 8e-4 or rel
 2.01/128 with cos diff <= 5e-6, lse abs 1e-6 or rel 8.01/65536, NaN/inf positions exact); then time the
 backend on the last seed's inputs with kernels.measure.
 
@@ -228,8 +228,8 @@ def _prepare_step(
     shape: Shape, backend: str, config: dict[str, Any], dtype: torch.dtype, seed: int, device: torch.device
 ) -> BoundMode:
     from kernels.attention.decode_step import DecodeStepper, exact_attend
-    from kernels.paged_mla.cost import mla_decode_cost
-    from kernels.paged_mla.layout import D_QK
+    from kernels.common.mla.cost import mla_decode_cost
+    from kernels.common.mla.layout import D_QK
 
     stepper = DecodeStepper(
         shape.batch, shape.s_k, shape.h_q, page_size=shape.page_size, dtype=dtype, device=device, seed=seed
@@ -264,7 +264,7 @@ def _prepare_step(
 def _check(out: torch.Tensor, lse: torch.Tensor | None, ref_out: torch.Tensor, ref_lse: torch.Tensor):
     """FlashMLA's rule on out and lse; a backend that returns no lse (SDPA) is checked on out only and
     its lse report says so (passed, nothing compared)."""
-    from kernels.paged_mla.check import check_decode
+    from kernels.common.mla.check import check_decode
 
     if lse is None:
         check = check_decode(out, ref_lse.float(), ref_out, ref_lse)
@@ -370,11 +370,12 @@ def _meta_launch(s: Shape, config: dict[str, Any], dtype: torch.dtype) -> Callab
 
 
 def _meta_step(s: Shape, config: dict[str, Any], dtype: torch.dtype) -> Callable[[], Any]:
-    """decode_step's attention (kernels.paged_mla's kernel) on meta tensors laid out as DecodeStepper's
+    """decode_step's attention (kernels.common.mla's kernel) on meta tensors laid out as DecodeStepper's
     cache; the split count is chosen from the step's lengths as the kernel would on the host."""
     from kernels.attention.decode_step import DEFAULT_WINDOW
-    from kernels.paged_mla import triton_decode as td
-    from kernels.paged_mla.layout import D_QK, D_V
+    from kernels.common.mla import triton_decode as td
+    from kernels.common.mla.decode_kernels import default_block_m
+    from kernels.common.mla.layout import D_QK, D_V
 
     meta = torch.device("meta")
     b, page = s.batch, s.page_size
@@ -386,7 +387,7 @@ def _meta_step(s: Shape, config: dict[str, Any], dtype: torch.dtype) -> Callable
     tiles = {k: v for k, v in config.items() if k != "num_splits"}
     n = config.get("num_splits")
     if n is None:
-        bm = tiles.get("block_m") or td.default_block_m(s.h_q)
+        bm = tiles.get("block_m") or default_block_m(s.h_q)
         n = td.choose_num_splits([s.s_k + 1] * b, rows=s.h_q, block_m=bm, page_size=page)
     scale = 1.0 / math.sqrt(D_QK)
     return lambda: td.mla_decode_triton(

@@ -1,4 +1,4 @@
-"""One MLA decode step over the paged KV cache of kernels.paged_mla: append every sequence's new token
+"""One MLA decode step over the paged KV cache of kernels.common.mla: append every sequence's new token
 to the cache, then attend. Timing `DecodeStepper.step` gives one number in which a regression of either
 the cache append (host bookkeeping + KV write) or the attention kernel shows up.
 
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.paged_mla.cache import KernelTensors, PagedKVCache
-from kernels.paged_mla.layout import D_QK, D_V
+from kernels.common.mla.cache import KernelTensors, PagedKVCache
+from kernels.common.mla.layout import D_QK, D_V
 
 DEFAULT_WINDOW = 64  # steps between rewinds
 Attend = Callable[[torch.Tensor, KernelTensors], tuple[torch.Tensor, torch.Tensor]]
@@ -106,7 +106,7 @@ def exact_attend(softmax_scale: float) -> Attend:
     which the paged MLA reference follows too)."""
     from kernels.attention.reference import masked_attention
     from kernels.common.lse import EMPTY_ROW_LSE, EMPTY_ROW_OUT
-    from kernels.paged_mla.reference import gather_kv
+    from kernels.common.mla.reference import gather_kv
 
     def attend(q: torch.Tensor, t: KernelTensors) -> tuple[torch.Tensor, torch.Tensor]:
         b, s_q, h_q, _ = q.shape
@@ -157,7 +157,7 @@ def used_backends(device: torch.device, used: dict[str, str]) -> list:
 
 
 def reference_attend(softmax_scale: float) -> Attend:
-    from kernels.paged_mla.reference import mla_decode_reference
+    from kernels.common.mla.reference import mla_decode_reference
 
     def attend(q: torch.Tensor, t: KernelTensors) -> tuple[torch.Tensor, torch.Tensor]:
         return mla_decode_reference(
@@ -168,7 +168,7 @@ def reference_attend(softmax_scale: float) -> Attend:
 
 
 def triton_attend(softmax_scale: float, **kwargs) -> Attend:
-    from kernels.paged_mla.triton_decode import mla_decode_triton
+    from kernels.common.mla.triton_decode import mla_decode_triton
 
     def attend(q: torch.Tensor, t: KernelTensors) -> tuple[torch.Tensor, torch.Tensor]:
         return mla_decode_triton(

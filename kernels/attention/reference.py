@@ -156,7 +156,7 @@ def mla_decode_reference(
     seqlens_k: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The MLA latent decode form over a contiguous latent cache: q [b, s_q, h_q, 576], kv [b, s_k, 1, 576],
-    V = kv[..., :512]. (The paged form is kernels.paged_mla.reference.mla_decode_reference.)"""
+    V = kv[..., :512]. (The paged form is kernels.common.mla.reference.mla_decode_reference.)"""
     return attention_reference(
         q, kv, kv[..., :d_v], causal=True, softmax_scale=softmax_scale, seqlens_k=seqlens_k
     )

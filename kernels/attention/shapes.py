@@ -14,7 +14,7 @@ Modes:
   mla_decode     the MLA latent form: 1 KV head, d 576, V inside K  (Triton: split-KV decode)
   sparse_prefill top-k sparse attention, many query tokens          (Triton: sparse gather kernel)
   sparse_decode  top-k sparse attention, few query tokens           (Triton: sparse gather kernel)
-  decode_step    paged MLA: KV append into kernels.paged_mla's cache + decode, timed as one step;
+  decode_step    paged MLA: KV append into kernels.common.mla's cache + decode, timed as one step;
                  s_k is the context before the step, s_q must be 1   (Triton: paged_mla split-KV decode)
 """
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kernels.paged_mla.layout import MAX_PAGE_SIZE
+from kernels.common.mla.layout import MAX_PAGE_SIZE
 
 MODES = ("prefill", "decode", "mla_decode", "sparse_prefill", "sparse_decode", "decode_step")
 DECODE_MODES = frozenset({"decode", "mla_decode", "sparse_decode", "decode_step"})

@@ -23,26 +23,23 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.attention.triton_common import (
+from kernels.attention.triton_prefill import _check
+from kernels.common.triton_attention import (
     LOG2E,
+    attend_keys,
     finish,
     head_dims,
     load_q,
-    load_v,
     lse_shift,
     merge_splits,
-    qk_scores,
     rows_block,
     seq_keys,
     softmax_init,
-    softmax_step,
     split_count,
     store_dtype,
     store_rows,
     tile_meta,
-    visible_keys,
 )
-from kernels.attention.triton_prefill import _check
 from kernels.hardware import HOPPER_SMS
 
 NUM_SMS = HOPPER_SMS
@@ -88,13 +85,10 @@ def _decode_split_kernel(
     m_i, l_i, acc = softmax_init(BLOCK_M, BLOCK_DV)
     k_base = k_ptr + b * stride_kb + kvh * stride_kh
     v_base = v_ptr + b * stride_vb + kvh * stride_vh
-    for n0 in range(start, end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < end
-        s, k1 = qk_scores(q1, q2, k_base + offs_n * stride_ks, n_ok, sm_scale_log2, D1, D2, BLOCK_D2, F32)
-        v = load_v(k1, v_base + offs_n * stride_vs, n_ok, DV, BLOCK_DV, V_IN_K)
-        visible = visible_keys(offs_n, n_ok, last, CAUSAL)
-        m_i, l_i, acc = softmax_step(s, visible, m_i, l_i, acc, v, F32)
+    m_i, l_i, acc = attend_keys(
+        q1, q2, k_base, v_base, stride_ks, stride_vs, start, end, end, last, m_i, l_i, acc, sm_scale_log2,
+        D1, D2, BLOCK_D2, DV, BLOCK_DV, BLOCK_N, CAUSAL, F32, V_IN_K,
+    )  # fmt: skip
     out, lse = finish(m_i, l_i, acc)
     store_rows(po_ptr + bk * stride_pob + split * stride_pos + offs_m * stride_pom, out, m_ok, DV, BLOCK_DV)
     tl.store(pl_ptr + bk * stride_plb + split * stride_pls + offs_m, lse, mask=m_ok)

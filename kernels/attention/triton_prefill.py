@@ -5,9 +5,6 @@ that head's KV head (h // group) BLOCK_N at a time, stopping at the last key its
 causal rule, the per-sequence key counts and the empty-row convention are those of
 kernels.attention.reference. Returns out [b, s_q, h_q, d_v] (q's dtype) and lse [b, h_q, s_q] fp32
 (natural log; out 0 and lse +inf for a row that sees no key, kernels.common.lse).
-
-`_causal_shift` is for tests only: a non-zero value moves the causal diagonal (1 = every query also
-sees the next key, an off-by-one mask) so the correctness check can be shown to catch it.
 """
 
 from __future__ import annotations
@@ -18,21 +15,18 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.attention.triton_common import (
+from kernels.common.triton_attention import (
     LOG2E,
+    attend_keys,
     finish_row,
     head_dims,
     load_q,
-    load_v,
-    qk_scores,
     rows_block,
     seq_keys,
     softmax_init,
-    softmax_step,
     store_dtype,
     store_rows,
     tile_meta,
-    visible_keys,
 )
 
 
@@ -50,7 +44,6 @@ def _flash_fwd_kernel(
     DV: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_LENS: tl.constexpr, F32: tl.constexpr, V_IN_K: tl.constexpr,
-    CAUSAL_SHIFT: tl.constexpr,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -61,20 +54,17 @@ def _flash_fwd_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     m_ok = offs_m < S_Q
     q1, q2 = load_q(q_ptr + b * stride_qb + offs_m * stride_qs + h * stride_qh, m_ok, D1, D2, BLOCK_D2)
-    last = s_k - S_Q + offs_m + CAUSAL_SHIFT  # the last key each row sees (causal)
+    last = s_k - S_Q + offs_m  # the last key each row sees (causal)
     hi = s_k
     if CAUSAL:
-        hi = tl.minimum(s_k, (pid_m + 1) * BLOCK_M - 1 + s_k - S_Q + CAUSAL_SHIFT + 1)
+        hi = tl.minimum(s_k, (pid_m + 1) * BLOCK_M - 1 + s_k - S_Q + 1)
     m_i, l_i, acc = softmax_init(BLOCK_M, BLOCK_DV)
     k_base = k_ptr + b * stride_kb + kvh * stride_kh
     v_base = v_ptr + b * stride_vb + kvh * stride_vh
-    for n0 in range(0, hi, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < s_k
-        s, k1 = qk_scores(q1, q2, k_base + offs_n * stride_ks, n_ok, sm_scale_log2, D1, D2, BLOCK_D2, F32)
-        v = load_v(k1, v_base + offs_n * stride_vs, n_ok, DV, BLOCK_DV, V_IN_K)
-        visible = visible_keys(offs_n, n_ok, last, CAUSAL)
-        m_i, l_i, acc = softmax_step(s, visible, m_i, l_i, acc, v, F32)
+    m_i, l_i, acc = attend_keys(
+        q1, q2, k_base, v_base, stride_ks, stride_vs, 0, hi, s_k, last, m_i, l_i, acc, sm_scale_log2,
+        D1, D2, BLOCK_D2, DV, BLOCK_DV, BLOCK_N, CAUSAL, F32, V_IN_K,
+    )  # fmt: skip
     out, lse = finish_row(m_i, l_i, acc)
     store_rows(o_ptr + b * stride_ob + offs_m * stride_os + h * stride_oh, out, m_ok, DV, BLOCK_DV)
     tl.store(lse_ptr + b * stride_lb + h * stride_lh + offs_m, lse, mask=m_ok)
@@ -93,7 +83,6 @@ def flash_attention_triton(
     num_warps: int | None = None,
     num_stages: int = 2,
     launches: list | None = None,
-    _causal_shift: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q [b, s_q, h_q, d], k [b, s_k, h_kv, d], v [b, s_k, h_kv, d_v] -> (out, lse).
 
@@ -118,7 +107,7 @@ def flash_attention_triton(
         out.stride(0), out.stride(1), out.stride(2),
         lse.stride(0), lse.stride(1),
         s_q, k.shape[1], h_q, h_q // k.shape[2],
-        CAUSAL=causal, HAS_LENS=seqlens_k is not None, CAUSAL_SHIFT=_causal_shift,
+        CAUSAL=causal, HAS_LENS=seqlens_k is not None,
         **tile_meta(q, k, v, dims, bm, block_n, num_warps, num_stages),
     )  # fmt: skip
     if launches is not None:

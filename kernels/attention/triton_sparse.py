@@ -21,7 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.attention.triton_common import (
+from kernels.attention.triton_prefill import _check
+from kernels.common.triton_attention import (
     LOG2E,
     finish_row,
     head_dims,
@@ -36,7 +37,6 @@ from kernels.attention.triton_common import (
     store_rows,
     tile_meta,
 )
-from kernels.attention.triton_prefill import _check
 
 
 @triton.jit

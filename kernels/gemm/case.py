@@ -4,18 +4,14 @@ It exercises the farm end to end with a real kernel before the FP8 GEMM family e
   torch_fp32  fp32 matmul (the baseline and the reference)
   torch_bf16  bf16 matmul of the same inputs, checked against the fp32 result
 FLOPs = 2*M*N*K; bytes = (M*K + K*N + M*N) * element size of the compute dtype.
-
-Config: none in normal use. Two test knobs inject faults the farm's acceptance must catch; like every
-`_` config key they change the code that runs, not the point measured (baselines and anomaly
-fingerprints ignore them, see jobs.judge.baselines):
-  _repeat: N     the backend computes the matmul N times per call (N >= 1; the timed call and the
-                 checked call alike): a real slowdown of about N x, with a correct result
-  _perturb: x    the backend adds x to the first element of its output: a wrong result (x != 0)
+Config: none. A backend's implementation is a `Matmul`, which builds the call to time from the inputs; a
+FARM_PLUGINS module may wrap it (kernels.base.Backends.wrap), as the test suite's faults do.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -25,29 +21,23 @@ from kernels.hardware import precision_of
 from kernels.harness import Checked, Prepared, run_trial
 from kernels.measure.correctness import check_allclose
 
-_KNOBS = ("_repeat", "_perturb")
 
-# A backend is its compute dtype: the inputs are cast to it and multiplied with torch.matmul.
+@dataclass(frozen=True)
+class Matmul:
+    """A backend's matmul: the inputs cast to `dtype` (outside the timed call), multiplied by torch."""
+
+    dtype: torch.dtype
+
+    def __call__(
+        self, a: torch.Tensor, b: torch.Tensor, config: dict[str, Any]
+    ) -> Callable[[], torch.Tensor]:
+        a, b = a.to(self.dtype), b.to(self.dtype)
+        return lambda: a @ b
+
+
 BACKENDS = Backends("gemm")
-BACKENDS.add("torch_fp32", "torch.matmul in float32 (reference)", reference=True, config_keys=_KNOBS,
-             impl=lambda: torch.float32)  # fmt: skip
-BACKENDS.add("torch_bf16", "torch.matmul in bfloat16", config_keys=_KNOBS, impl=lambda: torch.bfloat16)
-
-
-def _backend_call(a: torch.Tensor, b: torch.Tensor, config: dict[str, Any]) -> Callable[[], torch.Tensor]:
-    """The backend's matmul of a and b (already in the compute dtype), with the config's test knobs."""
-    repeat = int(config.get("_repeat", 1))
-    perturb = float(config.get("_perturb", 0.0))
-
-    def call() -> torch.Tensor:
-        out = a @ b
-        for _ in range(repeat - 1):
-            out = a @ b
-        if perturb:
-            out.view(-1)[0] += perturb
-        return out
-
-    return call
+BACKENDS.add("torch_fp32", "torch.matmul in float32 (reference)", reference=True, impl=Matmul(torch.float32))
+BACKENDS.add("torch_bf16", "torch.matmul in bfloat16", impl=Matmul(torch.bfloat16))
 
 
 class GemmFamily(KernelFamily):
@@ -61,15 +51,13 @@ class GemmFamily(KernelFamily):
         for key in self.shape_keys:
             if not isinstance(shape[key], int) or isinstance(shape[key], bool) or shape[key] < 1:
                 raise ValueError(f"shape.{key} must be a positive integer (got {shape[key]!r})")
-        unknown = sorted(set(config) - set(self.backends[backend].config_keys))
+        declared = self.backends[backend]
+        unknown = sorted(set(config) - set(declared.config_keys))
         if unknown:
-            raise ValueError(f"gemm backends take only the test knobs {list(_KNOBS)} (got {unknown})")
-        repeat = config.get("_repeat", 1)
-        if not isinstance(repeat, int) or isinstance(repeat, bool) or repeat < 1:
-            raise ValueError(f"config._repeat must be an integer >= 1 (got {repeat!r})")
-        perturb = config.get("_perturb", 0.0)
-        if not isinstance(perturb, int | float) or isinstance(perturb, bool):
-            raise ValueError(f"config._perturb must be a number (got {perturb!r})")
+            takes = f"takes only {list(declared.config_keys)}" if declared.config_keys else "takes no config"
+            raise ValueError(f"gemm backend {backend} {takes} (got {unknown})")
+        if declared.check is not None:
+            declared.check(shape, config)
         if dtype != "float32":
             raise ValueError(f"gemm inputs are float32; the backend picks the compute dtype (got {dtype})")
 
@@ -81,7 +69,8 @@ class GemmFamily(KernelFamily):
         )
 
     def execute(self, req: TrialRequest) -> TrialOutcome:
-        compute = self.backends.impl(req.backend)()
+        matmul = self.backends.impl(req.backend)
+        compute = matmul.dtype
         compute_dtype = str(compute).removeprefix("torch.")  # what ran: the spec's dtype is the inputs'
         m, n, k = req.shape["m"], req.shape["n"], req.shape["k"]
         cost = self.cost(req.shape, compute_dtype)
@@ -94,7 +83,7 @@ class GemmFamily(KernelFamily):
             b = torch.randn(k, n, generator=gen).to(device)
             reference = a @ b
             return Prepared(
-                call=_backend_call(a.to(compute), b.to(compute), req.config),
+                call=matmul(a, b, req.config),
                 check=lambda out: Checked(check_allclose(out, reference, atol=atol)),
                 cost=cost,
                 figures=lambda: {"compute_dtype": compute_dtype},

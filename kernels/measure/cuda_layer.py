@@ -1,5 +1,5 @@
 """The CUDA calls GPU timing makes, behind one small interface, so the order of a measurement can be
-checked on a machine without a GPU (kernels.measure.fake_cuda records it).
+checked on a machine without a GPU (testkit.kernels.fake_cuda records it).
 
 ``TorchCuda`` is the real one: torch's streams, events, CUDA graphs, the L2 flush buffer, the device's
 name and L2 size, the SM clock (NVML) and kernel records from the torch profiler (CUPTI). The timing

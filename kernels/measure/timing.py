@@ -21,7 +21,7 @@ short run that rises or falls all the way) or, on the CPU, whose process got far
 the wall time of its timed loop (`contended`: another process had the cores) is also flagged `noisy`:
 its median describes the machine's load, not the kernel.
 Every CUDA call goes through kernels.measure.cuda_layer (torch's, or the recording fake of
-kernels.measure.fake_cuda), so the order of each method is checked on a CPU.
+testkit.kernels.fake_cuda), so the order of each method is checked on a CPU.
 Warm-up is by time (`warmup_ms`, after one first call that absorbs JIT compilation). The stopping rule
 (kernels.measure.stopping) decides when to stop. On a GPU, the SM clock is read when measuring starts and
 after each batch of samples (kernels.measure.clocks); a batch whose clock fell more than 5% below the
@@ -128,7 +128,7 @@ def measure(
     cuda: CudaLayer | None = None,
 ) -> Measurement:
     """Time `fn` under `policy`. `kernel_name` (or policy.kernel_name) filters kernel-only timing.
-    `cuda`: the CUDA layer to time through (default: torch's; tests pass kernels.measure.fake_cuda's)."""
+    `cuda`: the CUDA layer to time through (default: torch's; tests pass testkit.kernels.fake_cuda's)."""
     policy = policy or MeasurePolicy()
     dev = torch.device(device)
     if dev.type == "cpu":

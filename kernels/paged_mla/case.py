@@ -2,29 +2,28 @@
 
 Backends
   torch_ref    fp32 torch reference over the paged layout (the baseline)
-  triton       split-KV + combine Triton kernels (kernels.paged_mla.triton_decode)
+  triton       split-KV + combine Triton kernels (kernels.common.mla.triton_decode)
   flash_mla    the FlashMLA library, on a GPU host where `flash_mla` imports (bf16 cache, page 64)
   cache_trace  a synthetic multi-turn serving trace replayed through the cache manager at the trial's
                page size (kernels.paged_mla.trace_bench); no kernel runs, nothing is timed
 Shape keys (one grid for every backend): batch, seqlen (the longest sequence), dist (fixed | uniform |
 skewed | boundary), h_q, s_q, page_size (1 to 1024 tokens; the shipped specs measure 16 | 32 | 64 | 128,
 the sizes the compiled-register tests cover), kv_dtype (bf16 | fp8 | fp8_flashmla: fp8
-with one fp32 scale per token, or FlashMLA's 656 B/token layout, kernels.paged_mla.layout); optional
+with one fp32 scale per token, or FlashMLA's 656 B/token layout, kernels.common.mla.layout); optional
 shared_prefix (tokens every sequence shares, default 0). The spec dtype is q's and out's: bfloat16.
 Config: triton takes
   num_splits   "auto" (default): FlashMLA-style balanced split plan over about one unit per SM, or a
-               positive integer: that many page-aligned splits per sequence (kernels.paged_mla.split_plan)
+               positive integer: that many page-aligned splits per sequence (kernels.common.mla.split_plan)
   num_warps    1 | 2 | 4 | 8 | 16 (default 8) and num_stages 1-8 (default the kernel's: 3 for the 64 x 64 bf16
                tile on sm_90a, else 2): the split kernel's launch
   maxnreg      registers per thread at most (ptxas .maxnreg), 24-255, or 0 for no cap (default the kernel's:
-               240 / 208 where those compile without spills on sm_90a, kernels.paged_mla.triton_decode)
+               240 / 208 where those compile without spills on sm_90a, kernels.common.mla.triton_decode)
   block_m      query rows (s_q x h_q pairs) per program, a power of two >= 16; 64 and more use wgmma
                on sm_90a, tcgen05 on sm_100a
   block_n      cached tokens per step, a power of two >= 16
                (block_m / block_n default per cache and per compile target, the host's:
-               kernels.paged_mla.triton_decode.default_tiles and "Default tiles" in its docstring; they
+               kernels.common.mla.decode_kernels.default_tiles and "Default tiles" in its docstring; they
                compile without spills and within shared memory at the shipped spec's shapes)
-  _overread    test only: read that many slots past every sequence's end
 and before it runs, where Triton compiles (a GPU host, or TRITON_INTERPRET=0 set), the trial is compiled
 for the host's target as the JIT would launch it (kernels.compiled); a config that spills or needs more
 shared memory than a block gets is `pruned` with the compiler's reason, and the verdict is stored as
@@ -33,7 +32,7 @@ resources.compiled_check. cache_trace takes the trace keys of trace_bench; the o
 A decode trial: the sequence lengths depend on the shape only (sample_seqlens with SEQLEN_SEED), so every
 backend and every seed decodes the same lengths and cost() knows them. For each of policy.seeds seeds it
 builds the cache through PagedKVCache (unused slots NaN, unused block-table entries out of range unless
-policy.poison_unused is off), runs the backend and checks it by FlashMLA's rule (kernels.paged_mla.check)
+policy.poison_unused is off), runs the backend and checks it by FlashMLA's rule (kernels.common.mla.check)
 against the fp32 reference; torch_ref itself is checked against the reference over a contiguous
 re-layout of the same pages. The last seed's checked call runs under kernels.measure.memory.peak_memory
 (free on a GPU; on a CPU the torch profiler's first start in a process costs 1.5-5 s, mostly importing
@@ -62,19 +61,9 @@ from kernels.base import (
     TrialStatus,
     needs_triton,
 )
-from kernels.compiled import trial_check
-from kernels.harness import Checked, Prepared, run_trial
-from kernels.paged_mla import flash_mla_adapter
-from kernels.paged_mla.check import check_decode
-from kernels.paged_mla.cost import mla_decode_cost, partial_bytes
-from kernels.paged_mla.inputs import (
-    SEQLEN_DISTS,
-    DecodeInputs,
-    build_decode_inputs,
-    pages_needed,
-    sample_seqlens,
-)
-from kernels.paged_mla.layout import (
+from kernels.common.mla.check import check_decode
+from kernels.common.mla.cost import mla_decode_cost, partial_bytes
+from kernels.common.mla.layout import (
     D_QK,
     FLASHMLA_FP8_BYTES,
     FLASHMLA_ROPE_OFFSET,
@@ -86,7 +75,17 @@ from kernels.paged_mla.layout import (
     kv_bytes_per_token,
     kv_torch_dtype,
 )
-from kernels.paged_mla.reference import mla_decode_reference
+from kernels.common.mla.reference import mla_decode_reference
+from kernels.compiled import trial_check
+from kernels.harness import Checked, Prepared, run_trial
+from kernels.paged_mla import flash_mla_adapter
+from kernels.paged_mla.inputs import (
+    SEQLEN_DISTS,
+    DecodeInputs,
+    build_decode_inputs,
+    pages_needed,
+    sample_seqlens,
+)
 from kernels.paged_mla.trace_bench import (
     TRACE_CONFIG_KEYS,
     run_trace_bench,
@@ -151,10 +150,6 @@ class PagedMLAFamily(KernelFamily):
             if n != "auto" and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
                 raise ValueError(f"config.num_splits must be a positive integer or 'auto' (got {n!r})")
         _check_kernel_options(config)
-        if "_overread" in config:
-            n = config["_overread"]
-            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-                raise ValueError(f"config._overread must be an integer >= 0 (got {n!r})")
 
     def meta_launch(
         self, shape: dict[str, Any], config: dict[str, Any], dtype: str, backend: str
@@ -162,7 +157,7 @@ class PagedMLAFamily(KernelFamily):
         """The triton backend's two launches on meta tensors of the trial's shapes (no storage)."""
         if not self.backends[backend].runs_triton:
             return None
-        from kernels.paged_mla import triton_decode as td
+        from kernels.common.mla import triton_decode as td
 
         meta = torch.device("meta")
         b, page = shape["batch"], shape["page_size"]
@@ -290,11 +285,22 @@ def _num_sms(device: torch.device) -> int | None:
     return None
 
 
+@dataclasses.dataclass(frozen=True)
+class DecodeBackend:
+    """A decode backend's implementation: `build(inputs, config, device)` makes its call and figures; a
+    trial runs it through _run_decode. (A FARM_PLUGINS wrapper of the backend wraps `build`.)"""
+
+    build: Callable[[DecodeInputs, dict[str, Any], torch.device], tuple[Decode, dict[str, Any]]]
+
+    def __call__(self, req: TrialRequest) -> TrialOutcome:
+        return _run_decode(req, self.build)
+
+
 def _decode_backend(name: str, description: str, **declared: Any) -> Callable[[Callable], Callable]:
-    """Declare a decode backend: the decorated function builds its call; a trial runs _run_decode."""
+    """Declare a decode backend: the decorated function builds its call (DecodeBackend)."""
 
     def decorate(build: Callable) -> Callable:
-        BACKENDS.add(name, description, impl=lambda req: _run_decode(req, build), **declared)
+        BACKENDS.add(name, description, impl=DecodeBackend(build), **declared)
         return build
 
     return decorate
@@ -313,20 +319,18 @@ def _torch_ref(
 @_decode_backend(
     "triton",
     "Triton split-KV decode + combine (num_splits: int or auto)",
-    config_keys=("num_splits", "num_warps", "num_stages", "maxnreg", "block_m", "block_n", "_overread"),
+    config_keys=("num_splits", "num_warps", "num_stages", "maxnreg", "block_m", "block_n"),
     requires=needs_triton,
 )
 def _triton(inp: DecodeInputs, config: dict[str, Any], device: torch.device) -> tuple[Decode, dict[str, Any]]:
-    from kernels.paged_mla import triton_decode as td
+    from kernels.common.mla import triton_decode as td
 
     args = (inp.q, inp.kv_cache, inp.block_table, inp.cache_seqlens)
     rows = inp.q.shape[1] * inp.q.shape[2]
     page = inp.kv_cache.shape[1]
     sms = _num_sms(device) or td.DEFAULT_NUM_SMS
-    overread = int(config.get("_overread", 0))
     tiles = kernel_options(config, rows=rows, page=page, kv_format=td.kv_format_of(inp.kv_cache))
-    lens = [n + overread for n in inp.seqlens]
-    plan = _plan(td, lens, config, tiles, rows=rows, page=page, sms=sms)
+    plan = _plan(td, inp.seqlens, config, tiles, rows=rows, page=page, sms=sms)
     on_device = plan.to(inp.q.device)  # once, here: a copy inside the timed call would stall every sample
 
     def call() -> tuple[torch.Tensor, torch.Tensor]:
@@ -337,7 +341,6 @@ def _triton(inp: DecodeInputs, config: dict[str, Any], device: torch.device) -> 
             kv_scales=inp.kv_scales,
             d_v=inp.d_v,
             num_sms=sms,
-            _overread=overread,
             **tiles,
         )
 
@@ -362,7 +365,7 @@ def _plan(td: Any, seqlens: list[int], config: dict[str, Any], tiles: dict[str, 
 
 
 # The split kernel's launch options a spec can sweep; block_m / block_n None take the per-cache, per-target
-# defaults of kernels.paged_mla.triton_decode (default_tiles), which compile without spills and within
+# defaults of kernels.common.mla.triton_decode (default_tiles), which compile without spills and within
 # shared memory for every cache at every page size of the shipped spec, on sm_90a (wgmma for a bf16 cache
 # with >= 64 query rows) and on sm_100a (tests/kernels/paged_mla/test_paged_mla_compiled.py); num_stages and
 # maxnreg None take the kernel's (default_num_stages, default_maxnreg: at most 240 registers without spills).
@@ -373,8 +376,8 @@ def kernel_options(config: dict[str, Any], *, rows: int, page: int, kv_format: s
     """The split kernel's launch options for a trial, block sizes resolved for the target being launched
     for (kernels.compiled.launch_target: the one being compiled for, else this host's), so the split
     plan and the kernel use the same tiles."""
+    from kernels.common.mla import triton_decode as td
     from kernels.compiled import launch_target
-    from kernels.paged_mla import triton_decode as td
 
     options = {key: config.get(key, default) for key, default in KERNEL_DEFAULTS.items()}
     target = launch_target()

@@ -13,7 +13,7 @@ not holding a token is NaN (fp8: NaN bytes and NaN scale) and every unused block
 INVALID_BLOCK_ID.
 
 Values at FlashMLA's scale: the cached tokens are drawn as its tests draw them (N(0, 0.1^2), clamped to
-[-1, 1]), which is what its correctness rule (kernels.paged_mla.check: an absolute limit of 8e-4 per
+[-1, 1]), which is what its correctness rule (kernels.common.mla.check: an absolute limit of 8e-4 per
 element) is sized for; with unit V entries the bf16 rounding of P alone, FlashMLA's own arithmetic, breaks
 that limit at 15-70 tokens. q is drawn at 1 / KV_STD (FlashMLA's tests: 0.1), so q.k / sqrt(576) keeps a
 unit spread and the softmax stays peaked: a wrong scale or a shifted mask still moves the result.
@@ -27,8 +27,8 @@ from typing import Literal
 
 import torch
 
-from kernels.paged_mla.cache import PagedKVCache
-from kernels.paged_mla.layout import D_QK, D_V
+from kernels.common.mla.cache import PagedKVCache
+from kernels.common.mla.layout import D_QK, D_V
 
 SeqlenDist = Literal["fixed", "uniform", "skewed", "boundary"]
 SEQLEN_DISTS: tuple[str, ...] = ("fixed", "uniform", "skewed", "boundary")

@@ -17,8 +17,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from kernels.paged_mla.cache import CacheStats, OutOfPagesError, PagedKVCache
-from kernels.paged_mla.layout import D_QK
+from kernels.common.mla.cache import CacheStats, OutOfPagesError, PagedKVCache
+from kernels.common.mla.layout import D_QK
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from kernels.paged_mla.cache import CacheStats
+from kernels.common.mla.cache import CacheStats
 from kernels.paged_mla.trace import ReplayResult, replay_trace, synthetic_trace
 
 MAX_POINTS = 200

@@ -10,12 +10,7 @@ stores correctly before real kernels are trusted to it. Backends:
   sleep  sleeps `config.s` seconds (a hung trial when s exceeds the spec's timeout_s)
   crash  kills its own worker process (exit code 1), as a segfault or OOM kill would
 Every outcome reports the device the worker was pinned to (CUDA_VISIBLE_DEVICES).
-
-A test knob, like every `_` config key, changes the code that runs, not the point measured (baselines,
-fingerprints and history ignore it, see jobs.judge.baselines):
-  _slowdown: x   spin and wait use config.ms * (1 + x) milliseconds (of CPU time, of wall time): a real
-                 slowdown of x (0.2 = 20% slower); spin's is exact in CPU time whatever else runs on the
-                 machine, wait's in wall time
+Each backend's implementation builds the call to time from the trial's config.
 """
 
 from __future__ import annotations
@@ -36,16 +31,14 @@ def _noop_call(config: dict[str, Any]) -> Callable[[], None]:
     return _noop
 
 
-@BACKENDS.register(
-    "spin", "busy-loops for config.ms milliseconds of CPU time", config_keys=("ms", "_slowdown")
-)
+@BACKENDS.register("spin", "busy-loops for config.ms milliseconds of CPU time", config_keys=("ms",))
 def _spin_call(config: dict[str, Any]) -> Callable[[], None]:
-    return _spin(float(config.get("ms", 1.0)) * (1 + float(config.get("_slowdown", 0.0))))
+    return _spin(float(config.get("ms", 1.0)))
 
 
-@BACKENDS.register("wait", "sleeps config.ms milliseconds in the timed call", config_keys=("ms", "_slowdown"))
+@BACKENDS.register("wait", "sleeps config.ms milliseconds in the timed call", config_keys=("ms",))
 def _wait_call(config: dict[str, Any]) -> Callable[[], None]:
-    seconds = float(config.get("ms", 1.0)) * (1 + float(config.get("_slowdown", 0.0))) / 1e3
+    seconds = float(config.get("ms", 1.0)) / 1e3
     return lambda: time.sleep(seconds)
 
 
@@ -68,14 +61,14 @@ class ProbeFamily(KernelFamily):
     def validate(self, shape: dict[str, Any], config: dict[str, Any], dtype: str, backend: str) -> None:
         if set(shape) != {"n"} or not isinstance(shape["n"], int):
             raise ValueError(f"shape must be {{n: int}} (got {shape})")
-        allowed = set(self.backends[backend].config_keys)
+        declared = self.backends[backend]
+        allowed = set(declared.config_keys)
         if not set(config) <= allowed:
             raise ValueError(
                 f"config keys {sorted(set(config) - allowed)} do not apply to probe backend {backend}"
             )
-        slowdown = config.get("_slowdown", 0.0)
-        if not isinstance(slowdown, int | float) or isinstance(slowdown, bool) or not 0 <= slowdown <= 100:
-            raise ValueError(f"config._slowdown must be a number from 0 to 100 (got {slowdown!r})")
+        if declared.check is not None:
+            declared.check(shape, config)
 
     def cost(self, shape: dict[str, Any], dtype: str) -> Cost:
         return Cost(flops=0.0, bytes_read=0.0, bytes_written=0.0)
@@ -100,7 +93,7 @@ def _noop() -> None:
 def _spin(ms: float) -> Callable[[], None]:
     # The thread's CPU time, not the wall clock: a loop on the wall clock ends on time however little of
     # the core it got, so it would hide the contention a real kernel's timing shows (and a slowdown
-    # injected through it would shrink or grow with the machine's load).
+    # injected through config.ms would shrink or grow with the machine's load).
     def spin() -> None:
         end = time.thread_time_ns() + int(ms * 1e6)
         x = 0

@@ -21,6 +21,7 @@ from jobs.spec.cards import (
 )
 from jobs.store import Environment, TrialRow
 from kernels.gemm.case import FAMILY as GEMM
+from testkit.kernels import faults  # noqa: F401 - registers the gemm faults (a FARM_PLUGINS module)
 
 H100 = Environment(id=1, device_kind="gpu", device_name="NVIDIA H100 80GB HBM3", data={})
 CPU = Environment(id=2, device_kind="cpu", device_name="AMD EPYC", data={"torch_threads": 1})
@@ -153,7 +154,7 @@ def test_gemm_test_knobs_are_validated():
     for config, msg in (
         ({"_repeat": 0}, "_repeat"),
         ({"_perturb": "x"}, "_perturb"),
-        ({"tile": 1}, "test knobs"),
+        ({"tile": 1}, r"takes only \['_repeat', '_perturb'\]"),
     ):
         with pytest.raises(ValueError, match=msg):
             GEMM.validate({"m": 4, "n": 4, "k": 4}, config, "float32", "torch_fp32")

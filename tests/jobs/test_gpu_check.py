@@ -251,8 +251,8 @@ def test_peer_judges_take_the_library_as_reference_and_fail_what_it_would_not_pa
     import torch
 
     from benchmarks import peers
+    from kernels.common.mla.reference import mla_decode_reference
     from kernels.paged_mla.inputs import build_decode_inputs
-    from kernels.paged_mla.reference import mla_decode_reference
 
     x = build_decode_inputs([5, 17], h_q=4, s_q=2, page_size=16, seed=1)
     out, lse = mla_decode_reference(x.q, x.kv_cache, x.block_table, x.cache_seqlens, d_v=x.d_v)

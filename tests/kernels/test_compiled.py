@@ -52,7 +52,7 @@ print(json.dumps({"rows": rows, "check": check, "sm100": sm100}))
 @pytest.fixture(scope="module")
 def compiled():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_INTERPRET"] = "0"  # set, so kernels.paged_mla.triton_decode leaves it alone
+    env["TRITON_INTERPRET"] = "0"  # set, so kernels.common.mla.triton_decode leaves it alone
     proc = subprocess.run(
         [sys.executable, "-c", SCRIPT, *GPU_SPECS], capture_output=True, text=True, env=env, timeout=900
     )

@@ -1,6 +1,6 @@
-"""The probe family's `_slowdown` test knob: a real, proportional slowdown of `spin` (CPU time) and `wait`
-(wall time) that does not change the point's identity (jobs.judge.baselines strips `_` keys), and bad
-values named in the error."""
+"""The probe family's `_slowdown` fault (testkit.kernels.faults, a FARM_PLUGINS module): a real,
+proportional slowdown of `spin` (CPU time) and `wait` (wall time) that does not change the point's identity
+(a variant key, which kernels.registry.point_config drops), and bad values named in the error."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ import time
 
 import pytest
 
-from jobs.judge.baselines import point_config
 from kernels.base import TrialRequest, TrialStatus
 from kernels.measure.policy import MeasurePolicy
 from kernels.probe.case import FAMILY
+from kernels.registry import point_config
+from testkit.kernels import faults  # noqa: F401 - registers the `_slowdown` fault (a FARM_PLUGINS module)
 
 POLICY = MeasurePolicy(warmup_ms=0, min_samples=3, max_samples=3, max_time_s=5, min_time_s=0)
 
@@ -55,7 +56,7 @@ def test_slowdown_makes_wait_that_much_longer_in_wall_time():
 
 
 def test_slowdown_is_a_knob_not_part_of_the_point():
-    assert point_config({"ms": 2, "_slowdown": 0.2}) == {"ms": 2}
+    assert point_config("probe", "spin", {"ms": 2, "_slowdown": 0.2}) == {"ms": 2}
 
 
 @pytest.mark.parametrize("bad", ["fast", True, -0.1, 1000])

@@ -17,9 +17,10 @@ from kernels.attention.case import FAMILY
 from kernels.attention.cost import visible_pairs
 from kernels.attention.decode_step import DecodeStepper, reference_attend, triton_attend
 from kernels.base import TrialRequest
+from kernels.common.mla.check import check_decode
 from kernels.measure.policy import MeasurePolicy
-from kernels.paged_mla.check import check_decode
 from kernels.registry import get_family
+from testkit.kernels.broken import off_by_one_causal
 
 SPECS = Path(__file__).resolve().parents[3] / "jobs" / "specs"
 FAST = MeasurePolicy(warmup_ms=0, min_samples=2, max_samples=2, max_time_s=30, min_time_s=0, seeds=1)
@@ -153,9 +154,7 @@ def test_broken_kernel_makes_the_trial_incorrect(monkeypatch):
     from kernels.attention import triton_prefill
 
     real = triton_prefill.flash_attention_triton
-    monkeypatch.setattr(
-        triton_prefill, "flash_attention_triton", lambda *a, **kw: real(*a, **kw, _causal_shift=1)
-    )
+    monkeypatch.setattr(triton_prefill, "flash_attention_triton", off_by_one_causal(real))
     shape = {"mode": "prefill", "batch": 1, "s_q": 20, "s_k": 20, "h_q": 2, "d": 16}
     out = FAMILY.run(_req("triton", shape, TILE))
     assert out.status == "incorrect" and not out.correctness["passed"]

@@ -128,9 +128,9 @@ def test_generated_sparse_inputs_are_causal_distinct_and_poison_unused_rows():
 
 
 def test_mla_latent_reference_matches_the_paged_reference():
+    from kernels.common.mla.reference import gather_kv
+    from kernels.common.mla.reference import mla_decode_reference as paged_reference
     from kernels.paged_mla.inputs import build_decode_inputs
-    from kernels.paged_mla.reference import gather_kv
-    from kernels.paged_mla.reference import mla_decode_reference as paged_reference
 
     lens = [5, 70, 64]
     p = build_decode_inputs(lens, h_q=4, s_q=2, page_size=16, q_dtype=torch.float32, seed=1)

@@ -1,6 +1,6 @@
 """The Triton kernels against the fp32 references, in the interpreter on tiny shapes.
 
-Judged by the FlashMLA rule (kernels.paged_mla.check.check_decode): out abs 8e-4 or rel 2.01/128 per
+Judged by the FlashMLA rule (kernels.common.mla.check.check_decode): out abs 8e-4 or rel 2.01/128 per
 element with cos diff <= 5e-6, lse abs 1e-6 or rel 8.01/65536, NaN/inf positions exact (so an empty row's
 lse must be +inf, kernels.common.lse, in the kernel as in the reference).
 """
@@ -16,11 +16,12 @@ import torch
 
 from kernels.attention.inputs import build_dense, build_sparse
 from kernels.attention.reference import attention_reference, sparse_attention_reference
-from kernels.attention.triton_common import head_dims, v_in_k
 from kernels.attention.triton_decode import choose_splits, decode_attention_triton
 from kernels.attention.triton_prefill import flash_attention_triton
 from kernels.attention.triton_sparse import sparse_attention_triton
-from kernels.paged_mla.check import check_decode
+from kernels.common.mla.check import check_decode
+from kernels.common.triton_attention import head_dims, v_in_k
+from testkit.kernels.broken import off_by_one_causal
 
 BF16 = torch.bfloat16
 
@@ -63,7 +64,7 @@ def test_prefill_ragged_lengths_and_empty_rows():
 def test_off_by_one_causal_mask_is_caught():
     x = build_dense(1, 24, 24, 2, 1, 16, 16, dtype=BF16, seed=7)
     want = attention_reference(x.q, x.k, x.v)
-    broken = flash_attention_triton(x.q, x.k, x.v, block_m=16, block_n=16, _causal_shift=1)
+    broken = off_by_one_causal(flash_attention_triton)(x.q, x.k, x.v, block_m=16, block_n=16)
     report = check_decode(broken[0], broken[1], want[0], want[1])
     assert not report.passed
     assert not report.out.passed and not report.lse.passed

@@ -9,9 +9,9 @@ import torch
 
 from kernels.attention.decode_step import exact_attend
 from kernels.common.lse import EMPTY_ROW_LSE
-from kernels.paged_mla.cache import KernelTensors
-from kernels.paged_mla.layout import D_QK, D_V, INVALID_BLOCK_ID
-from kernels.paged_mla.reference import mla_decode_reference
+from kernels.common.mla.cache import KernelTensors
+from kernels.common.mla.layout import D_QK, D_V, INVALID_BLOCK_ID
+from kernels.common.mla.reference import mla_decode_reference
 
 
 def test_exact_attend_gives_plus_inf_lse_and_zero_out_for_an_empty_sequence():

@@ -1,5 +1,5 @@
 """The order of every GPU timing method, on a CPU: kernels.measure.timing runs against the recording fake of
-the CUDA layer (kernels.measure.fake_cuda), whose log holds every flush, event record, launch, capture,
+the CUDA layer (testkit.kernels.fake_cuda), whose log holds every flush, event record, launch, capture,
 replay and synchronisation, and whose virtual clock advances only with GPU work.
 
 Each method must time exactly the call (or its graph replay), with an L2 flush before every call and
@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 
 from kernels.measure.cuda_layer import flush_bytes
-from kernels.measure.fake_cuda import FakeCuda
 from kernels.measure.policy import MeasurePolicy
 from kernels.measure.timing import measure
+from testkit.kernels.fake_cuda import FakeCuda
 
 LONG_NS, SHORT_NS = 200_000, 20_000  # either side of the 100 us line between events and graph replays
 

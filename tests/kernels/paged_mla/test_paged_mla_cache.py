@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from kernels.paged_mla.cache import OutOfPagesError, PagedKVCache
-from kernels.paged_mla.layout import INVALID_BLOCK_ID
+from kernels.common.mla.cache import OutOfPagesError, PagedKVCache
+from kernels.common.mla.layout import INVALID_BLOCK_ID
 
 D = 8
 

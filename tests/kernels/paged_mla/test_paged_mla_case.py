@@ -12,11 +12,12 @@ import torch
 
 from jobs.spec.sweep import load_spec
 from kernels.base import TrialRequest
+from kernels.common.mla.cost import mla_decode_cost
 from kernels.measure.policy import MeasurePolicy
 from kernels.paged_mla.case import FAMILY, shape_seqlens
-from kernels.paged_mla.cost import mla_decode_cost
 from kernels.paged_mla.inputs import sample_seqlens
 from kernels.registry import get_family
+from testkit.kernels import faults  # noqa: F401 - the `_overread` fault (a FARM_PLUGINS module)
 
 SPECS = Path(__file__).resolve().parents[3] / "jobs" / "specs"
 POLICY = MeasurePolicy(warmup_ms=0, min_samples=1, max_samples=2, max_time_s=0.2, min_time_s=0)
@@ -233,9 +234,9 @@ def test_roofline_bytes_are_the_distinct_bytes_hbm_moves():
     sequence's KV); the roofline and the HBM fraction use the distinct bytes (the prefix once, the
     partials added per trial); both figures are reported where they differ."""
     from kernels.base import Cost, derive_rates
+    from kernels.common.mla.cost import partial_bytes
+    from kernels.common.mla.layout import kv_bytes_per_token
     from kernels.hardware import DeviceLimits
-    from kernels.paged_mla.cost import partial_bytes
-    from kernels.paged_mla.layout import kv_bytes_per_token
 
     lens = [1000, 1000, 600, 100]
     plain = mla_decode_cost(lens, h_q=16)

@@ -127,7 +127,7 @@ def test_default_config_uses_wgmma_where_the_shape_allows_it(compiled):
     wide = [(s, e) for s, e in wide if s["h_q"] * s["s_q"] >= 64]
     assert {(s["h_q"], s["s_q"]) for s, _ in wide} >= {(64, 2), (128, 1), (128, 2)}
     assert all(e["wgmma"] and not e["mma_sync"] for _, e in wide), [s for s, e in wide if not e["wgmma"]]
-    # documented exceptions (kernels/paged_mla/triton_decode.py, "Default tiles on sm_90a"): fewer than
+    # documented exceptions (kernels/common/mla/decode_kernels.py, "Default tiles on sm_90a"): fewer than
     # 64 rows (wgmma's M is 64 per warpgroup) and the fp8 caches (the dequantised tile passes through
     # registers and spills beside a 64-row accumulator); they run on mma.sync
     narrow = [(s, e) for s, e in _split(compiled) if s["h_q"] * s["s_q"] < 64 or s["kv_dtype"] != "bf16"]
@@ -183,7 +183,7 @@ def test_sm100_defaults_fit_shared_memory_without_spills_at_the_shipped_shapes(c
 
 
 def test_default_tiles_per_target():
-    from kernels.paged_mla.triton_decode import default_block_m, default_block_n
+    from kernels.common.mla.decode_kernels import default_block_m, default_block_n
 
     # sm_90a is the default target and keeps its tiles
     assert default_block_n(64, False, "plain", "sm_90a") == default_block_n(64, False) == 64
@@ -202,7 +202,7 @@ def test_default_tiles_per_target():
 
 
 def test_default_launch_options_per_tile_and_target():
-    from kernels.paged_mla.triton_decode import default_maxnreg, default_num_stages
+    from kernels.common.mla.decode_kernels import default_maxnreg, default_num_stages
 
     # 3 stages and a 240-register cap only for the 64 x 64 bf16 wgmma tile on sm_90a
     assert [default_num_stages(64, bn, "plain", "sm_90a") for bn in (16, 32, 64)] == [2, 2, 3]

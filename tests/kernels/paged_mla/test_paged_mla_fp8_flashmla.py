@@ -8,11 +8,9 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 import pytest
 import torch
 
-from kernels.paged_mla.case import FAMILY
-from kernels.paged_mla.check import check_decode
-from kernels.paged_mla.cost import mla_decode_cost
-from kernels.paged_mla.inputs import build_decode_inputs
-from kernels.paged_mla.layout import (
+from kernels.common.mla.check import check_decode
+from kernels.common.mla.cost import mla_decode_cost
+from kernels.common.mla.layout import (
     D_QK,
     D_V,
     FLASHMLA_FP8_BYTES,
@@ -20,8 +18,11 @@ from kernels.paged_mla.layout import (
     kv_bytes_per_token,
     quantize_flashmla,
 )
-from kernels.paged_mla.reference import mla_decode_reference
-from kernels.paged_mla.triton_decode import mla_decode_triton
+from kernels.common.mla.reference import mla_decode_reference
+from kernels.common.mla.triton_decode import mla_decode_triton
+from kernels.paged_mla.case import FAMILY
+from kernels.paged_mla.inputs import build_decode_inputs
+from testkit.kernels.broken import overreading_decode
 
 
 def test_layout_is_656_bytes_with_scales_and_bf16_rope_where_flashmla_puts_them():
@@ -101,7 +102,7 @@ def test_reading_one_slot_past_the_end_of_a_flashmla_cache_is_caught():
     args = (inp.q, inp.kv_cache, inp.block_table, inp.cache_seqlens)
     ref = mla_decode_reference(*args)
     assert check_decode(*mla_decode_triton(*args, num_splits=1, block_n=16), *ref).passed
-    over = mla_decode_triton(*args, num_splits=1, block_n=16, _overread=1)  # slot 40 is poisoned
+    over = overreading_decode(mla_decode_triton, 1)(*args, num_splits=1, block_n=16)  # slot 40 is poisoned
     assert not check_decode(*over, *ref).passed
 
 

@@ -1,5 +1,5 @@
-"""The GPU arithmetic of the Triton decode (kernels.paged_mla.triton_decode), imitated step by step in torch
-and held to the reference by FlashMLA's rule (kernels.paged_mla.check), so that a CPU run shows what a
+"""The GPU arithmetic of the Triton decode (kernels.common.mla.triton_decode), imitated step by step in torch
+and held to the reference by FlashMLA's rule (kernels.common.mla.check), so that a CPU run shows what a
 GPU run would: q in bf16; K as the kernel forms it (bf16 as stored, or FlashMLA's fp8 NoPE x its tile's
 scale rounded to bf16); the two dots (NoPE, RoPE) accumulated in fp32; a base-2 online softmax over
 BLOCK_N-token steps with P rounded to bf16 before P @ V; the chunks of the default (balanced) split plan
@@ -21,12 +21,13 @@ import math
 import pytest
 import torch
 
-from kernels.paged_mla.check import check_decode
+from kernels.common.mla.check import check_decode
+from kernels.common.mla.decode_kernels import default_tiles, kv_format_of
+from kernels.common.mla.layout import D_V, FLASHMLA_ROPE_OFFSET, FLASHMLA_SCALE_OFFSET, FLASHMLA_TILE
+from kernels.common.mla.reference import gather_kv, mla_decode_reference
+from kernels.common.mla.split_plan import SplitPlan, balanced_plan, default_num_units
+from kernels.common.mla.triton_decode import DEFAULT_NUM_SMS
 from kernels.paged_mla.inputs import DecodeInputs, build_decode_inputs
-from kernels.paged_mla.layout import D_V, FLASHMLA_ROPE_OFFSET, FLASHMLA_SCALE_OFFSET, FLASHMLA_TILE
-from kernels.paged_mla.reference import gather_kv, mla_decode_reference
-from kernels.paged_mla.split_plan import SplitPlan, balanced_plan, default_num_units
-from kernels.paged_mla.triton_decode import DEFAULT_NUM_SMS, default_tiles, kv_format_of
 
 LOG2E = 1.4426950408889634
 

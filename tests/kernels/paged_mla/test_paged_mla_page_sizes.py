@@ -10,13 +10,14 @@ import pytest
 import torch
 
 from kernels.base import TrialRequest
+from kernels.common.mla.check import check_decode
+from kernels.common.mla.decode_kernels import TILE_TARGETS, default_tiles
+from kernels.common.mla.layout import MAX_PAGE_SIZE, PAGE_SIZES
+from kernels.common.mla.reference import mla_decode_reference
+from kernels.common.mla.triton_decode import mla_decode_triton
 from kernels.measure.policy import MeasurePolicy
 from kernels.paged_mla.case import FAMILY
-from kernels.paged_mla.check import check_decode
 from kernels.paged_mla.inputs import build_decode_inputs
-from kernels.paged_mla.layout import MAX_PAGE_SIZE, PAGE_SIZES
-from kernels.paged_mla.reference import mla_decode_reference
-from kernels.paged_mla.triton_decode import TILE_TARGETS, default_tiles, mla_decode_triton
 
 ODD_PAGES = (1, 3, 61, 100)
 POLICY = MeasurePolicy(warmup_ms=0, min_samples=1, max_samples=2, max_time_s=0.2, min_time_s=0)

@@ -3,10 +3,10 @@ import math
 import pytest
 import torch
 
-from kernels.paged_mla.cache import PagedKVCache
+from kernels.common.mla.cache import PagedKVCache
+from kernels.common.mla.layout import dequantize_fp8, quantize_fp8_per_token
+from kernels.common.mla.reference import mla_decode_reference
 from kernels.paged_mla.inputs import build_decode_inputs, pages_needed, sample_seqlens
-from kernels.paged_mla.layout import dequantize_fp8, quantize_fp8_per_token
-from kernels.paged_mla.reference import mla_decode_reference
 
 D_QK, D_V = 24, 16
 

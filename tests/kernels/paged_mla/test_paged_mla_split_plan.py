@@ -8,11 +8,11 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 import pytest
 import torch
 
-from kernels.paged_mla.check import check_decode
+from kernels.common.mla.check import check_decode
+from kernels.common.mla.reference import mla_decode_reference
+from kernels.common.mla.split_plan import balanced_plan, default_num_units, uniform_plan
+from kernels.common.mla.triton_decode import mla_decode_triton, plan_for
 from kernels.paged_mla.inputs import build_decode_inputs
-from kernels.paged_mla.reference import mla_decode_reference
-from kernels.paged_mla.split_plan import balanced_plan, default_num_units, uniform_plan
-from kernels.paged_mla.triton_decode import mla_decode_triton, plan_for
 
 UNEVEN = [1, 700, 33, 4096]
 

@@ -9,17 +9,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels.paged_mla.check import check_decode
+from kernels.common.mla.check import check_decode
+from kernels.common.mla.reference import mla_decode_reference
+from kernels.common.mla.triton_decode import choose_num_splits, mla_decode_triton
 from kernels.paged_mla.inputs import DecodeInputs, build_decode_inputs
-from kernels.paged_mla.reference import mla_decode_reference
-from kernels.paged_mla.triton_decode import choose_num_splits, mla_decode_triton
+from testkit.kernels.broken import overreading_decode
 
 D_QK, D_V = 96, 64  # small head dims for speed; the real 576/512 run once below
 
 
-def run_both(inp: DecodeInputs, **kw):
+def run_both(inp: DecodeInputs, decode=mla_decode_triton, **kw):
     args = (inp.q, inp.kv_cache, inp.block_table, inp.cache_seqlens)
-    out, lse = mla_decode_triton(*args, kv_scales=inp.kv_scales, d_v=inp.d_v, **kw)
+    out, lse = decode(*args, kv_scales=inp.kv_scales, d_v=inp.d_v, **kw)
     ref_out, ref_lse = mla_decode_reference(*args, kv_scales=inp.kv_scales, d_v=inp.d_v)
     return out, lse, ref_out, ref_lse
 
@@ -63,14 +64,14 @@ def test_every_row_block_split_and_sequence_gets_its_own_program(kv_dtype):
 
 
 def test_fp8_default_block_n_is_smaller_than_bf16s():
-    from kernels.paged_mla.triton_decode import default_block_n
+    from kernels.common.mla.decode_kernels import default_block_n
 
     assert [default_block_n(p, fp8=True) for p in (16, 32, 64, 128)] == [16, 16, 32, 32]
     assert [default_block_n(p, fp8=False) for p in (16, 32, 64, 128)] == [16, 32, 64, 64]
 
 
 def test_default_tiles_per_cache_format():
-    from kernels.paged_mla.triton_decode import default_block_m, default_block_n
+    from kernels.common.mla.decode_kernels import default_block_m, default_block_n
 
     # a plain cache with >= 64 query rows takes 64-row tiles (wgmma on sm_90a); fewer rows and the fp8
     # caches stay on 16 / 32 rows; FlashMLA's fp8 layout takes 16 x 16 (its 32-row tiles spilled)
@@ -120,13 +121,15 @@ def test_choose_num_splits():
 
 def test_overread_one_slot_is_caught():
     inp = build_decode_inputs([5, 20], h_q=2, page_size=16, d_qk=D_QK, d_v=D_V, seed=3)
-    res = check_decode(*run_both(inp, num_splits=1, _overread=1))  # reads slot seqlen: NaN-poisoned
+    res = check_decode(
+        *run_both(inp, overreading_decode(mla_decode_triton, 1), num_splits=1)
+    )  # slot seqlen: NaN
     assert not res.passed and res.out.nonfinite_mismatches > 0
 
 
 def test_overread_caught_in_fp8_through_scales():
     inp = build_decode_inputs([5, 20], h_q=2, page_size=16, d_qk=D_QK, d_v=D_V, kv_dtype="fp8", seed=3)
-    res = check_decode(*run_both(inp, num_splits=2, _overread=1))
+    res = check_decode(*run_both(inp, overreading_decode(mla_decode_triton, 1), num_splits=2))
     assert not res.passed and res.out.nonfinite_mismatches > 0
 
 
@@ -172,7 +175,7 @@ def test_interpreter_is_chosen_without_a_gpu_when_unset():
     """A farm worker on a CPU box: TRITON_INTERPRET unset, the module sets it before importing triton."""
     script = (
         "from kernels.paged_mla.inputs import build_decode_inputs\n"
-        "from kernels.paged_mla.triton_decode import interpreting, mla_decode_triton\n"
+        "from kernels.common.mla.triton_decode import interpreting, mla_decode_triton\n"
         "inp = build_decode_inputs([3], h_q=1, page_size=16, d_qk=32, d_v=16)\n"
         "args = (inp.q, inp.kv_cache, inp.block_table, inp.cache_seqlens)\n"
         "out, lse = mla_decode_triton(*args, d_v=16, num_splits=1)\n"

@@ -13,7 +13,7 @@ The peers below are written here, independently of kernels.paged_mla, from what 
     slot past a sequence's length NaN, unused block-table entries 2147480000.
 Compared: the project's quantiser (bytes, bit for bit) and dequantiser, the cache manager's pages, the
 project's reference and its Triton kernel (interpreter: tests/conftest.py sets TRITON_INTERPRET) by
-FlashMLA's rule (kernels.paged_mla.check), for bf16 and fp8 caches, on several batches with odd lengths,
+FlashMLA's rule (kernels.common.mla.check), for bf16 and fp8 caches, on several batches with odd lengths,
 zero-length sequences, page boundaries, s_q > 1 with lonely rows, NaN-poisoned unused slots, and on the
 family's unit-spread inputs as well as FlashMLA's.
 """
@@ -29,12 +29,12 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 import pytest
 import torch
 
-from kernels.paged_mla.cache import PagedKVCache
-from kernels.paged_mla.check import check_decode
+from kernels.common.mla.cache import PagedKVCache
+from kernels.common.mla.check import check_decode
+from kernels.common.mla.layout import dequantize_flashmla, quantize_flashmla
+from kernels.common.mla.reference import mla_decode_reference
+from kernels.common.mla.triton_decode import mla_decode_triton
 from kernels.paged_mla.inputs import build_decode_inputs
-from kernels.paged_mla.layout import dequantize_flashmla, quantize_flashmla
-from kernels.paged_mla.reference import mla_decode_reference
-from kernels.paged_mla.triton_decode import mla_decode_triton
 
 D, DV, TILE = 576, 512, 128
 UNUSED_ENTRY = 2147480000  # what FlashMLA's dense test writes into unused block-table entries

@@ -1,4 +1,5 @@
-"""Helpers shared by the attention Triton kernels.
+"""The Triton building blocks of attention kernels (attention's prefill, decode and sparse kernels, and
+the paged MLA decode of kernels.common.mla).
 
 Head dimensions: `tl.dot` needs power-of-two tiles, so a head dim d is split as d = D1 + D2 with D1 the
 largest power of two <= d and D2 the rest (576 = 512 + 64, 192 = 128 + 64, 128 = 128 + 0); the tail is
@@ -9,9 +10,6 @@ Dot precision: on a GPU, bf16/fp16 operands go to the tensor cores as they are (
 rounded to the input dtype before P @ V) and fp32 operands use IEEE fp32 (no TF32). The interpreter
 (TRITON_INTERPRET=1) computes bf16 dots wrong, so there every operand is upcast to fp32 (`F32=True`).
 The interpreter's fp32 -> bf16 cast truncates, so there the kernels store fp32 and torch rounds.
-
-The online softmax (softmax_init / softmax_step / finish), the split-KV merge (lse_shift / merge_splits)
-and the split count (split_count) also serve the paged MLA decode (kernels.paged_mla.triton_decode).
 
 lse (kernels.common.lse): natural log; the online softmax runs in base 2 and converts back when it
 stores. A row's final lse is EMPTY_ROW_LSE (+inf, out 0) when it saw no key: `finish_row` (single-pass
@@ -215,17 +213,42 @@ def softmax_init(BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr):
 
 
 @triton.jit
-def softmax_step(s, visible, m_i, l_i, acc, v, F32: tl.constexpr):
-    """One online-softmax update (base 2; `s` already scaled by log2(e) x softmax scale).
-
-    Invisible scores become -inf; a row that has seen nothing yet keeps m = -inf and l = 0 (the
-    exponent is taken against 0 there so no NaN appears)."""
+def online_weights(s, visible, m_i, l_i):
+    """The bookkeeping of one online-softmax update: the new row maxima, the new sums, the factor `alpha`
+    the old accumulator is rescaled by and the tile's weights `p` (base 2; invisible scores weigh 0)."""
     s = tl.where(visible, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.math.exp2(m_i - m_safe)
     p = tl.math.exp2(s - m_safe[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
+    return m_new, l_i * alpha + tl.sum(p, axis=1), alpha, p
+
+
+@triton.jit
+def attend_keys(
+    q1, q2, k_base, v_base, stride_ks, stride_vs, lo, hi, key_end, last, m_i, l_i, acc, sm_scale_log2,
+    D1: tl.constexpr, D2: tl.constexpr, BLOCK_D2: tl.constexpr, DV: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, F32: tl.constexpr, V_IN_K: tl.constexpr,
+):  # fmt: skip
+    """The online softmax of one block of query rows over keys lo .. hi of a KV head (k_base, v_base),
+    BLOCK_N at a time; keys from key_end on do not exist, and when causal row m sees keys up to last[m]."""
+    for n0 in range(lo, hi, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < key_end
+        s, k1 = qk_scores(q1, q2, k_base + offs_n * stride_ks, n_ok, sm_scale_log2, D1, D2, BLOCK_D2, F32)
+        v = load_v(k1, v_base + offs_n * stride_vs, n_ok, DV, BLOCK_DV, V_IN_K)
+        visible = visible_keys(offs_n, n_ok, last, CAUSAL)
+        m_i, l_i, acc = softmax_step(s, visible, m_i, l_i, acc, v, F32)
+    return m_i, l_i, acc
+
+
+@triton.jit
+def softmax_step(s, visible, m_i, l_i, acc, v, F32: tl.constexpr):
+    """One online-softmax update (base 2; `s` already scaled by log2(e) x softmax scale).
+
+    Invisible scores become -inf; a row that has seen nothing yet keeps m = -inf and l = 0 (the
+    exponent is taken against 0 there so no NaN appears)."""
+    m_new, l_i, alpha, p = online_weights(s, visible, m_i, l_i)
     if F32:
         pv = dot(p, v, F32)
     else:

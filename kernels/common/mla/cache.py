@@ -24,7 +24,7 @@ prefixes are shared).
 
 With `store=True` the cache owns the data tensors the kernels read (`kv_cache [num_pages, page_size, 1,
 head_dim]`, and for fp8 `kv_scales [num_pages, page_size]`; for fp8_flashmla `kv_cache [num_pages, page_size,
-1, 656]` in FlashMLA's layout, kernels.paged_mla.layout); every freshly allocated page is poisoned with
+1, 656]` in FlashMLA's layout, kernels.common.mla.layout); every freshly allocated page is poisoned with
 NaN before use, so unused slots are always NaN. With `store=False` it is bookkeeping only (trace replay).
 """
 
@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kernels.paged_mla.layout import (
+from kernels.common.mla.layout import (
     D_QK,
     FLASHMLA_FP8_BYTES,
     INVALID_BLOCK_ID,
@@ -177,7 +177,7 @@ class PagedKVCache:
         if store:
             dtype = kv_torch_dtype(kv_dtype)
             shape = (num_pages, page_size, 1, head_dim)
-            if self._flashmla:  # FlashMLA's 656-byte tokens (kernels.paged_mla.layout)
+            if self._flashmla:  # FlashMLA's 656-byte tokens (kernels.common.mla.layout)
                 self.kv = torch.empty(shape[:3] + (FLASHMLA_FP8_BYTES,), dtype=dtype, device=device)
                 poison_flashmla(self.kv)
             elif kv_dtype == "fp8":  # 0x7F is e4m3fn's NaN

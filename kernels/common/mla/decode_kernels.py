@@ -1,7 +1,8 @@
-"""Triton split-KV MLA decode over a paged KV cache, plus the combine kernel.
+"""The Triton kernels of the split-KV MLA decode over a paged KV cache (split and combine), and their
+default tiles per compile target.
 
 Stage 1, `_split_kernel`, a 1-D grid of chunks x row blocks with the row block fastest: program id =
-chunk * row_blocks + row_block. The chunks come from a split plan (kernels.paged_mla.split_plan, built on
+chunk * row_blocks + row_block. The chunks come from a split plan (kernels.common.mla.split_plan, built on
 the host from the lengths, outside the timed call): each is one token range [start, end) of one sequence,
 and the chunks of one work unit of the plan are consecutive, so one unit's work runs as neighbouring
 programs. Blocks are dispatched in id order, so the row blocks that read one KV range run side by side
@@ -14,7 +15,7 @@ applied after the dots, to the scores (q . k_j x scale_j) and to P's columns bef
 (sum_j p_ij scale_j v_j). FlashMLA's fp8 layout (656 B/token: fp8 NoPE with one fp32 scale per 128
 channels, bf16 RoPE) is read through three views of the same bytes and its NoPE dequantised to bf16 with
 its tile's scale, as FlashMLA does (fp8 x scale in fp32, rounded to nearest bf16: exact for the
-power-of-two scales FlashMLA's quantiser writes, kernels.paged_mla.layout; the interpreter rounds by bits,
+power-of-two scales FlashMLA's quantiser writes, kernels.common.mla.layout; the interpreter rounds by bits,
 since its own bf16 cast truncates), so the K it multiplies is the reference's bf16 K on a GPU and in the
 interpreter alike. It writes a partial output (normalised, fp32) and a partial lse
 (natural log, fp32) per chunk; a chunk with no visible key writes out 0 and lse -inf.
@@ -85,30 +86,19 @@ Causal rule for s_q > 1 (multi-token prediction): query token i sees keys 0 .. s
 
 Dots: on a GPU the operands are bf16 (fp32 accumulate; P is rounded to bf16 before P @ V, as FlashMLA
 does). In the interpreter (TRITON_INTERPRET=1) they are fp32, since the interpreter's bf16 dot is wrong.
-Importing this module on a machine without a CUDA device sets TRITON_INTERPRET=1 if it is unset (that
-must happen before triton's first import in the process; see _INTERPRET_TOO_LATE).
+The host side, mla_decode_triton, is kernels.common.mla.triton_decode. Importing this module on a machine
+without a CUDA device sets TRITON_INTERPRET=1 if it is unset (that must happen before triton's first import
+in the process; see _INTERPRET_TOO_LATE).
 """
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 
 import torch
 
-from kernels.compiled import launch_target
-from kernels.hardware import HOPPER_SMS, triton_interpreting
-from kernels.paged_mla.layout import (
-    D_QK,
-    D_V,
-    FLASHMLA_FP8_BYTES,
-    FLASHMLA_ROPE_OFFSET,
-    FLASHMLA_SCALE_OFFSET,
-    is_flashmla_fp8,
-    is_fp8,
-)
-from kernels.paged_mla.split_plan import SplitPlan, balanced_plan, default_num_units, uniform_plan
+from kernels.common.mla.layout import is_flashmla_fp8, is_fp8
 
 # No GPU (a CPU worker, a laptop): the kernels can only run in the interpreter. Triton reads the variable
 # when a function is decorated, its own tl.* helpers included, so this works only if triton was not
@@ -122,23 +112,15 @@ if not torch.cuda.is_available():
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from kernels.attention.triton_common import (  # noqa: E402
-    LOG2E,
+from kernels.common.triton_attention import (  # noqa: E402
     dot,
     finish,
     merge_splits,
+    online_weights,
     softmax_init,
     softmax_step,
-    split_count,
-    store_dtype,
     store_rows,
 )
-
-DEFAULT_NUM_SMS = HOPPER_SMS
-
-
-interpreting = triton_interpreting
-
 
 WGMMA_ROWS = 64  # a warpgroup MMA's M: 64 rows per warpgroup (sm_90a)
 
@@ -223,28 +205,6 @@ def default_maxnreg(
     return None
 
 
-def choose_num_splits(
-    cache_seqlens: torch.Tensor | list[int],
-    *,
-    rows: int,
-    block_m: int = 16,
-    page_size: int = 64,
-    num_sms: int = DEFAULT_NUM_SMS,
-) -> int:
-    """How many splits per sequence, so that batch x splits x row blocks roughly fills the SMs once.
-
-    splits = ceil(num_sms / (batch x row_blocks)), then capped so that a split of the mean-length
-    sequence still holds >= MIN_KEYS_PER_SPLIT tokens, by the longest sequence's page count (a split
-    never gets less than a page) and by MAX_SPLITS (kernels.attention.triton_common.split_count); at
-    least 1. rows = s_q x h_q.
-    """
-    lens = cache_seqlens.tolist() if isinstance(cache_seqlens, torch.Tensor) else list(cache_seqlens)
-    if not lens or max(lens) <= 0:
-        return 1
-    programs = len(lens) * triton.cdiv(rows, block_m)
-    return split_count(programs, sum(lens) / len(lens), triton.cdiv(max(lens), page_size), num_sms)
-
-
 @triton.jit
 def _round_bf16(x):
     """fp32 -> the nearest bf16 value (ties to even), kept in fp32: the GPU's bf16 conversion, done on the
@@ -257,12 +217,7 @@ def _round_bf16(x):
 @triton.jit
 def _scaled_v_step(s, visible, m_i, l_i, acc, v, v_scale, F32: tl.constexpr):
     """softmax_step with V's rows scaled by v_scale: l sums p, acc sums (p x v_scale) @ v."""
-    s = tl.where(visible, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.math.exp2(m_i - m_safe)
-    p = tl.math.exp2(s - m_safe[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
+    m_new, l_i, alpha, p = online_weights(s, visible, m_i, l_i)
     pv = dot((p * v_scale[None, :]).to(v.dtype), v, F32)
     return m_new, l_i, alpha[:, None] * acc + pv
 
@@ -307,7 +262,6 @@ def _split_kernel(
     SCALE_OFF: tl.constexpr,  # where a token's scales start in scale_ptr's elements (format 2)
     ROPE_OFF: tl.constexpr,  # where a token's RoPE part starts in rope_ptr's elements
     F32: tl.constexpr,
-    OVERREAD: tl.constexpr,  # test-only: pretend every sequence is this many tokens longer
 ):
     rows = S_Q * H_Q
     row_blocks = tl.cdiv(rows, BLOCK_M)
@@ -335,7 +289,7 @@ def _split_kernel(
     else:
         q_n = q_n.to(tl.bfloat16)
         q_r = q_r.to(tl.bfloat16)
-    seqlen = tl.load(seqlens_ptr + b) + OVERREAD
+    seqlen = tl.load(seqlens_ptr + b)
     limit = seqlen - S_Q + tok + 1  # keys visible to each row: [0, limit)
 
     m_i, l_i, acc = softmax_init(BLOCK_M, BLOCK_DN)
@@ -420,176 +374,3 @@ def _combine_kernel(
     o_ptr = out_ptr + b * stride_ob + tok * stride_os + head * stride_oh + offs_d
     tl.store(o_ptr, out.to(out_ptr.dtype.element_ty), mask=d_ok)
     tl.store(lse_ptr + b * stride_lb + head * stride_lh + tok, lse)
-
-
-def plan_for(
-    cache_seqlens: torch.Tensor | list[int],
-    num_splits: int | str | None,
-    *,
-    rows: int,
-    block_m: int,
-    block_n: int,
-    page_size: int,
-    num_sms: int = DEFAULT_NUM_SMS,
-) -> SplitPlan:
-    """The split plan of a batch (reads the lengths on the host: build it outside the timed call).
-    num_splits an int: the uniform plan with that many splits per sequence; "auto" or None: the balanced
-    plan over SMs // row blocks units of block_n-token blocks."""
-    if num_splits is None or num_splits == "auto":
-        units = default_num_units(num_sms, triton.cdiv(rows, block_m))
-        return balanced_plan(cache_seqlens, num_units=units, block=block_n)
-    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
-        raise ValueError(f"num_splits must be a positive integer or 'auto', got {num_splits!r}")
-    return uniform_plan(cache_seqlens, num_splits=num_splits, page_size=page_size)
-
-
-def mla_decode_triton(
-    q: torch.Tensor,
-    kv_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    cache_seqlens: torch.Tensor,
-    *,
-    num_splits: int | str | None = None,
-    plan: SplitPlan | None = None,
-    softmax_scale: float | None = None,
-    kv_scales: torch.Tensor | None = None,
-    d_v: int = D_V,
-    num_sms: int = DEFAULT_NUM_SMS,
-    block_m: int | None = None,
-    block_n: int | None = None,
-    target: str | None = None,
-    num_warps: int = 8,
-    num_stages: int | None = None,
-    maxnreg: int | None = None,
-    out_dtype: torch.dtype | None = None,
-    _overread: int = 0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Paged MLA decode. q [b, s_q, h_q, d], block_table [b, max_blocks] int32, cache_seqlens [b] int32;
-    kv_cache [blocks, page, 1, d] bf16/fp16, or fp8 e4m3 with kv_scales [blocks, page] fp32 per token, or
-    FlashMLA's fp8 layout [blocks, page, 1, 656] (kernels.paged_mla.layout; d = 576, no kv_scales).
-    Returns out [b, s_q, h_q, d_v] (q's dtype unless out_dtype) and lse [b, h_q, s_q] fp32.
-
-    block_m / block_n None take the defaults of `target` (sm_90a, sm_100a; None: the target being
-    compiled for inside kernels.compiled.capturing, else this host's); num_stages None and maxnreg None
-    those of the tiles on that target (default_num_stages, default_maxnreg); maxnreg 0: no register cap.
-    The work split is `plan` (kernels.paged_mla.split_plan, built beforehand so the timed call reads
-    nothing on the host), else built here from cache_seqlens with `num_splits` (see plan_for).
-    `_overread` is for tests only: it makes the kernel read that many slots past every sequence's end.
-    """
-    if _INTERPRET_TOO_LATE:
-        raise RuntimeError(
-            "no CUDA device and triton was imported before TRITON_INTERPRET=1 was set: set it in the "
-            "environment (or before the first `import triton`) to run the Triton kernels in the interpreter"
-        )
-    b, s_q, h_q, d = q.shape
-    flashmla = is_flashmla_fp8(kv_cache)
-    width = FLASHMLA_FP8_BYTES if flashmla else d
-    if kv_cache.dim() != 4 or kv_cache.shape[2] != 1 or kv_cache.shape[3] != width:
-        raise ValueError(f"kv_cache must be [blocks, page, 1, {width}], got {tuple(kv_cache.shape)}")
-    if flashmla and (d, d_v) != (D_QK, D_V):
-        raise ValueError(f"FlashMLA's fp8 layout holds d_qk {D_QK} / d_v {D_V}, got q dim {d} and d_v {d_v}")
-    if not 0 < d_v <= d:
-        raise ValueError(f"d_v must be in (0, {d}], got {d_v}")
-    if block_table.shape[0] != b or cache_seqlens.shape != (b,):
-        raise ValueError("block_table and cache_seqlens must have the batch size of q")
-    fp8 = is_fp8(kv_cache.dtype) and not flashmla
-    page = kv_cache.shape[1]
-    if fp8 and (kv_scales is None or kv_scales.shape != kv_cache.shape[:2]):
-        raise ValueError(f"an fp8 cache needs kv_scales of shape {tuple(kv_cache.shape[:2])}")
-    if fp8 and kv_scales is not None and kv_scales.stride(1) != 1:
-        raise ValueError("kv_scales must be contiguous over the slots of a page")
-    if q.stride(-1) != 1 or kv_cache.stride(-1) != 1:
-        raise ValueError("q and kv_cache must be contiguous in the head dimension")
-    rows = s_q * h_q
-    kv_format = kv_format_of(kv_cache)
-    bm, bn = block_m, block_n
-    tgt = target or launch_target()
-    if bm is None or bn is None:
-        dm, dn = default_tiles(rows, page, kv_format, tgt)
-        bm, bn = bm or dm, bn or dn
-    if min(bm, bn) < 16 or bm & (bm - 1) or bn & (bn - 1):
-        raise ValueError(f"block_m and block_n must be powers of two >= 16 (tl.dot), got {bm} and {bn}")
-    if num_stages is None:
-        num_stages = default_num_stages(bm, bn, kv_format, tgt)
-    if maxnreg is None:
-        maxnreg = default_maxnreg(bm, bn, kv_format, tgt, num_stages, num_warps)
-    caps = {"maxnreg": maxnreg} if maxnreg else {}  # Triton's NVIDIA backend; the interpreter drops it
-    built_here = plan is None  # then copied to q's device below (a caller that times passes one there)
-    if plan is None and cache_seqlens.is_meta:  # compile evidence only: every block table full
-        plan = plan_for(
-            [block_table.shape[1] * page] * b, num_splits, rows=rows, block_m=bm, block_n=bn,
-            page_size=page, num_sms=num_sms,
-        )  # fmt: skip
-    if plan is None:
-        lens = cache_seqlens.tolist()
-        if lens and max(lens) > block_table.shape[1] * page:
-            raise ValueError(
-                f"a seqlen of {max(lens)} needs more than the block table's {block_table.shape[1]} pages"
-            )
-        lens = [n + _overread for n in lens]
-        plan = plan_for(lens, num_splits, rows=rows, block_m=bm, block_n=bn, page_size=page, num_sms=num_sms)
-    if built_here:
-        plan = plan.to(q.device)
-    if plan.batch != b:
-        raise ValueError(f"the split plan is for a batch of {plan.batch}, q has {b}")
-    dev = q.device
-    if plan.chunk_seq.device != dev:  # copied in every call, it would stall each timed sample
-        raise ValueError(
-            f"the split plan is on {plan.chunk_seq.device}, q on {dev}: move it there once, before the calls "
-            "(plan.to(device))"
-        )
-    programs = plan.num_chunks * triton.cdiv(rows, bm)
-    if programs > 2**31 - 1:
-        raise ValueError(f"{plan.num_chunks} chunks x row blocks is {programs} programs (> 2^31 - 1)")
-    scale = 1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale
-    block_table = block_table.to(torch.int32)
-    cache_seqlens = cache_seqlens.to(torch.int32)
-    chunks = max(plan.num_chunks, 1)
-    part_out = torch.empty(chunks, rows, d_v, dtype=torch.float32, device=dev)
-    part_lse = torch.empty(chunks, rows, dtype=torch.float32, device=dev)
-    d_rope = d - d_v
-    if flashmla:  # the same bytes seen as fp32 (scales) and bf16 (RoPE); strides in those elements
-        kv = kv_cache.view(torch.float8_e4m3fn)
-        scales, rope = kv_cache.view(torch.float32), kv_cache.view(torch.bfloat16)
-        fmt, scale_off, rope_off = 2, FLASHMLA_SCALE_OFFSET // 4, FLASHMLA_ROPE_OFFSET // 2
-    else:
-        kv, rope, rope_off = kv_cache, kv_cache, d_v
-        scales = kv_scales if fp8 else part_lse  # any pointer; never read unless fp8
-        fmt, scale_off = (1 if fp8 else 0), 0
-    assert scales is not None
-    if programs:
-        _split_kernel[(programs,)](
-            q, kv, scales, rope, block_table, cache_seqlens,
-            plan.chunk_seq, plan.chunk_start, plan.chunk_end,
-            part_out, part_lse,
-            scale * LOG2E,
-            q.stride(0), q.stride(1), q.stride(2),
-            kv.stride(0), kv.stride(1),
-            scales.stride(0), scales.stride(1) if scales.dim() > 1 else 0,
-            rope.stride(0), rope.stride(1),
-            block_table.stride(0),
-            part_out.stride(0), part_out.stride(1),
-            part_lse.stride(0),
-            h_q, s_q,
-            PAGE=page, D_NOPE=d_v, D_ROPE=d_rope,
-            BLOCK_DN=triton.next_power_of_2(d_v), BLOCK_DR=max(16, triton.next_power_of_2(max(d_rope, 1))),
-            BLOCK_M=bm, BLOCK_N=bn, KV_FORMAT=fmt, SCALE_OFF=scale_off, ROPE_OFF=rope_off,
-            F32=interpreting(), OVERREAD=_overread,
-            num_warps=num_warps, num_stages=num_stages, **caps,
-        )  # fmt: skip
-    want = out_dtype or q.dtype
-    # The interpreter's fp32 -> bf16/fp16 cast truncates instead of rounding to nearest: there the kernel
-    # stores fp32 and torch rounds. On a GPU the kernel stores `want` directly (round to nearest even).
-    out = torch.empty(b, s_q, h_q, d_v, dtype=store_dtype(want), device=dev)
-    lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=dev)
-    _combine_kernel[(b, rows)](
-        part_out, part_lse, plan.seq_chunks, out, lse,
-        part_out.stride(0), part_out.stride(1),
-        part_lse.stride(0),
-        out.stride(0), out.stride(1), out.stride(2),
-        lse.stride(0), lse.stride(1),
-        h_q,
-        D_NOPE=d_v, BLOCK_DN=triton.next_power_of_2(d_v),
-        num_warps=4,
-    )  # fmt: skip
-    return out.to(want), lse

@@ -124,7 +124,7 @@ def quantize_flashmla(x: torch.Tensor) -> torch.Tensor:
 def dequantize_flashmla(packed: torch.Tensor) -> torch.Tensor:
     """[..., 656] FlashMLA fp8 bytes -> [..., 576] bf16, as FlashMLA dequantises: NoPE = fp8 x its tile's
     scale (computed in fp32, exact in bf16 for the power-of-two scales quantize_flashmla writes), then the
-    bf16 RoPE. The Triton kernel forms the same bf16 values (kernels.paged_mla.triton_decode)."""
+    bf16 RoPE. The Triton kernel forms the same bf16 values (kernels.common.mla.triton_decode)."""
     raw = packed.contiguous().view(torch.uint8)
     if raw.shape[-1] != FLASHMLA_FP8_BYTES:
         raise ValueError(f"FlashMLA fp8 tokens are {FLASHMLA_FP8_BYTES} bytes, got {raw.shape[-1]}")

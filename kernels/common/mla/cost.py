@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.base import Cost
-from kernels.paged_mla.layout import D_QK, D_V, elem_size, kv_bytes_per_token
+from kernels.common.mla.layout import D_QK, D_V, elem_size, kv_bytes_per_token
 
 
 @dataclass(frozen=True)

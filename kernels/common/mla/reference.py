@@ -3,7 +3,7 @@
 It gathers exactly the first cache_seqlens[b] slots of each sequence through the block table (never an
 unused slot or block-table entry), dequantises fp8 with the per-token scales, or FlashMLA's 656-byte
 tokens as FlashMLA does (NoPE x its tile's power-of-two scale stored in bf16, bf16 RoPE:
-kernels.paged_mla.layout.dequantize_flashmla), and computes in fp32 from those values. The causal rule
+kernels.common.mla.layout.dequantize_flashmla), and computes in fp32 from those values. The causal rule
 inside the query block: query i of s_q sees keys 0 .. seqlen - s_q + i. Softmax scale 1 / sqrt(d) unless
 given; lse is a natural log. Rows that see no key get out = 0 and lse = +inf (EMPTY_ROW_LSE, FlashMLA's
 convention: kernels.common.lse).
@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from kernels.paged_mla.layout import D_V, EMPTY_ROW_LSE, dequantize_flashmla, is_flashmla_fp8
+from kernels.common.mla.layout import D_V, EMPTY_ROW_LSE, dequantize_flashmla, is_flashmla_fp8
 
 
 def gather_kv(
