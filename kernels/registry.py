@@ -3,15 +3,16 @@
 A family is imported only when a spec or a worker asks for it. `FARM_PLUGINS` (comma-separated module
 names) names modules imported before the first family is handed out, in every process that asks for one
 (the farm's driver and its Ray workers alike, which inherit the variable): a plugin registers families of
-its own with `register_family` (an out-of-tree family) or changes how a backend of a family runs with
-`Backends.wrap` (kernels.base; the test suite's fault-injecting backends, testkit.kernels.faults).
+its own with `register_family` (an out-of-tree family), or with `extend` hands a function the family when
+it is first handed out, to change how its backends run (`Backends.wrap`, kernels.base; the test suite's
+fault-injecting backends, testkit.kernels.faults), so a plugin imports no family a process does not use.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -27,6 +28,11 @@ FAMILIES: dict[str, str] = {
     "paged_mla": "kernels.paged_mla.case",
     "probe": "kernels.probe.case",
 }
+
+
+# family name -> functions still to run on it, and the families they ran on
+_EXTENSIONS: dict[str, list[Callable[[Family], None]]] = {}
+_EXTENDED: set[str] = set()
 
 
 class UnknownFamily(KeyError):
@@ -46,6 +52,13 @@ def register_family(name: str, module: str) -> None:
     FAMILIES[name] = module
 
 
+def extend(name: str, fn: Callable[[Family], None]) -> None:
+    """Run `fn(family)` once on family `name` before it is first handed out (at once if it already was)."""
+    _EXTENSIONS.setdefault(name, []).append(fn)
+    if name in _EXTENDED:
+        get_family(name)
+
+
 def load_plugins() -> list[str]:
     """Import the modules FARM_PLUGINS names (each once per process); the names, in order."""
     names = [n.strip() for n in os.environ.get(PLUGINS_ENV, "").split(",") if n.strip()]
@@ -63,7 +76,12 @@ def get_family(name: str) -> Family:
         module = FAMILIES[name]
     except KeyError:
         raise UnknownFamily(name) from None
-    return importlib.import_module(module).FAMILY
+    family = importlib.import_module(module).FAMILY
+    _EXTENDED.add(name)
+    pending = _EXTENSIONS.get(name, [])
+    while pending:
+        pending.pop(0)(family)
+    return family
 
 
 def point_config(family: str, backend: str, config: Mapping[str, Any]) -> dict[str, Any]:

@@ -24,11 +24,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from kernels.gemm.case import BACKENDS as GEMM
-from kernels.paged_mla.case import BACKENDS as PAGED_MLA
-from kernels.probe.case import BACKENDS as PROBE
-from kernels.registry import PLUGINS_ENV
-from testkit.kernels.broken import overread_lengths
+from kernels.registry import PLUGINS_ENV, extend
 
 
 def enable() -> None:
@@ -101,6 +97,8 @@ def _overreading(impl: Any) -> Any:
     def overread(inp: Any, config: dict[str, Any], device: Any) -> Any:
         n = int(config.get("_overread", 0))
         if n:
+            from testkit.kernels.broken import overread_lengths  # torch: with the family, not the plugin
+
             lens, seqlens = overread_lengths(inp.cache_seqlens, inp.seqlens, n)
             inp = dataclasses.replace(inp, cache_seqlens=lens, seqlens=seqlens)
         return build(inp, config, device)
@@ -112,15 +110,25 @@ def _check_overread(shape: dict[str, Any], config: dict[str, Any]) -> None:
     _number(config, "_overread", lambda n: isinstance(n, int) and n >= 0, "an integer >= 0")
 
 
-def _register() -> None:
+def _gemm(family: Any) -> None:
     for name in ("torch_fp32", "torch_bf16"):
         keys = ("_repeat", "_perturb")
-        GEMM.wrap(name, _FaultyMatmul, config_keys=keys, variant_keys=keys, check=_check_gemm)
+        family.backends.wrap(name, _FaultyMatmul, config_keys=keys, variant_keys=keys, check=_check_gemm)
+
+
+def _probe(family: Any) -> None:
     for name in ("spin", "wait"):
-        PROBE.wrap(name, _slowed, config_keys=("_slowdown",), variant_keys=("_slowdown",), check=_check_probe)
-    PAGED_MLA.wrap(
-        "triton", _overreading, config_keys=("_overread",), variant_keys=("_overread",), check=_check_overread
-    )
+        keys = ("_slowdown",)
+        family.backends.wrap(name, _slowed, config_keys=keys, variant_keys=keys, check=_check_probe)
 
 
-_register()
+def _paged_mla(family: Any) -> None:
+    keys = ("_overread",)
+    family.backends.wrap("triton", _overreading, config_keys=keys, variant_keys=keys, check=_check_overread)
+
+
+# each family is wrapped when a process first asks for it (kernels.registry.extend): a driver reading a
+# spec imports no family, and no torch, it does not need
+extend("gemm", _gemm)
+extend("probe", _probe)
+extend("paged_mla", _paged_mla)

@@ -21,7 +21,9 @@ from jobs.spec.cards import (
 )
 from jobs.store import Environment, TrialRow
 from kernels.gemm.case import FAMILY as GEMM
-from testkit.kernels import faults  # noqa: F401 - registers the gemm faults (a FARM_PLUGINS module)
+from kernels.registry import get_family
+
+get_family("gemm")  # FARM_PLUGINS: testkit.kernels.faults wraps its backends when it is handed out
 
 H100 = Environment(id=1, device_kind="gpu", device_name="NVIDIA H100 80GB HBM3", data={})
 CPU = Environment(id=2, device_kind="cpu", device_name="AMD EPYC", data={"torch_threads": 1})

@@ -11,8 +11,9 @@ import pytest
 from kernels.base import TrialRequest, TrialStatus
 from kernels.measure.policy import MeasurePolicy
 from kernels.probe.case import FAMILY
-from kernels.registry import point_config
-from testkit.kernels import faults  # noqa: F401 - registers the `_slowdown` fault (a FARM_PLUGINS module)
+from kernels.registry import get_family, point_config
+
+get_family("probe")  # FARM_PLUGINS: testkit.kernels.faults wraps its backends when it is handed out
 
 POLICY = MeasurePolicy(warmup_ms=0, min_samples=3, max_samples=3, max_time_s=5, min_time_s=0)
 

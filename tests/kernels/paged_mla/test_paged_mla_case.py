@@ -17,7 +17,8 @@ from kernels.measure.policy import MeasurePolicy
 from kernels.paged_mla.case import FAMILY, shape_seqlens
 from kernels.paged_mla.inputs import sample_seqlens
 from kernels.registry import get_family
-from testkit.kernels import faults  # noqa: F401 - the `_overread` fault (a FARM_PLUGINS module)
+
+get_family("paged_mla")  # FARM_PLUGINS: testkit.kernels.faults wraps its backends when it is handed out
 
 SPECS = Path(__file__).resolve().parents[3] / "jobs" / "specs"
 POLICY = MeasurePolicy(warmup_ms=0, min_samples=1, max_samples=2, max_time_s=0.2, min_time_s=0)
