@@ -55,8 +55,8 @@ gpu-check:
 	@FARM_TORCH='$(FARM_TORCH)' FARM_TRITON='$(FARM_TRITON)' scripts/gpu-check.sh
 
 lint: $(STAMP)
-	$(BIN)/ruff check cluster gateway kernels jobs tests benchmarks
-	$(BIN)/ruff format --check cluster gateway kernels jobs tests benchmarks
+	$(BIN)/ruff check cluster gateway kernels jobs schemakit testkit tests benchmarks
+	$(BIN)/ruff format --check cluster gateway kernels jobs schemakit testkit tests benchmarks
 	$(BIN)/lint-imports
 
 gateway: $(STAMP)
