@@ -123,6 +123,33 @@ def _max(t: torch.Tensor) -> float:
     return float(t.max()) if t.numel() else 0.0
 
 
+def _report(
+    method: str,
+    e: _Errors,
+    failing: torch.Tensor,
+    mismatches: int,
+    out: torch.Tensor,
+    *,
+    passed: bool,
+    message: str,
+    **limits: float,
+) -> CorrectnessReport:
+    """The report every check writes: its verdict and message, the error maxima, the worst element
+    (among `failing` if any fail), the NaN/inf position mismatches and the check's own limits."""
+    return CorrectnessReport(
+        passed=passed,
+        method=method,
+        max_abs_err=_max(e.abs_err),
+        max_rel_err=_max(e.rel_err),
+        mismatches=mismatches,
+        worst_index=_worst(e, failing, out.shape),
+        numel=out.numel(),
+        nonfinite_mismatches=int(e.bad_nonfinite.sum()),
+        message=message,
+        **limits,
+    )
+
+
 def cos_diff(x: torch.Tensor, y: torch.Tensor) -> float:
     """1 - 2 sum(x y) / sum(x^2 + y^2) in float64 (0 for identical tensors, including all-zero ones)."""
     a = x.detach().to(torch.float64)
@@ -163,21 +190,10 @@ def check_flashmla(
     if not cd <= max_cos_diff:
         problems.append(f"cos_diff {cd:.3g} > {max_cos_diff:g}")
     msg = "; ".join(problems) if problems else "ok"
-    return CorrectnessReport(
-        passed=passed,
-        method="flashmla",
-        max_abs_err=_max(e.abs_err),
-        max_rel_err=_max(e.rel_err),
-        mismatches=mismatches,
-        worst_index=_worst(e, failing, out.shape),
-        numel=out.numel(),
-        nonfinite_mismatches=n_bad,
-        atol=atol,
-        rtol=rtol,
-        cos_diff=cd,
-        threshold=max_cos_diff,
-        message=msg,
-    )
+    return _report(
+        "flashmla", e, failing, mismatches, out, passed=passed, message=msg,
+        atol=atol, rtol=rtol, cos_diff=cd, threshold=max_cos_diff,
+    )  # fmt: skip
 
 
 def check_calc_diff(out: torch.Tensor, ref: torch.Tensor, *, threshold: float = 1e-3) -> CorrectnessReport:
@@ -189,21 +205,22 @@ def check_calc_diff(out: torch.Tensor, ref: torch.Tensor, *, threshold: float = 
     diff = calc_diff(out, ref)
     n_bad = int(e.bad_nonfinite.sum())
     passed = n_bad == 0 and diff < threshold  # NaN fails: NaN < threshold is False
-    return CorrectnessReport(
-        passed=passed,
-        method="calc_diff",
-        max_abs_err=_max(e.abs_err),
-        max_rel_err=_max(e.rel_err),
-        mismatches=n_bad,
-        worst_index=_worst(e, e.bad_nonfinite, out.shape),
-        numel=out.numel(),
-        nonfinite_mismatches=n_bad,
-        calc_diff=diff,
-        threshold=threshold,
-        message="ok"
+    msg = (
+        "ok"
         if passed
         else f"calc_diff {diff:.3g} not below {threshold:g}"
-        + (f"; {n_bad} NaN/inf position mismatches" if n_bad else ""),
+        + (f"; {n_bad} NaN/inf position mismatches" if n_bad else "")
+    )
+    return _report(
+        "calc_diff",
+        e,
+        e.bad_nonfinite,
+        n_bad,
+        out,
+        passed=passed,
+        message=msg,
+        calc_diff=diff,
+        threshold=threshold,
     )
 
 
@@ -229,18 +246,9 @@ def check_allclose(
     limit = atol + rtol * ref.detach().to(torch.float64).flatten().abs()
     failing = e.bad_nonfinite | (e.finite & (e.abs_err > limit))
     mismatches = int(failing.sum())
-    return CorrectnessReport(
-        passed=mismatches == 0,
-        method="allclose",
-        max_abs_err=_max(e.abs_err),
-        max_rel_err=_max(e.rel_err),
-        mismatches=mismatches,
-        worst_index=_worst(e, failing, out.shape),
-        numel=out.numel(),
-        nonfinite_mismatches=int(e.bad_nonfinite.sum()),
-        atol=atol,
-        rtol=rtol,
-        message="ok" if mismatches == 0 else f"{mismatches} elements beyond atol {atol:g} + rtol {rtol:g}",
+    msg = "ok" if mismatches == 0 else f"{mismatches} elements beyond atol {atol:g} + rtol {rtol:g}"
+    return _report(
+        "allclose", e, failing, mismatches, out, passed=mismatches == 0, message=msg, atol=atol, rtol=rtol
     )
 
 
