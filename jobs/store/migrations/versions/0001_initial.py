@@ -18,8 +18,6 @@ from alembic import op
 
 revision = "0001"
 down_revision = None
-branch_labels = None
-depends_on = None
 
 
 # The tables as this revision makes them (frozen here: jobs/store/tables/ moves on with later

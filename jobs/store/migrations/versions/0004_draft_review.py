@@ -13,8 +13,6 @@ from alembic import op
 
 revision = "0004"
 down_revision = "0003"
-branch_labels = None
-depends_on = None
 
 COLUMNS = ("check_spec", "check_error", "state", "reason", "reviewed_at", "promoted_to")
 
