@@ -39,17 +39,14 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from jobs.spec.validation import problems_from
+from jobs.spec.validation import InvalidFile, problems_from
 
 CARDS_DIR = Path(__file__).resolve().parents[1] / "cards"
 CHECKS = ("completes", "correctness", "regression", "hw_fraction", "memory", "stability", "resources")
 
 
-class CardError(ValueError):
-    def __init__(self, source: str, problems: list[str]):
-        self.source = source
-        self.problems = problems
-        super().__init__(f"{source}: invalid metric card\n" + "\n".join(f"  {source}: {p}" for p in problems))
+class CardError(InvalidFile):
+    WHAT = "metric card"
 
 
 class _Strict(BaseModel):

@@ -29,7 +29,7 @@ from pydantic import (
 )
 
 from jobs.spec.strict_yaml import load_strict
-from jobs.spec.validation import problems_from
+from jobs.spec.validation import InvalidFile, problems_from
 from kernels.base import KernelFamily, TrialRequest, trial_label
 from kernels.measure.policy import MeasurePolicy
 from kernels.registry import UnknownFamily, get_family
@@ -41,13 +41,10 @@ Axis = Annotated[list[Scalar], Field(min_length=1)]
 DTYPES = ("float32", "float16", "bfloat16", "float8_e4m3fn")
 
 
-class SpecError(ValueError):
+class SpecError(InvalidFile):
     """A spec that cannot run. `problems` holds one `path: message (got value)` line per fault."""
 
-    def __init__(self, source: str, problems: list[str]):
-        self.source = source
-        self.problems = problems
-        super().__init__(f"{source}: invalid sweep spec\n" + "\n".join(f"  {source}: {p}" for p in problems))
+    WHAT = "sweep spec"
 
 
 class TooManyTrials(ValueError):

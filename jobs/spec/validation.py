@@ -8,6 +8,18 @@ from typing import Any
 from pydantic import ValidationError
 
 
+class InvalidFile(ValueError):
+    """A file that cannot be used: `problems` holds one `path: message (got value)` line per fault, and
+    the message names the file (`source`) and what it should have been (`WHAT`) once, then each line."""
+
+    WHAT = "file"
+
+    def __init__(self, source: str, problems: list[str]):
+        self.source = source
+        self.problems = problems
+        super().__init__(f"{source}: invalid {self.WHAT}\n" + "\n".join(f"  {source}: {p}" for p in problems))
+
+
 def _fmt_loc(loc: tuple[Any, ...]) -> str:
     out = ""
     for part in loc:
