@@ -9,7 +9,16 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from jobs.cli.common import address_option, console, db_option, echo, require_job, store_for, writable_output
+from jobs.cli.common import (
+    address_option,
+    console,
+    db_option,
+    echo,
+    output_option,
+    require_job,
+    store_for,
+    writable_output,
+)
 from jobs.settings import FarmSettings
 from jobs.spec.sweep import SpecError
 from jobs.store import Store
@@ -19,9 +28,7 @@ from jobs.store import Store
 @click.argument("job_id", type=int)
 @click.option("--baseline", "baseline_name", default=None, help="baseline name (default: newest matching)")
 @click.option("--card", default=None, help="card name under jobs/cards or a YAML path (default: the spec's)")
-@click.option(
-    "--junit", type=click.Path(dir_okay=False, path_type=Path), default=None, help="write JUnit XML"
-)
+@output_option("--junit", help="write JUnit XML")
 @click.option("--confirm", is_flag=True, help="re-run suspicious trials interleaved with their baseline")
 @click.option(
     "--rounds", type=click.IntRange(min=1), default=3, show_default=True, help="rounds of --confirm"

@@ -82,6 +82,11 @@ gpus_option = click.option(
 quiet_option = click.option("--quiet", is_flag=True, help="no live progress bar")
 
 
+def output_option(*decls: str, help: str | None = None):  # noqa: A002 - click's own name
+    """An option naming a file the command writes (not a folder); none given, nothing is written."""
+    return click.option(*decls, type=click.Path(dir_okay=False, path_type=Path), default=None, help=help)
+
+
 def parse_point(text: str | None, what: str) -> dict[str, Any] | None:
     """`m=64,n=128` -> {"m": 64, "n": 128} (YAML scalars: 64 is an int, true a bool); None stays None."""
     if text is None:

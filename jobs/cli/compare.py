@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from jobs.cli.common import console, db_option, require_job, store_for, writable_output
+from jobs.cli.common import console, db_option, output_option, require_job, store_for, writable_output
 
 # jobs.report.ab (SciPy) and jobs.report.export (torch) are imported by the verbs that use them: every
 # `farm` command assembles this module, and those two imports were 2 s of each command's start.
@@ -24,13 +24,7 @@ from jobs.cli.common import console, db_option, require_job, store_for, writable
 @click.option("--alpha", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.002)
 @click.option("--json", "as_json", is_flag=True, help="print the comparison as JSON")
 @click.option("--fail-on-slower", is_flag=True, help="exit 1 when B is slower than A on any shape")
-@click.option(
-    "--html",
-    "html_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="also write the A/B view as an interactive HTML file",
-)
+@output_option("--html", "html_path", help="also write the A/B view as an interactive HTML file")
 def compare(
     job_a: int,
     job_b: int | None,
@@ -85,7 +79,7 @@ def export() -> None:
 @export.command("best-configs")
 @click.argument("job", type=int)
 @db_option
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@output_option("-o", "--output")
 @click.option("--backend", default="triton", show_default=True)
 @click.option(
     "--split-dir",

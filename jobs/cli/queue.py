@@ -17,6 +17,7 @@ from jobs.cli.common import (
     db_option,
     echo,
     gpus_option,
+    output_option,
     require_job,
     store_for,
     writable_output,
@@ -257,8 +258,7 @@ def jobs_logs(job_id: int, follow: bool, db: str | None) -> None:
 
 @click.command("wait")
 @click.argument("job_id", type=int)
-@click.option("--junit", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="write the trials as a JUnit XML report (CI)")  # fmt: skip
+@output_option("--junit", help="write the trials as a JUnit XML report (CI)")
 @click.option("--timeout", type=float, default=None, help="give up after this many seconds (exit 4)")
 @db_option
 def jobs_wait(job_id: int, junit: Path | None, timeout: float | None, db: str | None) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from jobs.cli.common import console, db_option, echo, require_job, store_for, writable_output
+from jobs.cli.common import console, db_option, echo, output_option, require_job, store_for, writable_output
 
 
 @click.command("report")
@@ -15,20 +15,8 @@ from jobs.cli.common import console, db_option, echo, require_job, store_for, wr
 @click.option(
     "--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True
 )
-@click.option(
-    "--html",
-    "html_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="also write an HTML report with plots to this file",
-)
-@click.option(
-    "--output",
-    "-o",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="write the json/csv export here instead of stdout",
-)
+@output_option("--html", "html_path", help="also write an HTML report with plots to this file")
+@output_option("--output", "-o", help="write the json/csv export here instead of stdout")
 def report(job_id: int, db: str | None, fmt: str, html_path: Path | None, output: Path | None) -> None:
     """Per shape and backend: median time, spread, speedup over baseline, throughput, correctness."""
     from jobs.report import render as rep

@@ -10,6 +10,7 @@ import contextlib
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -19,6 +20,9 @@ from jobs.settings import FarmSettings
 from jobs.spec.sweep import SpecError, SweepSpec, TooManyTrials, load_spec
 from jobs.spec.sweep import loads_spec as load_spec_text
 from jobs.store import Store
+
+if TYPE_CHECKING:  # the runner (and Ray with it) loads when a sweep runs
+    from jobs.run.runner import RunOptions
 
 
 @click.group()
@@ -170,16 +174,24 @@ def sweep_run(
     verbose: bool,
 ) -> None:
     """Run the sweep in SPEC_PATH: expand the grid, dispatch trials to one worker per GPU, store results."""
-    from jobs.run.runner import RunOptions, run_sweep
+    from jobs.run.runner import run_sweep
 
     spec = _load(spec_path, yes, max_trials)
-    settings = FarmSettings()
     store = store_for(db, create=True)
-    options = RunOptions(address or settings.ray_address, gpus or settings.gpus, not quiet, echo)
-    options.oversubscribe = oversubscribe
+    options = _run_options(address, gpus, quiet, oversubscribe)
     with _no_job_on_interrupt():
         result = run_sweep(spec, store, options)
     _finish(result, store, not no_report, accept, ambiguous, verbose)
+
+
+def _run_options(address: str | None, gpus: int | None, quiet: bool, oversubscribe: bool) -> RunOptions:
+    """How `sweep run` and `sweep resume` run: the options given, else the settings' (FARM_*)."""
+    from jobs.run.runner import RunOptions
+
+    settings = FarmSettings()
+    options = RunOptions(address or settings.ray_address, gpus or settings.gpus, not quiet, echo)
+    options.oversubscribe = oversubscribe
+    return options
 
 
 @contextlib.contextmanager
@@ -216,12 +228,10 @@ def sweep_resume(
     oversubscribe: bool,
 ) -> None:
     """Run only the trials of JOB_ID that have not finished (a finished job is left as it is)."""
-    from jobs.run.runner import RunOptions, resume_job
+    from jobs.run.runner import resume_job
 
-    settings = FarmSettings()
     store = store_for(db, create=True)
-    options = RunOptions(address or settings.ray_address, gpus or settings.gpus, not quiet, echo)
-    options.oversubscribe = oversubscribe
+    options = _run_options(address, gpus, quiet, oversubscribe)
     try:
         with _no_job_on_interrupt():
             result = resume_job(job_id, store, options)
