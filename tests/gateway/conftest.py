@@ -8,7 +8,7 @@ fails them in CI and skips them elsewhere)."""
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -20,10 +20,11 @@ from aiohttp import web
 from sqlalchemy import select
 
 from gateway.config import GatewaySettings
-from gateway.http.app import GATEWAY, Gateway, create_app
+from gateway.http.app import create_app
 from gateway.http.server import GatewayRunner
 from gateway.store.db import create_engine, ledger, upgrade_schema
 from testkit.gateway.fake_upstream import FakeUpstream
+from tests.gateway.serving import ServedGateway
 
 SECRET = "test-secret-0123456789"
 
@@ -78,22 +79,10 @@ def make_settings(fake: FakeUpstream, db_path: Path, **overrides) -> GatewaySett
     return GatewaySettings(**data)
 
 
-@dataclass
-class RunningGateway:
-    app: web.Application
-    runner: web.AppRunner
-    port: int
+@dataclass(kw_only=True)
+class RunningGateway(ServedGateway):
     db_path: Path
     clock: FakeClock
-    keys: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def gw(self) -> Gateway:
-        return self.app[GATEWAY]
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     @property
     def v1(self) -> str:
@@ -191,7 +180,9 @@ async def start_gateway(fake, tmp_path, db_backend, request, sqlite_template):
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
-        rg = RunningGateway(app, runner, runner.addresses[0][1], tmp_path / f"gw{len(started)}.db", clock)
+        rg = RunningGateway(
+            app, runner, runner.addresses[0][1], db_path=tmp_path / f"gw{len(started)}.db", clock=clock
+        )
         for project in ("alpha", "beta"):
             key, _ = await rg.gw.keys.create(project, "test")
             rg.keys[project] = key

@@ -11,15 +11,11 @@ import subprocess
 import time
 from pathlib import Path
 
+from tests.gateway.serving import free_port
+
 
 class Unavailable(Exception):
     """No redis-server can be started here (the reason is the message)."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _ping(port: int) -> bool:
@@ -35,7 +31,7 @@ class RedisServer:
     def __init__(self, binary: str, workdir: Path, port: int | None = None) -> None:
         self.binary = binary
         self.workdir = workdir
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.proc: subprocess.Popen | None = None
 
     @property

@@ -20,7 +20,8 @@ import pytest
 import yaml
 
 from gateway.http.startup import port_lock_path
-from tests.gateway.http.test_workers import Serve, _children, _config, _free_port
+from tests.gateway.http.test_workers import Serve, _children, _config
+from tests.gateway.serving import free_port
 
 pytestmark = pytest.mark.slow  # gateway processes of their own
 
@@ -69,7 +70,7 @@ def test_a_bad_or_unreachable_database_is_one_line_and_its_status(
     tmp_path, redis_server, case, url, status, words, workers
 ):
     cfg = _config(tmp_path, "http://127.0.0.1:9/v1", redis_server.url)
-    cfg = _with(cfg, database_url=url.format(free=_free_port()))
+    cfg = _with(cfg, database_url=url.format(free=free_port()))
     code, out = _refused(Serve(cfg, tmp_path, "bad-db", *workers))
     line = _one_line(out)
     assert code == status, (case, out)
@@ -107,7 +108,7 @@ def test_a_silent_database_costs_its_deadline_then_one_line(tmp_path):
 def test_debug_adds_the_traceback(tmp_path):
     cfg = _with(
         _config(tmp_path, "http://127.0.0.1:9/v1", None),
-        database_url=f"postgresql+asyncpg://u:p@127.0.0.1:{_free_port()}/x",
+        database_url=f"postgresql+asyncpg://u:p@127.0.0.1:{free_port()}/x",
     )
     code, out = _refused(Serve(cfg, tmp_path, "debug", "--debug"))
     assert code == 4 and "Traceback" in out
@@ -115,7 +116,7 @@ def test_debug_adds_the_traceback(tmp_path):
 
 
 def test_a_redis_url_where_nothing_answers_is_refused_unless_degraded_is_asked_for(tmp_path):
-    cfg = _config(tmp_path, "http://127.0.0.1:9/v1", f"redis://127.0.0.1:{_free_port()}/0")
+    cfg = _config(tmp_path, "http://127.0.0.1:9/v1", f"redis://127.0.0.1:{free_port()}/0")
     code, out = _refused(Serve(cfg, tmp_path, "no-redis"))
     line = _one_line(out)
     assert code == 4 and "nothing answers at redis_url" in line and "redis_start_degraded: true" in line, out

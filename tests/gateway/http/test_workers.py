@@ -6,14 +6,10 @@ without ``redis_url`` on a SQLite database that one already serves. Free ports, 
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import os
 import re
 import signal
-import socket
 import sqlite3
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -22,20 +18,13 @@ import aiohttp
 import pytest
 import yaml
 
-from gateway.http.startup import port_lock_path
 from testkit.gateway.fake_upstream import FakeUpstream
+from tests.gateway.serving import ROOT, ServeProcess, create_key
 
-ROOT = Path(__file__).resolve().parents[3]
 SECRET = "workers-secret-0123456789abcdef"
 MSGS = [{"role": "user", "content": "hi"}]
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _env() -> dict[str, str]:
@@ -62,71 +51,11 @@ def _config(tmp_path: Path, upstream: str, redis_url: str | None, name: str = "g
     return path
 
 
-class Serve:
+class Serve(ServeProcess):
     """``python -m gateway.ops.cli serve`` with its output in a log file."""
 
     def __init__(self, cfg: Path, tmp_path: Path, name: str, *args: str, port: int | None = None) -> None:
-        self.port = port or _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tmp_path / f"{name}.log"
-        cmd = [
-            sys.executable,
-            "-m",
-            "gateway.ops.cli",
-            "serve",
-            "--config",
-            str(cfg),
-            "--port",
-            str(self.port),
-        ]
-        with self.log.open("w") as out:
-            self.proc = subprocess.Popen(
-                [*cmd, *args], cwd=ROOT, env=_env(), stdout=out, stderr=subprocess.STDOUT
-            )
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    async def ready(self, s: aiohttp.ClientSession, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"serve exited with {self.proc.returncode}:\n{self.output()[-3000:]}")
-            try:
-                async with s.get(self.url + "/readyz") as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            assert time.monotonic() < deadline, f"not ready within {timeout:g} s:\n{self.output()[-3000:]}"
-            await asyncio.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        drop_stale_port_lock(self.port)
-
-
-def drop_stale_port_lock(port: int) -> None:
-    """A gateway killed with SIGKILL (on purpose, or by ``stop``) leaves its port's lock file: removed after
-    the test unless another gateway still holds it (a stopped one removed its own already)."""
-    path = port_lock_path("127.0.0.1", port)
-    try:
-        fd = os.open(path, os.O_RDWR)
-    except FileNotFoundError:
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        path.unlink(missing_ok=True)
-    except BlockingIOError:
-        pass  # its gateway still serves
-    finally:
-        os.close(fd)
+        super().__init__(cfg, tmp_path / f"{name}.log", _env(), *args, port=port)
 
 
 def _children(pid: int) -> set[int]:
@@ -172,13 +101,7 @@ async def _worker_pids(s: aiohttp.ClientSession, url: str, want: int, timeout: f
 
 
 async def _create_key(cfg: Path) -> str:
-    made = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway.ops.cli", "keys", "create", "--config", str(cfg), "--project", "alpha",
-        cwd=ROOT, env=_env(), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    out, err = await made.communicate()
-    assert made.returncode == 0, err.decode()[-2000:]
-    return out.decode().strip().splitlines()[-1]
+    return await create_key(cfg, _env())
 
 
 async def _chat(s: aiohttp.ClientSession, url: str, key: str) -> int:

@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from tests.gateway.redis import test_redis_shared_state as test_shared_state
-from tests.gateway.redis.test_redis_shared_state import chat
+from tests.gateway.redis.test_redis_shared_state import chat, empty_redis
 
 start_shared = test_shared_state.start_shared  # its fixture: gateways on one database and one Redis
 
@@ -46,14 +46,7 @@ async def test_two_gateways_share_one_cost_budget_rebuilt_from_the_ledger(start_
         assert (await chat(s, a, project="beta"))[0] == 200
 
         # Redis comes back empty: the day's cost is rebuilt from the ledger, not started from zero
-        for g in (a, b):
-            await g.gw.ledger.flush()
-        r = redis.Redis.from_url(a.gw.settings.redis_url)
-        try:
-            for k in r.scan_iter(f"{start_shared.prefix}:*"):
-                r.delete(k)
-        finally:
-            r.close()
+        await empty_redis((a, b), start_shared.prefix)
         st, _, body = await chat(s, b)
         assert st == 429 and "has used its daily cost budget" in body["error"]["message"], body
         r = redis.Redis.from_url(a.gw.settings.redis_url)

@@ -9,9 +9,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -22,69 +19,16 @@ import yaml
 from pg import DB_BACKENDS
 
 from testkit.gateway.fake_upstream import FakeUpstream, Fault
-from tests.gateway.http.test_workers import drop_stale_port_lock
+from tests.gateway.serving import ROOT, ServeProcess, create_key
 
-ROOT = Path(__file__).resolve().parents[3]
 SECRET = "shared-secret-0123456789abcdef"
 LEASE_S = 1.0
 MSGS = [{"role": "user", "content": "hi"}]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _tail(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")[-3000:]
-    except OSError:
-        return "(no log)"
-
-
-class _Gateway:
-    def __init__(self, cfg: Path, env: dict[str, str], work: Path, name: str) -> None:
-        self.port = _free_port()
-        self.log = work / f"{name}.log"
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [
-            sys.executable,
-            "-m",
-            "gateway.ops.cli",
-            "serve",
-            "--config",
-            str(cfg),
-            "--port",
-            str(self.port),
-        ]
-        env = {**env, "FARM_GATEWAY_LEDGER_SPOOL_DIR": str(work / f"{name}-spool")}
-        with self.log.open("w") as out:
-            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-
-    async def ready(self, s: aiohttp.ClientSession, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"gateway exited with {self.proc.returncode}:\n{_tail(self.log)}")
-            try:
-                async with s.get(self.url + "/readyz") as r:
-                    if r.status == 200 and (await r.json())["status"] == "ready":
-                        return
-            except aiohttp.ClientError:
-                pass
-            assert time.monotonic() < deadline, f"gateway not ready within {timeout:g} s:\n{_tail(self.log)}"
-            await asyncio.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        drop_stale_port_lock(self.port)  # left by a SIGKILLed process
+def _gateway(cfg: Path, env: dict[str, str], work: Path, name: str) -> ServeProcess:
+    env = {**env, "FARM_GATEWAY_LEDGER_SPOOL_DIR": str(work / f"{name}-spool")}
+    return ServeProcess(cfg, work / f"{name}.log", env)
 
 
 @pytest.fixture(params=DB_BACKENDS)
@@ -98,7 +42,7 @@ async def test_two_processes_share_the_concurrency_cap_and_a_killed_one_frees_it
 ):
     fake = FakeUpstream()
     await fake.start()
-    gateways: list[_Gateway] = []
+    gateways: list[ServeProcess] = []
     try:
         cfg = {
             "host": "127.0.0.1",
@@ -115,21 +59,14 @@ async def test_two_processes_share_the_concurrency_cap_and_a_killed_one_frees_it
         cfg_path.write_text(yaml.safe_dump(cfg))
         env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_GATEWAY_")}
         env |= {"PYTHONPATH": str(ROOT), "FARM_GATEWAY_SECRET": SECRET}
-        made = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gateway.ops.cli", "keys", "create", "--config", str(cfg_path),
-            "--project", "alpha", "--name", "shared",
-            cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        out, err = await made.communicate()
-        assert made.returncode == 0, err.decode()[-2000:]
-        key = out.decode().strip().splitlines()[-1]
-        gateways = [_Gateway(cfg_path, env, tmp_path, name) for name in ("gw1", "gw2")]
+        key = await create_key(cfg_path, env, "--name", "shared")
+        gateways = [_gateway(cfg_path, env, tmp_path, name) for name in ("gw1", "gw2")]
         one, two = gateways
         headers = {"Authorization": f"Bearer {key}"}
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s:
-            await asyncio.gather(one.ready(s), two.ready(s))
+            await asyncio.gather(*(g.ready(s, 60, degraded=False) for g in gateways))
 
-            async def chat(g: _Gateway) -> int:
+            async def chat(g: ServeProcess) -> int:
                 async with s.post(
                     g.url + "/v1/chat/completions",
                     json={"model": "gpt-fake", "messages": MSGS},
@@ -167,5 +104,5 @@ async def test_two_processes_share_the_concurrency_cap_and_a_killed_one_frees_it
             await asyncio.gather(*held, return_exceptions=True)
     finally:
         for g in gateways:
-            g.stop()
+            g.stop(signal.SIGINT, 15)
         await fake.close()

@@ -12,7 +12,6 @@ import logging
 import socket
 import time
 import uuid
-from dataclasses import dataclass, field
 from datetime import timedelta
 
 import aiohttp
@@ -22,37 +21,23 @@ import services
 from aiohttp import web
 
 from gateway.core.usage import estimate_tokens
-from gateway.http.app import GATEWAY, Gateway, create_app
+from gateway.http.app import create_app
 from gateway.store.keys import KEY_RE
 from gateway.summaries.batcher import SUMMARIES_PATH
+from tests.gateway.http.endpoints.test_summaries import anomaly, model_reply
+from tests.gateway.serving import ServedGateway
 
 MSGS = [{"role": "user", "content": "hi"}]
-
-
-@dataclass
-class Running:
-    app: web.Application
-    runner: web.AppRunner
-    port: int
-    keys: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def gw(self) -> Gateway:
-        return self.app[GATEWAY]
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
 
 @pytest.fixture
 async def start_shared(fake, tmp_path, redis_server, settings_factory):
     """``start_shared(n=2, redis_url=None, **settings)``: n gateways on one database and one Redis (the
     session's, under a fresh key prefix, unless ``redis_url``), each with its own spool; keys made once."""
-    started: list[Running] = []
+    started: list[ServedGateway] = []
     prefix = f"t{uuid.uuid4().hex[:12]}"
 
-    async def start(n: int = 2, redis_url: str | None = None, **overrides) -> list[Running]:
+    async def start(n: int = 2, redis_url: str | None = None, **overrides) -> list[ServedGateway]:
         keys: dict[str, str] = {}
         out = []
         for _ in range(n):
@@ -69,7 +54,7 @@ async def start_shared(fake, tmp_path, redis_server, settings_factory):
             await runner.setup()
             site = web.TCPSite(runner, "127.0.0.1", 0)
             await site.start()
-            rg = Running(app, runner, runner.addresses[0][1], keys)
+            rg = ServedGateway(app, runner, runner.addresses[0][1], keys)
             started.append(rg)
             out.append(rg)
         for project in ("alpha", "beta"):
@@ -83,7 +68,9 @@ async def start_shared(fake, tmp_path, redis_server, settings_factory):
         await rg.runner.cleanup()
 
 
-async def chat(s: aiohttp.ClientSession, gw: Running, project: str = "alpha", max_tokens: int = 8, key=None):
+async def chat(
+    s: aiohttp.ClientSession, gw: ServedGateway, project: str = "alpha", max_tokens: int = 8, key=None
+):
     body = {
         "model": "gpt-fake" if project == "alpha" else "gpt-beta",
         "messages": MSGS,
@@ -94,7 +81,19 @@ async def chat(s: aiohttp.ClientSession, gw: Running, project: str = "alpha", ma
         return r.status, r.headers, await r.json()
 
 
-def metric(gw: Running, name: str, **labels) -> float | None:
+async def empty_redis(gateways: tuple[ServedGateway, ...], prefix: str) -> None:
+    """Redis as it comes back empty: the gateways' ledgers flushed, then every key under ``prefix`` gone."""
+    for g in gateways:
+        await g.gw.ledger.flush()
+    r = redis.Redis.from_url(gateways[0].gw.settings.redis_url)
+    try:
+        for k in r.scan_iter(f"{prefix}:*"):
+            r.delete(k)
+    finally:
+        r.close()
+
+
+def metric(gw: ServedGateway, name: str, **labels) -> float | None:
     return gw.gw.metrics.registry.get_sample_value(name, labels)
 
 
@@ -159,14 +158,7 @@ async def test_daily_budget_is_exact_within_one_reservation_and_rebuilt_from_the
             assert (await chat(s, g))[0] == 429
             assert g.gw.limits["alpha"].budget_remaining() == 0
         # Redis comes back empty: the counter is rebuilt from the ledger, not started from zero
-        for g in (a, b):
-            await g.gw.ledger.flush()
-        r = redis.Redis.from_url(a.gw.settings.redis_url)
-        try:
-            for k in r.scan_iter(f"{start_shared.prefix}:*"):
-                r.delete(k)
-        finally:
-            r.close()
+        await empty_redis((a, b), start_shared.prefix)
         st, headers, body = await chat(s, b)
         assert st == 429 and "has used its daily token budget" in body["error"]["message"], body
     assert sum(i + o for _, _, i, o in fake.usage_log) == used
@@ -195,43 +187,12 @@ async def test_revocation_and_rotation_reach_the_other_gateway_at_once(start_sha
         assert (await chat(s, b, "beta", key=new))[0] == 200
 
 
-def anomaly(i: int) -> dict:
-    return {
-        "id": f"an-{i}",
-        "fingerprint": f"fp{i:04d}",
-        "kind": "slower",
-        "severity": "error",
-        "message": f"median ratio 1.{i}",
-        "interface": {"family": "gemm", "backend": "triton", "signature": f"gemm.triton(m={i}, n=64, k=64)"},
-        "config_diff": {"BLOCK_M": [64, 128]},
-        "log_excerpt": f"12:00:0{i % 10} ERROR kernel slow on point {i}",
-        "expected_metrics": [{"metric": "ratio", "expected": "<= 1.05", "measured": 1.0 + i / 10}],
-        "prohibitions": ["no full kernel implementations"],
-    }
-
-
-def model_reply(body: dict) -> str:
-    msgs = [m for m in body.get("messages", []) if m["role"] == "user"]
-    payload = json.loads(msgs[0]["content"].split("\n", 1)[1])
-    drafts = [
-        {
-            "assertion": f"{a['interface']['signature']} ratio <= 1.05",
-            "verify_how": "farm accept JOB --confirm",
-            "failure_signature": a["log_excerpt"],
-            "needs_local_profiler": False,
-            "anomaly_ids": [a["id"]],
-        }
-        for a in payload["anomalies"]
-    ]
-    return json.dumps({"drafts": drafts})
-
-
 async def test_one_summaries_batch_sent_to_two_gateways_costs_one_model_call(start_shared, fake):
     fake.reply = model_reply
     a, b = await start_shared(summaries={"window_ms": 50})
     body = {"task": "checklist", "model": "gpt-fake", "anomalies": [anomaly(1), anomaly(2)]}
 
-    async def post(g: Running) -> tuple[int, dict]:
+    async def post(g: ServedGateway) -> tuple[int, dict]:
         async with aiohttp.ClientSession() as s:
             headers = {"Authorization": f"Bearer {g.keys['alpha']}"}
             async with s.post(g.url + SUMMARIES_PATH, json=body, headers=headers) as r:
@@ -268,11 +229,11 @@ async def test_redis_stopped_mid_load_degrades_without_errors_and_shared_limits_
         statuses: list[int] = []
         stop = asyncio.Event()
 
-        async def load(s: aiohttp.ClientSession, g: Running) -> None:
+        async def load(s: aiohttp.ClientSession, g: ServedGateway) -> None:
             while not stop.is_set():
                 statuses.append((await chat(s, g, "beta"))[0])
 
-        async def ready(g: Running) -> tuple[int, dict]:
+        async def ready(g: ServedGateway) -> tuple[int, dict]:
             async with s.get(g.url + "/readyz") as r:
                 return r.status, await r.json()
 

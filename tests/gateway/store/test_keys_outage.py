@@ -18,6 +18,7 @@ from gateway.errors import StoreUnavailable
 from gateway.redis.channels import KeyRevocations
 from gateway.store.db import create_engine
 from gateway.store.keys import KeyStore
+from tests.gateway.serving import free_port
 
 SECRET = b"s" * 32
 
@@ -30,15 +31,9 @@ class Clock:
         return self.now
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _dead_url(db_backend: str, tmp_path) -> str:
     if db_backend == "postgresql":
-        return f"postgresql+asyncpg://u:p@127.0.0.1:{_free_port()}/gone"
+        return f"postgresql+asyncpg://u:p@127.0.0.1:{free_port()}/gone"
     return f"sqlite+aiosqlite:///{tmp_path}/no-such-dir/nothing/keys.db"
 
 

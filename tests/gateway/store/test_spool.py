@@ -7,7 +7,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import sqlite3
 import sys
 from datetime import UTC, datetime
@@ -24,6 +23,7 @@ from gateway.store.ledger import LedgerWriter
 from gateway.store.ledger_rows import DATETIMES
 from gateway.store.spool import default_spool_dir, read_rows
 from testkit.gateway.fake_upstream import Fault
+from tests.gateway.serving import free_port
 
 MSGS = [{"role": "user", "content": "hi"}]
 
@@ -205,12 +205,6 @@ def test_the_default_spool_sits_next_to_the_sqlite_file():
 
 
 # --- a real gateway process, killed and terminated -----------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 async def _serve(config: Path, port: int, cwd: Path) -> asyncio.subprocess.Process:
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     for k in [k for k in env if k.startswith("FARM_GATEWAY_")]:
@@ -259,7 +253,7 @@ async def test_sigkill_loses_no_row_and_sigterm_drains_and_flushes(start_gateway
     )
     headers = {"Authorization": f"Bearer {key}"}
     body = {"model": "gpt-fake", "messages": MSGS}
-    port = _free_port()
+    port = free_port()
     proc = await _serve(config, port, tmp_path)
     ids = []
     try:
