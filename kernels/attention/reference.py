@@ -28,11 +28,9 @@ out = EMPTY_ROW_OUT (0) and lse = EMPTY_ROW_LSE (+inf), the convention of kernel
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from kernels.common.lse import finish_empty_rows
+from kernels.common.lse import finish_empty_rows, scale_of
 
 MLA_D_QK = 576
 MLA_D_V = 512
@@ -98,7 +96,7 @@ def masked_attention(
     if h_q % h_kv:
         raise ValueError(f"h_q ({h_q}) must be a multiple of h_kv ({h_kv})")
     group = h_q // h_kv
-    scale = 1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale
+    scale = scale_of(d, softmax_scale)
     weight = mask.to(dtype)  # 1 / 0, or the multiplicity
     used = (weight > 0).any(dim=1)[:, :, None, None]  # [b, s_k, 1, 1]: keys some query sees
     kf = torch.where(used, k.to(dtype), 0.0)

@@ -17,27 +17,27 @@ chosen from the SM count (`choose_splits`).
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
 
 from kernels.attention.triton_prefill import _check
+from kernels.common.lse import scale_of
 from kernels.common.triton_attention import (
     LOG2E,
     attend_keys,
-    finish,
     head_dims,
+    lens_arg,
     load_q,
     lse_shift,
     merge_splits,
+    row_outputs,
+    row_strides,
     rows_block,
     seq_keys,
     softmax_init,
     split_count,
-    store_dtype,
-    store_rows,
+    store_result,
     tile_meta,
 )
 from kernels.hardware import HOPPER_SMS
@@ -89,9 +89,9 @@ def _decode_split_kernel(
         q1, q2, k_base, v_base, stride_ks, stride_vs, start, end, end, last, m_i, l_i, acc, sm_scale_log2,
         D1, D2, BLOCK_D2, DV, BLOCK_DV, BLOCK_N, CAUSAL, F32, V_IN_K,
     )  # fmt: skip
-    out, lse = finish(m_i, l_i, acc)
-    store_rows(po_ptr + bk * stride_pob + split * stride_pos + offs_m * stride_pom, out, m_ok, DV, BLOCK_DV)
-    tl.store(pl_ptr + bk * stride_plb + split * stride_pls + offs_m, lse, mask=m_ok)
+    po_rows = po_ptr + bk * stride_pob + split * stride_pos + offs_m * stride_pom
+    pl_rows = pl_ptr + bk * stride_plb + split * stride_pls + offs_m
+    store_result(po_rows, pl_rows, m_i, l_i, acc, m_ok, DV, BLOCK_DV, False)
 
 
 @triton.jit
@@ -155,30 +155,26 @@ def decode_attention_triton(
     row_blocks = triton.cdiv(rows, bm)
     splits = num_splits or choose_splits(b, h_kv, row_blocks, s_k, block_n, num_sms)
     chunk = triton.cdiv(triton.cdiv(max(s_k, 1), splits), block_n) * block_n
-    scale = 1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale
+    scale = scale_of(d, softmax_scale)
     dev = q.device
     part_out = torch.empty(b * h_kv, splits, rows, dims.dv, dtype=torch.float32, device=dev)
     part_lse = torch.empty(b * h_kv, splits, rows, dtype=torch.float32, device=dev)
-    lens = seqlens_k.to(device=dev, dtype=torch.int32) if seqlens_k is not None else part_lse
+    lens = lens_arg(seqlens_k, part_lse)
     h1 = _decode_split_kernel[(b * h_kv, splits, row_blocks)](
         q, k, v, part_out, part_lse, lens,
         scale * LOG2E,
-        q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        part_out.stride(0), part_out.stride(1), part_out.stride(2),
+        *row_strides(q, k, v, part_out),
         part_lse.stride(0), part_lse.stride(1),
         s_q, s_k, h_kv, group, chunk,
         CAUSAL=causal, HAS_LENS=seqlens_k is not None,
         **tile_meta(q, k, v, dims, bm, block_n, num_warps, num_stages),
     )  # fmt: skip
-    out = torch.empty(b, s_q, h_q, dims.dv, dtype=store_dtype(q.dtype), device=dev)
-    lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=dev)
+    out, lse = row_outputs(q, dims.dv)
     h2 = _decode_combine_kernel[(b * h_kv, rows)](
         part_out, part_lse, out, lse,
-        part_out.stride(0), part_out.stride(1), part_out.stride(2),
+        *row_strides(part_out),
         part_lse.stride(0), part_lse.stride(1),
-        out.stride(0), out.stride(1), out.stride(2),
+        *row_strides(out),
         lse.stride(0), lse.stride(1),
         h_kv, group, splits,
         DV=dims.dv, BLOCK_DV=dims.block_dv, BLOCK_S=max(2, triton.next_power_of_2(splits)),

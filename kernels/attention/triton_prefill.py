@@ -9,23 +9,23 @@ kernels.attention.reference. Returns out [b, s_q, h_q, d_v] (q's dtype) and lse 
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
 
+from kernels.common.lse import scale_of
 from kernels.common.triton_attention import (
     LOG2E,
     attend_keys,
-    finish_row,
     head_dims,
+    lens_arg,
     load_q,
+    row_outputs,
+    row_strides,
     rows_block,
     seq_keys,
     softmax_init,
-    store_dtype,
-    store_rows,
+    store_result,
     tile_meta,
 )
 
@@ -65,9 +65,9 @@ def _flash_fwd_kernel(
         q1, q2, k_base, v_base, stride_ks, stride_vs, 0, hi, s_k, last, m_i, l_i, acc, sm_scale_log2,
         D1, D2, BLOCK_D2, DV, BLOCK_DV, BLOCK_N, CAUSAL, F32, V_IN_K,
     )  # fmt: skip
-    out, lse = finish_row(m_i, l_i, acc)
-    store_rows(o_ptr + b * stride_ob + offs_m * stride_os + h * stride_oh, out, m_ok, DV, BLOCK_DV)
-    tl.store(lse_ptr + b * stride_lb + h * stride_lh + offs_m, lse, mask=m_ok)
+    o_rows = o_ptr + b * stride_ob + offs_m * stride_os + h * stride_oh
+    lse_rows = lse_ptr + b * stride_lb + h * stride_lh + offs_m
+    store_result(o_rows, lse_rows, m_i, l_i, acc, m_ok, DV, BLOCK_DV, True)
 
 
 def flash_attention_triton(
@@ -92,19 +92,15 @@ def flash_attention_triton(
     b, s_q, h_q, d = q.shape
     _check(q, k, v)
     dims = head_dims(d, v.shape[-1])
-    scale = 1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale
-    out = torch.empty(b, s_q, h_q, dims.dv, dtype=store_dtype(q.dtype), device=q.device)
-    lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=q.device)
-    lens = seqlens_k.to(device=q.device, dtype=torch.int32) if seqlens_k is not None else lse
+    scale = scale_of(d, softmax_scale)
+    out, lse = row_outputs(q, dims.dv)
+    lens = lens_arg(seqlens_k, lse)
     bm = rows_block(s_q, dims.block_dv, block_m)
     grid = (triton.cdiv(s_q, bm), b * h_q)
     handle = _flash_fwd_kernel[grid](
         q, k, v, out, lse, lens,
         scale * LOG2E,
-        q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        out.stride(0), out.stride(1), out.stride(2),
+        *row_strides(q, k, v, out),
         lse.stride(0), lse.stride(1),
         s_q, k.shape[1], h_q, h_q // k.shape[2],
         CAUSAL=causal, HAS_LENS=seqlens_k is not None,

@@ -15,26 +15,26 @@ whose slots are all invalid gets out 0 and lse +inf (kernels.common.lse).
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
 
 from kernels.attention.triton_prefill import _check
+from kernels.common.lse import scale_of
 from kernels.common.triton_attention import (
     LOG2E,
-    finish_row,
     head_dims,
+    lens_arg,
     load_q,
     load_v,
     qk_scores,
+    row_outputs,
+    row_strides,
     rows_block,
     seq_keys,
     softmax_init,
     softmax_step,
-    store_dtype,
-    store_rows,
+    store_result,
     tile_meta,
 )
 
@@ -77,9 +77,9 @@ def _sparse_kernel(
         s, k1 = qk_scores(q1, q2, k_base + pos * stride_ks, ok, sm_scale_log2, D1, D2, BLOCK_D2, F32)
         v = load_v(k1, v_base + pos * stride_vs, ok, DV, BLOCK_DV, V_IN_K)
         m_i, l_i, acc = softmax_step(s, ok[None, :], m_i, l_i, acc, v, F32)
-    out, lse = finish_row(m_i, l_i, acc)
-    store_rows(o_ptr + b * stride_ob + t * stride_os + head * stride_oh, out, m_ok, DV, BLOCK_DV)
-    tl.store(lse_ptr + b * stride_lb + head * stride_lh + t, lse, mask=m_ok)
+    o_rows = o_ptr + b * stride_ob + t * stride_os + head * stride_oh
+    lse_rows = lse_ptr + b * stride_lb + head * stride_lh + t
+    store_result(o_rows, lse_rows, m_i, l_i, acc, m_ok, DV, BLOCK_DV, True)
 
 
 def sparse_attention_triton(
@@ -109,18 +109,15 @@ def sparse_attention_triton(
     idx = indices.to(device=q.device, dtype=torch.int32).contiguous()
     topk = idx.shape[-1]
     bm = rows_block(group, dims.block_dv, block_m)
-    scale = 1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale
-    out = torch.empty(b, s_q, h_q, dims.dv, dtype=store_dtype(q.dtype), device=q.device)
-    lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=q.device)
-    lens = seqlens_k.to(device=q.device, dtype=torch.int32) if seqlens_k is not None else lse
+    scale = scale_of(d, softmax_scale)
+    out, lse = row_outputs(q, dims.dv)
+    lens = lens_arg(seqlens_k, lse)
     handle = _sparse_kernel[(b * s_q, h_kv, triton.cdiv(group, bm))](
         q, k, v, idx, out, lse, lens,
         scale * LOG2E,
-        q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
+        *row_strides(q, k, v),
         idx.stride(0), idx.stride(1),
-        out.stride(0), out.stride(1), out.stride(2),
+        *row_strides(out),
         lse.stride(0), lse.stride(1),
         s_q, k.shape[1], h_kv, group, topk,
         HAS_LENS=seqlens_k is not None,

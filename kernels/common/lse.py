@@ -15,6 +15,8 @@ final lse of a row that no split saw becomes +inf.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 EMPTY_ROW_LSE = float("inf")
@@ -24,3 +26,8 @@ EMPTY_ROW_OUT = 0.0
 def finish_empty_rows(lse: torch.Tensor) -> torch.Tensor:
     """lse with the log-sum-exp of an empty set (-inf) replaced by EMPTY_ROW_LSE (same dtype, device)."""
     return torch.where(torch.isneginf(lse), torch.full_like(lse, EMPTY_ROW_LSE), lse)
+
+
+def scale_of(d: int, softmax_scale: float | None) -> float:
+    """The softmax scale applied to the scores: `softmax_scale` when given, else 1 / sqrt(d)."""
+    return 1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale

@@ -117,6 +117,30 @@ def tile_meta(
     )  # fmt: skip
 
 
+def row_outputs(
+    q: torch.Tensor, d_v: int, want: torch.dtype | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The outputs of q [b, s_q, h_q, d]'s rows: out [b, s_q, h_q, d_v] in the dtype the kernel stores for
+    `want` (q's dtype by default; `store_dtype`) and lse [b, h_q, s_q] fp32."""
+    b, s_q, h_q = q.shape[:3]
+    out = torch.empty(b, s_q, h_q, d_v, dtype=store_dtype(want or q.dtype), device=q.device)
+    return out, torch.empty(b, h_q, s_q, dtype=torch.float32, device=q.device)
+
+
+def lens_arg(seqlens_k: torch.Tensor | None, placeholder: torch.Tensor) -> torch.Tensor:
+    """The per-sequence key counts as the kernels read them (int32 on the placeholder's device), or the
+    placeholder when there are none (HAS_LENS=False: never read)."""
+    if seqlens_k is None:
+        return placeholder
+    return seqlens_k.to(device=placeholder.device, dtype=torch.int32)
+
+
+def row_strides(*tensors: torch.Tensor) -> tuple[int, ...]:
+    """The strides of the first three dims of each tensor in turn (batch, token, head of [b, s, h, d]), the
+    launch arguments of the kernels' row pointers."""
+    return tuple(stride for t in tensors for stride in t.stride()[:3])
+
+
 @triton.jit
 def seq_keys(lens_ptr, b, S_K, HAS_LENS: tl.constexpr):
     """Sequence b's key count: lens[b] when per-sequence lengths are given, else S_K."""
@@ -274,6 +298,21 @@ def finish_row(m_i, l_i, acc):
     +inf (kernels.common.lse.EMPTY_ROW_LSE)."""
     out, lse = finish(m_i, l_i, acc)
     return out, tl.where(l_i > 0.0, lse, float("inf"))
+
+
+@triton.jit
+def store_result(
+    o_rows_ptr, lse_rows_ptr, m_i, l_i, acc, row_ok,
+    DV: tl.constexpr, BLOCK_DV: tl.constexpr, FINAL: tl.constexpr,
+):  # fmt: skip
+    """Finish a block of rows and write out [M, DV] to `o_rows_ptr [M]` and the lse to `lse_rows_ptr [M]`
+    (masked rows skipped): a row's FINAL result (`finish_row`) or a split-KV partial (`finish`)."""
+    if FINAL:
+        out, lse = finish_row(m_i, l_i, acc)
+    else:
+        out, lse = finish(m_i, l_i, acc)
+    store_rows(o_rows_ptr, out, row_ok, DV, BLOCK_DV)
+    tl.store(lse_rows_ptr, lse, mask=row_ok)
 
 
 @triton.jit

@@ -114,12 +114,11 @@ import triton.language as tl  # noqa: E402
 
 from kernels.common.triton_attention import (  # noqa: E402
     dot,
-    finish,
     merge_splits,
     online_weights,
     softmax_init,
     softmax_step,
-    store_rows,
+    store_result,
 )
 
 WGMMA_ROWS = 64  # a warpgroup MMA's M: 64 rows per warpgroup (sm_90a)
@@ -325,9 +324,8 @@ def _split_kernel(
             s = s * sm_scale_log2
             m_i, l_i, acc = softmax_step(s, visible, m_i, l_i, acc, k_n, F32)
 
-    out, lse = finish(m_i, l_i, acc)
-    store_rows(po_ptr + c * stride_poc + offs_m * stride_pom, out, m_ok, D_NOPE, BLOCK_DN)
-    tl.store(pl_ptr + c * stride_plc + offs_m, lse, mask=m_ok)
+    po_rows = po_ptr + c * stride_poc + offs_m * stride_pom
+    store_result(po_rows, pl_ptr + c * stride_plc + offs_m, m_i, l_i, acc, m_ok, D_NOPE, BLOCK_DN, False)
 
 
 @triton.jit

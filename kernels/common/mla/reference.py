@@ -11,10 +11,9 @@ convention: kernels.common.lse).
 
 from __future__ import annotations
 
-import math
-
 import torch
 
+from kernels.common.lse import scale_of
 from kernels.common.mla.layout import D_V, EMPTY_ROW_LSE, dequantize_flashmla, is_flashmla_fp8
 
 
@@ -58,7 +57,7 @@ def mla_decode_reference(
     b, s_q, h_q, d = q.shape
     if kv_cache.shape[-1] != d and not is_flashmla_fp8(kv_cache):
         raise ValueError(f"q head dim {d} != cache head dim {kv_cache.shape[-1]}")
-    scale = 1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale
+    scale = scale_of(d, softmax_scale)
     out = torch.zeros(b, s_q, h_q, d_v, dtype=torch.float32, device=q.device)
     lse = torch.full((b, h_q, s_q), EMPTY_ROW_LSE, dtype=torch.float32, device=q.device)
     for i, seqlen in enumerate(cache_seqlens.tolist()):

@@ -9,7 +9,6 @@ imported before triton).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -27,6 +26,7 @@ from kernels.common.mla.decode_kernels import (  # first: it sets TRITON_INTERPR
 import triton
 
 # isort: on
+from kernels.common.lse import scale_of
 from kernels.common.mla.layout import (
     D_QK,
     D_V,
@@ -136,7 +136,7 @@ def mla_decode_triton(
     programs = plan.num_chunks * triton.cdiv(rows, bm)
     if programs > 2**31 - 1:
         raise ValueError(f"{plan.num_chunks} chunks x row blocks is {programs} programs (> 2^31 - 1)")
-    scale = 1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale
+    scale = scale_of(d, softmax_scale)
     chunks = max(plan.num_chunks, 1)
     part_out = torch.empty(chunks, rows, d_v, dtype=torch.float32, device=q.device)
     part_lse = torch.empty(chunks, rows, dtype=torch.float32, device=q.device)
