@@ -187,6 +187,27 @@ def _fmt(value: Any) -> Any:
     return value
 
 
+# the card's limits an anomaly of each kind is checked against: the card's section, and per limit its field,
+# the metric's name, its key in the evidence and the limit's format
+_LIMITS: dict[str, tuple[str, list[tuple[str, str, str, str]]]] = {
+    "memory": (
+        "memory",
+        [
+            ("max_bytes_per_token", "bytes per token", "bytes_per_token", "g"),
+            ("max_peak_bytes", "peak bytes", "peak_bytes", "g"),
+            ("max_peak_growth", "peak growth over baseline", "peak_growth", "g"),
+        ],
+    ),
+    "resource": (
+        "resources",
+        [
+            ("max_spills", "register spills", "n_spills", ""),
+            ("max_occupancy_drop", "occupancy drop vs baseline", "occupancy_drop", "g"),
+        ],
+    ),
+}
+
+
 def expected_metrics(kind: str, evidence: dict[str, Any], card: Card | None, on_cpu: bool) -> list[dict]:
     """The card's thresholds that bear on this kind, next to the measured values in the evidence."""
     ev = evidence
@@ -215,20 +236,13 @@ def expected_metrics(kind: str, evidence: dict[str, Any], card: Card | None, on_
         if card and card.correctness:
             for name, limit in card.correctness.max_metrics.items():
                 add(name, f"<= {limit:g}", ev.get(name))
-    if kind == "memory" and card and card.memory:
-        m = card.memory
-        if m.max_bytes_per_token is not None:
-            add("bytes per token", f"<= {m.max_bytes_per_token:g}", ev.get("bytes_per_token"))
-        if m.max_peak_bytes is not None:
-            add("peak bytes", f"<= {m.max_peak_bytes:g}", ev.get("peak_bytes"))
-        if m.max_peak_growth is not None:
-            add("peak growth over baseline", f"<= {m.max_peak_growth:g}", ev.get("peak_growth"))
-    if kind == "resource" and card and card.resources:
-        r = card.resources
-        if r.max_spills is not None:
-            add("register spills", f"<= {r.max_spills}", ev.get("n_spills"))
-        if r.max_occupancy_drop is not None:
-            add("occupancy drop vs baseline", f"<= {r.max_occupancy_drop:g}", ev.get("occupancy_drop"))
+    if kind in _LIMITS and card:
+        section_name, limits = _LIMITS[kind]
+        section = getattr(card, section_name)
+        for name, metric, key, spec in limits if section else ():
+            limit = getattr(section, name)
+            if limit is not None:
+                add(metric, f"<= {format(limit, spec)}", ev.get(key))
     if kind == "hw_fraction":
         fractions = ev.get("fractions") or {}
         add(
@@ -236,7 +250,7 @@ def expected_metrics(kind: str, evidence: dict[str, Any], card: Card | None, on_
             f">= {ev.get('min')}",
             max(fractions.values()) if fractions else None,
         )
-    if kind in ("timeout", "crashed", "error"):
+    if kind in ("timeout", "crashed", "error", "invalid"):
         add("trial completes", "ok", ev.get("status", kind))
     if kind == "throttled":
         add("throttled samples", "0", ev.get("throttled"))

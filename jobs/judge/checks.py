@@ -84,7 +84,8 @@ def completes(c: Context) -> Outcome:
     if TrialStatus(t.status).measured:
         return Outcome(PASS, f"finished ({t.status}), attempt {t.attempt}", {"attempt": t.attempt})
     last = (t.error or "").strip().splitlines()[-1:] or [""]
-    kind = t.status if t.status in (TrialStatus.TIMEOUT, TrialStatus.CRASHED, TrialStatus.ERROR) else "error"
+    failures = (TrialStatus.TIMEOUT, TrialStatus.CRASHED, TrialStatus.ERROR, TrialStatus.INVALID)
+    kind = t.status if t.status in failures else "error"
     return Outcome(FAIL, f"{t.status}: {last[0][:200]}", {"status": t.status, "attempt": t.attempt}, kind)
 
 
@@ -220,10 +221,16 @@ def memory(c: Context) -> Outcome:
         numbers["peak_growth"] = growth
         if growth > sec.max_peak_growth:
             over.append(f"peak {growth:+.1%} over the baseline's (max {sec.max_peak_growth:.0%})")
+    return _limits(over, checked, numbers, "memory", "the trial reports no memory figure the card limits")
+
+
+def _limits(over: list[str], checked: list[str], numbers: dict, anomaly: str, unchecked: str) -> Outcome:
+    """The outcome of a card's limits: FAIL naming each one exceeded (`over`), SKIP (`unchecked` says why)
+    when the trial had a figure for none of them, else PASS naming those `checked`."""
     if over:
-        return Outcome(FAIL, "; ".join(over), numbers, "memory")
+        return Outcome(FAIL, "; ".join(over), numbers, anomaly)
     if not checked:
-        return Outcome(SKIP, "the trial reports no memory figure the card limits")
+        return Outcome(SKIP, unchecked)
     return Outcome(PASS, f"within limits ({', '.join(checked)})", numbers)
 
 
@@ -313,11 +320,8 @@ def resources(c: Context) -> Outcome:
         numbers["occupancy_drop"] = drop
         if drop > sec.max_occupancy_drop:
             over.append(f"occupancy {occ:.2f} is {drop:.0%} below the baseline's {base_occ:.2f}")
-    if over:
-        return Outcome(FAIL, "; ".join(over), numbers, "resource")
-    if not checked:
-        return Outcome(SKIP, "no compiled-kernel resources recorded (torch backend, CPU or interpreter)")
-    return Outcome(PASS, f"within limits ({', '.join(checked)})", numbers)
+    unchecked = "no compiled-kernel resources recorded (torch backend, CPU or interpreter)"
+    return _limits(over, checked, numbers, "resource", unchecked)
 
 
 CHECK_FUNCTIONS: dict[str, Callable[[Context], Outcome]] = {

@@ -7,7 +7,14 @@ from datetime import timedelta
 
 from benchmarks.acceptance_bench import T0, figure, realistic_log, seed_job
 from gateway.summaries.schema import AnomalyIn
-from jobs.drafts.compress import PROHIBITIONS, compress, compress_log, config_diff, facts_from_job
+from jobs.drafts.compress import (
+    PROHIBITIONS,
+    compress,
+    compress_log,
+    config_diff,
+    expected_metrics,
+    facts_from_job,
+)
 
 
 def test_a_200kb_log_is_cut_under_the_cap_and_keeps_the_error_lines():
@@ -82,3 +89,24 @@ def test_figure_compressed_input_is_at_least_ten_times_smaller():
     f = figure(200_000)
     assert f["reduction"] >= 10, f
     assert f["max_excerpt_bytes"] <= 2048
+
+
+def test_memory_and_resource_anomalies_show_each_limit_the_card_sets_beside_its_measure():
+    from jobs.spec.cards import Memory, Resources, load_card
+
+    card = load_card("paged_mla").model_copy(
+        update={
+            "memory": Memory(max_bytes_per_token=1234567, max_peak_bytes=8 * 10**9),
+            "resources": Resources(max_spills=12, max_occupancy_drop=0.1),
+        }
+    )
+    ev = {"bytes_per_token": 12.5, "peak_bytes": 3e9, "n_spills": 3}
+    assert expected_metrics("memory", ev, card, on_cpu=True) == [
+        {"metric": "bytes per token", "expected": "<= 1.23457e+06", "measured": 12.5},
+        {"metric": "peak bytes", "expected": "<= 8e+09", "measured": 3e9},
+    ]
+    assert expected_metrics("resource", ev, card, on_cpu=True) == [
+        {"metric": "register spills", "expected": "<= 12", "measured": 3},
+        {"metric": "occupancy drop vs baseline", "expected": "<= 0.1", "measured": "not measured"},
+    ]
+    assert expected_metrics("memory", ev, None, on_cpu=True) == []
