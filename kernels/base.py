@@ -57,6 +57,9 @@ class TrialStatus(StrEnum):
     CRASHED = "crashed"  # its worker died on every attempt
     PRUNED = "pruned"  # not run: the family's resource model says the config cannot run
     SKIPPED = "skipped"  # not run: the backend is unavailable on this host (the error says why)
+    # ran and passed, but its measurement cannot be true (kernels.validity: faster than the hardware
+    # allows, an output that does not follow its inputs); never compared, never a baseline; error says why
+    INVALID = "invalid"
 
     @property
     def finished(self) -> bool:

@@ -13,7 +13,10 @@ it chose, its cache's statistics). `run_trial` does everything else, the same wa
      where they apply;
   4. every rate comes from the cost and the median in kernels.base.derive_rates, and is written under
      the same metric names for every family (`rate_metrics`), with the spread of the samples
-     (`spread_cv`, `spread_iqr`: the interquartile range over the median).
+     (`spread_cv`, `spread_iqr`: the interquartile range over the median);
+  5. the measurement is held against the world (kernels.validity): a median faster than the device can
+     run the call's cost, or a call whose output does not follow its inputs once they are refilled in
+     place from a fresh seed (a cached or replayed result), makes the trial `invalid`, with the reason.
 
 What a family's outcome adds on top (a resource model's verdict, a compiled-kernel check, Nsight Compute
 figures) it passes in as `resources`; a trial that must not run at all (pruned) never reaches here.
@@ -32,6 +35,7 @@ from kernels.hardware import device_limits
 from kernels.measure.correctness import CorrectnessReport, combine_seeds, seed_list
 from kernels.measure.memory import peak_memory
 from kernels.measure.timing import measure
+from kernels.validity import ceiling_for, physical_violation
 
 
 @dataclass
@@ -54,6 +58,9 @@ class Prepared:
     cost: Cost
     figures: Callable[[], Mapping[str, Any]] = dict  # family metrics read after timing
     resources: Callable[[], Mapping[str, Any]] = dict  # what the compiler made of it (read after timing)
+    # the tensors the call reads: after timing they are refilled in place from a fresh seed's (same
+    # shapes), and the same call's output must follow them; () leaves this check out
+    inputs: tuple[torch.Tensor, ...] = ()
 
 
 def rate_metrics(cost: Cost, rates: Rates) -> dict[str, Any]:
@@ -90,6 +97,36 @@ def combined_correctness(checks: list[Checked], seeds: list[int]) -> dict[str, A
     if failing:
         record["message"] = "; ".join([f"out: {head.message}", *failing])
     return record
+
+
+def _passed(checked: Checked) -> bool:
+    return checked.out.passed and all(r.passed for r in checked.also.values())
+
+
+def stale_output(
+    prep: Prepared, prepare: Callable[[int, torch.device], Prepared], seed: int, device: torch.device
+) -> str | None:
+    """Why `prep`'s call does not follow its inputs, or None: its input tensors are refilled in place from
+    seed `seed`'s, the same call object runs again, and its output is checked against that seed's
+    reference. A call that returns a result cached (or replayed) from before fails here."""
+    if not prep.inputs:
+        return None
+    fresh = prepare(seed, device)
+    pairs = list(zip(prep.inputs, fresh.inputs, strict=False))
+    if len(fresh.inputs) != len(prep.inputs) or any(
+        a.shape != b.shape or a.dtype != b.dtype for a, b in pairs
+    ):
+        return None  # this family's seeds differ in shape: nothing to refill in place
+    with torch.no_grad():
+        for dst, src in pairs:
+            dst.copy_(src)
+    checked = fresh.check(prep.call())
+    if _passed(checked):
+        return None
+    return (
+        f"stale output: with its inputs refilled in place from seed {seed}, the same call's output does "
+        f"not match that seed's reference ({checked.out.message})"
+    )
 
 
 def _call_with_memory(prep: Prepared, device: torch.device) -> tuple[Any, dict[str, Any]]:
@@ -131,6 +168,14 @@ def run_trial(
     record = {**combined_correctness(checks, seeds), **(correctness or {})}
 
     timed = measure(prep.call, req.policy, device=device)
+    invalid = [
+        why
+        for why in (
+            physical_violation(prep.cost, timed.summary.median, ceiling_for(device), precision),
+            stale_output(prep, prepare, max(seeds) + 1, device),
+        )
+        if why
+    ]
     rates = derive_rates(prep.cost, timed.summary.median, device_limits(device), precision)
     metrics = rate_metrics(prep.cost, rates)
     s = timed.summary
@@ -138,9 +183,13 @@ def run_trial(
     for name in checks[0].worst:
         metrics[name] = max(c.worst[name] for c in checks)
     metrics.update(prep.figures())
+    status = TrialStatus.passed(record["passed"])
+    if invalid and status is TrialStatus.OK:
+        status = TrialStatus.INVALID
     return TrialOutcome.measured(
-        TrialStatus.passed(record["passed"]),
+        status,
         timed,
+        error="; ".join(invalid) or None,
         correctness=record,
         metrics=metrics,
         memory=memory_report,

@@ -36,6 +36,7 @@ SEVERITY: dict[str, str] = {
     "timeout": "error",
     "crashed": "error",
     "error": "error",
+    "invalid": "error",  # a measurement the hardware cannot have produced, or a stale output (issue 45)
     "memory": "error",
     "hw_fraction": "error",
     "resource": "error",

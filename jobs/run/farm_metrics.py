@@ -48,6 +48,7 @@ ANOMALY_KINDS = (
     "timeout",
     "crashed",
     "error",
+    "invalid",
     "memory",
     "hw_fraction",
     "resource",

@@ -13,6 +13,8 @@ fingerprints and history pair them (that is what lets a test inject a slowdown i
   paged_mla triton
     _overread: n   the kernel reads n slots past every sequence's end (testkit.kernels.broken)
 
+  adversarial      a family of its own (testkit.kernels.adversarial): backends that cache or replay results
+
 The tests name this module in FARM_PLUGINS for their process, Ray workers and subprocesses
 (tests/conftest.py); a benchmark that injects faults calls `enable()` before it starts Ray.
 """
@@ -24,7 +26,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from kernels.registry import PLUGINS_ENV, extend
+from kernels.registry import PLUGINS_ENV, extend, register_family
 
 
 def enable() -> None:
@@ -132,3 +134,5 @@ def _paged_mla(family: Any) -> None:
 extend("gemm", _gemm)
 extend("probe", _probe)
 extend("paged_mla", _paged_mla)
+# and a family of backends written to look fast, which the harness must store invalid (issue 45)
+register_family("adversarial", "testkit.kernels.adversarial")

@@ -44,3 +44,12 @@ def test_bad_input_is_exit_2_naming_what_is_wrong():
     for args, needle in cases:
         out = CliRunner().invoke(main, ["bench", *args])
         assert out.exit_code == 2 and needle in out.output, (args, out.output)
+
+
+def test_a_backend_that_replays_its_first_result_is_invalid_and_exit_1():
+    # issue 45: every seed's output is checked before timing; the replayed result is caught after it
+    out = _bench("adversarial", "--backend", "replay", "--shape", "m=8,n=16,k=8", "--max-time", "0.05")
+    assert out.exit_code == 1, out.output
+    assert "replay[m8xn16xk8 float32] on cpu: invalid (stale output: with its inputs refilled" in out.output
+    honest = _bench("adversarial", "--shape", "m=8,n=16,k=8", "--max-time", "0.05")
+    assert honest.exit_code == 0 and "honest[m8xn16xk8 float32] on cpu: ok" in honest.output

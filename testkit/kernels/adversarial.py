@@ -1,0 +1,91 @@
+"""An adversarial kernel family, registered by the tests only (through FARM_PLUGINS, kernels.registry):
+backends written to look fast, each of which the harness must store `invalid` with its reason
+(kernels.validity, kernels.harness), beside an honest one that must stay `ok`.
+
+  family `adversarial`, shape m, n, k, dtype float32: out = a @ b
+    honest   torch's matmul, every call (the reference)
+    cached   the product computed once when the call is built; every call returns it (the work is done
+             before the timed region): faster than the host allows, and stale once the inputs change
+    replay   the first call's result recorded, a copy of it returned by every later call: right for the
+             seed it was recorded on, stale for any other
+
+testkit.kernels.faults, the plugin the tests name in FARM_PLUGINS (tests/conftest.py), registers it, so
+Ray workers and subprocesses know the family too; this module (and torch) loads only where it is asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from kernels.base import Backends, Cost, KernelFamily, TrialOutcome, TrialRequest
+from kernels.harness import Checked, Prepared, run_trial
+from kernels.measure.correctness import check_allclose
+
+Call = Callable[[], torch.Tensor]
+
+
+def _honest(a: torch.Tensor, b: torch.Tensor) -> Call:
+    return lambda: a @ b
+
+
+def _cached(a: torch.Tensor, b: torch.Tensor) -> Call:
+    out = a @ b
+    return lambda: out
+
+
+def _replay(a: torch.Tensor, b: torch.Tensor) -> Call:
+    recorded: list[torch.Tensor] = []
+
+    def call() -> torch.Tensor:
+        if not recorded:
+            recorded.append(a @ b)
+        return recorded[0].clone()
+
+    return call
+
+
+BACKENDS = Backends("adversarial")
+BACKENDS.add("honest", "torch.matmul, every call", reference=True, impl=_honest)
+BACKENDS.add("cached", "the product computed once, before the timed calls", impl=_cached)
+BACKENDS.add("replay", "the first call's result, replayed", impl=_replay)
+
+
+class AdversarialFamily(KernelFamily):
+    name = "adversarial"
+    backends = BACKENDS
+    shape_keys = ("m", "n", "k")
+
+    def validate(self, shape: dict[str, Any], config: dict[str, Any], dtype: str, backend: str) -> None:
+        if set(shape) != set(self.shape_keys) or not all(
+            isinstance(v, int) and v > 0 for v in shape.values()
+        ):
+            raise ValueError(f"shape needs positive integers m, n, k (got {shape})")
+        if config or dtype != "float32":
+            raise ValueError(f"adversarial takes no config and float32 only (got {config}, {dtype})")
+
+    def cost(self, shape: dict[str, Any], dtype: str) -> Cost:
+        m, n, k = shape["m"], shape["n"], shape["k"]
+        return Cost(flops=2.0 * m * n * k, bytes_read=4.0 * (m * k + k * n), bytes_written=4.0 * m * n)
+
+    def execute(self, req: TrialRequest) -> TrialOutcome:
+        build = self.backends.impl(req.backend)
+        m, n, k = req.shape["m"], req.shape["n"], req.shape["k"]
+
+        def prepare(seed: int, device: torch.device) -> Prepared:
+            gen = torch.Generator().manual_seed(seed)
+            a, b = torch.randn(m, k, generator=gen).to(device), torch.randn(k, n, generator=gen).to(device)
+            reference = a @ b
+            return Prepared(
+                call=build(a, b),
+                check=lambda out: Checked(check_allclose(out, reference)),
+                cost=self.cost(req.shape, req.dtype),
+                inputs=(a, b),
+            )
+
+        return run_trial(req, prepare, precision="fp32")
+
+
+FAMILY = AdversarialFamily()
