@@ -118,11 +118,13 @@ def prepare(
         return _prepare_step(shape, backend, config, dtype, seed, device)
     impl: AttentionImpl = BACKENDS.impl(backend)
     elem = elem_size(dtype)
-    if shape.is_sparse:
-        x = build_sparse(
-            shape.batch, shape.s_q, shape.s_k, shape.h_q, shape.h_kv, shape.d, shape.d_v, shape.topk,
-            dtype=dtype, seed=seed, device=device, shared_kv=shape.shared_kv, poison=impl.poison,
-        )  # fmt: skip
+    x = build_dense(
+        shape.batch, shape.s_q, shape.s_k, shape.h_q, shape.h_kv, shape.d, shape.d_v,
+        dtype=dtype, seed=seed, device=device, shared_kv=shape.shared_kv, seqlens=_seqlens(shape),
+        poison=impl.poison,
+    )  # fmt: skip
+    if shape.is_sparse:  # fixed lengths (shapes.py): nothing poisoned above
+        x = build_sparse(x, shape.topk, seed=seed, poison=impl.poison)
         indices = x.indices
         assert indices is not None
         cost = sparse_cost(
@@ -137,11 +139,6 @@ def prepare(
             )
 
     else:
-        x = build_dense(
-            shape.batch, shape.s_q, shape.s_k, shape.h_q, shape.h_kv, shape.d, shape.d_v,
-            dtype=dtype, seed=seed, device=device, shared_kv=shape.shared_kv, seqlens=_seqlens(shape),
-            poison=impl.poison,
-        )  # fmt: skip
         cost = dense_cost(
             x.lens, s_q=shape.s_q, h_q=shape.h_q, h_kv=shape.h_kv, d=shape.d, d_v=shape.d_v, elem=elem,
             shared_kv=shape.shared_kv,

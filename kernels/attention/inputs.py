@@ -3,12 +3,12 @@
 - Dense: q [b, s_q, h_q, d], k [b, s_k, h_kv, d], v [b, s_k, h_kv, d_v]; with `shared_kv` (the MLA
   latent form) v is the view k[..., :d_v] of one cached row. Key rows at or past a sequence's length
   (`seqlens`) are NaN.
-- Sparse indices [b, s_q, topk] int32: query i of sequence b (position s_k_b - s_q + i) gets up to
-  `topk` distinct random positions among the keys it may see, in random order, the rest -1, as a
-  top-k indexer (and FlashMLA's test data) proposes them. A repeated position is legal input (it counts
-  once per slot, kernels.attention.reference) but never generated here: the peer suite
-  (tests/kernels/peers) and the reference tests build their own repeats. Key rows that no index of their
-  sequence names are NaN, so a kernel reading outside its indices shows up.
+- Sparse (`build_sparse`, on dense inputs) indices [b, s_q, topk] int32: query i of sequence b
+  (position s_k_b - s_q + i) gets up to `topk` distinct random positions among the keys it may see, in
+  random order, the rest -1, as a top-k indexer (and FlashMLA's test data) proposes them. A repeated
+  position is legal input (it counts once per slot, kernels.attention.reference) but never generated
+  here: the peer suite (tests/kernels/peers) and the reference tests build their own repeats. Key rows
+  that no index of their sequence names are NaN, so a kernel reading outside its indices shows up.
 Values are standard normal, drawn on the CPU generator so a seed gives the same inputs on any device.
 """
 
@@ -100,31 +100,17 @@ def sparse_indices(
     return idx.to(device=device, dtype=torch.int32)
 
 
-def build_sparse(
-    batch: int,
-    s_q: int,
-    s_k: int,
-    h_q: int,
-    h_kv: int,
-    d: int,
-    d_v: int,
-    topk: int,
-    *,
-    dtype: torch.dtype = torch.bfloat16,
-    seed: int = 0,
-    device: str | torch.device = "cpu",
-    shared_kv: bool = False,
-    poison: bool = True,
-) -> AttentionInputs:
-    x = build_dense(
-        batch, s_q, s_k, h_q, h_kv, d, d_v, dtype=dtype, seed=seed, device=device, shared_kv=shared_kv
-    )
-    x.indices = sparse_indices(batch, s_q, s_k, topk, seed=seed, device=device)
+def build_sparse(x: AttentionInputs, topk: int, *, seed: int = 0, poison: bool = True) -> AttentionInputs:
+    """The dense inputs `x` with top-k `indices` (`sparse_indices` over its sequences' keys, drawn from
+    `seed`); with `poison`, key rows that no index of their sequence names are NaN."""
+    batch, s_q = x.q.shape[:2]
+    s_k = x.k.shape[1]
+    x.indices = sparse_indices(batch, s_q, s_k, topk, seed=seed, seqlens=x.lens, device=x.k.device)
     if poison:
-        named = torch.zeros(batch, s_k + 1, dtype=torch.bool, device=device)
+        named = torch.zeros(batch, s_k + 1, dtype=torch.bool, device=x.k.device)
         named.scatter_(1, torch.where(x.indices >= 0, x.indices, s_k).long().reshape(batch, -1), True)
         unused = ~named[:, :s_k]
         fill_nan(x.k, unused)
-        if not shared_kv:
+        if x.v.data_ptr() != x.k.data_ptr():  # not a view into K (shared_kv): poisoned with it already
             fill_nan(x.v, unused)
     return x

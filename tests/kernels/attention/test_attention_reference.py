@@ -119,7 +119,7 @@ def test_generated_sparse_inputs_are_causal_distinct_and_poison_unused_rows():
             assert max(row) <= 12 - 3 + i
     small = sparse_indices(1, 2, 3, 8)
     assert (small[0, 0] >= 0).sum() == 2 and (small[0, 1] >= 0).sum() == 3  # fewer visible than topk
-    x = build_sparse(1, 2, 20, 2, 1, 16, 16, 4, dtype=torch.float32, seed=5)
+    x = build_sparse(build_dense(1, 2, 20, 2, 1, 16, 16, dtype=torch.float32, seed=5), 4, seed=5)
     named = set(x.indices.flatten().tolist()) - {-1}
     for j in range(20):
         assert bool(x.k[0, j].isnan().all()) == (j not in named)

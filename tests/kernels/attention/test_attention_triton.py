@@ -133,7 +133,7 @@ def test_sparse_counts_a_repeated_index_once_per_slot():
 
 
 def test_sparse_mla_form_with_generated_indices_and_poisoned_rows():
-    x = build_sparse(1, 2, 48, 16, 1, 576, 512, 20, dtype=BF16, seed=13, shared_kv=True)
+    x = build_sparse(build_dense(1, 2, 48, 16, 1, 576, 512, dtype=BF16, seed=13, shared_kv=True), 20, seed=13)
     assert x.k.isnan().any()  # rows no index names are NaN: reading them would show
     got = sparse_attention_triton(x.q, x.k, x.v, x.indices, block_n=16)
     assert _passes(got, sparse_attention_reference(x.q, x.k, x.v, x.indices))

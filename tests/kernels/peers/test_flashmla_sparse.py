@@ -248,7 +248,9 @@ def test_the_farms_sparse_trial_times_the_peers_semantics(monkeypatch):
     out, lse = prep.run(None)
     ref_out, ref_lse = prep.reference()
     s = shape  # the trial's inputs again (seed 0, bf16)
-    x = with_repeats(s.batch, s.s_q, s.s_k, s.h_q, s.h_kv, s.d, s.d_v, s.topk, dtype=BF16, seed=0)
+    x = with_repeats(
+        build_dense(s.batch, s.s_q, s.s_k, s.h_q, s.h_kv, s.d, s.d_v, dtype=BF16, seed=0), s.topk, seed=0
+    )
     assert (x.indices[:, :, 0] == x.indices[:, :, 1]).all()
     want = peer_sparse(x.q, x.k, x.v, x.indices, x.softmax_scale)
     _assert_matches((out, lse), want, TOL[BF16])
