@@ -142,8 +142,10 @@ def prepare(
     out: torch.Tensor | None = None,
     scale_group: int = GROUP,
 ) -> tuple[torch.Tensor, Callable[[], Any]]:
-    """Check the operands once and return (D, launch): launch() runs the kernel into D and returns the
-    compiled kernel (None in the interpreter). The timed region is then the launch alone."""
+    """D = A x B^T with A's 1 x g and B's g x g scales, g = scale_group (64 or 128: the granularity the
+    operands were quantized with; the scales' shapes are checked against it), D bf16 [M, N] (`out` when
+    given). Checks the operands once and returns (D, launch): launch() runs the kernel into D and returns
+    the compiled kernel (None in the interpreter). The timed region is then the launch alone."""
     check_scale_group(scale_group)
     m, n, k = check_operands(a, a_scales, b, b_scales, scale_group)
     if scale_group % cfg.block_k:
@@ -181,18 +183,7 @@ def meta_launch(m: int, n: int, k: int, cfg: TileConfig, scale_group: int = GROU
     return prepare(a, a_scales, b, b_scales, cfg, scale_group=g)[1]
 
 
-def fp8_gemm(
-    a: torch.Tensor,
-    a_scales: torch.Tensor,
-    b: torch.Tensor,
-    b_scales: torch.Tensor,
-    cfg: TileConfig,
-    *,
-    out: torch.Tensor | None = None,
-    scale_group: int = GROUP,
-) -> tuple[torch.Tensor, Any]:
-    """D = A x B^T with A's 1 x g and B's g x g scales, g = scale_group (64 or 128: the granularity the
-    operands were quantized with; the scales' shapes are checked against it). Returns (D bf16 [M, N], the
-    compiled kernel (None in the interpreter))."""
-    out, launch = prepare(a, a_scales, b, b_scales, cfg, out=out, scale_group=scale_group)
+def fp8_gemm(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:
+    """`prepare`, launched at once: (D bf16 [M, N], the compiled kernel (None in the interpreter))."""
+    out, launch = prepare(*args, **kwargs)
     return out, launch()
