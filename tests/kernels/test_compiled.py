@@ -6,11 +6,6 @@ TRITON_INTERPRET, which replaces @triton.jit with the interpreter), as many at o
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
 from kernels.fp8_gemm.tiles import TileConfig
@@ -50,14 +45,9 @@ print(json.dumps({"rows": rows, "check": check, "sm100": sm100}))
 
 
 @pytest.fixture(scope="module")
-def compiled():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_INTERPRET"] = "0"  # set, so kernels.common.mla.triton_decode leaves it alone
-    proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT, *GPU_SPECS], capture_output=True, text=True, env=env, timeout=900
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+def compiled(run_compiled):
+    # TRITON_INTERPRET set, so kernels.common.mla.triton_decode leaves it alone
+    return run_compiled(SCRIPT, *GPU_SPECS, interpret="0")
 
 
 @pytest.mark.slow

@@ -4,11 +4,6 @@ TRITON_INTERPRET."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -42,13 +37,8 @@ print(json.dumps(out, default=str))
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (compiled bf16 tl.dot)")
-def test_compiled_kernels_are_correct_and_report_occupancy():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=900, check=False
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    for trial in json.loads(proc.stdout.strip().splitlines()[-1]):
+def test_compiled_kernels_are_correct_and_report_occupancy(run_compiled):
+    for trial in run_compiled(SCRIPT):
         assert trial["status"] == "ok", (trial["shape"], trial["error"], trial["message"])
         m = trial["metrics"]
         assert m["timing"] == "gpu" and m["latency_us"] > 0 and m["tflops"] > 0

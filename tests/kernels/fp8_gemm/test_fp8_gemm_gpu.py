@@ -3,11 +3,6 @@ the interpreter, so the check runs in a subprocess with TRITON_INTERPRET unset."
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -32,13 +27,8 @@ print(json.dumps(out))
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (native fp8 tl.dot)")
-def test_compiled_kernel_is_correct_and_reports_its_resources():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=600, check=False
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    for trial in json.loads(proc.stdout.strip().splitlines()[-1]):
+def test_compiled_kernel_is_correct_and_reports_its_resources(run_compiled):
+    for trial in run_compiled(SCRIPT, timeout=600):
         assert trial["status"] == "ok", trial["error"]
         assert trial["metrics"]["calc_diff"] < 1e-3
         compiled = trial["resources"]["compiled"]

@@ -9,11 +9,6 @@ a subprocess (the test session interprets Triton), as many at once as there are 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
 SCRIPT = """
@@ -60,14 +55,8 @@ print(json.dumps({"rows": rows, "sm100": sm100, "own": own,
 
 
 @pytest.fixture(scope="module")
-def compiled():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_INTERPRET"] = "0"  # asked for: compile, even without a GPU
-    proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=900, check=False
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+def compiled(run_compiled):
+    return run_compiled(SCRIPT, interpret="0")  # asked for: compile, even without a GPU
 
 
 def _split(compiled, target="sm_90a", **where):
