@@ -131,6 +131,36 @@ def client_label(user_agent: str | None) -> str:
     return "other"
 
 
+class _Timings(Protocol):
+    """The timing histograms of one request outcome: RequestChildren's, or RequestTally's own tallies."""
+
+    @property
+    def latency(self) -> _HistTally | Histogram: ...
+    @property
+    def upstream_latency(self) -> _HistTally | Histogram: ...
+    @property
+    def overhead(self) -> _HistTally | Histogram: ...
+    @property
+    def ttft(self) -> _HistTally | Histogram: ...
+    @property
+    def queue_wait(self) -> _HistTally | Histogram: ...
+
+
+def _observe_times(
+    h: _Timings, latency: float, upstream_s: float | None, queue_wait: float, ttft: float | None
+):
+    """A request's latency, upstream time (None: it never went upstream) with the overhead it leaves, time to
+    first byte (None: not streamed) and queue wait (0: none) on the histograms ``h``."""
+    h.latency.observe(latency)
+    if upstream_s is not None:
+        h.upstream_latency.observe(upstream_s)
+        h.overhead.observe(max(0.0, latency - upstream_s - queue_wait))
+    if ttft is not None:
+        h.ttft.observe(ttft)
+    if queue_wait:
+        h.queue_wait.observe(queue_wait)
+
+
 class RequestTally:
     """What requests of one (project, model, task, status) outcome add to the request metrics, counted in
     plain Python on the request path and added to the metric children by ``drain``, which runs before every
@@ -167,20 +197,13 @@ class RequestTally:
         """One request of this outcome: its latency, upstream time (None: it never went upstream), queue
         wait, time to first byte (None: not streamed), tokens and cost (None: unpriced)."""
         self.requests += 1
-        self.latency.observe(latency)
+        _observe_times(self, latency, upstream_s, queue_wait, ttft)
         if input_tokens:
             self.input_tokens += input_tokens
         if output_tokens:
             self.output_tokens += output_tokens
         if cost:
             self.cost += cost
-        if upstream_s is not None:
-            self.upstream_latency.observe(upstream_s)
-            self.overhead.observe(max(0.0, latency - upstream_s - queue_wait))
-        if ttft is not None:
-            self.ttft.observe(ttft)
-        if queue_wait:
-            self.queue_wait.observe(queue_wait)
 
     def drain(self) -> None:
         c = self.children
@@ -218,20 +241,13 @@ class _WriteThrough(RequestTally):
     ) -> None:
         c = self.children
         c.requests.inc()
-        c.latency.observe(latency)
+        _observe_times(c, latency, upstream_s, queue_wait, ttft)
         if input_tokens > 0:
             c.input_tokens.inc(input_tokens)
         if output_tokens > 0:
             c.output_tokens.inc(output_tokens)
         if cost is not None and cost > 0:
             c.cost.inc(cost)
-        if upstream_s is not None:
-            c.upstream_latency.observe(upstream_s)
-            c.overhead.observe(max(0.0, latency - upstream_s - queue_wait))
-        if ttft is not None:
-            c.ttft.observe(ttft)
-        if queue_wait:
-            c.queue_wait.observe(queue_wait)
 
 
 class GatewayMetrics:
@@ -252,124 +268,102 @@ class GatewayMetrics:
             MultiProcessCollector(self.registry)
         else:
             self.registry.register(_SyncFirst(self))  # first: the tallies are drained before any metric
+
+        # every metric on ``r``; a gauge's mode (multiprocess_mode): how the processes' values combine
+        def counter(name: str, doc: str, labels: list[str]) -> Counter:
+            return Counter(name, doc, labels, registry=r)
+
+        def histogram(name: str, doc: str, labels: list[str], buckets=_LATENCY_BUCKETS) -> Histogram:
+            return Histogram(name, doc, labels, buckets=buckets, registry=r)
+
+        def gauge(name: str, doc: str, labels: list[str], mode: str) -> Gauge:
+            return Gauge(name, doc, labels, registry=r, multiprocess_mode=mode)
+
         pmt = ["project", "model", "task"]
-        self.requests = Counter(
-            "gateway_requests", "Client requests by outcome", pmt + ["status"], registry=r
-        )
-        self.input_tokens = Counter("gateway_input_tokens", "Input tokens reported upstream", pmt, registry=r)
-        self.output_tokens = Counter(
-            "gateway_output_tokens", "Output tokens reported upstream", pmt, registry=r
-        )
-        self.cost = Counter(
+        self.requests = counter("gateway_requests", "Client requests by outcome", pmt + ["status"])
+        self.input_tokens = counter("gateway_input_tokens", "Input tokens reported upstream", pmt)
+        self.output_tokens = counter("gateway_output_tokens", "Output tokens reported upstream", pmt)
+        self.cost = counter(
             "gateway_cost_usd",
             "US dollars spent upstream, priced by gateway.core.pricing (models without a price add nothing)",
             pmt,
-            registry=r,
         )
-        self.latency = Histogram(
+        self.latency = histogram(
             "gateway_request_latency_seconds",
             "End-to-end latency of a client request",
             ["project", "model", "status"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
         )
-        self.upstream_latency = Histogram(
+        self.upstream_latency = histogram(
             "gateway_upstream_latency_seconds",
             "Time spent waiting on the upstream (retries included)",
             ["project", "model"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
         )
-        self.overhead = Histogram(
+        self.overhead = histogram(
             "gateway_overhead_seconds",
             "Latency the gateway itself adds (end to end minus upstream and queue wait)",
             ["project", "model"],
-            buckets=_OVERHEAD_BUCKETS,
-            registry=r,
+            _OVERHEAD_BUCKETS,
         )
-        self.ttft = Histogram(
+        self.ttft = histogram(
             "gateway_time_to_first_token_seconds",
             "Time to the first streamed byte reaching the client",
             ["project", "model"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
         )
-        self.queue_wait = Histogram(
-            "gateway_queue_wait_seconds",
-            "Wait for a concurrency slot",
-            ["project"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.retries = Counter(
-            "gateway_upstream_retries",
-            "Upstream retries by reason",
-            ["project", "model", "reason"],
-            registry=r,
+        self.queue_wait = histogram("gateway_queue_wait_seconds", "Wait for a concurrency slot", ["project"])
+        self.retries = counter(
+            "gateway_upstream_retries", "Upstream retries by reason", ["project", "model", "reason"]
         )
         # the token account (issue 33): per task, the upstream 429s requests met and the time they waited
         # between attempts; counted only for requests that retried (gateway.http.pipeline.account)
-        self.rate_limited = Counter(
+        self.rate_limited = counter(
             "gateway_upstream_rate_limited",
             "Upstream 429 answers met by requests (retried, or the last answer)",
             pmt,
-            registry=r,
         )
-        self.retry_wait = Counter(
+        self.retry_wait = counter(
             "gateway_upstream_retry_wait_seconds",
             "Time requests waited between upstream attempts (backoff, Retry-After)",
             pmt,
-            registry=r,
         )
-        self.rejections = Counter(
-            "gateway_rejections", "Requests rejected by a project limit", ["project", "limit"], registry=r
+        self.rejections = counter(
+            "gateway_rejections", "Requests rejected by a project limit", ["project", "limit"]
         )
-        self.dropped_fields = Counter(
+        self.dropped_fields = counter(
             "gateway_translation_dropped_fields",
             "Request fields translation left out, by client and field (gateway.translate.policy)",
             ["client", "field"],
-            registry=r,
         )
         self._dropped_seen: set[str] = set()  # field labels given so far (at most MAX_FIELD_LABELS)
         # routing (gateway.upstream.routing): per deployment of a public model; both labels come from the
         # config
         md = ["model", "deployment"]
-        self.deployment_requests = Counter(
-            "gateway_deployment_requests", "Upstream attempts sent to a deployment", md, registry=r
+        self.deployment_requests = counter(
+            "gateway_deployment_requests", "Upstream attempts sent to a deployment", md
         )
-        self.deployment_errors = Counter(
+        self.deployment_errors = counter(
             "gateway_deployment_errors",
             "Failed attempts by class (rate_limit, server_error, timeout, connect, other)",
             md + ["class"],
-            registry=r,
         )
-        self.deployment_cooldowns = Counter(
-            "gateway_deployment_cooldowns", "Cooldowns started for a deployment", md, registry=r
+        self.deployment_cooldowns = counter(
+            "gateway_deployment_cooldowns", "Cooldowns started for a deployment", md
         )
-        self.deployment_in_flight = Gauge(
-            "gateway_deployment_in_flight", "Attempts in flight on a deployment", md, registry=r,
-            multiprocess_mode="livesum",
-        )  # fmt: skip
-        self.fallbacks = Counter(
-            "gateway_fallbacks", "Requests moved to a fallback model", ["from_model", "to_model"], registry=r
+        self.deployment_in_flight = gauge(
+            "gateway_deployment_in_flight", "Attempts in flight on a deployment", md, "livesum"
         )
-        # multiprocess_mode: how the processes' values combine (ignored with one process)
-        self.in_flight = Gauge(
-            "gateway_in_flight", "Requests holding a concurrency slot", ["project"], registry=r,
-            multiprocess_mode="livesum",
-        )  # fmt: skip
-        self.queue_depth = Gauge(
-            "gateway_queue_depth", "Requests waiting for a slot", ["project"], registry=r,
-            multiprocess_mode="livesum",
-        )  # fmt: skip
-        self.budget_remaining = Gauge(
-            "gateway_daily_budget_remaining_tokens", "Tokens left in today's budget", ["project"], registry=r,
-            multiprocess_mode="livemin",
-        )  # fmt: skip
-        self.budget = Gauge(
-            "gateway_daily_budget_tokens", "Today's token budget as configured", ["project"], registry=r,
-            multiprocess_mode="livemax",
-        )  # fmt: skip
+        self.fallbacks = counter(
+            "gateway_fallbacks", "Requests moved to a fallback model", ["from_model", "to_model"]
+        )
+        self.in_flight = gauge(
+            "gateway_in_flight", "Requests holding a concurrency slot", ["project"], "livesum"
+        )
+        self.queue_depth = gauge("gateway_queue_depth", "Requests waiting for a slot", ["project"], "livesum")
+        self.budget_remaining = gauge(
+            "gateway_daily_budget_remaining_tokens", "Tokens left in today's budget", ["project"], "livemin"
+        )
+        self.budget = gauge(
+            "gateway_daily_budget_tokens", "Today's token budget as configured", ["project"], "livemax"
+        )
 
         # labels() costs ~2 us a call (a lock and a dict behind it): the request path reuses the children.
         # Bounded like the labels themselves (configured projects, models and tasks, plus unknown/other).
