@@ -148,7 +148,7 @@ class _Timings(Protocol):
 
 def _observe_times(
     h: _Timings, latency: float, upstream_s: float | None, queue_wait: float, ttft: float | None
-):
+) -> None:
     """A request's latency, upstream time (None: it never went upstream) with the overhead it leaves, time to
     first byte (None: not streamed) and queue wait (0: none) on the histograms ``h``."""
     h.latency.observe(latency)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -168,20 +170,26 @@ async def test_404_base_url_with_or_without_v1(gateway, tmp_path: Path) -> None:
     assert "with or without /v1" in c.message
 
 
-async def test_web_page_instead_of_the_api(gateway) -> None:
-    async def page(_request: web.Request) -> web.Response:
-        return web.Response(text="<!DOCTYPE html><html><body>Grafana</body></html>", content_type="text/html")
-
+@contextlib.asynccontextmanager
+async def served(path: str, handler) -> AsyncIterator[str]:
+    """A web app of its own on 127.0.0.1 answering GET ``path`` with ``handler``: its URL."""
     app = web.Application()
-    app.router.add_get("/{tail:.*}", page)
+    app.router.add_get(path, handler)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     try:
-        base = f"http://127.0.0.1:{runner.addresses[0][1]}/d/agents"
-        checks = await diagnose(gateway, env=oa_env(gateway, gateway.keys["alpha"], base))
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
     finally:
         await runner.cleanup()
+
+
+async def test_web_page_instead_of_the_api(gateway) -> None:
+    async def page(_request: web.Request) -> web.Response:
+        return web.Response(text="<!DOCTYPE html><html><body>Grafana</body></html>", content_type="text/html")
+
+    async with served("/{tail:.*}", page) as url:
+        checks = await diagnose(gateway, env=oa_env(gateway, gateway.keys["alpha"], f"{url}/d/agents"))
     c = one(checks, "base URL", "FAIL")
     assert "web page (HTML)" in c.message and gateway.v1 in c.fix
 
@@ -289,17 +297,9 @@ async def test_claude_code_both_keys_against_a_gateway_that_reads_x_api_key_firs
             return web.json_response({"type": "error", "error": err}, status=401)
         return web.json_response({"data": [{"type": "model", "id": "claude-fake"}], "has_more": False})
 
-    app = web.Application()
-    app.router.add_get("/v1/models", models)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    try:
-        old = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    async with served("/v1/models", models) as old:
         env = {**claude_env(gateway, key, OWN_ANTHROPIC_KEY), "ANTHROPIC_BASE_URL": old}
         checks = await diagnose(gateway, "claude-code", env)
-    finally:
-        await runner.cleanup()
     c = one(checks, "auth", "FAIL")
     assert "sends both 'Authorization: Bearer' and 'x-api-key'" in c.message
     assert "used 'x-api-key' (ANTHROPIC_API_KEY, an Anthropic key (sk-ant-...))" in c.message
