@@ -25,6 +25,7 @@ BENCHES = {
     "history-noise": "benchmarks.history_noise_bench",  # change points found on a loaded machine
     "service": "benchmarks.service_bench",  # farm --help, farm bench, a warm pool's queue and priorities
     "spec": "benchmarks.spec_bench",  # a 10^6-point grid refused: seconds and peak MB
+    "validity": "benchmarks.validity_bench",  # what the checks after timing cost a trial (issue 45)
     "call-path": "benchmarks.call_path",  # the modules `farm accept` walks a job id through (issue 44)
     "gpu-check": "benchmarks.gpu_check",  # GPU hosts only (make gpu-check); not in the default run
 }
