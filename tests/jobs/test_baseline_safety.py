@@ -9,10 +9,10 @@ import pytest
 from click.testing import CliRunner
 
 from jobs.cli import main
-from jobs.spec.sweep import loads_spec
 from jobs.store import Store
 from jobs.store.results import result_of
 from kernels.base import Summary
+from testkit.jobs import spec_job
 
 SPEC = """
 name: {name}
@@ -36,11 +36,7 @@ def db(request, tmp_path) -> str:
 
 def _job(db: str, text: str) -> str:
     store = Store(db)
-    spec = loads_spec(text)
-    job = store.create_job(
-        name=spec.name, family=spec.family, spec_yaml=text, spec_hash=spec.spec_hash(),
-        trials=spec.trials(), git_commit="abc",
-    )  # fmt: skip
+    job = spec_job(store, text)
     store.record_results(
         [
             result_of(t.id, [10], summary=Summary.from_stored({"median": 10.0}), environment=ENV)

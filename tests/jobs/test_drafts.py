@@ -9,6 +9,7 @@ import subprocess
 import sys
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -44,31 +45,43 @@ def model_reply(body: dict) -> str:
 
 
 @asynccontextmanager
-async def gateway_with_fake_model(tmp_path: Path, **summaries_settings):
-    """A real gateway (aiohttp, SQLite ledger) whose one provider is the fake upstream; (fake, target)."""
+async def fake_model_gateway(tmp_path: Path, **settings: Any):
+    """A real gateway (aiohttp on 127.0.0.1, its SQLite ledger tmp_path/gw.db) whose one provider is the
+    fake upstream: the model gpt-fake for the project farm (the checklist task); `settings` replace or add
+    to these. (fake, the gateway's app, its base URL)."""
     fake = FakeUpstream()
     await fake.start()
-    settings = GatewaySettings(
-        host="127.0.0.1",
-        port=0,
-        database_url=f"sqlite+aiosqlite:///{tmp_path / 'gw.db'}",
-        secret="test-secret-0123456789",
-        providers={"oa": {"kind": "openai", "base_url": fake.base_url}},
-        models={"gpt-fake": {"provider": "oa", "upstream_model": "gpt-upstream"}},
-        projects={"farm": {"models": ["gpt-fake"], "tasks": ["checklist"]}},
-        summaries={"window_ms": 5, **summaries_settings},
-        ledger_flush_interval_s=0.05,
-    )
-    app = create_app(settings)
+    defaults = {
+        "host": "127.0.0.1",
+        "port": 0,
+        "database_url": f"sqlite+aiosqlite:///{tmp_path / 'gw.db'}",
+        "secret": "test-secret-0123456789",
+        "providers": {"oa": {"kind": "openai", "base_url": fake.base_url}},
+        "models": {"gpt-fake": {"provider": "oa", "upstream_model": "gpt-upstream"}},
+        "projects": {"farm": {"models": ["gpt-fake"], "tasks": ["checklist"]}},
+        "ledger_flush_interval_s": 0.05,
+    }
+    app = create_app(GatewaySettings(**{**defaults, **settings}))
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
-    key, _ = await app[GATEWAY].keys.create("farm", "ci")
     try:
-        yield fake, GatewayTarget(f"http://127.0.0.1:{runner.addresses[0][1]}/v1", key)
+        yield fake, app, f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
     finally:
         await runner.cleanup()
         await fake.close()
+
+
+@asynccontextmanager
+async def gateway_with_fake_model(tmp_path: Path, **summaries_settings):
+    """A real gateway (aiohttp, SQLite ledger) whose one provider is the fake upstream; (fake, target)."""
+    async with fake_model_gateway(tmp_path, summaries={"window_ms": 5, **summaries_settings}) as (
+        fake,
+        app,
+        url,
+    ):
+        key, _ = await app[GATEWAY].keys.create("farm", "ci")
+        yield fake, GatewayTarget(url, key)
 
 
 @pytest.fixture

@@ -10,20 +10,19 @@ import io
 import json
 
 import pytest
-from aiohttp import web
 from click.testing import CliRunner
 from sqlalchemy import create_engine, select
 
 from benchmarks.acceptance_bench import realistic_log, seed_job
-from gateway.config import GatewaySettings
-from gateway.http.app import GATEWAY, create_app
+from gateway.http.app import GATEWAY
 from gateway.store.db import ledger
 from jobs.cli import main
 from jobs.drafts.account import Account, AccountRow, build_account, conclusion
 from jobs.drafts.client import GatewayTarget, draft_job
 from jobs.drafts.review import list_drafts
 from jobs.report.account_page import render_account
-from testkit.gateway.fake_upstream import FakeUpstream, Fault
+from testkit.gateway.fake_upstream import Fault
+from tests.jobs.test_drafts import fake_model_gateway  # the gateway with a fake model
 
 VERDICTS = ["--accept", "--accept", "--needs-profiler", "--reject"]  # the fifth draft stays unreviewed
 
@@ -113,35 +112,19 @@ def test_offline_drafts_have_an_account_with_their_conclusions(store, monkeypatc
 @pytest.fixture
 async def live(tmp_path):
     """A real gateway (HTTP on 127.0.0.1) in front of the fake upstream; its ledger database's URL."""
-    fake = FakeUpstream()
-    await fake.start()
-    db = tmp_path / "gw.db"
-    settings = GatewaySettings(
-        host="127.0.0.1",
-        port=0,
-        database_url=f"sqlite+aiosqlite:///{db}",
-        secret="test-secret-0123456789",
-        providers={"oa": {"kind": "openai", "base_url": fake.base_url}},
-        models={"gpt-fake": {"provider": "oa", "upstream_model": "gpt-upstream"}},
-        projects={
+    settings = {
+        "projects": {
             "farm": {"models": ["gpt-fake"], "tasks": ["checklist"]},
             "other": {"models": ["gpt-fake"]},
         },
-        prices={"gpt-upstream": {"input_per_mtok": 1.0, "output_per_mtok": 4.0}},
-        retry={"backoff_base_s": 0.01, "backoff_cap_s": 0.05, "jitter_s": 0.0},
-        summaries={"window_ms": 5, "max_items": 2},  # 5 anomalies: 3 model calls
-        ledger_flush_interval_s=0.05,
-    )
-    app = create_app(settings)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    key, _ = await app[GATEWAY].keys.create("farm", "ci")
-    other, _ = await app[GATEWAY].keys.create("other", "ci")
-    url = f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
-    yield fake, GatewayTarget(url, key), GatewayTarget(url, other), f"sqlite:///{db}"
-    await runner.cleanup()
-    await fake.close()
+        "prices": {"gpt-upstream": {"input_per_mtok": 1.0, "output_per_mtok": 4.0}},
+        "retry": {"backoff_base_s": 0.01, "backoff_cap_s": 0.05, "jitter_s": 0.0},
+        "summaries": {"window_ms": 5, "max_items": 2},  # 5 anomalies: 3 model calls
+    }
+    async with fake_model_gateway(tmp_path, **settings) as (fake, app, url):
+        key, _ = await app[GATEWAY].keys.create("farm", "ci")
+        other, _ = await app[GATEWAY].keys.create("other", "ci")
+        yield fake, GatewayTarget(url, key), GatewayTarget(url, other), f"sqlite:///{tmp_path / 'gw.db'}"
 
 
 def ledger_sums(db_url: str, request_ids: list[str]) -> dict[str, float]:

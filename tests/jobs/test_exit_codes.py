@@ -21,6 +21,7 @@ from jobs.spec.sweep import loads_spec
 from jobs.store import Store
 from jobs.store.results import result_of
 from kernels.base import Summary
+from testkit.jobs import spec_job
 
 SPEC = """
 name: codes
@@ -33,11 +34,7 @@ ENV = {"host": "h", "device_kind": "cpu", "device_name": "Some CPU"}
 
 def _store_with_a_job(path: Path) -> int:
     store = Store(str(path))
-    spec = loads_spec(SPEC)
-    job = store.create_job(
-        name=spec.name, family=spec.family, spec_yaml=SPEC, spec_hash=spec.spec_hash(),
-        trials=spec.trials(), git_commit="abc",
-    )  # fmt: skip
+    job = spec_job(store, SPEC)
     store.record_results(
         [
             result_of(t.id, [10, 11], summary=Summary.from_stored({"median": 10.0 + t.seq}), correct=True,

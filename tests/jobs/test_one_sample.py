@@ -20,6 +20,7 @@ from jobs.spec.sweep import loads_spec
 from jobs.store import Store
 from jobs.store.results import result_of
 from kernels.base import Summary
+from testkit.jobs import spec_job
 
 SPEC = """
 name: one-sample
@@ -33,9 +34,7 @@ ENV = {"host": "h", "device_kind": "cpu", "device_name": "Some CPU", "torch": "x
 
 
 def one_sample_job(store: Store, ns: int) -> int:
-    spec = loads_spec(SPEC)
-    job = store.create_job(name=spec.name, family=spec.family, spec_yaml=SPEC, spec_hash=spec.spec_hash(),
-                           trials=spec.trials(), git_commit="abc")  # fmt: skip
+    job = spec_job(store, SPEC)
     store.record_results(
         [result_of(t.id, [ns + t.seq], worker="w0", node="n", environment=ENV) for t in store.trials(job)]
     )

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from test_report_html import _plot_data, make_job
+from test_report_html import _plot_data, gpu_job, make_job
 
 from benchmarks.history_store import build_history_store
 from jobs.cli import main
@@ -28,8 +28,6 @@ from jobs.report.plotting import figure
 from jobs.report.render import render_html
 from jobs.report.site import _kernel_page
 from jobs.store import Store
-from jobs.store.results import result_of
-from kernels.base import Summary
 
 STRICT_CARD = (  # no measurement is this quiet: every timed trial's stability is ambiguous
     "name: strict\nfamily: probe\nassertions: [completes, stability]\nstability: {max_cv: 0.000001}\n"
@@ -38,26 +36,6 @@ STEP = 0.6  # the history's slowdown: 1.6x, as the issue's 20 -> 32 ms
 
 
 # ---- the pages --------------------------------------------------------------------------------------
-
-
-def _gpu_job(store: Store) -> int:
-    """A job of one trial on an H200 with rates: the roofline (log x and log y) is drawn."""
-    from test_report_html import SPEC
-
-    from jobs.spec.sweep import loads_spec
-
-    spec = loads_spec(SPEC)
-    job = store.create_job(
-        name="gpu", family="probe", spec_yaml=SPEC, spec_hash=spec.spec_hash(), trials=spec.trials()[:1],
-        git_commit=None,
-    )  # fmt: skip
-    (trial,) = store.trials(job)
-    gpu = {"host": "g", "device_kind": "gpu", "device_name": "NVIDIA H200"}
-    samples = [1e6, 1.01e6, 0.99e6]
-    summary = Summary.from_stored({"median": 1e6, "n": 3})
-    metrics = {"tflops": 400.0, "gbps": 2000.0}
-    store.record_results([result_of(trial.id, samples, summary=summary, metrics=metrics, environment=gpu)])
-    return job
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +53,7 @@ def pages(tmp_path_factory) -> dict[str, Any]:
     card.write_text(STRICT_CARD)
     acc = accept(store, warned, card=str(card), ambiguous="warn")
     assert acc.verdict == "warn" and acc.counts() == {"pass": 6, "skip": 4, "ambiguous": 6}, acc.counts()
-    gpu = _gpu_job(store)
+    gpu = gpu_job(store)
     written = {}
     for name, job in (("report", slower), ("warn", warned), ("gpu", gpu)):
         written[name] = root / f"{name}.html"

@@ -17,6 +17,7 @@ from jobs.spec.sweep import loads_spec
 from jobs.store import FailureRecord, Store
 from jobs.store.results import result_of
 from kernels.base import Summary
+from testkit.jobs import spec_job
 
 SPEC = """
 name: report-test
@@ -123,26 +124,25 @@ def test_report_has_verdict_speedups_heatmap_pruned_and_samples(store):
     assert "plot-roofline" not in page  # CPU timings: no roofline
 
 
-def test_roofline_on_a_known_gpu(store):
-    gpu = {"host": "g", "device_kind": "gpu", "device_name": "NVIDIA H200"}
-    # a GPU trial with rates: 400 TFLOPS at 2000 GB/s is 200 FLOP/byte
+def gpu_job(store: Store) -> int:
+    """A job of one trial on an H200 with rates (400 TFLOPS at 2000 GB/s is 200 FLOP/byte): the roofline
+    (log x and log y) is drawn."""
     spec = loads_spec(SPEC)
-    job2 = store.create_job(
+    job = store.create_job(
         name="gpu", family="probe", spec_yaml=SPEC, spec_hash=spec.spec_hash(), trials=spec.trials()[:1],
         git_commit=None,
     )  # fmt: skip
-    (trial,) = store.trials(job2)
-    store.record_results(
-        [
-            result_of(
-                trial.id,
-                [1e6, 1e6, 1e6],
-                summary=Summary.from_stored({"median": 1e6, "n": 3}),
-                metrics={"tflops": 400.0, "gbps": 2000.0},
-                environment=gpu,
-            )
-        ]
-    )
+    (trial,) = store.trials(job)
+    gpu = {"host": "g", "device_kind": "gpu", "device_name": "NVIDIA H200"}
+    samples = [1e6, 1.01e6, 0.99e6]
+    summary = Summary.from_stored({"median": 1e6, "n": 3})
+    metrics = {"tflops": 400.0, "gbps": 2000.0}
+    store.record_results([result_of(trial.id, samples, summary=summary, metrics=metrics, environment=gpu)])
+    return job
+
+
+def test_roofline_on_a_known_gpu(store):
+    job2 = gpu_job(store)
     page = render_html(store, job2)
     data, layout = _plot_data(page, "plot-roofline")
     assert layout["xaxis"]["type"] == "log"
@@ -271,12 +271,7 @@ BAR = re.compile(r'<g class="point"><path d="M([\d.]+),([\d.]+)V([\d.]+)H([\d.]+
 def shipped_spec_job(store: Store, path: Path) -> int:
     """A job of a shipped spec (its real trial grid), its results written through the Store API: the
     baseline backend at 0.03 ms and the others at 30-100 ms, so that only a log axis shows them all."""
-    text = path.read_text()
-    spec = loads_spec(text)
-    job = store.create_job(
-        name=spec.name, family=spec.family, spec_yaml=text, spec_hash=spec.spec_hash(),
-        trials=spec.trials(), git_commit="c0ffee",
-    )  # fmt: skip
+    job = spec_job(store, path.read_text(), git_commit="c0ffee")
     results = []
     for i, t in enumerate(store.trials(job)):
         median = 3e4 if t.baseline else 3e7 + 7e7 * (i % 3) / 2

@@ -9,10 +9,10 @@ import dataclasses
 import pytest
 
 from jobs.judge import baselines
-from jobs.spec.sweep import loads_spec
 from jobs.store import AnomalyRecord, FailureRecord, Store
 from jobs.store.results import result_of
 from kernels.base import Summary
+from testkit.jobs import spec_job
 
 SPEC = """
 name: judging-test
@@ -24,11 +24,7 @@ ENV = {"host": "h", "device_kind": "cpu", "device_name": "Some CPU", "torch": "x
 
 
 def _job(store: Store, samples: list[int], summary: Summary | None = None) -> int:
-    spec = loads_spec(SPEC)
-    job = store.create_job(
-        name=spec.name, family=spec.family, spec_yaml=SPEC, spec_hash=spec.spec_hash(),
-        trials=spec.trials(), git_commit="abc",
-    )  # fmt: skip
+    job = spec_job(store, SPEC)
     store.record_results(
         result_of(t.id, samples, summary=summary, environment=ENV, correct=True) for t in store.trials(job)
     )

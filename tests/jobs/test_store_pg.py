@@ -23,10 +23,10 @@ from sqlalchemy import inspect
 
 from jobs.cli import main
 from jobs.report import render as report
-from jobs.spec.sweep import loads_spec
 from jobs.store import Store
 from jobs.store.results import TrialResult, result_of
 from jobs.store.schema import VERSION_TABLE, head_revision
+from testkit.jobs import spec_job
 
 SPEC = """
 name: pg-test
@@ -39,11 +39,7 @@ ENV = {"host": "h", "device_kind": "cpu", "device_name": "Some CPU", "torch": "x
 
 
 def _job(store: Store, text: str = SPEC) -> int:
-    spec = loads_spec(text)
-    return store.create_job(
-        name=spec.name, family=spec.family, spec_yaml=text, spec_hash=spec.spec_hash(),
-        trials=spec.trials(), git_commit="abc",
-    )  # fmt: skip
+    return spec_job(store, text)
 
 
 def _result(trial_id: int, samples: list[int], env: dict = ENV) -> TrialResult:
