@@ -14,6 +14,8 @@ import argparse
 import aiohttp
 from aiohttp import web
 
+from benchmarks.loops import install_uvloop
+
 _SESSION = web.AppKey("session", aiohttp.ClientSession)
 _JSON = {"Content-Type": "application/json"}
 
@@ -62,12 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-uvloop", action="store_true", help="the plain asyncio loop (as the gateway's)")
     args = ap.parse_args(argv)
     if not args.no_uvloop:
-        try:
-            import uvloop  # type: ignore[import-not-found]
-
-            uvloop.install()
-        except ImportError:
-            pass
+        install_uvloop()
     app = make_app(f"http://127.0.0.1:{args.upstream_port}/v1/chat/completions")
     web.run_app(app, host="127.0.0.1", port=args.port, access_log=None, print=None)
 

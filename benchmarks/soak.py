@@ -54,6 +54,7 @@ from typing import Any
 import aiohttp
 import yaml
 
+from benchmarks.loops import install_uvloop
 from testkit.gateway.fake_upstream import BAD_REQUEST_MARKER
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -560,12 +561,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--seed", type=int, default=SoakConfig.seed)
     ap.add_argument("--no-kill", action="store_true", help="no SIGKILL and restart of the gateway")
     args = ap.parse_args(argv)
-    try:
-        import uvloop  # type: ignore[import-not-found]
-
-        uvloop.install()
-    except ImportError:
-        pass
+    install_uvloop()
     cfg = SoakConfig(
         requests=args.requests, concurrency=args.concurrency, seed=args.seed, kill=not args.no_kill
     )

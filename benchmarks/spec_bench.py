@@ -22,7 +22,9 @@ family: probe
 backends: [{name: spin, baseline: true}]
 configs: {grid: {ms: [0.001]}}
 """
-_PEAK = (
+# `farm sweep validate` of the spec at argv[1], then its own peak resident size (VmHWM: ru_maxrss would keep
+# the size of a forking parent) on stderr: read it with peak_mb
+PEAK_PROGRAM = (
     "import sys\n"
     "from jobs.cli import main\n"
     "try:\n"
@@ -31,6 +33,11 @@ _PEAK = (
     "    hwm = next(line for line in open('/proc/self/status') if line.startswith('VmHWM:'))\n"
     "    print('PEAK_KB', hwm.split()[1], file=sys.stderr)\n"
 )
+
+
+def peak_mb(stderr: str) -> float:
+    """The peak resident size PEAK_PROGRAM printed, in MiB."""
+    return int(stderr.split("PEAK_KB")[1].split()[0]) / 1024
 
 
 def _specs(folder: Path) -> dict[str, Path]:
@@ -59,22 +66,22 @@ def main() -> dict[str, float]:
         for name, path in _specs(Path(tmp)).items():
             start = time.perf_counter()
             out = subprocess.run(
-                [sys.executable, "-c", _PEAK, str(path)], capture_output=True, text=True, timeout=900
+                [sys.executable, "-c", PEAK_PROGRAM, str(path)], capture_output=True, text=True, timeout=900
             )
             seconds = time.perf_counter() - start
             refused = out.returncode == 2 and (
                 "trials, more than" in out.stderr or "at most 4 MB" in out.stderr
             )
             how = "for its size" if "at most 4 MB" in out.stderr else "for its trials"
-            peak_mb = int(out.stderr.split("PEAK_KB")[1].split()[0]) / 1024
+            peak = peak_mb(out.stderr)
             size_mb = path.stat().st_size / 1e6
             print(
                 f"{name:18} ({size_mb:4.1f} MB of YAML): {'refused ' + how if refused else 'NOT REFUSED'} in "
-                f"{seconds:5.1f} s, peak {peak_mb:5.0f} MB"
+                f"{seconds:5.1f} s, peak {peak:5.0f} MB"
             )
             key = name.replace(", ", "_")
             figures[f"{key}_s"] = round(seconds, 2)
-            figures[f"{key}_peak_mb"] = round(peak_mb)
+            figures[f"{key}_peak_mb"] = round(peak)
     return figures
 
 

@@ -25,6 +25,8 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from benchmarks.loops import install_uvloop
+
 ROOT = Path(__file__).resolve().parents[1]
 BODY = json.dumps(
     {"model": "bench-model", "messages": [{"role": "user", "content": "Summarise the FP8 GEMM anomaly."}]}
@@ -177,12 +179,7 @@ def cli(argv: list[str] | None = None) -> None:
     p.add_argument("--no-uvloop", action="store_true")
     args = p.parse_args(argv)
     if not args.no_uvloop:
-        try:
-            import uvloop  # type: ignore[import-not-found]
-
-            uvloop.install()
-        except ImportError:
-            pass
+        install_uvloop()
     asyncio.run(main(args))
 
 

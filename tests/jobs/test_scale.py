@@ -11,6 +11,7 @@ import tracemalloc
 import pytest
 from click.testing import CliRunner
 
+from benchmarks.spec_bench import PEAK_PROGRAM, peak_mb
 from cluster import session
 from jobs.cli import main
 from jobs.run.runner import RunOptions, create_job, run_sweep
@@ -213,20 +214,13 @@ def test_a_huge_grid_is_refused_in_flat_memory(tmp_path):
     spec.write_text(_grid(1, 1).replace("n: [0]", "n: [" + ", ".join(map(str, range(5 * 10**5))) + "]"))
     assert spec.stat().st_size < 4 * 2**20
     # the peak is the process's own VmHWM (ru_maxrss would keep the forking pytest process's size)
-    code = (
-        "import sys\n"
-        "from jobs.cli import main\n"
-        "try:\n"
-        "    main(['sweep', 'validate', sys.argv[1]])\n"
-        "finally:\n"
-        "    hwm = next(line for line in open('/proc/self/status') if line.startswith('VmHWM:'))\n"
-        "    print('PEAK_MB', int(hwm.split()[1]) // 1024, file=sys.stderr)\n"
+    out = subprocess.run(
+        [sys.executable, "-c", PEAK_PROGRAM, str(spec)], capture_output=True, text=True, timeout=300
     )
-    out = subprocess.run([sys.executable, "-c", code, str(spec)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 2, out.stderr[-2000:]
     assert "500,000 trials" in out.stderr and "--yes" in out.stderr, out.stderr[-2000:]
-    peak = int(out.stderr.split("PEAK_MB")[1].split()[0])
-    assert peak < 300, f"peak resident size {peak} MB"
+    peak = peak_mb(out.stderr)
+    assert peak < 300, f"peak resident size {peak:.0f} MB"
 
 
 def test_a_spec_file_over_the_limit_is_refused_unread(tmp_path):

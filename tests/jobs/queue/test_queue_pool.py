@@ -10,21 +10,13 @@ import xml.etree.ElementTree as ET
 import pytest
 from click.testing import CliRunner
 
+from benchmarks.service_bench import SPEC  # `name` waiting `ms` per trial at `grid` shapes
 from jobs.cli import main
 from jobs.queue.pool import PoolOptions, serve
 from jobs.queue.queue import Queue
 from jobs.run.runner import RunOptions
 from jobs.spec.sweep import loads_spec
 from jobs.store import Store
-
-SPEC = """
-name: {name}
-family: probe
-backends: [{{name: wait, baseline: true, configs: {{grid: {{ms: [{ms}]}}}}}}]
-shapes: {{grid: {{n: {grid}}}}}
-measure: {{warmup_ms: 0, min_samples: 3, max_samples: 3, max_time_s: 5.0, seeds: 1}}
-timeout_s: 60
-"""
 
 
 def spec(name: str, n: int, ms: int = 20):
