@@ -5,11 +5,13 @@ Each run is a real `farm` process with its own local Ray, as a user would start 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -92,16 +94,24 @@ def _resume_and_check(store: Store, db: Path, job_id: int, before: dict[int, tup
     assert store.get_job(job_id).status == "completed"
 
 
+@contextlib.contextmanager
+def _sweep_run(spec: Path, db: Path, store: Store, ok: int) -> Iterator[subprocess.Popen]:
+    """`farm sweep run` of the spec on 2 workers (job 1), once `ok` of its trials are done; every process
+    it left behind is cleaned up after."""
+    run = _farm("sweep", "run", str(spec), "--db", str(db), "--quiet", "--gpus", "2")
+    try:
+        _wait_for_ok(store, 1, ok, run)
+        yield run
+    finally:
+        _cleanup(run)
+
+
 def test_sigkill_driver_then_resume(spec_and_db):
     spec, db = spec_and_db
     store = Store(str(db))
-    run = _farm("sweep", "run", str(spec), "--db", str(db), "--quiet", "--gpus", "2")
-    try:
-        _wait_for_ok(store, 1, 3, run)
+    with _sweep_run(spec, db, store, 3) as run:
         os.kill(run.pid, signal.SIGKILL)
         run.wait()
-    finally:
-        _cleanup(run)
     before = _finished(store, 1)
     assert 3 <= len(before) < N_TRIALS
     _resume_and_check(store, db, 1, before)
@@ -110,13 +120,9 @@ def test_sigkill_driver_then_resume(spec_and_db):
 def test_ctrl_c_stops_cleanly_and_leaves_the_job_resumable(spec_and_db):
     spec, db = spec_and_db
     store = Store(str(db))
-    run = _farm("sweep", "run", str(spec), "--db", str(db), "--quiet", "--gpus", "2")
-    try:
-        _wait_for_ok(store, 1, 2, run)
+    with _sweep_run(spec, db, store, 2) as run:
         os.kill(run.pid, signal.SIGINT)
         out, _ = run.communicate(timeout=60)
-    finally:
-        _cleanup(run)
     assert run.returncode == 130, out
     assert "farm sweep resume 1" in out
     job = store.get_job(1)
