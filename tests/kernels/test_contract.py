@@ -34,9 +34,11 @@ TINY: dict[str, tuple[dict[str, Any], str, dict[str, dict[str, Any]], str | None
     ),
     "paged_mla": (_PAGED, "bfloat16", {"cache_trace": {"conversations": 2, "turns": 2}}, "h_q"),
     "attention": (_ATTN, "float32", {"triton": {"block_m": 16, "block_n": 16}}, "h_q"),
+    "adversarial": ({"m": 8, "n": 8, "k": 8}, "float32", {}, "m"),  # the tests' own (testkit), honest here
 }
 # Backends that end their own process or need hardware no test machine has are not run here.
-NOT_RUN = {("probe", "crash")}
+# The adversarial family's cheating backends end `invalid` by design (tests/kernels/test_validity.py).
+NOT_RUN = {("probe", "crash"), ("adversarial", "cached"), ("adversarial", "replay")}
 
 
 def _trials() -> list[Any]:
