@@ -17,7 +17,7 @@ Config: triton takes
   num_warps    1 | 2 | 4 | 8 | 16 (default 8) and num_stages 1-8 (default the kernel's: 3 for the 64 x 64 bf16
                tile on sm_90a, else 2): the split kernel's launch
   maxnreg      registers per thread at most (ptxas .maxnreg), 24-255, or 0 for no cap (default the kernel's:
-               240 / 208 where those compile without spills on sm_90a, kernels.common.mla.triton_decode)
+               240 / 208 where those compile without spills on sm_90a, kernels.common.mla.decode_kernels)
   block_m      query rows (s_q x h_q pairs) per program, a power of two >= 16; 64 and more use wgmma
                on sm_90a, tcgen05 on sm_100a
   block_n      cached tokens per step, a power of two >= 16

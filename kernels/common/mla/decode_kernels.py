@@ -45,7 +45,9 @@ kernel compiles without spills (scripts/paged_mla_regs.py compiles the variants 
     registers, no spills at 2 or 3 stages) doubles the wgmma instructions of Q K^T (N 16 per warpgroup)
     and the accumulator rescales per token; 1 stage spills (304 B at 64, 208 B at 32); 4 warps (one
     warpgroup) spill ~1.1 KB, 16 warps (128-register limit) 184 B. Pages 16 and 32 (BLOCK_N 16 / 32)
-    take 212-229 registers uncapped.
+    take 208-252 registers uncapped (252 at 64 x 32, s_q 2, since the tile's store went to a shared jit
+    helper), 211-228 under the same 240 cap at 2 stages with no spills and the same SASS, so they run
+    capped too.
   fewer than 64 rows (h_q 16: 16 or 32 rows): BLOCK_M 16 / 32 with mma.sync. wgmma's M is 64 per
     warpgroup, so it would need the rows padded to 64: 4x / 2x the MMA and softmax work on masked rows
     for the same KV bytes.
@@ -192,12 +194,14 @@ def default_maxnreg(
     """The register cap per thread (Triton's `maxnreg` launch option, ptxas's .maxnreg) when the caller
     does not choose, None for none (ptxas's own limit, 255). Only where the capped kernel was compiled
     without spills at the shipped spec's shapes: on sm_90a with 8 warps, 240 for a plain cache's 64 x 64
-    wgmma tile at 3 stages and 208 for the per-token fp8 cache's 32 x 16 / 32 x 32 tiles at 2 stages (caps
-    216 to 240 spill 8 B there at s_q > 1); without the cap both take 254-255 registers."""
+    wgmma tile at 3 stages and its 64 x 16 / 64 x 32 tiles at 2 stages, and 208 for the per-token fp8
+    cache's 32 x 16 / 32 x 32 tiles at 2 stages (caps 216 to 240 spill 8 B there at s_q > 1); without
+    the cap they take up to 252-255 registers."""
     _known_target(target)
     if target != "sm_90a" or num_warps != 8:
         return None
-    if kv_format == "plain" and (block_m, block_n, num_stages) == (WGMMA_ROWS, 64, 3):
+    wide_plain = kv_format == "plain" and block_m == WGMMA_ROWS
+    if wide_plain and (block_n, num_stages) in ((64, 3), (32, 2), (16, 2)):
         return 240
     if kv_format == "fp8" and block_m == 32 and block_n in (16, 32) and num_stages == 2:
         return 208

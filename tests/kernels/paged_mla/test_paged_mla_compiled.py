@@ -91,7 +91,8 @@ def test_default_configs_compile_without_spills_at_the_shipped_shapes(compiled):
 def test_default_configs_take_at_most_240_registers_on_sm90(compiled):
     # triton_decode's own launch defaults (default_tiles, default_num_stages, default_maxnreg): the 64 x 64
     # bf16 wgmma tile at 3 stages under a 240-register cap (255 uncapped at 2 stages; capped at 2 stages it
-    # spills 24 B), the per-token fp8 cache's 32-row tiles under a 208 cap (216-240 spill 8 B at s_q 2)
+    # spills 24 B), the 64 x 16 / 64 x 32 tiles at 2 stages under the same cap (252 uncapped), the
+    # per-token fp8 cache's 32-row tiles under a 208 cap (216-240 spill 8 B at s_q 2)
     own = _split(compiled, "own")
     covered = {(s["kv_dtype"], s["h_q"], s["s_q"], s["page_size"]) for s, _ in own}
     assert covered >= {(kv, 128, s_q, page) for kv in ("bf16", "fp8", "fp8_flashmla") for s_q in (1, 2)
@@ -193,11 +194,13 @@ def test_default_tiles_per_target():
 def test_default_launch_options_per_tile_and_target():
     from kernels.common.mla.decode_kernels import default_maxnreg, default_num_stages
 
-    # 3 stages and a 240-register cap only for the 64 x 64 bf16 wgmma tile on sm_90a
+    # 3 stages only for the 64 x 64 bf16 wgmma tile on sm_90a; a 240 cap on every 64-row bf16 tile there
     assert [default_num_stages(64, bn, "plain", "sm_90a") for bn in (16, 32, 64)] == [2, 2, 3]
     assert default_num_stages(64, 64, "plain", "sm_100a") == default_num_stages(32, 32, "fp8", "sm_90a") == 2
     assert default_maxnreg(64, 64, "plain", "sm_90a", 3) == 240
     assert default_maxnreg(64, 64, "plain", "sm_90a", 2) is None  # capped at 2 stages it spills
+    assert [default_maxnreg(64, bn, "plain", "sm_90a", 2) for bn in (16, 32)] == [240, 240]
+    assert default_maxnreg(16, 16, "plain", "sm_90a", 2) is None  # mma.sync rows: never above 240
     assert [default_maxnreg(32, bn, "fp8", "sm_90a", 2) for bn in (16, 32, 64)] == [208, 208, None]
     assert default_maxnreg(32, 32, "fp8", "sm_100a", 2) is None
     assert default_maxnreg(32, 32, "fp8", "sm_90a", 2, num_warps=4) is None  # measured at 8 warps only
