@@ -250,6 +250,23 @@ class _WriteThrough(RequestTally):
             c.cost.inc(cost)
 
 
+class _Factory:
+    """Every metric of a GatewayMetrics on one registry; a gauge's mode (multiprocess_mode) says how the
+    processes' values combine."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def counter(self, name: str, doc: str, labels: list[str]) -> Counter:
+        return Counter(name, doc, labels, registry=self.registry)
+
+    def histogram(self, name: str, doc: str, labels: list[str], buckets=_LATENCY_BUCKETS) -> Histogram:
+        return Histogram(name, doc, labels, buckets=buckets, registry=self.registry)
+
+    def gauge(self, name: str, doc: str, labels: list[str], mode: str) -> Gauge:
+        return Gauge(name, doc, labels, registry=self.registry, multiprocess_mode=mode)
+
+
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
@@ -269,105 +286,111 @@ class GatewayMetrics:
         else:
             self.registry.register(_SyncFirst(self))  # first: the tallies are drained before any metric
 
-        # every metric on ``r``; a gauge's mode (multiprocess_mode): how the processes' values combine
-        def counter(name: str, doc: str, labels: list[str]) -> Counter:
-            return Counter(name, doc, labels, registry=r)
+        f = _Factory(r)
+        self._request_metrics(f)
+        self._routing_metrics(f)
+        self._limit_gauges(f)
 
-        def histogram(name: str, doc: str, labels: list[str], buckets=_LATENCY_BUCKETS) -> Histogram:
-            return Histogram(name, doc, labels, buckets=buckets, registry=r)
+        # labels() costs ~2 us a call (a lock and a dict behind it): the request path reuses the children.
+        # Bounded like the labels themselves (configured projects, models and tasks, plus unknown/other).
+        self._children: dict[tuple[str, str, str, str], RequestChildren] = {}
 
-        def gauge(name: str, doc: str, labels: list[str], mode: str) -> Gauge:
-            return Gauge(name, doc, labels, registry=r, multiprocess_mode=mode)
-
+    def _request_metrics(self, f: _Factory) -> None:
+        """Per request: outcomes, tokens, cost, latencies, retries, rejections and dropped fields."""
         pmt = ["project", "model", "task"]
-        self.requests = counter("gateway_requests", "Client requests by outcome", pmt + ["status"])
-        self.input_tokens = counter("gateway_input_tokens", "Input tokens reported upstream", pmt)
-        self.output_tokens = counter("gateway_output_tokens", "Output tokens reported upstream", pmt)
-        self.cost = counter(
+        self.requests = f.counter("gateway_requests", "Client requests by outcome", pmt + ["status"])
+        self.input_tokens = f.counter("gateway_input_tokens", "Input tokens reported upstream", pmt)
+        self.output_tokens = f.counter("gateway_output_tokens", "Output tokens reported upstream", pmt)
+        self.cost = f.counter(
             "gateway_cost_usd",
             "US dollars spent upstream, priced by gateway.core.pricing (models without a price add nothing)",
             pmt,
         )
-        self.latency = histogram(
+        self.latency = f.histogram(
             "gateway_request_latency_seconds",
             "End-to-end latency of a client request",
             ["project", "model", "status"],
         )
-        self.upstream_latency = histogram(
+        self.upstream_latency = f.histogram(
             "gateway_upstream_latency_seconds",
             "Time spent waiting on the upstream (retries included)",
             ["project", "model"],
         )
-        self.overhead = histogram(
+        self.overhead = f.histogram(
             "gateway_overhead_seconds",
             "Latency the gateway itself adds (end to end minus upstream and queue wait)",
             ["project", "model"],
             _OVERHEAD_BUCKETS,
         )
-        self.ttft = histogram(
+        self.ttft = f.histogram(
             "gateway_time_to_first_token_seconds",
             "Time to the first streamed byte reaching the client",
             ["project", "model"],
         )
-        self.queue_wait = histogram("gateway_queue_wait_seconds", "Wait for a concurrency slot", ["project"])
-        self.retries = counter(
+        self.queue_wait = f.histogram(
+            "gateway_queue_wait_seconds", "Wait for a concurrency slot", ["project"]
+        )
+        self.retries = f.counter(
             "gateway_upstream_retries", "Upstream retries by reason", ["project", "model", "reason"]
         )
         # the token account (issue 33): per task, the upstream 429s requests met and the time they waited
         # between attempts; counted only for requests that retried (gateway.http.pipeline.account)
-        self.rate_limited = counter(
+        self.rate_limited = f.counter(
             "gateway_upstream_rate_limited",
             "Upstream 429 answers met by requests (retried, or the last answer)",
             pmt,
         )
-        self.retry_wait = counter(
+        self.retry_wait = f.counter(
             "gateway_upstream_retry_wait_seconds",
             "Time requests waited between upstream attempts (backoff, Retry-After)",
             pmt,
         )
-        self.rejections = counter(
+        self.rejections = f.counter(
             "gateway_rejections", "Requests rejected by a project limit", ["project", "limit"]
         )
-        self.dropped_fields = counter(
+        self.dropped_fields = f.counter(
             "gateway_translation_dropped_fields",
             "Request fields translation left out, by client and field (gateway.translate.policy)",
             ["client", "field"],
         )
         self._dropped_seen: set[str] = set()  # field labels given so far (at most MAX_FIELD_LABELS)
+
+    def _routing_metrics(self, f: _Factory) -> None:
         # routing (gateway.upstream.routing): per deployment of a public model; both labels come from the
         # config
         md = ["model", "deployment"]
-        self.deployment_requests = counter(
+        self.deployment_requests = f.counter(
             "gateway_deployment_requests", "Upstream attempts sent to a deployment", md
         )
-        self.deployment_errors = counter(
+        self.deployment_errors = f.counter(
             "gateway_deployment_errors",
             "Failed attempts by class (rate_limit, server_error, timeout, connect, other)",
             md + ["class"],
         )
-        self.deployment_cooldowns = counter(
+        self.deployment_cooldowns = f.counter(
             "gateway_deployment_cooldowns", "Cooldowns started for a deployment", md
         )
-        self.deployment_in_flight = gauge(
+        self.deployment_in_flight = f.gauge(
             "gateway_deployment_in_flight", "Attempts in flight on a deployment", md, "livesum"
         )
-        self.fallbacks = counter(
+        self.fallbacks = f.counter(
             "gateway_fallbacks", "Requests moved to a fallback model", ["from_model", "to_model"]
         )
-        self.in_flight = gauge(
+
+    def _limit_gauges(self, f: _Factory) -> None:
+        """Read live from the limiters at scrape time (bind_limits)."""
+        self.in_flight = f.gauge(
             "gateway_in_flight", "Requests holding a concurrency slot", ["project"], "livesum"
         )
-        self.queue_depth = gauge("gateway_queue_depth", "Requests waiting for a slot", ["project"], "livesum")
-        self.budget_remaining = gauge(
+        self.queue_depth = f.gauge(
+            "gateway_queue_depth", "Requests waiting for a slot", ["project"], "livesum"
+        )
+        self.budget_remaining = f.gauge(
             "gateway_daily_budget_remaining_tokens", "Tokens left in today's budget", ["project"], "livemin"
         )
-        self.budget = gauge(
+        self.budget = f.gauge(
             "gateway_daily_budget_tokens", "Today's token budget as configured", ["project"], "livemax"
         )
-
-        # labels() costs ~2 us a call (a lock and a dict behind it): the request path reuses the children.
-        # Bounded like the labels themselves (configured projects, models and tasks, plus unknown/other).
-        self._children: dict[tuple[str, str, str, str], RequestChildren] = {}
 
     def request_children(self, project: str, model: str, task: str, status: str) -> RequestChildren:
         key = (project, model, task, status)

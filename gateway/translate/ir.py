@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -110,6 +111,17 @@ class Request:
 
     def src(self, name: str) -> str:
         return self.source_fields.get(name, name)
+
+    def screen(
+        self, body: dict, dst: str, known: frozenset[str], refused: Mapping[str, str], off: tuple = (None,)
+    ) -> None:
+        """A request's top-level fields before it is read: one of `refused` (field -> what it asks for)
+        set to a value other than `off` is a 400 naming it; one not `known` is ``unknown``."""
+        for key, value in body.items():
+            if key in refused and value not in off:
+                raise untranslatable(key, dst, refused[key])
+            if key not in known:
+                self.unknown(key, dst)
 
     def unknown(self, name: str, dst: str, what: str = "this field") -> None:
         """A field the gateway does not know (or a tool with no equivalent): left out and reported, or in

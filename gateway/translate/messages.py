@@ -65,6 +65,7 @@ _ERROR_STATUS = {
 _HANDLED = frozenset(
     "model system messages tools tool_choice max_tokens temperature top_p stop_sequences stream".split()
 )
+_KNOWN = _HANDLED | policy.TOP_LEVEL["messages"]
 # Fields that change the answer and have no equivalent in the OpenAI formats: refused by name, always.
 _REFUSED = {"top_k": "top-k sampling"}
 
@@ -92,11 +93,7 @@ def _blocks(content: object, where: str) -> list:
 
 def parse_request(body: dict, dst: str, strict: bool = False) -> Request:
     req = Request(strict=strict)
-    for key, value in body.items():
-        if key in _REFUSED and value is not None:
-            raise untranslatable(key, dst, _REFUSED[key])
-        if key not in _HANDLED and key not in policy.TOP_LEVEL["messages"]:
-            req.unknown(key, dst)
+    req.screen(body, dst, _KNOWN, _REFUSED)
     config = body.get("output_config")
     if isinstance(config, dict):  # Claude Code: {"effort": ...}, a hint (policy.EFFORT); the rest unknown
         for key in config:
@@ -112,57 +109,78 @@ def parse_request(body: dict, dst: str, strict: bool = False) -> Request:
                 raise untranslatable(f"system[{j}].type", dst, f"a {b.get('type')!r} system block")
             parts.append(Text(want(b.get("text"), str, f"system[{j}].text")))
         req.messages.append(Message("system", parts))
-
     for i, m in enumerate(want(body.get("messages"), list, "messages")):
-        w = f"messages[{i}]"
-        role = want(m, dict, w).get("role")
-        if role == "system":  # Claude Code puts system messages in its conversation
-            parts = [Text(want(b.get("text"), str, f"{w}.content[{j}].text"))
-                     for j, b in enumerate(_blocks(m.get("content"), f"{w}.content"))
-                     if want(b, dict, f"{w}.content[{j}]").get("type") == "text"]  # fmt: skip
-            req.messages.append(Message("system", parts))
-            continue
-        if role not in ("user", "assistant"):
-            raise invalid(f"{w}.role", f"must be user, assistant or system, not {role!r}")
-        pending: list = []  # text/images of this turn, flushed around tool results to keep their order
+        _parse_message(req, m, f"messages[{i}]", dst)
+    _parse_tools(req, body, dst)
+    req.max_tokens = body.get("max_tokens")
+    req.temperature = body.get("temperature")
+    req.top_p = body.get("top_p")
+    if body.get("stop_sequences"):
+        req.stop = list(want(body["stop_sequences"], list, "stop_sequences"))
+        req.source_fields["stop"] = "stop_sequences"
+    req.stream = bool(body.get("stream"))
+    meta = body.get("metadata")
+    if isinstance(meta, dict) and isinstance(meta.get("user_id"), str):
+        req.user = meta["user_id"]
+    return req
 
-        def flush(role=role, pending=pending) -> None:
-            if pending:
-                req.messages.append(Message(role, list(pending)))
-                pending.clear()
 
-        for j, b in enumerate(_blocks(m.get("content"), f"{w}.content")):
-            bw = f"{w}.content[{j}]"
-            kind = want(b, dict, bw).get("type")
-            if kind == "text":
-                pending.append(Text(want(b.get("text"), str, f"{bw}.text")))
-            elif kind == "image":
-                pending.append(_image(b, bw, dst))
-            elif kind == "tool_use" and role == "assistant":
-                args = dumps(b.get("input") if b.get("input") is not None else {})
-                pending.append(
-                    ToolCall(want(b.get("id"), str, f"{bw}.id"), want(b.get("name"), str, bw), args)
-                )
-            elif kind == "tool_result" and role == "user":
-                flush()
-                content = []
-                for k, c in enumerate(_blocks(b.get("content") or "", f"{bw}.content")):
-                    cw = f"{bw}.content[{k}]"
-                    ckind = want(c, dict, cw).get("type")
-                    if ckind == "text":
-                        content.append(Text(want(c.get("text"), str, f"{cw}.text")))
-                    elif ckind == "image":
-                        content.append(_image(c, cw, dst))
-                    else:
-                        raise untranslatable(f"{cw}.type", dst, f"a {ckind!r} block in a tool result")
-                call_id = want(b.get("tool_use_id"), str, f"{bw}.tool_use_id")
-                req.messages.append(Message("tool", [ToolResult(call_id, content, bool(b.get("is_error")))]))
-            elif kind in ("thinking", "redacted_thinking") and role == "assistant":
-                continue  # policy.DROPPED: signed prior reasoning
-            else:
-                raise untranslatable(f"{bw}.type", dst, f"a {kind!r} block")
-        flush()
+def _parse_message(req: Request, m: object, w: str, dst: str) -> None:
+    """One conversation turn `m` (at `w`) into the hub's messages: its text and images, with each tool
+    result a message of its own, in the order they came."""
+    role = want(m, dict, w).get("role")
+    if role == "system":  # Claude Code puts system messages in its conversation
+        parts = [Text(want(b.get("text"), str, f"{w}.content[{j}].text"))
+                 for j, b in enumerate(_blocks(m.get("content"), f"{w}.content"))
+                 if want(b, dict, f"{w}.content[{j}]").get("type") == "text"]  # fmt: skip
+        req.messages.append(Message("system", parts))
+        return
+    if role not in ("user", "assistant"):
+        raise invalid(f"{w}.role", f"must be user, assistant or system, not {role!r}")
+    pending: list = []  # text/images of this turn, flushed around tool results to keep their order
 
+    def flush() -> None:
+        if pending:
+            req.messages.append(Message(role, list(pending)))
+            pending.clear()
+
+    for j, b in enumerate(_blocks(m.get("content"), f"{w}.content")):
+        bw = f"{w}.content[{j}]"
+        kind = want(b, dict, bw).get("type")
+        if kind == "text":
+            pending.append(Text(want(b.get("text"), str, f"{bw}.text")))
+        elif kind == "image":
+            pending.append(_image(b, bw, dst))
+        elif kind == "tool_use" and role == "assistant":
+            args = dumps(b.get("input") if b.get("input") is not None else {})
+            pending.append(ToolCall(want(b.get("id"), str, f"{bw}.id"), want(b.get("name"), str, bw), args))
+        elif kind == "tool_result" and role == "user":
+            flush()
+            req.messages.append(Message("tool", [_tool_result(b, bw, dst)]))
+        elif kind in ("thinking", "redacted_thinking") and role == "assistant":
+            continue  # policy.DROPPED: signed prior reasoning
+        else:
+            raise untranslatable(f"{bw}.type", dst, f"a {kind!r} block")
+    flush()
+
+
+def _tool_result(b: dict, bw: str, dst: str) -> ToolResult:
+    content = []
+    for k, c in enumerate(_blocks(b.get("content") or "", f"{bw}.content")):
+        cw = f"{bw}.content[{k}]"
+        ckind = want(c, dict, cw).get("type")
+        if ckind == "text":
+            content.append(Text(want(c.get("text"), str, f"{cw}.text")))
+        elif ckind == "image":
+            content.append(_image(c, cw, dst))
+        else:
+            raise untranslatable(f"{cw}.type", dst, f"a {ckind!r} block in a tool result")
+    call_id = want(b.get("tool_use_id"), str, f"{bw}.tool_use_id")
+    return ToolResult(call_id, content, bool(b.get("is_error")))
+
+
+def _parse_tools(req: Request, body: dict, dst: str) -> None:
+    """`tools` and `tool_choice` (a server tool is unknown: it runs at Anthropic)."""
     for i, t in enumerate(body.get("tools") or []):
         w = f"tools[{i}]"
         if want(t, dict, w).get("type") not in (None, "custom"):  # a server tool (web search, ...)
@@ -181,17 +199,6 @@ def parse_request(body: dict, dst: str, strict: bool = False) -> Request:
             raise invalid("tool_choice.type", f"unknown value {kind!r}")
         if tc.get("disable_parallel_tool_use"):
             req.parallel_tool_calls = False
-    req.max_tokens = body.get("max_tokens")
-    req.temperature = body.get("temperature")
-    req.top_p = body.get("top_p")
-    if body.get("stop_sequences"):
-        req.stop = list(want(body["stop_sequences"], list, "stop_sequences"))
-        req.source_fields["stop"] = "stop_sequences"
-    req.stream = bool(body.get("stream"))
-    meta = body.get("metadata")
-    if isinstance(meta, dict) and isinstance(meta.get("user_id"), str):
-        req.user = meta["user_id"]
-    return req
 
 
 def _image_block(img: Image) -> dict:

@@ -50,6 +50,7 @@ _STATEFUL_OR_UNIQUE = {
     "max_tool_calls": "a cap on built-in tool calls",
     "top_logprobs": "token logprobs",
 }
+_KNOWN = _HANDLED | policy.TOP_LEVEL["responses"]
 
 
 # ------------------------------------------------------------------------------------------------ request
@@ -77,76 +78,15 @@ def _parts(content: object, where: str, dst: str) -> list:
 
 def parse_request(body: dict, dst: str, strict: bool = False) -> Request:
     req = Request(strict=strict)
-    for key, value in body.items():
-        if key in _STATEFUL_OR_UNIQUE and value not in (None, False, 0):
-            raise untranslatable(key, dst, _STATEFUL_OR_UNIQUE[key])
-        if key not in _HANDLED and key not in policy.TOP_LEVEL["responses"]:
-            req.unknown(key, dst)
+    req.screen(body, dst, _KNOWN, _STATEFUL_OR_UNIQUE, (None, False, 0))
     if body.get("truncation") not in (None, "disabled"):
         raise untranslatable("truncation", dst, f"truncation {body['truncation']!r}")
     if "message.output_text.logprobs" in (body.get("include") or ()):
         raise untranslatable("include", dst, "message.output_text.logprobs")
     if body.get("instructions"):
         req.messages.append(Message("system", [Text(want(body["instructions"], str, "instructions"))]))
-
-    items = body.get("input")
-    if isinstance(items, str):
-        items = [{"type": "message", "role": "user", "content": items}]
-    for i, item in enumerate(want(items, list, "input")):
-        w = f"input[{i}]"
-        kind = want(item, dict, w).get("type", "message")
-        if kind == "message":
-            role = item.get("role")
-            parts = _parts(item.get("content"), f"{w}.content", dst)
-            if role in ("system", "developer"):
-                req.messages.append(Message("system", parts))
-            elif role in ("user", "assistant"):
-                req.messages.append(Message(role, parts))
-            else:
-                raise invalid(f"{w}.role", f"unknown role {role!r}")
-        elif kind == "function_call":
-            name = want(item.get("name"), str, f"{w}.name")
-            if isinstance(item.get("namespace"), str):  # a namespaced tool's call (Codex): its flat name
-                name = namespaces.flat_name(item["namespace"], name)
-            call = ToolCall(
-                want(item.get("call_id"), str, f"{w}.call_id"),
-                name,
-                want(item.get("arguments", ""), str, f"{w}.arguments"),
-            )
-            last = req.messages[-1] if req.messages else None
-            if last is not None and last.role == "assistant":
-                last.parts.append(call)
-            else:
-                req.messages.append(Message("assistant", [call]))
-        elif kind == "function_call_output":
-            output = item.get("output")
-            content = _parts(output, f"{w}.output", dst) if output else []
-            call_id = want(item.get("call_id"), str, f"{w}.call_id")
-            req.messages.append(Message("tool", [ToolResult(call_id, content)]))
-        elif kind == "reasoning":
-            continue  # policy.DROPPED: encrypted prior reasoning
-        else:
-            raise untranslatable(f"{w}.type", dst, f"a {kind!r} input item")
-
-    for i, t in enumerate(body.get("tools") or []):
-        w = f"tools[{i}]"
-        kind = want(t, dict, w).get("type")
-        if kind == "namespace":  # Codex: function tools grouped under a name, flattened (namespaces)
-            ns = want(t.get("name"), str, f"{w}.name")
-            for j, sub in enumerate(want(t.get("tools") or [], list, f"{w}.tools")):
-                sw = f"{w}.tools[{j}]"
-                if want(sub, dict, sw).get("type", "function") != "function":
-                    req.unknown(f"tools[{ns}.{sub.get('type')}]", dst, f"the {sub.get('type')!r} tool")
-                    continue
-                params = sub.get("parameters") or {"type": "object", "properties": {}}
-                name = namespaces.flat_name(ns, want(sub.get("name"), str, f"{sw}.name"))
-                req.tools.append(Tool(name, sub.get("description"), params))
-            continue
-        if kind != "function":  # a built-in tool (web_search, ...) that runs at OpenAI
-            req.unknown(f"tools[{kind}]", dst, f"the built-in tool {kind!r}")
-            continue
-        params = t.get("parameters") or {"type": "object", "properties": {}}
-        req.tools.append(Tool(want(t.get("name"), str, f"{w}.name"), t.get("description"), params))
+    _parse_input(req, body.get("input"), dst)
+    _parse_tools(req, body.get("tools"), dst)
     tc = body.get("tool_choice")
     if isinstance(tc, str):
         if tc not in ("auto", "none", "required"):
@@ -177,6 +117,68 @@ def parse_request(body: dict, dst: str, strict: bool = False) -> Request:
             req.response_format = {"type": "json_schema", "json_schema": schema}
         req.source_fields["response_format"] = "text.format"
     return req
+
+
+def _parse_input(req: Request, items: object, dst: str) -> None:
+    """`input`: a string (one user message) or a list of items, each a message, a function call (joined to
+    the assistant turn before it), a function's output or prior reasoning (dropped)."""
+    if isinstance(items, str):
+        items = [{"type": "message", "role": "user", "content": items}]
+    for i, item in enumerate(want(items, list, "input")):
+        w = f"input[{i}]"
+        kind = want(item, dict, w).get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            parts = _parts(item.get("content"), f"{w}.content", dst)
+            if role in ("system", "developer"):
+                req.messages.append(Message("system", parts))
+            elif role in ("user", "assistant"):
+                req.messages.append(Message(role, parts))
+            else:
+                raise invalid(f"{w}.role", f"unknown role {role!r}")
+        elif kind == "function_call":
+            name = want(item.get("name"), str, f"{w}.name")
+            if isinstance(item.get("namespace"), str):  # a namespaced tool's call (Codex): its flat name
+                name = namespaces.flat_name(item["namespace"], name)
+            arguments = want(item.get("arguments", ""), str, f"{w}.arguments")
+            call = ToolCall(want(item.get("call_id"), str, f"{w}.call_id"), name, arguments)
+            last = req.messages[-1] if req.messages else None
+            if last is not None and last.role == "assistant":
+                last.parts.append(call)
+            else:
+                req.messages.append(Message("assistant", [call]))
+        elif kind == "function_call_output":
+            output = item.get("output")
+            content = _parts(output, f"{w}.output", dst) if output else []
+            call_id = want(item.get("call_id"), str, f"{w}.call_id")
+            req.messages.append(Message("tool", [ToolResult(call_id, content)]))
+        elif kind == "reasoning":
+            continue  # policy.DROPPED: encrypted prior reasoning
+        else:
+            raise untranslatable(f"{w}.type", dst, f"a {kind!r} input item")
+
+
+def _parse_tools(req: Request, tools: object, dst: str) -> None:
+    """`tools`: functions, and Codex's namespaces of them (flattened); a built-in tool is unknown."""
+    for i, t in enumerate(tools or []):
+        w = f"tools[{i}]"
+        kind = want(t, dict, w).get("type")
+        if kind == "namespace":  # Codex: function tools grouped under a name, flattened (namespaces)
+            ns = want(t.get("name"), str, f"{w}.name")
+            for j, sub in enumerate(want(t.get("tools") or [], list, f"{w}.tools")):
+                sw = f"{w}.tools[{j}]"
+                if want(sub, dict, sw).get("type", "function") != "function":
+                    req.unknown(f"tools[{ns}.{sub.get('type')}]", dst, f"the {sub.get('type')!r} tool")
+                    continue
+                params = sub.get("parameters") or {"type": "object", "properties": {}}
+                name = namespaces.flat_name(ns, want(sub.get("name"), str, f"{sw}.name"))
+                req.tools.append(Tool(name, sub.get("description"), params))
+            continue
+        if kind != "function":  # a built-in tool (web_search, ...) that runs at OpenAI
+            req.unknown(f"tools[{kind}]", dst, f"the built-in tool {kind!r}")
+            continue
+        params = t.get("parameters") or {"type": "object", "properties": {}}
+        req.tools.append(Tool(want(t.get("name"), str, f"{w}.name"), t.get("description"), params))
 
 
 def _input_parts(parts: list, text_kind: str) -> list[dict]:
