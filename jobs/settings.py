@@ -72,14 +72,9 @@ class _FromMapping(FarmSettings):
 
     @classmethod
     def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
+        cls, settings_cls: type[BaseSettings], **sources: PydanticBaseSettingsSource
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings,)
+        return (sources["init_settings"],)
 
 
 def env_name(field: str) -> str:

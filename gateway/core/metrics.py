@@ -19,7 +19,7 @@ import asyncio
 import os
 from bisect import bisect_left
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -227,27 +227,11 @@ class RequestTally:
 
 class _WriteThrough(RequestTally):
     """Multiprocess mode: each request goes to the metric children (their files) at once, so a scrape
-    served by any process counts every process's requests at once."""
+    served by any process counts every process's requests at once: recorded, then drained."""
 
-    def record(
-        self,
-        latency: float,
-        upstream_s: float | None,
-        queue_wait: float,
-        ttft: float | None,
-        input_tokens: int,
-        output_tokens: int,
-        cost: float | None,
-    ) -> None:
-        c = self.children
-        c.requests.inc()
-        _observe_times(c, latency, upstream_s, queue_wait, ttft)
-        if input_tokens > 0:
-            c.input_tokens.inc(input_tokens)
-        if output_tokens > 0:
-            c.output_tokens.inc(output_tokens)
-        if cost is not None and cost > 0:
-            c.cost.inc(cost)
+    def record(self, *args: Any, **kwargs: Any) -> None:
+        super().record(*args, **kwargs)
+        self.drain()
 
 
 class _Factory:

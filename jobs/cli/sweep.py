@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -146,52 +147,58 @@ ambiguous_option = click.option(
 )  # fmt: skip
 
 
+@dataclasses.dataclass(frozen=True)
+class RunArgs:
+    """The options `sweep run` and `sweep resume` share (run_options)."""
+
+    address: str | None
+    gpus: int | None
+    db: str | None
+    quiet: bool
+    no_report: bool
+    accept: bool | None
+    ambiguous: str | None
+    oversubscribe: bool
+
+    def run_options(self) -> RunOptions:
+        """How the sweep runs: the options given, else the settings' (FARM_*)."""
+        from jobs.run.runner import RunOptions
+
+        settings = FarmSettings()
+        options = RunOptions(
+            self.address or settings.ray_address, self.gpus or settings.gpus, not self.quiet, echo
+        )
+        options.oversubscribe = self.oversubscribe
+        return options
+
+
+def run_options(f: Callable) -> Callable:
+    """The options of RunArgs, on a command that takes them as **run."""
+    no_report = click.option("--no-report", is_flag=True, help="do not print the report table at the end")
+    for option in reversed(
+        (address_option, gpus_option, db_option, quiet_option, no_report, accept_option, ambiguous_option,
+         oversubscribe_option)
+    ):  # fmt: skip
+        f = option(f)
+    return f
+
+
 @sweep.command("run")
 @click.argument("spec_path", type=click.Path(dir_okay=False, path_type=Path))
-@address_option
-@gpus_option
-@db_option
-@quiet_option
-@click.option("--no-report", is_flag=True, help="do not print the report table at the end")
-@accept_option
-@ambiguous_option
-@oversubscribe_option
+@run_options
 @yes_option
 @max_trials_option
 @click.option("--verbose", is_flag=True, help="list every assertion of the verdict, not only failures")
-def sweep_run(
-    spec_path: Path,
-    address: str | None,
-    gpus: int | None,
-    db: str | None,
-    quiet: bool,
-    no_report: bool,
-    accept: bool | None,
-    ambiguous: str | None,
-    oversubscribe: bool,
-    yes: bool,
-    max_trials: int,
-    verbose: bool,
-) -> None:
+def sweep_run(spec_path: Path, yes: bool, max_trials: int, verbose: bool, **run: Any) -> None:
     """Run the sweep in SPEC_PATH: expand the grid, dispatch trials to one worker per GPU, store results."""
     from jobs.run.runner import run_sweep
 
+    args = RunArgs(**run)
     spec = _load(spec_path, yes, max_trials)
-    store = store_for(db, create=True)
-    options = _run_options(address, gpus, quiet, oversubscribe)
+    store = store_for(args.db, create=True)
     with _no_job_on_interrupt():
-        result = run_sweep(spec, store, options)
-    _finish(result, store, not no_report, accept, ambiguous, verbose)
-
-
-def _run_options(address: str | None, gpus: int | None, quiet: bool, oversubscribe: bool) -> RunOptions:
-    """How `sweep run` and `sweep resume` run: the options given, else the settings' (FARM_*)."""
-    from jobs.run.runner import RunOptions
-
-    settings = FarmSettings()
-    options = RunOptions(address or settings.ray_address, gpus or settings.gpus, not quiet, echo)
-    options.oversubscribe = oversubscribe
-    return options
+        result = run_sweep(spec, store, args.run_options())
+    _finish(result, store, not args.no_report, args.accept, args.ambiguous, verbose)
 
 
 @contextlib.contextmanager
@@ -208,33 +215,16 @@ def _no_job_on_interrupt() -> Iterator[None]:
 
 @sweep.command("resume")
 @click.argument("job_id", type=int)
-@address_option
-@gpus_option
-@db_option
-@quiet_option
-@click.option("--no-report", is_flag=True)
-@accept_option
-@ambiguous_option
-@oversubscribe_option
-def sweep_resume(
-    job_id: int,
-    address: str | None,
-    gpus: int | None,
-    db: str | None,
-    quiet: bool,
-    no_report: bool,
-    accept: bool | None,
-    ambiguous: str | None,
-    oversubscribe: bool,
-) -> None:
+@run_options
+def sweep_resume(job_id: int, **run: Any) -> None:
     """Run only the trials of JOB_ID that have not finished (a finished job is left as it is)."""
     from jobs.run.runner import resume_job
 
-    store = store_for(db, create=True)
-    options = _run_options(address, gpus, quiet, oversubscribe)
+    args = RunArgs(**run)
+    store = store_for(args.db, create=True)
     try:
         with _no_job_on_interrupt():
-            result = resume_job(job_id, store, options)
+            result = resume_job(job_id, store, args.run_options())
     except SpecError as err:
         raise click.ClickException(str(err)) from None
-    _finish(result, store, not no_report, accept, ambiguous)
+    _finish(result, store, not args.no_report, args.accept, args.ambiguous)
