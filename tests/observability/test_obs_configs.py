@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import textwrap
 from pathlib import Path
@@ -40,70 +39,47 @@ def test_prometheus_yml_scrapes_the_gateway_the_farm_and_ray():
 
 
 ALERT_TESTS = """
-rule_files: [{rules}]
+rule_files: []
 evaluation_interval: 1m
 tests:
   - interval: 1m
     input_series:
       # alpha: 10 requests a minute, 2 of them turned away by rpm (20 %)
-      - series: 'gateway_requests_total{{project="alpha", model="m", task="t", status="ok"}}'
+      - series: 'gateway_requests_total{project="alpha", model="m", task="t", status="ok"}'
         values: '0+8x30'
-      - series: 'gateway_requests_total{{project="alpha", model="m", task="t", status="rejected"}}'
+      - series: 'gateway_requests_total{project="alpha", model="m", task="t", status="rejected"}'
         values: '0+2x30'
-      - series: 'gateway_rejections_total{{project="alpha", limit="rpm"}}'
+      - series: 'gateway_rejections_total{project="alpha", limit="rpm"}'
         values: '0+2x30'
       # beta: no rejections
-      - series: 'gateway_requests_total{{project="beta", model="m", task="t", status="ok"}}'
+      - series: 'gateway_requests_total{project="beta", model="m", task="t", status="ok"}'
         values: '0+10x30'
-      - series: 'gateway_daily_budget_tokens{{project="alpha"}}'
+      - series: 'gateway_daily_budget_tokens{project="alpha"}'
         values: '1000x30'
-      - series: 'gateway_daily_budget_remaining_tokens{{project="alpha"}}'
+      - series: 'gateway_daily_budget_remaining_tokens{project="alpha"}'
         values: '500x10 50x20'
-      - series: 'gateway_request_latency_seconds_bucket{{project="beta", model="m", status="ok", le="60"}}'
+      - series: 'gateway_request_latency_seconds_bucket{project="beta", model="m", status="ok", le="60"}'
         values: '0+1x30'
-      - series: 'gateway_request_latency_seconds_bucket{{project="beta", model="m", status="ok", le="120"}}'
+      - series: 'gateway_request_latency_seconds_bucket{project="beta", model="m", status="ok", le="120"}'
         values: '0+10x30'
-      - series: 'gateway_request_latency_seconds_bucket{{project="beta", model="m", status="ok", le="+Inf"}}'
+      - series: 'gateway_request_latency_seconds_bucket{project="beta", model="m", status="ok", le="+Inf"}'
         values: '0+10x30'
-      - series: 'farm_trials_total{{family="fp8_gemm", backend="triton", status="ok"}}'
+      - series: 'farm_trials_total{family="fp8_gemm", backend="triton", status="ok"}'
         values: '0+6x30'
-      - series: 'farm_trials_total{{family="fp8_gemm", backend="triton", status="crashed"}}'
+      - series: 'farm_trials_total{family="fp8_gemm", backend="triton", status="crashed"}'
         values: '0+4x30'
-      - series: 'farm_trials_total{{family="probe", backend="noop", status="ok"}}'
+      - series: 'farm_trials_total{family="probe", backend="noop", status="ok"}'
         values: '0+10x30'
-    alert_rule_test:
-      - eval_time: 25m
-        alertname: GatewayHigh429Rate
-        exp_alerts:
-          - exp_labels: {{severity: warning, project: alpha, limit: rpm}}
-            exp_annotations:
-              summary: "alpha: 20% of requests hit the rpm limit"
-              description: {desc[GatewayHigh429Rate]}
-      - eval_time: 25m
-        alertname: GatewayBudgetNearlySpent
-        exp_alerts:
-          - exp_labels: {{severity: warning, project: alpha}}
-            exp_annotations:
-              summary: "alpha: 5% of today's token budget left"
-              description: {desc[GatewayBudgetNearlySpent]}
-      - eval_time: 25m
-        alertname: GatewayLatencyP95High
-        exp_alerts:
-          - exp_labels: {{severity: warning, project: beta, model: m}}
-            exp_annotations:
-              summary: "beta/m: p95 latency 1m 56s"
-              description: {desc[GatewayLatencyP95High]}
-      - eval_time: 25m
-        alertname: FarmTrialFailureRateHigh
-        exp_alerts:
-          - exp_labels: {{severity: warning, family: fp8_gemm}}
-            exp_annotations:
-              summary: "fp8_gemm: 40% of trials failed"
-              description: {desc[FarmTrialFailureRateHigh]}
-      - eval_time: 5m
-        alertname: GatewayBudgetNearlySpent
-        exp_alerts: []
 """
+
+
+# (alert, its labels besides severity warning, its summary) expected at 25m of ALERT_TESTS' series
+FIRING = [
+    ("GatewayHigh429Rate", {"project": "alpha", "limit": "rpm"}, "alpha: 20% of requests hit the rpm limit"),
+    ("GatewayBudgetNearlySpent", {"project": "alpha"}, "alpha: 5% of today's token budget left"),
+    ("GatewayLatencyP95High", {"project": "beta", "model": "m"}, "beta/m: p95 latency 1m 56s"),
+    ("FarmTrialFailureRateHigh", {"family": "fp8_gemm"}, "fp8_gemm: 40% of trials failed"),
+]
 
 
 @needs_promtool
@@ -111,10 +87,23 @@ def test_alerts_fire_on_synthetic_series(tmp_path):
     """`promtool test rules`: each alert fires for the project or family over its threshold, no other."""
     test_file = tmp_path / "alerts_test.yml"
     rules = yaml.safe_load((GRAFANA / "alerts.yml").read_text())
-    desc = {
-        r["alert"]: json.dumps(r["annotations"]["description"]) for g in rules["groups"] for r in g["rules"]
-    }
-    test_file.write_text(textwrap.dedent(ALERT_TESTS).format(rules=GRAFANA / "alerts.yml", desc=desc))
+    desc = {r["alert"]: r["annotations"]["description"] for g in rules["groups"] for r in g["rules"]}
+    spec = yaml.safe_load(textwrap.dedent(ALERT_TESTS))
+    spec["rule_files"] = [str(GRAFANA / "alerts.yml")]
+    spec["tests"][0]["alert_rule_test"] = [
+        {
+            "eval_time": "25m",
+            "alertname": alert,
+            "exp_alerts": [
+                {
+                    "exp_labels": {"severity": "warning", **labels},
+                    "exp_annotations": {"summary": summary, "description": desc[alert]},
+                }
+            ],
+        }
+        for alert, labels, summary in FIRING
+    ] + [{"eval_time": "5m", "alertname": "GatewayBudgetNearlySpent", "exp_alerts": []}]
+    test_file.write_text(yaml.safe_dump(spec, sort_keys=False))
     r = promtool("test", "rules", str(test_file), cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
 

@@ -76,10 +76,16 @@ def _crash(writer: LedgerWriter) -> None:
     writer._spool.close(delete=False)
 
 
+async def _started(db, spool) -> LedgerWriter:
+    """A started writer spooling to `spool` that flushes only when stopped (or asked)."""
+    writer = LedgerWriter(db, interval_s=60, spool_dir=spool)
+    await writer.start()  # a replay of what the folder holds happens here, before start returns
+    return writer
+
+
 async def test_every_row_is_spooled_when_submit_returns(db, tmp_path):
     spool = tmp_path / "spool"
-    writer = LedgerWriter(db, interval_s=60, spool_dir=spool)
-    await writer.start()
+    writer = await _started(db, spool)
     try:
         writer.submit(_row("a", task="t", input_tokens=3, stream=True))
         writer.submit(_row("b"))
@@ -94,8 +100,7 @@ async def test_every_row_is_spooled_when_submit_returns(db, tmp_path):
 
 async def test_a_flush_deletes_the_segments_it_wrote_and_a_failed_one_keeps_them(db, tmp_path):
     spool = tmp_path / "spool"
-    writer = LedgerWriter(db, interval_s=60, spool_dir=spool)
-    await writer.start()
+    writer = await _started(db, spool)
     try:
         writer.submit(_row("a"))
         writer.submit(_row("b"))
@@ -120,8 +125,7 @@ async def test_a_flush_deletes_the_segments_it_wrote_and_a_failed_one_keeps_them
 
 async def test_a_crashed_writer_s_rows_are_replayed_exactly_once(db, tmp_path):
     spool = tmp_path / "spool"
-    a = LedgerWriter(db, interval_s=60, spool_dir=spool)
-    await a.start()
+    a = await _started(db, spool)
     for i in range(5):
         a.submit(_row(f"r{i}"))
     assert await a.flush() == 5
@@ -130,8 +134,7 @@ async def test_a_crashed_writer_s_rows_are_replayed_exactly_once(db, tmp_path):
     _crash(a)
     assert await _ids(db) == [f"r{i}" for i in range(5)]
 
-    b = LedgerWriter(db, interval_s=60, spool_dir=spool)
-    await b.start()  # the replay happens here, before start returns
+    b = await _started(db, spool)  # the replay happens here, before start returns
     try:
         assert b.replayed == 7 and b.dropped == 0
         assert await _ids(db) == sorted(f"r{i}" for i in range(12))
@@ -142,8 +145,7 @@ async def test_a_crashed_writer_s_rows_are_replayed_exactly_once(db, tmp_path):
 
 async def test_replaying_rows_that_are_partly_in_the_database_adds_no_duplicate(db, tmp_path, caplog):
     spool = tmp_path / "spool"
-    a = LedgerWriter(db, interval_s=60, spool_dir=spool)
-    await a.start()
+    a = await _started(db, spool)
     for i in range(10):
         a.submit(_row(f"r{i}"))
     a._spool.discard = lambda mark: None  # die after the flush wrote, before the segment was deleted
@@ -153,8 +155,7 @@ async def test_replaying_rows_that_are_partly_in_the_database_adds_no_duplicate(
     await _sql(db, "DELETE FROM gateway_ledger WHERE request_id IN ('r2', 'r7')")  # partly there
     assert len(_spooled(spool)) == 11
 
-    b = LedgerWriter(db, interval_s=60, spool_dir=spool)
-    await b.start()
+    b = await _started(db, spool)
     try:
         assert (b.replayed, b.dropped, b.failed_flushes) == (3, 0, 0)
         assert await _ids(db) == sorted(f"r{i}" for i in range(11))
@@ -165,12 +166,10 @@ async def test_replaying_rows_that_are_partly_in_the_database_adds_no_duplicate(
 
 async def test_a_segment_held_by_a_live_writer_is_never_replayed(db, tmp_path):
     spool = tmp_path / "spool"
-    a = LedgerWriter(db, interval_s=60, spool_dir=spool)
-    await a.start()
+    a = await _started(db, spool)
     a.submit(_row("live-1"))
     a.submit(_row("live-2"))
-    b = LedgerWriter(db, interval_s=60, spool_dir=spool)  # another gateway process sharing the folder
-    await b.start()
+    b = await _started(db, spool)  # another gateway process sharing the folder
     try:
         assert b.replayed == 0 and await _ids(db) == [] and len(_segments(spool)) == 1
         b.submit(_row("other"))
@@ -183,8 +182,7 @@ async def test_a_segment_held_by_a_live_writer_is_never_replayed(db, tmp_path):
 
 async def test_a_failed_final_flush_leaves_the_spool_for_the_next_start(db, tmp_path):
     spool = tmp_path / "spool"
-    a = LedgerWriter(db, interval_s=60, spool_dir=spool)
-    await a.start()
+    a = await _started(db, spool)
     a.submit(_row("x"))
     a.submit(_row("y"))
     await _sql(db, "ALTER TABLE gateway_ledger RENAME TO away")
@@ -192,8 +190,7 @@ async def test_a_failed_final_flush_leaves_the_spool_for_the_next_start(db, tmp_
         await a.stop()
     assert len(_segments(spool)) == 1
     await _sql(db, "ALTER TABLE away RENAME TO gateway_ledger")
-    b = LedgerWriter(db, interval_s=60, spool_dir=spool)
-    await b.start()
+    b = await _started(db, spool)
     await b.stop()
     assert b.replayed == 2 and await _ids(db) == ["x", "y"] and _segments(spool) == []
 
@@ -304,8 +301,7 @@ async def test_sigkill_loses_no_row_and_sigterm_drains_and_flushes(start_gateway
 
 async def test_a_spool_that_cannot_be_written_is_named_and_the_row_still_written(db, tmp_path, caplog):
     spool = tmp_path / "spool"
-    writer = LedgerWriter(db, interval_s=60, spool_dir=spool)
-    await writer.start()
+    writer = await _started(db, spool)
     try:
         spool.rmdir()
         spool.write_text("not a folder")  # a new segment cannot be created
@@ -326,13 +322,11 @@ async def test_a_spool_that_cannot_be_written_is_named_and_the_row_still_written
 
 async def test_a_row_submitted_after_stop_is_kept_for_the_next_start(db, tmp_path):
     spool = tmp_path / "spool"
-    a = LedgerWriter(db, interval_s=60, spool_dir=spool)
-    await a.start()
+    a = await _started(db, spool)
     a.submit(_row("early"))
     await a.stop()
     a.submit(_row("late"))  # e.g. a request that finished after the ledger stopped
     assert [r["request_id"] for r in _spooled(spool)] == ["late"]
-    b = LedgerWriter(db, interval_s=60, spool_dir=spool)
-    await b.start()
+    b = await _started(db, spool)
     await b.stop()
     assert b.replayed == 1 and await _ids(db) == ["early", "late"] and _segments(spool) == []

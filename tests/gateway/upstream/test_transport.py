@@ -152,6 +152,15 @@ async def test_keep_alive_reuses_one_connection_and_sends_a_well_formed_request(
         await client.close()
 
 
+async def _body(client) -> bytes:
+    """One request's whole answer body (the connection back in the pool after)."""
+    res = await client.send("/x", b"{}", JSON)
+    try:
+        return await res.response.read()
+    finally:
+        res.response.release()
+
+
 async def test_a_chunked_body_arrives_piece_by_piece_then_the_connection_is_reused(scripted):
     step = asyncio.Event()
 
@@ -175,9 +184,7 @@ async def test_a_chunked_body_arrives_piece_by_piece_then_the_connection_is_reus
         step.set()
         assert await r.content.readany() == b"second" and await r.readany() == b""
         r.release()
-        res = await client.send("/x", b"{}", JSON)
-        assert await res.response.read() == b"after" and srv.connections == 1
-        res.response.release()
+        assert await _body(client) == b"after" and srv.connections == 1
     finally:
         await client.close()
 
@@ -186,12 +193,8 @@ async def test_a_body_that_ends_with_the_connection_is_read_whole_and_not_reused
     srv, url = await scripted([b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil the end", ok(b"next")])
     client = await started(url)
     try:
-        res = await client.send("/x", b"{}", JSON)
-        assert await res.response.read() == b"until the end"
-        res.response.release()
-        res = await client.send("/x", b"{}", JSON)
-        assert await res.response.read() == b"next" and srv.connections == 2
-        res.response.release()
+        assert await _body(client) == b"until the end"
+        assert await _body(client) == b"next" and srv.connections == 2
     finally:
         await client.close()
 
@@ -202,10 +205,8 @@ async def test_a_gzip_encoded_body_is_decompressed(scripted):
     srv, url = await scripted([ok(packed, "Content-Encoding: gzip\r\nContent-Type: application/json\r\n")])
     client = await started(url)
     try:
-        res = await client.send("/x", b"{}", JSON)
         assert len(packed) < len(payload) // 10
-        assert await res.response.read() == payload
-        res.response.release()
+        assert await _body(client) == payload
     finally:
         await client.close()
 
