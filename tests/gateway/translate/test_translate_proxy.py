@@ -41,6 +41,15 @@ def row_tokens(row: dict) -> tuple[int, int]:
     return row["input_tokens"], row["output_tokens"]
 
 
+async def _final(api, stream: bool, **kw):
+    """The whole answer of an SDK resource (``client.messages``, ``client.responses``), streamed or not."""
+    if not stream:
+        return await api.create(**kw)
+    async with api.stream(**kw) as s:
+        final = s.get_final_message if hasattr(s, "get_final_message") else s.get_final_response
+        return await final()
+
+
 # --- Claude Code's path: /v1/messages on a model served by an openai provider -----------------------
 @pytest.mark.parametrize("stream", [False, True])
 async def test_anthropic_sdk_tool_call_round_trip_on_an_openai_model(gateway, fake, anth, stream):
@@ -48,11 +57,7 @@ async def test_anthropic_sdk_tool_call_round_trip_on_an_openai_model(gateway, fa
     fake.tool_call = WEATHER_ARGS
     first_turn = [{"role": "user", "content": "What is the weather in Paris?"}]
     kw = {"model": "gpt-fake", "max_tokens": 200, "system": "Be brief.", "tools": [ANTHROPIC_TOOL]}
-    if stream:
-        async with client.messages.stream(messages=first_turn, **kw) as s:
-            msg = await s.get_final_message()
-    else:
-        msg = await client.messages.create(messages=first_turn, **kw)
+    msg = await _final(client.messages, stream, messages=first_turn, **kw)
 
     (use,) = msg.content
     assert use.type == "tool_use" and use.name == "get_weather" and use.input == WEATHER_ARGS
@@ -80,11 +85,7 @@ async def test_anthropic_sdk_tool_call_round_trip_on_an_openai_model(gateway, fa
         {"role": "assistant", "content": [u.model_dump(exclude_none=True) for u in msg.content]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "18 C"}]},
     ]
-    if stream:
-        async with client.messages.stream(messages=second_turn, **kw) as s:
-            reply = await s.get_final_message()
-    else:
-        reply = await client.messages.create(messages=second_turn, **kw)
+    reply = await _final(client.messages, stream, messages=second_turn, **kw)
     assert reply.content[0].type == "text" and reply.content[0].text.startswith("w2-0")
     assert reply.stop_reason == "end_turn"
     assert paths(fake) == ["/v1/chat/completions"] * 2
@@ -117,11 +118,7 @@ async def test_openai_responses_tool_call_round_trip_on_an_anthropic_model(gatew
     fake.tool_call = WEATHER_ARGS
     first_input = [{"role": "user", "content": "What is the weather in Paris?"}]
     kw = {"model": "claude-fake", "instructions": "Be brief.", "tools": [FUNCTION_TOOL]}
-    if stream:
-        async with client.responses.stream(input=first_input, **kw) as s:
-            resp = await s.get_final_response()
-    else:
-        resp = await client.responses.create(input=first_input, **kw)
+    resp = await _final(client.responses, stream, input=first_input, **kw)
 
     (call,) = resp.output
     assert call.type == "function_call" and call.name == "get_weather"
@@ -292,14 +289,15 @@ async def test_upstream_error_of_a_translated_target_is_in_the_clients_format(ga
 
 
 # --- a fallback of the other kind ---------------------------------------------------------------------
+FALLBACK_MODELS = {  # gpt-fake falls back to a model of the other kind
+    "gpt-fake": {"provider": "oa", "upstream_model": "gpt-upstream", "fallbacks": ["claude-fake"]},
+    "gpt-beta": {"provider": "oa", "upstream_model": "gpt-beta"},
+    "claude-fake": {"provider": "an", "upstream_model": "claude-upstream"},
+}
+
+
 async def test_fallback_of_the_other_kind_answers_through_translation(start_gateway, fake, anth):
-    gw = await start_gateway(
-        models={
-            "gpt-fake": {"provider": "oa", "upstream_model": "gpt-upstream", "fallbacks": ["claude-fake"]},
-            "gpt-beta": {"provider": "oa", "upstream_model": "gpt-beta"},
-            "claude-fake": {"provider": "an", "upstream_model": "claude-upstream"},
-        }
-    )
+    gw = await start_gateway(models=FALLBACK_MODELS)
     fake.faults.append(Fault(status=503))
     # a messages client on gpt-fake: the primary is translated to chat, the fallback is native again
     raw = await anth(gw).messages.with_raw_response.create(
@@ -315,13 +313,7 @@ async def test_fallback_of_the_other_kind_answers_through_translation(start_gate
 
 
 async def test_fallback_to_the_other_kind_is_translated(start_gateway, fake, oai):
-    gw = await start_gateway(
-        models={
-            "gpt-fake": {"provider": "oa", "upstream_model": "gpt-upstream", "fallbacks": ["claude-fake"]},
-            "gpt-beta": {"provider": "oa", "upstream_model": "gpt-beta"},
-            "claude-fake": {"provider": "an", "upstream_model": "claude-upstream"},
-        }
-    )
+    gw = await start_gateway(models=FALLBACK_MODELS)
     fake.faults.append(Fault(status=429, retry_after="0"))
     stream = await oai(gw).chat.completions.create(
         model="gpt-fake", messages=[{"role": "user", "content": "hi"}], stream=True
