@@ -147,10 +147,8 @@ def _parse_message(req: Request, m: object, w: str, dst: str) -> None:
     for j, b in enumerate(_blocks(m.get("content"), f"{w}.content")):
         bw = f"{w}.content[{j}]"
         kind = want(b, dict, bw).get("type")
-        if kind == "text":
-            pending.append(Text(want(b.get("text"), str, f"{bw}.text")))
-        elif kind == "image":
-            pending.append(_image(b, bw, dst))
+        if kind in ("text", "image"):
+            pending.append(_text_or_image(b, kind, bw, dst))
         elif kind == "tool_use" and role == "assistant":
             args = dumps(b.get("input") if b.get("input") is not None else {})
             pending.append(ToolCall(want(b.get("id"), str, f"{bw}.id"), want(b.get("name"), str, bw), args))
@@ -164,17 +162,19 @@ def _parse_message(req: Request, m: object, w: str, dst: str) -> None:
     flush()
 
 
+def _text_or_image(b: dict, kind: str, bw: str, dst: str) -> Text | Image:
+    """A text or image block (`kind`) at `bw`."""
+    return Text(want(b.get("text"), str, f"{bw}.text")) if kind == "text" else _image(b, bw, dst)
+
+
 def _tool_result(b: dict, bw: str, dst: str) -> ToolResult:
     content = []
     for k, c in enumerate(_blocks(b.get("content") or "", f"{bw}.content")):
         cw = f"{bw}.content[{k}]"
         ckind = want(c, dict, cw).get("type")
-        if ckind == "text":
-            content.append(Text(want(c.get("text"), str, f"{cw}.text")))
-        elif ckind == "image":
-            content.append(_image(c, cw, dst))
-        else:
+        if ckind not in ("text", "image"):
             raise untranslatable(f"{cw}.type", dst, f"a {ckind!r} block in a tool result")
+        content.append(_text_or_image(c, ckind, cw, dst))
     call_id = want(b.get("tool_use_id"), str, f"{bw}.tool_use_id")
     return ToolResult(call_id, content, bool(b.get("is_error")))
 
