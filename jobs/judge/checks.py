@@ -206,32 +206,51 @@ def memory(c: Context) -> Outcome:
     peak = _number((c.trial.memory or {}).get("peak_bytes"))
     base_peak = _number((c.baseline.memory or {}).get("peak_bytes")) if c.baseline else None
     numbers = {"bytes_per_token": per_token, "peak_bytes": peak, "baseline_peak_bytes": base_peak}
-    over, checked = [], []
-    if sec.max_bytes_per_token is not None and per_token is not None:
-        checked.append("bytes/token")
-        if per_token > sec.max_bytes_per_token:
-            over.append(f"bytes per token {per_token:.0f} > {sec.max_bytes_per_token:.0f}")
-    if sec.max_peak_bytes is not None and peak is not None:
-        checked.append("peak")
-        if peak > sec.max_peak_bytes:
-            over.append(f"peak {peak:.0f} B > {sec.max_peak_bytes:.0f} B")
-    if sec.max_peak_growth is not None and peak is not None and base_peak:
-        checked.append("peak vs baseline")
-        growth = peak / base_peak - 1.0
-        numbers["peak_growth"] = growth
-        if growth > sec.max_peak_growth:
-            over.append(f"peak {growth:+.1%} over the baseline's (max {sec.max_peak_growth:.0%})")
-    return _limits(over, checked, numbers, "memory", "the trial reports no memory figure the card limits")
+    lim = _Limits(numbers)
+    lim.check(
+        "bytes/token",
+        per_token,
+        sec.max_bytes_per_token,
+        lambda: f"bytes per token {per_token:.0f} > {sec.max_bytes_per_token:.0f}",
+    )
+    lim.check("peak", peak, sec.max_peak_bytes, lambda: f"peak {peak:.0f} B > {sec.max_peak_bytes:.0f} B")
+    growth = peak / base_peak - 1.0 if peak is not None and base_peak else None
+    lim.check(
+        "peak vs baseline",
+        growth,
+        sec.max_peak_growth,
+        lambda: f"peak {growth:+.1%} over the baseline's (max {sec.max_peak_growth:.0%})",
+        "peak_growth",
+    )
+    return lim.outcome("memory", "the trial reports no memory figure the card limits")
 
 
-def _limits(over: list[str], checked: list[str], numbers: dict, anomaly: str, unchecked: str) -> Outcome:
-    """The outcome of a card's limits: FAIL naming each one exceeded (`over`), SKIP (`unchecked` says why)
-    when the trial had a figure for none of them, else PASS naming those `checked`."""
-    if over:
-        return Outcome(FAIL, "; ".join(over), numbers, anomaly)
-    if not checked:
-        return Outcome(SKIP, unchecked)
-    return Outcome(PASS, f"within limits ({', '.join(checked)})", numbers)
+class _Limits:
+    """A card section's upper limits on a trial's figures (`numbers`, the outcome's evidence)."""
+
+    def __init__(self, numbers: dict) -> None:
+        self.numbers, self.over, self.checked = numbers, [], []
+
+    def check(self, name: str, value: float | None, limit: float | None, says: Callable[[], str],
+              key: str | None = None) -> None:  # fmt: skip
+        """`value` against `limit` where both are known (`says` words an excess; `key`: the value's
+        name among the numbers)."""
+        if limit is None or value is None:
+            return
+        self.checked.append(name)
+        if key is not None:
+            self.numbers[key] = value
+        if value > limit:
+            self.over.append(says())
+
+    def outcome(self, anomaly: str, unchecked: str) -> Outcome:
+        """FAIL naming each limit exceeded, SKIP (`unchecked` says why) when the trial had a figure for none
+        of them, else PASS naming those checked."""
+        if self.over:
+            return Outcome(FAIL, "; ".join(self.over), self.numbers, anomaly)
+        if not self.checked:
+            return Outcome(SKIP, unchecked)
+        return Outcome(PASS, f"within limits ({', '.join(self.checked)})", self.numbers)
 
 
 def stability(c: Context) -> Outcome:
@@ -309,19 +328,18 @@ def resources(c: Context) -> Outcome:
     spills, occ = spills_of(c.trial), occupancy_of(c.trial)
     base_occ = occupancy_of(c.baseline) if c.baseline else None
     numbers = {"n_spills": spills, "occupancy": occ, "baseline_occupancy": base_occ}
-    over, checked = [], []
-    if sec.max_spills is not None and spills is not None:
-        checked.append("spills")
-        if spills > sec.max_spills:
-            over.append(f"{spills} register spills > {sec.max_spills}")
-    if sec.max_occupancy_drop is not None and occ is not None and base_occ:
-        checked.append("occupancy vs baseline")
-        drop = 1.0 - occ / base_occ
-        numbers["occupancy_drop"] = drop
-        if drop > sec.max_occupancy_drop:
-            over.append(f"occupancy {occ:.2f} is {drop:.0%} below the baseline's {base_occ:.2f}")
+    lim = _Limits(numbers)
+    lim.check("spills", spills, sec.max_spills, lambda: f"{spills} register spills > {sec.max_spills}")
+    drop = 1.0 - occ / base_occ if occ is not None and base_occ else None
+    lim.check(
+        "occupancy vs baseline",
+        drop,
+        sec.max_occupancy_drop,
+        lambda: f"occupancy {occ:.2f} is {drop:.0%} below the baseline's {base_occ:.2f}",
+        "occupancy_drop",
+    )
     unchecked = "no compiled-kernel resources recorded (torch backend, CPU or interpreter)"
-    return _limits(over, checked, numbers, "resource", unchecked)
+    return lim.outcome("resource", unchecked)
 
 
 CHECK_FUNCTIONS: dict[str, Callable[[Context], Outcome]] = {
