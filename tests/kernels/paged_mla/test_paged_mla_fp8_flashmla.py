@@ -27,7 +27,7 @@ from testkit.kernels.broken import overreading_decode
 
 def test_layout_is_656_bytes_with_scales_and_bf16_rope_where_flashmla_puts_them():
     assert FLASHMLA_FP8_BYTES == 512 + 4 * 4 + 64 * 2 == 656
-    x = torch.randn(3, D_QK)
+    x = torch.randn(3, D_QK, generator=torch.Generator().manual_seed(0))
     x[:, 128:256] *= 100  # tile 1 has its own, larger scale
     x[2, 384:512] = 0  # an all-zero tile: amax / 448 floored at 1e-4, then rounded up to 2^-13
     packed = quantize_flashmla(x)
@@ -39,7 +39,8 @@ def test_layout_is_656_bytes_with_scales_and_bf16_rope_where_flashmla_puts_them(
     assert (mantissa == 0.5).all()  # powers of two, as FlashMLA's quantiser writes them
     assert (scales >= amax / 448).all() and (scales < 2 * (amax / 448).clamp(min=1e-4)).all()
     assert scales[2, 3] == 2.0**-13 and (raw[2, 384:512] == 0).all()
-    assert scales[0, 1] >= 64 * scales[0, 0]
+    # 100x the amax; each scale rounded up to a power of two (less than 2x): at least ~50x, whatever the draw
+    assert scales[0, 1] >= 32 * scales[0, 0]
     assert torch.equal(raw[:, 528:].contiguous().view(torch.bfloat16), x[:, 512:].to(torch.bfloat16))
 
 
