@@ -133,8 +133,8 @@ def _deep_gemm(shape: tuple[int, int, int], policy: Any) -> dict[str, Any]:
 
     m, n, k = shape
     x = build_inputs(m, n, k, seed=0, device="cuda")
-    peer, _ = BACKENDS.impl("deep_gemm")(x, None)
-    ours, _ = BACKENDS.impl("triton")(x, TileConfig.from_dict(TRITON_GEMM_TILE))
+    peer = BACKENDS.impl("deep_gemm")(x, None)[0]
+    ours = BACKENDS.impl("triton")(x, TileConfig.from_dict(TRITON_GEMM_TILE))[0]
     return _judged(judge_gemm(ours(), peer(), gemm_bf16(x.a, x.b)), peer, ours, policy)
 
 

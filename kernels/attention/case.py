@@ -19,7 +19,9 @@ A trial: for each correctness seed, build seeded inputs (unused memory NaN-poiso
 its math backend multiplies masked rows by 0), run the backend and the reference, check out and lse
 by FlashMLA's rule (kernels.common.mla.check: out abs 8e-4 or rel
 2.01/128 with cos diff <= 5e-6, lse abs 1e-6 or rel 8.01/65536, NaN/inf positions exact); then time the
-backend on the last seed's inputs with kernels.measure.
+backend on the last seed's inputs with kernels.measure, and check its call once more with the seeded
+tensors it reads refilled in place from a fresh seed (kernels.harness.stale_output: a cached result is
+`invalid`; `_seeded`, and for decode_step `Steps`).
 
 Metrics: latency_us, tflops, gbps, flops, bytes; max_abs_err / max_rel_err / cos_diff of out and
 lse_max_abs_err / lse_max_rel_err; for sdpa sdpa_backends (and sdpa_fallback when the fast ones were
@@ -73,15 +75,23 @@ CONFIG_KEYS: dict[str, set[str]] = {
 }
 
 
+Run = Callable[[list | None], Pair]  # the timed call (given a list, it appends its Triton launches)
+# A backend's call on the built inputs, what it describes, and the tensors it made from the seeded inputs
+# when it was built and reads in every call (SDPA's sparse mask), refilled in place with the inputs
+Bound = tuple[Run, Callable[[], dict[str, Any]], tuple[torch.Tensor, ...]]
+
+
 @dataclass
 class BoundMode:
     """One mode's inputs bound to a backend: `run` is the timed call, `reference` the fp64 answer to the
-    last `run` (decode_step changes the cache on every run)."""
+    last `run` (decode_step changes the cache on every run), `inputs` the seeded tensors `run` reads,
+    which the harness refills in place from a fresh seed's after timing (harness.Prepared.inputs)."""
 
-    run: Callable[[list | None], Pair]
+    run: Run
     reference: Callable[[], Pair]
     cost: AttentionCost
     extra: Callable[[], dict[str, Any]] = field(default=lambda: {})
+    inputs: tuple[torch.Tensor, ...] = ()
 
 
 def elem_size(dtype: torch.dtype) -> int:
@@ -112,10 +122,13 @@ class Built:
 
 
 def prepare(
-    shape: Shape, backend: str, config: dict[str, Any], dtype: torch.dtype, seed: int, device: torch.device
-) -> BoundMode:
+    shape: Shape, backend: str, config: dict[str, Any], dtype: torch.dtype, seed: int, device: torch.device,
+    steps: Steps | None = None,
+) -> BoundMode:  # fmt: skip
+    """One seed's inputs bound to `backend`; `steps`: the trial's latest decode step (decode_step), shared
+    by the BoundModes of all its seeds (one of its own when None)."""
     if shape.mode == "decode_step":
-        return _prepare_step(shape, backend, config, dtype, seed, device)
+        return _prepare_step(shape, backend, config, dtype, seed, device, Steps() if steps is None else steps)
     impl: AttentionImpl = BACKENDS.impl(backend)
     elem = elem_size(dtype)
     x = build_dense(
@@ -149,26 +162,39 @@ def prepare(
                 x.q, x.k, x.v, causal=True, softmax_scale=x.softmax_scale, seqlens_k=x.seqlens_k, dtype=dtype
             )
 
-    run, describe = impl.prepare(Built(shape, x, config, reference))
-    return BoundMode(run, reference, cost, describe)
+    run, describe, made = impl.prepare(Built(shape, x, config, reference))
+    return BoundMode(run, reference, cost, describe, inputs=(*_seeded(shape, x), *made))
+
+
+def _seeded(shape: Shape, x: Any) -> tuple[torch.Tensor, ...]:
+    """The seeded tensors every prefill, decode or sparse call reads: q, k, v (not v when it is a view of
+    k, shared_kv: refilled with k) and the top-k indices, drawn per seed (with them k's NaN poison).
+    Not seqlens_k: the lengths are the shape's (SEQLEN_SEED), the same for every seed, and so is the SDPA
+    mask built from them."""
+    v = () if shape.shared_kv else (x.v,)
+    indices = () if x.indices is None else (x.indices,)
+    return (x.q, x.k, *v, *indices)
 
 
 # -- the backends' implementations: what each runs on the built inputs, and in a decode step -------------
 
 
-def _ref_prepare(b: Built) -> tuple[Callable[[list | None], Pair], Callable[[], dict[str, Any]]]:
-    return (lambda _launches: b.reference(torch.float32)), dict
+def _ref_prepare(b: Built) -> Bound:
+    return (lambda _launches: b.reference(torch.float32)), dict, ()
 
 
-def _sdpa_prepare(b: Built) -> tuple[Callable[[list | None], Pair], Callable[[], dict[str, Any]]]:
+def _sdpa_prepare(b: Built) -> Bound:
     x = b.x
-    call = Sdpa.sparse(x.q, x.k, x.v, x.softmax_scale, x.indices) if b.shape.is_sparse else Sdpa.dense(
-        x.q, x.k, x.v, x.softmax_scale, x.seqlens_k
-    )  # fmt: skip
-    return (lambda _launches: call()), call.describe
+    if not b.shape.is_sparse:  # its mask, if any, follows the lengths: the same for every seed
+        call = Sdpa.dense(x.q, x.k, x.v, x.softmax_scale, x.seqlens_k)
+        return (lambda _launches: call()), call.describe, ()
+    call = Sdpa.sparse(x.q, x.k, x.v, x.softmax_scale, x.indices)
+    # the mask is built from this seed's indices, so it is refilled with them: always bool here, as the
+    # family's indices never name a position twice (a count mask would be q's dtype)
+    return (lambda _launches: call()), call.describe, (call.mask,)
 
 
-def _triton_prepare(b: Built) -> tuple[Callable[[list | None], Pair], Callable[[], dict[str, Any]]]:
+def _triton_prepare(b: Built) -> Bound:
     x, config = b.x, b.config
     if b.shape.is_sparse:
         from kernels.attention.triton_sparse import sparse_attention_triton
@@ -178,7 +204,7 @@ def _triton_prepare(b: Built) -> tuple[Callable[[list | None], Pair], Callable[[
                 x.q, x.k, x.v, x.indices, softmax_scale=x.softmax_scale, launches=launches, **config
             )
 
-        return sparse, dict
+        return sparse, dict, ()
     if b.shape.mode == "prefill":
         from kernels.attention.triton_prefill import flash_attention_triton as kernel
     else:
@@ -188,7 +214,7 @@ def _triton_prepare(b: Built) -> tuple[Callable[[list | None], Pair], Callable[[
         return kernel(x.q, x.k, x.v, softmax_scale=x.softmax_scale, seqlens_k=x.seqlens_k, launches=launches,
                       **config)  # fmt: skip
 
-    return dense, dict
+    return dense, dict, ()
 
 
 def _ref_attend(scale: float, config: dict[str, Any]) -> tuple[Callable[..., Any], dict[str, str]]:
@@ -216,14 +242,27 @@ class AttentionImpl:
     decode_step trials, and whether the inputs' unused memory is NaN-poisoned (SDPA's math path reads
     the padding, so its inputs are not)."""
 
-    prepare: Callable[[Built], tuple[Callable[[list | None], Pair], Callable[[], dict[str, Any]]]]
+    prepare: Callable[[Built], Bound]
     attend: Callable[[float, dict[str, Any]], tuple[Callable[..., Any], dict[str, str]]]
     poison: bool = True
 
 
+@dataclass
+class Steps:
+    """The latest step of a decode_step trial, whichever seed's stepper took it. A step's reference is the
+    exact attention over what that step read, so it is taken from here: the harness's recheck
+    (harness.stale_output) refills the timed stepper's q and new-token rows from a fresh seed's, runs the
+    timed seed's call and checks its result with the fresh seed's check, whose own stepper never steps.
+    The cache's pages are not refilled: their layout and contents follow the steps taken so far as well
+    as the seed (a fresh stepper has NaN where the timed one holds the tokens it appended)."""
+
+    last: Any = None  # kernels.attention.decode_step.StepState
+
+
 def _prepare_step(
-    shape: Shape, backend: str, config: dict[str, Any], dtype: torch.dtype, seed: int, device: torch.device
-) -> BoundMode:
+    shape: Shape, backend: str, config: dict[str, Any], dtype: torch.dtype, seed: int, device: torch.device,
+    steps: Steps,
+) -> BoundMode:  # fmt: skip
     from kernels.attention.decode_step import DecodeStepper, exact_attend
     from kernels.common.mla.cost import mla_decode_cost
     from kernels.common.mla.layout import D_QK
@@ -239,8 +278,13 @@ def _prepare_step(
     append = float(shape.batch * D_QK * elem_size(dtype))  # the new token's latent, written to the cache
     cost = AttentionCost(c.flops, c.bytes_read, c.bytes_written + append, c.kv_bytes + append)
 
+    def run(_launches: list | None) -> Pair:
+        result = stepper.step(attend)
+        steps.last = stepper.last
+        return result
+
     def reference() -> Pair:
-        last = stepper.last
+        last = steps.last
         assert last is not None, "reference() follows a step"
         return ref_attend(last.q, last.tensors)
 
@@ -255,7 +299,7 @@ def _prepare_step(
             **sdpa_used,
         }
 
-    return BoundMode(lambda _launches: stepper.step(attend), reference, cost, extra)
+    return BoundMode(run, reference, cost, extra, inputs=stepper.seeded())
 
 
 def _check(out: torch.Tensor, lse: torch.Tensor | None, ref_out: torch.Tensor, ref_lse: torch.Tensor):
@@ -488,8 +532,10 @@ class AttentionFamily(KernelFamily):
         shape = parse_shape(req.shape)
         dtype = DTYPES[req.dtype]
 
+        steps = Steps()  # decode_step: the trial's latest step, which every seed's check judges
+
         def build(seed: int, device: torch.device) -> harness.Prepared:
-            prep = prepare(shape, req.backend, req.config, dtype, seed, device)
+            prep = prepare(shape, req.backend, req.config, dtype, seed, device, steps)
 
             def check(result: Pair) -> harness.Checked:
                 c = _check(*result, *prep.reference())
@@ -502,8 +548,9 @@ class AttentionFamily(KernelFamily):
                 return _resources(req, shape, prep, device)
 
             return harness.Prepared(
-                lambda: prep.run(None), check, prep.cost, figures=figures, resources=resources
-            )
+                lambda: prep.run(None), check, prep.cost, figures=figures, resources=resources,
+                inputs=prep.inputs,
+            )  # fmt: skip
 
         outcome = harness.run_trial(req, build, precision=precision_of(req.dtype))
         outcome.metrics.update(_attention_metrics(shape, req.backend, torch.device(req.device), outcome))

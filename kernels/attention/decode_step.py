@@ -94,6 +94,12 @@ class DecodeStepper:
         self.last = StepState(self.q, tensors)
         return attend(self.q, tensors)
 
+    def seeded(self) -> tuple[torch.Tensor, ...]:
+        """The seeded tensors every step reads: the queries and the window's new-token rows (a step
+        appends one of them). Not the cache, whose pages follow the steps taken as well as the seed, nor
+        the prompts' rows, which only a rewind reads again."""
+        return self.q, self._new_kv
+
     @property
     def seqlens(self) -> list[int]:
         return [self.cache.seqlen(i) for i in range(self.batch)]

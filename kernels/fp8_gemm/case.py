@@ -17,7 +17,9 @@ Backends:
               scale_group 64 always skipped: its SM90 path takes 128-granular scales only)
 Every trial: correctness on policy.seeds seeds against the bf16 reference (kernels.fp8_gemm.check:
 calc_diff below 1e-3 and every 128x128 output tile's max error, relative to the tile's largest reference
-value, at most 0.15, so one wrong tile fails), then timing with kernels.measure. Metrics: time_ns,
+value, at most 0.15, so one wrong tile fails), then timing with kernels.measure, then the timed call once
+more with the tensors it reads (each backend says which: `Reads`) refilled in place from a fresh seed
+(kernels.harness.stale_output: a cached result is `invalid`). Metrics: time_ns,
 TFLOPS, GB/s, calc_diff, tile_err (the worst tile's error), spread (cv, and IQR over the median).
 Resources of a triton trial: the static model (`model`, kernels.fp8_gemm.resources) and the compiled
 kernel's registers / spills / shared memory (`compiled`, on a GPU), and Nsight Compute metrics
@@ -63,20 +65,29 @@ from kernels.measure.resources import collect_ncu, triton_resources
 DTYPE = "float8_e4m3fn"
 
 # A backend builds, for one set of inputs and the trial's tile config (triton only), a zero-argument
-# callable writing D (after one call that compiles), plus the compiled Triton kernel when there is one.
+# callable writing D (after one call that compiles), the compiled Triton kernel when there is one, and the
+# tensors the callable reads (`Reads`): after timing the harness refills them in place from a fresh seed's
+# (kernels.harness.stale_output), so they are the tensors the call holds, including any it laid out from
+# the inputs when it was built (DeepGEMM's A scales), and all of them differ between seeds.
 Runner = Callable[[], torch.Tensor]
+Reads = tuple[torch.Tensor, ...]
 BACKENDS = Backends("fp8_gemm")
 
 
+def _quantized(x: GemmInputs) -> Reads:
+    """The quantized operands and their scales, as the inputs hold them."""
+    return x.a_fp8, x.a_scales, x.b_fp8, x.b_scales
+
+
 @BACKENDS.register("torch_ref", "dequantized fp32 torch matmul (baseline)")
-def _torch_ref(x: GemmInputs, cfg: TileConfig | None) -> tuple[Runner, Any]:
+def _torch_ref(x: GemmInputs, cfg: TileConfig | None) -> tuple[Runner, Any, Reads]:
     g = x.scale_group
-    return (lambda: gemm_dequant_fp32(x.a_fp8, x.a_scales, x.b_fp8, x.b_scales, group=g)), None
+    return (lambda: gemm_dequant_fp32(*_quantized(x), group=g)), None, _quantized(x)
 
 
 @BACKENDS.register("torch_bf16", "unquantized bf16 torch matmul (the calc_diff reference)", reference=True)
-def _torch_bf16(x: GemmInputs, cfg: TileConfig | None) -> tuple[Runner, Any]:
-    return (lambda: gemm_bf16(x.a, x.b)), None
+def _torch_bf16(x: GemmInputs, cfg: TileConfig | None) -> tuple[Runner, Any, Reads]:
+    return (lambda: gemm_bf16(x.a, x.b)), None, (x.a, x.b)
 
 
 def _out(x: GemmInputs) -> torch.Tensor:
@@ -89,7 +100,7 @@ def _out(x: GemmInputs) -> torch.Tensor:
     config_keys=tuple(CONFIG_KEYS),
     requires=needs_triton,
 )
-def _triton(x: GemmInputs, cfg: TileConfig | None) -> tuple[Runner, Any]:
+def _triton(x: GemmInputs, cfg: TileConfig | None) -> tuple[Runner, Any, Reads]:
     from kernels.fp8_gemm import triton_gemm  # imports triton: only for this backend
 
     assert cfg is not None
@@ -103,7 +114,7 @@ def _triton(x: GemmInputs, cfg: TileConfig | None) -> tuple[Runner, Any]:
         launch()
         return out
 
-    return call, compiled
+    return call, compiled, _quantized(x)  # the launch holds these tensors themselves, no copy
 
 
 @BACKENDS.register(
@@ -112,15 +123,18 @@ def _triton(x: GemmInputs, cfg: TileConfig | None) -> tuple[Runner, Any]:
     requires=deep_gemm_adapter.unavailable_reason,
     skips=lambda shape: deep_gemm_adapter.scale_group_reason(scale_group_of(shape)),
 )
-def _deep_gemm(x: GemmInputs, cfg: TileConfig | None) -> tuple[Runner, Any]:
+def _deep_gemm(x: GemmInputs, cfg: TileConfig | None) -> tuple[Runner, Any, Reads]:
     out = _out(x)
-    run = deep_gemm_adapter.make_call(x.a_fp8, x.a_scales, x.b_fp8, x.b_scales, out)
+    # A's scales laid out here, once (make_call passes a laid-out copy through as it is): the call reads
+    # this copy, not x.a_scales, so it is this copy that is refilled after timing
+    sfa = deep_gemm_adapter.tma_aligned_scales(x.a_scales)
+    run = deep_gemm_adapter.make_call(x.a_fp8, sfa, x.b_fp8, x.b_scales, out)
 
     def call() -> torch.Tensor:
         run()
         return out
 
-    return call, None
+    return call, None, (x.a_fp8, sfa, x.b_fp8, x.b_scales)
 
 
 # What is known of a library backend's kernel without running it (its resources' "model"), by backend:
@@ -247,7 +261,7 @@ class Fp8GemmFamily(KernelFamily):
 
         def prepare(seed: int, device: torch.device) -> Prepared:
             x = build_inputs(m, n, k, seed, device, scale_group=group)
-            call, compiled = build(x, cfg)
+            call, compiled, reads = build(x, cfg)
             ref = gemm_bf16(x.a, x.b)
 
             def check(out: torch.Tensor) -> Checked:
@@ -261,7 +275,9 @@ class Fp8GemmFamily(KernelFamily):
                     return {}
                 return {"compiled": triton_resources(compiled), "ncu": _ncu(req, cfg)}
 
-            return Prepared(call, check, cost, resources=compiled_resources)
+            # what the call reads, refilled in place from a fresh seed after timing: every one of them
+            # follows the seed, and the shapes follow the shape alone
+            return Prepared(call, check, cost, resources=compiled_resources, inputs=reads)
 
         return run_trial(req, prepare, precision="fp8", resources=resources)
 

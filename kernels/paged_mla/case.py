@@ -38,7 +38,9 @@ re-layout of the same pages. The last seed's checked call runs under kernels.mea
 (free on a GPU; on a CPU the torch profiler's first start in a process costs 1.5-5 s, mostly importing
 torch._dynamo, and ~10 ms after: once per farm worker), and its inputs are then timed
 (kernels.measure.measure; num_splits is fixed beforehand, so the timed call never reads cache_seqlens on
-the host). Metrics: GB/s and TFLOPS from the cost model, the cache manager's hit rate,
+the host); then its q, pages (with fp8's scales) and block table are refilled in place from a fresh seed
+and the same call is checked again (kernels.harness.stale_output: a cached result is `invalid`). Metrics:
+GB/s and TFLOPS from the cost model, the cache manager's hit rate,
 evictions, fragmentation and bytes per token, the splits used and the fraction of HBM bandwidth reached on
 a known GPU.
 """
@@ -488,6 +490,17 @@ def _cache_metrics(inp: DecodeInputs, kv_dtype: str) -> dict[str, Any]:
     }
 
 
+def _seeded(inp: DecodeInputs) -> tuple[torch.Tensor, ...]:
+    """What every decode backend's call reads that follows the seed, refilled in place from a fresh seed
+    after timing (kernels.harness.stale_output): q, the pages (fp8_flashmla: its scales are in the page
+    bytes) with fp8's per-token scales, and the block table (the pool's page order is shuffled per seed;
+    its unused entries and the pool's size follow the lengths). Not cache_seqlens: the lengths are the
+    shape's (SEQLEN_SEED), the same for every seed, so the split plan (triton) and the scheduler
+    metadata (flash_mla) built from them when the call was built are right for any seed's tensors."""
+    scales = () if inp.kv_scales is None else (inp.kv_scales,)
+    return (inp.q, inp.kv_cache, inp.block_table, *scales)
+
+
 def _run_decode(req: TrialRequest, build: Callable) -> TrialOutcome:
     shape = req.shape
     seqlens = shape_seqlens(shape)
@@ -519,7 +532,7 @@ def _run_decode(req: TrialRequest, build: Callable) -> TrialOutcome:
                 **_cache_metrics(inp, shape["kv_dtype"]),
             }
 
-        return Prepared(call, check, cost, figures=figures)
+        return Prepared(call, check, cost, figures=figures, inputs=_seeded(inp))
 
     checked = {"checked": "out (headline) and lse", "poisoned": req.policy.poison_unused}
     return run_trial(req, prepare, memory=True, correctness=checked)

@@ -7,4 +7,6 @@ faults      the FARM_PLUGINS module (kernels.registry) that wraps product backen
             (gemm `_repeat` / `_perturb`, probe `_slowdown`, paged_mla `_overread`), declared as variant
             keys so a faulty trial is the same point as its baseline; `enable()` names it in FARM_PLUGINS
             for this process, its Ray workers and its subprocesses
+stale       a product family's trials watched: whether the harness's recheck after timing ran, and a
+            call made to return its first output forever (kernels.harness.stale_output)
 """
