@@ -18,8 +18,10 @@ import shutil
 import subprocess
 import tempfile
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 KERNELS = Path(__file__).resolve().parents[1] / "kernels"
 MAX_PACKED_BYTES = 32 * 1024 * 1024  # a kernels/ tree past this (data files added by mistake) is refused
@@ -64,15 +66,31 @@ def pack_kernels(root: Path = KERNELS) -> PackedSource:
     digest = hashlib.sha256()
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
-        for p in files:
-            rel = p.relative_to(root).as_posix()
-            data = p.read_bytes()
-            digest.update(f"{rel}\0{len(data)}\0".encode())
-            digest.update(data)
+        for rel, data in _contents(root, files, digest):
             info = zipfile.ZipInfo(f"kernels/{rel}", date_time=(1980, 1, 1, 0, 0, 0))
             info.external_attr = 0o644 << 16
             z.writestr(info, data, zipfile.ZIP_DEFLATED)
     return PackedSource(digest.hexdigest(), buf.getvalue(), len(files))
+
+
+def _contents(root: Path, files: list[Path], digest: Any) -> Iterator[tuple[str, bytes]]:
+    """Each file's path under `root` and bytes, each added to `digest` as the source's digest names them."""
+    for p in files:
+        rel = p.relative_to(root).as_posix()
+        data = p.read_bytes()
+        digest.update(f"{rel}\0{len(data)}\0".encode())
+        digest.update(data)
+        yield rel, data
+
+
+def source_digest(root: Path = KERNELS) -> str:
+    """The digest of kernels/ as pack_kernels names it, without packing it: what a worker running the
+    cluster's own kernels/ records as its kernel source (cluster.environment), equal to a shipped source's
+    digest for the same files."""
+    digest = hashlib.sha256()
+    for _ in _contents(root, _tree_files(root), digest):
+        pass
+    return digest.hexdigest()
 
 
 def unpack_kernels(digest: str, archive: bytes, under: Path) -> Path:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import ray
 
 from cluster import environment
-from cluster.shipping import unpack_kernels
+from cluster.shipping import source_digest, unpack_kernels
 
 if TYPE_CHECKING:
     from kernels.base import TrialOutcome, TrialRequest
@@ -96,7 +96,9 @@ class FarmWorker:
         gpu_ids = ray.get_gpu_ids()
         self.gpu_id = ",".join(str(g) for g in gpu_ids) if gpu_ids else None
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.env = environment.collect(threads)
+        # the kernel source it runs: the shipped digest, or the same digest of the cluster's own kernels/
+        own = self.source or source_digest(Path(self.kernels_path))
+        self.env = environment.collect(threads, kernels_source=own)
 
     def info(self) -> dict[str, Any]:
         return {
