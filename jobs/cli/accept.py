@@ -135,19 +135,27 @@ def failures() -> None:
 @click.option(
     "--min-jobs", type=click.IntRange(min=1), default=1, show_default=True, help="seen in >= N jobs"
 )
+@click.option(
+    "--by", "by", type=click.Choice(["fingerprint", "environment"]), default="fingerprint", show_default=True,
+    help="environment: one row per fingerprint and environment the trials ran in (torch, triton, GPU, ...), "
+    "so a failure seen on one version only shows as such",
+)  # fmt: skip
 @db_option
-def failures_list(min_jobs: int, db: str | None) -> None:
-    """Failed assertions grouped by fingerprint, the most recurring first."""
+def failures_list(min_jobs: int, by: str, db: str | None) -> None:
+    """Failed assertions grouped by fingerprint (and environment), the most recurring first."""
     from jobs.judge.acceptance import recurring
 
+    by_env = by == "environment"
     table = Table()
-    for col in ("fingerprint", "assertion", "point", "jobs", "commits", "tags", "last message"):
+    cols = ("fingerprint", "assertion", "point") + (("environment",) if by_env else ())
+    for col in cols + ("jobs", "commits", "tags", "last message"):
         table.add_column(col, overflow="fold")
-    for g in recurring(store_for(db, create=False), min_jobs):
+    for g in recurring(store_for(db, create=False), min_jobs, by_environment=by_env):
         table.add_row(
             g.fingerprint[:12],
             g.assertion,
             g.label,
+            *((g.environment,) if by_env else ()),
             f"{len(g.jobs)}: " + ",".join(map(str, g.jobs)),
             ",".join(c[:12] for c in g.commits) or "-",
             ",".join(g.tags) or "-",

@@ -3,8 +3,10 @@
 Nothing raw leaves the farm. Per anomaly: the interface signature (family, backend, shape and dtype), the
 config fields that differ from the baseline point, a log excerpt (warnings and errors only, in a time
 window around the failure, repeated lines folded, capped in bytes), the card's thresholds next to the
-measured values, and the prohibitions. Anomalies with the same fingerprint are sent once. The sizes
-before (the raw log, evidence and config) and after (the JSON sent) are measured for the record.
+measured values (and, when the trial and its baseline ran in environments that differ in a component that
+changes performance, that change in one line of at most ENV_CAP characters), and the prohibitions.
+Anomalies with the same fingerprint are sent once. The sizes before (the raw log, evidence and config) and
+after (the JSON sent) are measured for the record.
 
 `facts_from_job` adapts the stored anomaly rows (jobs.store.Anomaly) into
 `AnomalyFacts`; `compress`
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from jobs.judge.environment import changed_text, performance, stored
 from jobs.judge.runs import RunComparison
 from jobs.spec.cards import Card
 from kernels.measure.stats import Comparison, finite_or_none
@@ -34,6 +37,7 @@ LOG_CAP_BYTES = 2048
 MAX_LINE = 300
 WINDOW_BEFORE_S = 60.0
 WINDOW_AFTER_S = 10.0
+ENV_CAP = 160  # characters of an anomaly's environment change sent ("torch 2.12.0 -> 2.13.0, ...")
 
 _TS = re.compile(r"^\[?(\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2})(?:[.,]\d+)?")
 _WARN = re.compile(r"\b(WARN|WARNING)\b|\bwarnings?\.warn|UserWarning")
@@ -254,6 +258,9 @@ def expected_metrics(kind: str, evidence: dict[str, Any], card: Card | None, on_
         add("trial completes", "ok", ev.get("status", kind))
     if kind == "throttled":
         add("throttled samples", "0", ev.get("throttled"))
+    moved = performance(stored(ev.get("environment")))
+    if moved:  # the trial and its baseline ran in other environments (jobs.judge.acceptance): one short line
+        add("environment vs baseline", "unchanged", changed_text(moved, ENV_CAP))
     return out
 
 

@@ -5,9 +5,13 @@ card's order; with `confirm`, the regression results that are slower or ambiguou
 interleaved re-run (jobs.judge.confirm). It stores the anomalies found
 (jobs.judge.anomalies; a new acceptance run
 replaces the job's previous ones) and the failed assertions in the failure bank with the job's kernels
-commit, a tag and a fingerprint (point + check, stable across jobs). `write_junit` writes one testcase
-per assertion; `render` prints them. The verdict is "fail" when an assertion fails (or is ambiguous
-under `ambiguous="fail"`), "warn" when some are ambiguous under `ambiguous="warn"`, else "pass".
+commit, a tag and a fingerprint (point + check, stable across jobs). A regression that would fail across a
+change of environment that changes performance (jobs.judge.environment: torch, triton, CUDA, driver, GPU,
+CPU, governor, clocks policy, threads) is ambiguous, naming the change, unless `--confirm` re-ran both sides
+on one worker; what differs is kept in the assertion's numbers (`environment`) and, for the job against its
+baseline, in an `environment` anomaly. `write_junit` writes one testcase per assertion; `render` prints
+them. The verdict is "fail" when an assertion fails (or is ambiguous under `ambiguous="fail"`), "warn" when
+some are ambiguous under `ambiguous="warn"`, else "pass".
 """
 
 from __future__ import annotations
@@ -22,12 +26,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from jobs.judge import baselines
+from jobs.judge import baselines, environment
 from jobs.judge.anomalies import Found, contamination, throttling
 from jobs.judge.checks import AMBIGUOUS, FAIL, PASS, SKIP, Context, Outcome, card_check, in_scope, run_check
 from jobs.spec.cards import Card, load_card
 from jobs.spec.sweep import loads_spec
-from jobs.store import FailureRecord, Job, Judging, Store, TrialRow
+from jobs.store import AnomalyRecord, FailureRecord, Job, Judging, Store, TrialRow
 from kernels.base import trial_label as label_of
 
 if TYPE_CHECKING:  # the runner imports Ray: only `farm accept --confirm` needs it (jobs.judge.confirm)
@@ -84,6 +88,8 @@ class Acceptance:
     results: list[AssertionResult] = field(default_factory=list)
     anomalies: list[Found] = field(default_factory=list)
     confirm_job: int | None = None
+    # what differs from the environments of the baseline's trials to the job's (jobs.judge.environment)
+    environment: list[environment.Difference] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
         return dict(Counter(r.outcome for r in self.results))
@@ -114,6 +120,7 @@ class Acceptance:
             "confirm_job": self.confirm_job,
             "assertions": [r.to_dict() for r in self.results],
             "anomalies": [asdict(a.record()) for a in self.anomalies],
+            "environment": [d.to_list() for d in self.environment],
         }
 
 
@@ -157,9 +164,12 @@ def contexts(store: Store, judging: Judging, card: Card) -> dict[int, Context]:
             judging.samples[trial_id] = store.kept_samples(trial_id)
         return judging.samples[trial_id]
 
-    return {
-        t.id: Context(card, t, judging.env_of(t), judging.matches.get(t.id), samples) for t in judging.trials
-    }
+    out = {}
+    for t in judging.trials:
+        base = judging.matches.get(t.id)
+        env = judging.env_of(t)
+        out[t.id] = Context(card, t, env, base, samples, judging.env_of(base) if base is not None else None)
+    return out
 
 
 def accept(
@@ -190,8 +200,14 @@ def accept(
         ambiguous = the_card.cpu.ambiguous if on_cpu else "fail"
     acc = Acceptance(job_id, the_card, ambiguous, base.name if base else None, base.job_id if base else None)
     acc.results = assertions(the_card, trials, by_trial)
+    across_environment(acc.results, by_trial)
     if confirm:
         _confirm(store, job, acc, by_trial, rounds, options)
+        across_environment(acc.results, by_trial)  # a re-run of B alone still stands on the old baseline
+    acc.environment = environment.changes(
+        [judging.env_of(b) for b in judging.matches.values()],
+        [judging.env_of(t) for t in trials if t.id in judging.matches],
+    )
     acc.anomalies = [
         Found(r.result.anomaly, r.trial, r.result.reason, r.result.numbers, r.baseline_trial_id)
         for r in acc.results
@@ -199,12 +215,57 @@ def accept(
     ] + throttling(trials)
     flagged = {(a.trial.id, a.kind) for a in acc.anomalies}
     acc.anomalies += [a for a in contamination(trials) if (a.trial.id, a.kind) not in flagged]
-    store.record_verdict(
-        job_id,
-        [a.record() for a in acc.anomalies],
-        [r.failure(the_card.name, job, tag) for r in acc.failed()],
-    )
+    found = [a.record() for a in acc.anomalies] + environment_anomaly(acc, job)
+    store.record_verdict(job_id, found, [r.failure(the_card.name, job, tag) for r in acc.failed()])
     return acc
+
+
+def on_time(r: AssertionResult) -> bool:
+    """Whether the assertion judges the trial's time against its baseline's: the regression check, or a
+    scoped check on the ratio."""
+    return r.check == "regression" or r.result.numbers.get("metric") == "ratio"
+
+
+def across_environment(results: list[AssertionResult], contexts: dict[int, Context]) -> None:
+    """Each assertion on time whose trial and baseline trial ran in different environments keeps what
+    differs (its numbers' `environment`); one that fails across a performance change is ambiguous, naming
+    it, unless --confirm re-ran the baseline beside it on one worker (`baseline_rerun`)."""
+    for r in results:
+        c = contexts[r.trial.id]
+        if not on_time(r) or c.baseline is None:
+            continue
+        diffs = environment.changes(c.baseline_env, c.env)
+        if not diffs:
+            continue
+        r.result.numbers["environment"] = [d.to_list() for d in diffs]
+        if (
+            r.outcome == FAIL
+            and environment.performance(diffs)
+            and not r.result.numbers.get("baseline_rerun")
+        ):
+            text = f"ambiguous: {environment.ambiguous_reason(diffs)}; {r.result.reason}"
+            r.result = Outcome(AMBIGUOUS, text, r.result.numbers, r.result.anomaly and "ambiguous")
+
+
+def environment_anomaly(acc: Acceptance, job: Job) -> list[AnomalyRecord]:
+    """The job's environment against its baseline's, as an anomaly of the job (no trial): a `warning` when
+    a component that changes performance differs, `info` when only others (host) do; none when only the
+    code (the kernel source) differs, which is what the farm judges."""
+    shown = [d for d in acc.environment if d.kind != environment.CODE]
+    if not shown:
+        return []
+    perf = environment.performance(shown)
+    words = "changed" if perf else "differs (no effect on the verdict)"
+    since = f"since baseline {acc.baseline} (job {acc.baseline_job})"
+    message = f"environment {words} {since}: {environment.changed_text(shown)}"
+    return [
+        AnomalyRecord(
+            trial_id=None, kind="environment", severity="warning" if perf else "info",
+            fingerprint=baselines.digest(["environment", job.family, [d.to_list() for d in shown]]),
+            message=message, evidence={"baseline_job": acc.baseline_job,
+                                       "changes": [d.to_list() for d in acc.environment]},
+        )
+    ]  # fmt: skip
 
 
 def assertions(card: Card, trials: list[TrialRow], by_trial: dict[int, Context]) -> list[AssertionResult]:
@@ -269,6 +330,8 @@ def render(acc: Acceptance, console: Console, verbose: bool = False) -> None:
     """The assertions that did not pass (every one with `verbose`), the counts and the verdict."""
     base = f"baseline {acc.baseline} (job {acc.baseline_job})" if acc.baseline else "no baseline"
     console.print(f"[bold]job {acc.job_id}[/bold] against card {acc.card.name}, {base}")
+    for line in environment.summary_lines(acc.environment):
+        console.print(escape(line))
     shown = acc.results if verbose else [r for r in acc.results if r.outcome in (FAIL, AMBIGUOUS)]
     hidden = len(acc.results) - len(shown)
     table = Table()
@@ -350,13 +413,22 @@ class Recurring:
     commits: list[str]
     tags: list[str]
     last_message: str
+    environment: str = ""  # with by_environment: the environment's label (the components that vary)
 
 
-def recurring(store: Store, min_jobs: int = 1) -> list[Recurring]:
-    """Failed assertions grouped by fingerprint, the ones seen in the most jobs first."""
-    groups: dict[str, Recurring] = {}
-    for f in store.failures():
-        g = groups.setdefault(f.fingerprint, Recurring(f.fingerprint, f.assertion, f.label, [], [], [], ""))
+def recurring(store: Store, min_jobs: int = 1, *, by_environment: bool = False) -> list[Recurring]:
+    """Failed assertions grouped by fingerprint, the ones seen in the most jobs first. `by_environment`:
+    by fingerprint and the environment the trial ran in, labelled by the performance components whose
+    value is not the same across the bank (a failure seen on one torch version only reads `torch 2.13.0`),
+    or by torch and triton when none varies."""
+    banked = store.failures_in_environments()
+    fps = [environment.fingerprint(env) for _f, env in banked]
+    shown = environment.varying(fps) or ["gpu", "torch", "triton"]
+    groups: dict[tuple[str, str], Recurring] = {}
+    for (f, _env), fp in zip(banked, fps, strict=True):
+        where = environment.label(fp, shown) if by_environment else ""
+        new = Recurring(f.fingerprint, f.assertion, f.label, [], [], [], "", where)
+        g = groups.setdefault((f.fingerprint, where), new)
         if f.job_id not in g.jobs:
             g.jobs.append(f.job_id)
         if f.git_commit and f.git_commit not in g.commits:

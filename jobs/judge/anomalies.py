@@ -13,6 +13,8 @@ Kinds and default severity:
   hw_fraction  error    on a GPU, below the card's fraction of the hardware limit
   resource     error    register spills, or an occupancy drop against the baseline point
   throttled    warning  samples were taken while the SM clock was throttled
+  environment  warning  the job ran in another environment than its baseline (torch, driver, GPU, ...; info
+                        when only the host differs): an anomaly of the job, no trial (jobs.judge.acceptance)
 
 The fingerprint hashes the point (family, backend, shape, config without variant keys, dtype) and the
 kind: never a job id, a trial id or a time, so the same anomaly in a later job has the same fingerprint.
@@ -41,6 +43,7 @@ SEVERITY: dict[str, str] = {
     "hw_fraction": "error",
     "resource": "error",
     "throttled": "warning",
+    "environment": "warning",
 }
 KINDS = tuple(SEVERITY)
 

@@ -43,6 +43,7 @@ class Context:
     env: Environment | None
     baseline: TrialRow | None  # the matching baseline trial, if any
     samples: Callable[[int], list[int]]  # trial id -> raw samples (ns)
+    baseline_env: Environment | None = None  # the environment the baseline trial ran in
 
     @property
     def on_cpu(self) -> bool:

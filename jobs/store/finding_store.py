@@ -11,7 +11,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from jobs.store.records import AnomalyRecord, FailureRecord, columns
-from jobs.store.tables import Anomaly, Failure
+from jobs.store.tables import Anomaly, Environment, Failure, TrialRow
 
 
 def _replace(
@@ -56,8 +56,19 @@ class FindingStore:
             return list(s.scalars(q))
 
     def failures(self, fingerprint: str | None = None) -> list[Failure]:
+        return [f for f, _env in self.failures_in_environments(fingerprint)]
+
+    def failures_in_environments(
+        self, fingerprint: str | None = None
+    ) -> list[tuple[Failure, Environment | None]]:
+        """The failure bank's entries, each with the environment its trial ran in (None: not recorded)."""
         with Session(self.engine, expire_on_commit=False) as s:
-            q = select(Failure).order_by(Failure.id)
+            q = (
+                select(Failure, Environment)
+                .outerjoin(TrialRow, TrialRow.id == Failure.trial_id)
+                .outerjoin(Environment, Environment.id == TrialRow.environment_id)
+                .order_by(Failure.id)
+            )
             if fingerprint is not None:
                 q = q.where(Failure.fingerprint == fingerprint)
-            return list(s.scalars(q))
+            return [(f, env) for f, env in s.execute(q)]

@@ -1,8 +1,9 @@
 """The one read a verdict makes: a job with everything it is judged on, in one session.
 
 `farm accept` (jobs.judge.acceptance) asks for the job, its trials and their environments, the baseline
-it is compared to with the baseline trial matching each of its trials, and the kept samples of all of
-those trials, once; the judging itself then runs on what it got, without coming back to the store.
+it is compared to with the baseline trial matching each of its trials (and their environments), and the
+kept samples of all of those trials, once; the judging itself then runs on what it got, without coming
+back to the store.
 
 The baseline is the one named, else the newest baseline of the job's family, other than the job itself,
 that has a point of the job. Points are matched by the caller's `key` (jobs.judge.baselines.match_key of
@@ -30,7 +31,9 @@ class Judging:
 
     job: Job
     trials: list[TrialRow]  # in grid order
-    environments: dict[int, Environment]  # environment id -> row, for the job's trials
+    environments: dict[
+        int, Environment
+    ]  # environment id -> row, for the job's and its matched baseline trials
     baseline: Baseline | None = None
     matches: dict[int, TrialRow] = field(default_factory=dict)  # the job's trial id -> its baseline trial
     samples: dict[int, list[int]] = field(default_factory=dict)  # trial id -> kept samples (ns)
@@ -72,6 +75,11 @@ class JudgingStore:
                     break
             rows = {r.id: r for r in _trials(s, set(matched.values()))}
             out.matches = {tid: rows[bid] for tid, bid in matched.items() if bid in rows}
+            theirs = {r.environment_id for r in rows.values() if r.environment_id is not None} - set(envs)
+            if theirs:  # the baseline trials' environments: what a verdict compares the job's with
+                envs.update(
+                    (e.id, e) for e in s.scalars(select(Environment).where(Environment.id.in_(theirs)))
+                )
             if samples:
                 out.samples = _kept_samples(s, job_id, list(rows.values()), trials)
             return out
