@@ -6,6 +6,10 @@ trials' raw samples, A the baseline and B the candidate ("faster" means B is fas
 by a selector, `--config-a K=V,...` (`backend=` may be one of the keys): among a job's trials for the
 shape that match it (baseline-backend trials only when named), the fastest correct one. With one job,
 both selectors are needed: two configs inside one job. The command itself is in jobs/cli/compare.py.
+
+What differs between the environments A and B ran in (jobs.judge.environment) is printed for the two jobs
+and kept per shape; a shape whose B is slower across a change that changes performance (torch, driver,
+GPU, ...) is ambiguous, naming it: the slowdown may not be the code's (`--fail-on-slower` does not count it).
 """
 
 from __future__ import annotations
@@ -18,10 +22,12 @@ from typing import Any
 import click
 import yaml
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from jobs.judge import environment
 from jobs.report.rows import fmt_point, num, point_text
-from jobs.store import Store, TrialRow
+from jobs.store import Environment, Store, TrialRow
 from kernels.base import TrialStatus
 from kernels.measure.stats import Comparison, compare_samples
 
@@ -148,6 +154,14 @@ class ShapeRow:
     b: Side | None
     comparison: Comparison | None = None
     note: str = ""
+    environment: list[list[str]] = field(default_factory=list)  # what differs from A's to B's (to_list)
+    ambiguous: str = ""  # why a slower B is not called slower: the environment changed
+
+    @property
+    def verdict(self) -> str:
+        if self.comparison is None:
+            return "n/a"
+        return "ambiguous" if self.ambiguous else self.comparison.verdict
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -160,13 +174,17 @@ class CompareResult:
     select_a: str
     select_b: str
     rows: list[ShapeRow] = field(default_factory=list)
+    environment: list[list[str]] = field(default_factory=list)  # from job A's environments to job B's
 
     def verdicts(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for r in self.rows:
-            v = r.comparison.verdict if r.comparison else "n/a"
-            out[v] = out.get(v, 0) + 1
+            out[r.verdict] = out.get(r.verdict, 0) + 1
         return out
+
+    def environment_lines(self) -> list[str]:
+        """What `farm compare` prints of the two jobs' environments (nothing when they are the same)."""
+        return environment.summary_lines(environment.stored(self.environment))
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -196,10 +214,13 @@ def compare_jobs(
         if store.get_job(j) is None:
             raise ValueError(f"no job {j} in {store.url}")
     trials_a, trials_b = store.trials(job_a), store.trials(jb)
+    env_a, env_b = store.environments(job_a), store.environments(jb)
+    envs = {e.id: e for e in env_a + env_b}
     order: dict[str, TrialRow] = {}
     for t in trials_a + trials_b:
         order.setdefault(_shape_key(t), t)
     result = CompareResult(job_a, jb, select_a.label(), select_b.label())
+    result.environment = [d.to_list() for d in environment.changes(env_a, env_b)]
     for key, example in order.items():
         ta, na = pick((t for t in trials_a if _shape_key(t) == key), select_a)
         tb, nb = pick((t for t in trials_b if _shape_key(t) == key), select_b)
@@ -209,8 +230,22 @@ def compare_jobs(
             a=side_of(ta, job_a, na) if ta else None,
             b=side_of(tb, jb, nb) if tb else None,
         )
-        result.rows.append(_judge(store, row, ta, tb, min_effect, alpha))
+        result.rows.append(_across(_judge(store, row, ta, tb, min_effect, alpha), ta, tb, envs))
     return result
+
+
+def _across(
+    row: ShapeRow, ta: TrialRow | None, tb: TrialRow | None, envs: dict[int, Environment]
+) -> ShapeRow:
+    """The row with what differs between A's and B's environments; a slower B across a change of a
+    component that changes performance is ambiguous."""
+    if ta is None or tb is None or row.comparison is None:
+        return row
+    diffs = environment.changes(envs.get(ta.environment_id or -1), envs.get(tb.environment_id or -1))
+    row.environment = [d.to_list() for d in diffs]
+    if row.comparison.verdict == "slower" and environment.performance(diffs):
+        row.ambiguous = environment.ambiguous_reason(diffs)
+    return row
 
 
 def _judge(
@@ -270,6 +305,8 @@ def render(result: CompareResult, console: Console) -> None:
         f"A: job {result.job_a} [{result.select_a}]   B: job {result.job_b} [{result.select_b}]   "
         "(verdict is B relative to A)"
     )
+    for line in result.environment_lines():
+        console.print(escape(line))
     table = Table(show_lines=True)
     for col in ("shape", "", "backend / config", "status", "median us", "TFLOPS", "GB/s", "spread",
                 "smem KB", "waves (last)", "regs/spills", "verdict"):  # fmt: skip
@@ -281,6 +318,8 @@ def render(result: CompareResult, console: Console) -> None:
         if c is not None:
             ratio = "ratio undefined" if c.ratio is None else f"x{c.ratio:.3f}"
             verdict = f"{c.verdict} {ratio} ({c.reason})" + (f"; {r.note}" if r.note else "")
+            if r.ambiguous:
+                verdict = f"ambiguous: {r.ambiguous}; {verdict}"
         table.add_row(shape, "A", *_side_cells(r.a), "")
         table.add_row("", "B", *_side_cells(r.b), verdict)
     console.print(table)

@@ -50,8 +50,8 @@ def _compare_cells(row: Any) -> list[Any]:
         "undefined" if c.ratio is None else num(c.ratio, ".3f"),
         f"{num(c.ci_low, '.3f')}..{num(c.ci_high, '.3f')}",
         num(c.p_value, ".2g"),
-        c.verdict,
-        row.note or c.reason,
+        row.verdict,
+        "; ".join(n for n in (row.ambiguous, row.note or c.reason) if n),
     ]  # fmt: skip
 
 
@@ -64,6 +64,7 @@ def render_compare(result: Any, plotly_src: str | None = None) -> str:
         plotly_src,
         result=result,
         verdicts=", ".join(f"{k}: {v}" for k, v in result.verdicts().items()),
+        environment=result.environment_lines(),
         table=Table(head, [_compare_cells(r) for r in result.rows]),
         figures=[
             figure_view(compare_time_figure(result), "plot-ab-time"),
