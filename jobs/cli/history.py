@@ -6,10 +6,12 @@ import json
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from jobs.cli.common import console, db_option, parse_point, store_for
 from jobs.history.series import Selection, Series, collect, min_jobs
+from jobs.judge.environment import changed_text
 
 
 def _fmt(v: float | None, fmt: str) -> str:
@@ -18,12 +20,15 @@ def _fmt(v: float | None, fmt: str) -> str:
 
 def render_series(series: Series, out_console: Console) -> None:
     changes = {c.job_id: c for c in series.changes}
+    marks = {m.job_id: m for m in series.marks}
     table = Table(title=f"{series.key.label} on {series.key.env}", title_justify="left")
     for col in ("job", "commit", "created", "median ms", "spread", "level ms", "+-", "p90 ms", "n", "change"):
         table.add_column(col, justify="left" if col in ("commit", "created", "change") else "right")
+    table.add_column("environment", justify="left")  # what changed there (a performance component)
     for p in series.points:
         c = changes.get(p.job_id)
         mark = f"[bold red]{c.magnitude:+.1%}[/bold red] (p={c.p_value:.3f})" if c else ""
+        env = marks[p.job_id].text if p.job_id in marks else ""
         table.add_row(
             str(p.job_id),
             (p.commit or "-")[:12],
@@ -35,6 +40,7 @@ def render_series(series: Series, out_console: Console) -> None:
             _fmt(p.p90_ns / 1e6 if p.p90_ns is not None else None, ".4f"),
             _fmt(p.n, "d"),
             mark,
+            escape(env),
         )
     out_console.print(table)
     out_console.print(
@@ -50,9 +56,16 @@ def render_series(series: Series, out_console: Console) -> None:
     elif not series.changes:
         out_console.print("  no change point")
     for c in series.changes:
+        there = f", environment changed there: {changed_text(c.environment)}" if c.environment else ""
         out_console.print(
-            f"  change point at job {c.job_id} (commit {c.commit or 'unknown'}): "
-            f"{c.before_ns / 1e6:.4f} -> {c.after_ns / 1e6:.4f} ms, {c.magnitude:+.1%}"
+            escape(
+                f"  change point at job {c.job_id} (commit {c.commit or 'unknown'}): "
+                f"{c.before_ns / 1e6:.4f} -> {c.after_ns / 1e6:.4f} ms, {c.magnitude:+.1%}{there}"
+            )
+        )
+    for m in series.marks:
+        out_console.print(
+            escape(f"  environment changed at job {m.job_id} (commit {m.commit or 'unknown'}): {m.text}")
         )
 
 

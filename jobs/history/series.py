@@ -20,11 +20,17 @@ The change points are E-divisive means (jobs.history.changepoints) over the leve
 to the first job after it. With its significance (p <= 0.01 over 199 permutations) and at least 3 points
 on either side, a series needs `min_jobs()` points before any change can be called: `farm history` says
 so for a shorter one.
+
+Each point keeps the environment its trial ran in. Where two consecutive points' environments differ in a
+component that changes performance (jobs.judge.environment: torch, triton, CUDA, driver, GPU, CPU,
+governor, clocks policy, threads) the series has an `EnvMark` on the later one; a change point that falls on
+a mark carries its changes (`Change.environment`): "environment changed there", not only the commit.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cache
@@ -35,6 +41,7 @@ from sqlalchemy.orm import Session
 
 from jobs.history.changepoints import ChangePoint, e_divisive
 from jobs.judge.baselines import env_class, point_config
+from jobs.judge.environment import Difference, changed_text, changes, performance
 from jobs.store import Environment, Job, Store, TrialRow
 from kernels.base import TrialStatus
 
@@ -78,6 +85,7 @@ class HistoryPoint:
     n: int | None
     mad_ns: float | None = None
     flags: tuple[str, ...] = ()  # the measurement's (kernels.base.Summary.flags)
+    env: Mapping[str, Any] | None = None  # the environment its trial ran in (cluster.environment.collect)
 
     @property
     def level_ns(self) -> float:
@@ -110,6 +118,21 @@ class Change:
     after_ns: float
     magnitude: float  # after / before - 1 (+0.2: 20% slower)
     p_value: float
+    environment: list[Difference] = field(default_factory=list)  # changed at the same job (performance)
+
+
+@dataclass
+class EnvMark:
+    """A job whose environment differs from the previous job's in a component that changes performance."""
+
+    job_id: int
+    commit: str | None
+    index: int
+    changes: list[Difference]
+
+    @property
+    def text(self) -> str:
+        return changed_text(self.changes)
 
 
 @dataclass
@@ -117,6 +140,7 @@ class Series:
     key: PointKey
     points: list[HistoryPoint] = field(default_factory=list)
     changes: list[Change] = field(default_factory=list)
+    marks: list[EnvMark] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -151,8 +175,13 @@ class Series:
                     "after_ms": c.after_ns / 1e6,
                     "magnitude": c.magnitude,
                     "p_value": c.p_value,
+                    "environment": [d.to_list() for d in c.environment],
                 }
                 for c in self.changes
+            ],
+            "environment_changes": [
+                {"job": m.job_id, "commit": m.commit, "changes": [d.to_list() for d in m.changes]}
+                for m in self.marks
             ],
         }
 
@@ -230,12 +259,30 @@ def collect(store: Store, selection: Selection | None = None, *, detect: bool = 
                 n=stats.n,
                 mad_ns=stats.mad,
                 flags=stats.flags,
+                env=env.data if env is not None else None,
             )
         )
     out = list(by_key.values())
-    if detect:
-        for series in out:
+    for series in out:
+        series.marks = environment_marks(series.points)
+        if detect:
             series.changes = changes_of(series.points)
+    return out
+
+
+def _env_change(points: list[HistoryPoint], i: int) -> list[Difference]:
+    """What changed that changes performance, from the point before `i` to point `i`."""
+    if not i or points[i - 1].env is points[i].env:  # one stored environment: one object per read
+        return []
+    return performance(changes(points[i - 1].env, points[i].env))
+
+
+def environment_marks(points: list[HistoryPoint]) -> list[EnvMark]:
+    """The points whose environment differs from the previous point's in a performance component."""
+    out = []
+    for i, p in enumerate(points):
+        if found := _env_change(points, i):
+            out.append(EnvMark(p.job_id, p.commit, i, found))
     return out
 
 
@@ -243,7 +290,7 @@ def changes_of(points: list[HistoryPoint]) -> list[Change]:
     """The change points of a series, on the points' levels. Contended points are left out of the search
     while at least min_jobs() clean ones remain; a change found between two clean points is attributed to
     the first job between them whose level is nearer the new level than the old (the clean one after, if
-    none is)."""
+    none is). A change at a job whose environment changed (a performance component) names the change."""
     clean = [p for p in points if not p.contended]
     used = clean if len(clean) >= min_jobs() else points
     found: list[ChangePoint] = e_divisive([p.level_ns for p in used]) if len(used) >= 6 else []
@@ -256,7 +303,8 @@ def changes_of(points: list[HistoryPoint]) -> list[Change]:
                 at = i
                 break
         first = points[at]
-        out.append(Change(first.job_id, first.commit, at, c.before, c.after, c.magnitude, c.p_value))
+        env = _env_change(points, at)
+        out.append(Change(first.job_id, first.commit, at, c.before, c.after, c.magnitude, c.p_value, env))
     return out
 
 

@@ -231,7 +231,7 @@ def scaling_figures(trials: list[Any], scaling: tuple[tuple[str, str], ...]) -> 
 def history_figure(series: Any) -> go.Figure:
     """A jobs.history.series.Series: median per job (p10..p90 band) in commit order, the level change
     detection reads (with its standard error; contended points crossed), change points marked at the level
-    after them."""
+    after them, environment changes (a performance component) as dotted lines named at the top."""
     pts = series.points
     x = [f"#{p.job_id} {(p.commit or '?')[:8]}" for p in pts]
     fig = go.Figure()
@@ -259,6 +259,12 @@ def history_figure(series: Any) -> go.Figure:
             text=f"{c.magnitude:+.1%}",
             showarrow=True,
             font={"color": "#b00020"},
+        )
+    for m in series.marks:
+        fig.add_vline(x=m.index - 0.5, line_dash="dot", line_color="#6a3d9a")
+        text = m.text if len(m.text) <= 60 else m.text[:57] + "..."
+        fig.add_annotation(
+            x=x[m.index], y=1, yref="paper", text=f"env: {text}", showarrow=False, font={"color": "#6a3d9a"}
         )
     fig.update_layout(
         title=f"{series.key.label} on {series.key.env}: median per job (commit order)",

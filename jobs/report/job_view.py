@@ -122,7 +122,8 @@ def speedup_summary(items: list[Speedup]) -> Table | None:
 
 def recent_history(store: Store, job_id: int, family: str, last: int = HISTORY_JOBS) -> Table | None:
     """For each point of the job that earlier jobs also measured: its median over the last `last` jobs
-    up to this one (a sparkline, this job the last dot) and the change from the previous job."""
+    up to this one (a sparkline, this job the last dot) and the change from the previous job (with what
+    changed in the environment between them, when a performance component did)."""
     from jobs.history.series import Selection, collect
 
     rows = []
@@ -137,7 +138,8 @@ def recent_history(store: Store, job_id: int, family: str, last: int = HISTORY_J
             len(window),
             spark([p.median_ns for p in window], marks=(len(window) - 1,)),
             f"{this.median_ns / 1e6:.4f}",
-            f"{this.median_ns / prev.median_ns - 1:+.1%} (job {prev.job_id})",
+            f"{this.median_ns / prev.median_ns - 1:+.1%} (job {prev.job_id})"
+            + "".join(f"; environment changed: {m.text}" for m in series.marks if m.index == at),
         ]
         rows.append((this.trial_id, cells))
     if not rows:

@@ -2,7 +2,8 @@
 
 index.html            families and kernels (one row per point: family, backend, shape, config, dtype,
                       environment) with a sparkline of its history and its change points
-kernels/<point>.html  one point's history across jobs, with the change points and a table of the jobs
+kernels/<point>.html  one point's history across jobs, with the change points, the environment changes
+                      (a performance component: torch, driver, ...) and a table of the jobs
 jobs/<id>.html        one job's report (jobs.report.html)
 account.html          the token account of the drafts and its four questions (jobs.report.account_page)
 plotly.min.js         plotly.js, once for the whole site: every page opens offline
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from jobs.drafts.account import Account, build_account
 from jobs.history.series import Series, collect
+from jobs.judge.environment import changed_text
 from jobs.report.account_page import render_account
 from jobs.report.figures import history_figure
 from jobs.report.html import render_job
@@ -42,6 +44,7 @@ class ChangeLine:
     before: str  # ms
     after: str
     magnitude: str  # +20.0%
+    environment: str = ""  # what changed in the environment at the same job (performance components)
 
 
 @dataclass
@@ -56,6 +59,7 @@ class SiteJob:
 def _kernel_page(series: Series) -> str:
     """One point's history: its change points, the figure and the table of its jobs (each linked)."""
     changes = {c.job_id: c for c in series.changes}
+    marks = {m.job_id: m.text for m in series.marks}
     rows = []
     for p in series.points:
         c = changes.get(p.job_id)
@@ -67,6 +71,7 @@ def _kernel_page(series: Series) -> str:
                 f"{p.median_ns / 1e6:.4f}",
                 f"{p.spread_pct:.1f}%" if p.spread_pct is not None else "-",
                 f"{c.magnitude:+.1%}" if c else "",
+                marks.get(p.job_id, ""),
             ]
         )
     return render_page(
@@ -82,11 +87,15 @@ def _kernel_page(series: Series) -> str:
                 f"{c.before_ns / 1e6:.4f}",
                 f"{c.after_ns / 1e6:.4f}",
                 f"{c.magnitude:+.1%}",
+                changed_text(c.environment),
             )
             for c in series.changes
         ],  # fmt: skip
+        marks=series.marks,
         figure=figure_view(history_figure(series), "plot-history", 460),
-        listing=Table(["job", "commit", "created", "median ms", "spread", "change"], rows, left=3),
+        listing=Table(
+            ["job", "commit", "created", "median ms", "spread", "change", "environment"], rows, left=3
+        ),
     )
 
 
