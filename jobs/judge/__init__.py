@@ -1,1 +1,2 @@
-"""Judging a job: the card's checks, acceptance, interleaved confirmation, anomalies and baselines."""
+"""Judging a job: the card's checks, acceptance, interleaved confirmation, anomalies, baselines, and what
+differs between two environments (environment.py)."""

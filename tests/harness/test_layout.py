@@ -22,7 +22,6 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("cluster", "jobs", "kernels", "gateway", "schemakit")
 
 EXERCISED_BY: dict[str, tuple[str, ...]] = {
-    "cluster/environment.py": ("tests/cluster/test_worker.py", "tests/jobs/test_acceptance.py"),
     "jobs/cli/accept.py": ("tests/jobs/test_acceptance.py", "tests/jobs/test_tour_cpu.py"),
     "jobs/cli/db.py": ("tests/jobs/test_store_migrations.py",),
     "jobs/cli/jobs.py": ("tests/jobs/test_cli_output.py", "tests/jobs/test_exit_codes.py"),
