@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from kernels.measure.clean_call import transfers
+from kernels.measure.cpu_share import RunQueue, Usage
 from kernels.measure.cuda_layer import CudaLayer, TorchCuda, flush_bytes
 from kernels.measure.policy import MeasurePolicy
 from kernels.measure.stats import detect_step
@@ -50,7 +51,9 @@ SHORT_CALL_NS = 100_000  # under this, host launch overhead is a visible part of
 PROBE_CALLS = 5
 DRIFT_LIMIT = 0.10  # last third's median vs the first third's (relative): beyond it, the samples drift
 SHORT_RUN_DRIFT = 0.20  # fewer than 6 samples, all rising or all falling, by more than this end to end
-MIN_CPU_RATIO = 0.5  # process CPU time / wall time of a CPU timing loop: below it, the cores were shared
+# process CPU time over the wall time it could run (less run-queue waits, where known) of a CPU timing loop:
+# below it, the calls waited rather than computed (or, where the waits are not known, the cores were shared)
+MIN_CPU_RATIO = 0.5
 
 
 def choose_gpu_timer(requested: str, probe_ns: float | None, graph_error: str | None) -> tuple[str, str]:
@@ -165,20 +168,46 @@ def _warm_up(fn: Callable[[], object], warmup_ms: float, sync: Callable[[], None
 
 
 def _measure_cpu(fn: Callable[[], object], policy: MeasurePolicy) -> Measurement:
+    """Wall time per call, less the time the thread waited in the run queue for a core where Linux says
+    (kernels.measure.cpu_share): the level a loaded runner cannot move. The clocks record which level
+    was used, the thread's share of a core, and the CPU time of the process's other threads."""
     warmup_iters, warmup_ms = _warm_up(fn, policy.warmup_ms, lambda: None)
     rule = StoppingRule(policy)
+    queue = RunQueue.open()
     samples: list[int] = []
-    start = time.perf_counter()
-    cpu_start = time.process_time()
-    while True:
-        t0 = time.perf_counter_ns()
-        fn()
-        t1 = time.perf_counter_ns()
-        samples.append(t1 - t0)
-        if rule.add(t1 - t0, wall_s=time.perf_counter() - start):
-            break
-    wall = time.perf_counter() - start
-    cpu_ratio = (time.process_time() - cpu_start) / wall if wall > 0 else 1.0
+    walls: list[int] = []
+    start = Usage.start()
+    try:
+        while True:
+            w0 = queue.wait_ns() if queue else 0
+            t0 = time.perf_counter_ns()
+            fn()
+            t1 = time.perf_counter_ns()
+            waited = queue.wait_ns() - w0 if queue else 0
+            walls.append(t1 - t0)
+            samples.append(max(1, t1 - t0 - waited))
+            if rule.add(samples[-1], wall_s=time.perf_counter() - start.wall_s):
+                break
+    finally:
+        if queue:
+            queue.close()
+    used = Usage.start().since(start)
+    wall_sum = sum(walls)
+    runnable = sum(samples) / wall_sum if wall_sum else 1.0  # of the calls' wall time, not queued
+    clocks = {
+        "available": False,
+        "reason": "CPU timing: no SM clock",
+        "level": "wall_less_run_queue" if queue else "wall",
+        "cpu_time_ratio": round(used.process_cpu_s / used.wall_s, 3) if used.wall_s > 0 else 1.0,
+        # CPU time over the time the process could run: low for a call that blocks (sleeps, waits)
+        "busy_ratio": round(used.process_cpu_s / (used.wall_s * runnable), 3) if used.wall_s > 0 else 1.0,
+        "loop_wall_s": round(used.wall_s, 6),
+        "thread_cpu_s": round(used.thread_cpu_s, 6),
+        "other_threads_cpu_s": round(used.other_threads_cpu_s, 6),
+        "torch_threads": torch.get_num_threads(),
+    }
+    if queue:
+        clocks.update(core_share=round(runnable, 3), wall_median_ns=int(statistics.median(walls)))
     return _finish(
         samples,
         [False] * len(samples),
@@ -186,13 +215,9 @@ def _measure_cpu(fn: Callable[[], object], policy: MeasurePolicy) -> Measurement
         policy,
         timer="cpu_perf_counter",
         device="cpu",
-        clocks={
-            "available": False,
-            "reason": "CPU timing: no SM clock",
-            "cpu_time_ratio": round(cpu_ratio, 3),
-        },
+        clocks=clocks,
         warmup=(warmup_iters, warmup_ms),
-        wall_s=wall,
+        wall_s=used.wall_s,
     )
 
 
@@ -226,7 +251,7 @@ def _finish(
         flags.append("few_samples")
     if drifts(kept):
         flags.append("drift")
-    ratio = clocks.get("cpu_time_ratio")
+    ratio = clocks.get("busy_ratio", clocks.get("cpu_time_ratio"))
     if ratio is not None and ratio < MIN_CPU_RATIO:
         flags.append("contended")
     if {"drift", "contended"} & set(flags) and "noisy" not in flags:

@@ -8,6 +8,11 @@ backends written to look fast, each of which the harness must store `invalid` wi
              before the timed region): faster than the host allows, and stale once the inputs change
     replay   the first call's result recorded, a copy of it returned by every later call: right for the
              seed it was recorded on, stale for any other
+    threaded the product computed by a helper thread the call waits on: right, honest wall time, but the
+             work is not the timed thread's (with torch on one thread, it is work handed off)
+    lazy     the whole product for its first two calls (the seeds' checks), then only the first quarter of
+             the rows (the rest left from before): less work than the trial declares, seen once the
+             inputs change after timing
 
 testkit.kernels.faults, the plugin the tests name in FARM_PLUGINS (tests/conftest.py), registers it, so
 Ray workers and subprocesses know the family too; this module (and torch) loads only where it is asked for.
@@ -15,6 +20,8 @@ Ray workers and subprocesses know the family too; this module (and torch) loads 
 
 from __future__ import annotations
 
+import concurrent.futures
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -47,10 +54,34 @@ def _replay(a: torch.Tensor, b: torch.Tensor) -> Call:
     return call
 
 
+def _threaded(a: torch.Tensor, b: torch.Tensor) -> Call:
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="adversarial")
+    weakref.finalize(a, pool.shutdown, wait=False)  # the pool goes with the trial's inputs
+    return lambda: pool.submit(torch.matmul, a, b).result()
+
+
+def _lazy(a: torch.Tensor, b: torch.Tensor) -> Call:
+    out = torch.empty(a.shape[0], b.shape[1])
+    calls = [0]
+    rows = max(1, a.shape[0] // 4)
+
+    def call() -> torch.Tensor:
+        calls[0] += 1
+        if calls[0] <= 2:
+            torch.matmul(a, b, out=out)
+        else:
+            torch.matmul(a[:rows], b, out=out[:rows])
+        return out
+
+    return call
+
+
 BACKENDS = Backends("adversarial")
 BACKENDS.add("honest", "torch.matmul, every call", reference=True, impl=_honest)
 BACKENDS.add("cached", "the product computed once, before the timed calls", impl=_cached)
 BACKENDS.add("replay", "the first call's result, replayed", impl=_replay)
+BACKENDS.add("threaded", "the product computed by a helper thread", impl=_threaded)
+BACKENDS.add("lazy", "a quarter of the rows once the checks are past", impl=_lazy)
 
 
 class AdversarialFamily(KernelFamily):

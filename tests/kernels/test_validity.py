@@ -81,6 +81,46 @@ def test_a_result_cached_or_replayed_is_a_stale_output(backend):
     assert not out.status.measured and out.status.failed
 
 
+@pytest.fixture
+def one_thread():
+    """torch on one thread, as the farm's CPU workers run it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_work_handed_to_another_thread_is_outside_the_timed_thread(one_thread):
+    out = _run("threaded", 256, 256, 256)
+    assert out.status == TrialStatus.INVALID and out.correctness["passed"] is True
+    assert out.error.startswith("work outside the timed thread: other threads of the process spent"), (
+        out.error
+    )
+    clocks = out.summary.clocks
+    assert clocks["other_threads_cpu_s"] > 0.25 * clocks["loop_wall_s"] and clocks["torch_threads"] == 1
+    honest = _run("honest", 256, 256, 256)
+    assert honest.status == TrialStatus.OK, honest.error
+    assert honest.summary.clocks["other_threads_cpu_s"] < 0.25 * honest.summary.clocks["loop_wall_s"]
+
+
+def test_with_several_torch_threads_other_threads_judge_nothing():
+    from kernels.validity import handed_off
+
+    clocks = {"other_threads_cpu_s": 1.0, "thread_cpu_s": 0.1, "loop_wall_s": 1.1, "torch_threads": 2}
+    one = {**clocks, "torch_threads": 1}
+    assert handed_off(clocks) is None
+    assert handed_off(one) is not None
+    assert handed_off({**one, "other_threads_cpu_s": 0.0015}) is None  # below the floor
+    # a call that sleeps: a runtime's threads busy now and then beside it is not work handed off
+    assert handed_off({**one, "other_threads_cpu_s": 0.05, "thread_cpu_s": 0.001}) is None
+
+
+def test_less_work_once_the_checks_are_past_is_seen_after_timing():
+    out = _run("lazy", 16, 16, 16)
+    assert out.status == TrialStatus.INVALID and out.correctness["passed"] is True
+    assert out.error.startswith("stale output"), out.error
+
+
 def test_work_done_before_the_timed_call_is_faster_than_the_host():
     # 2 x 512^3 FLOP returned in well under a microsecond: far past the measured matmul ceiling
     out = _run("cached", 512, 512, 512)
