@@ -21,6 +21,7 @@ from rich.table import Table
 
 from jobs.cli.common import console, parse_point
 from jobs.errors import BadInput
+from kernels.measure.cpu_share import level_label
 
 SPECS_DIR = Path(__file__).resolve().parents[1] / "specs"  # the shipped specs (jobs/specs/)
 
@@ -133,6 +134,8 @@ def _print(label: str, device: str, out: Any, rates: Any, compiled: Any) -> None
             if isinstance(v, (int, float)):
                 table.add_row(name, f"{v / 1e6:.4g} ms")
         table.add_row("samples", f"{len(out.samples_ns)} (stop: {out.stop_reason}, timer: {out.timer})")
+        if (level := level_label(s.clocks or {})) is not None:
+            table.add_row("level", level)
     if rates is not None:
         for name, v in asdict(rates).items():
             if v is not None:

@@ -23,6 +23,7 @@ from jobs.report.rows import num as _num
 from jobs.report.rows import sig as _sig
 from jobs.store import Store
 from kernels.base import NOT_FAILED, TrialStatus
+from kernels.measure.cpu_share import LEVELS
 
 # Row, build_rows and speedup_ci live in jobs.report.rows (the view the HTML pages share); named here too
 __all__ = [
@@ -71,6 +72,7 @@ def render_terminal(store: Store, job_id: int, console: Console | None = None) -
             f"  {label} on {e.host}: {e.device_name} (torch {e.data.get('torch')}, "
             f"triton {e.data.get('triton')}, ray {e.data.get('ray')})"
         )
+    _print_levels(rows, console)
     show_config = any(r.config != "-" for r in rows)
     dtypes = sorted({r.dtype for r in rows})
     cols = ["backend"] + (["config"] if show_config else []) + (["dtype"] if len(dtypes) > 1 else [])
@@ -116,6 +118,16 @@ def render_terminal(store: Store, job_id: int, console: Console | None = None) -
     from jobs.drafts.client import render_drafts  # the agent acceptance layer's drafts, next to the anomalies
 
     render_drafts(store, job_id, console)
+
+
+def _print_levels(rows: list, console: Console) -> None:
+    """Which level the CPU timings used (kernels.measure.cpu_share), and the share of a core they got."""
+    levels = sorted({r.level for r in rows if r.level})
+    shares = [r.core_share for r in rows if r.core_share is not None]
+    if not levels:
+        return
+    got = f"; the timed calls got {min(shares):.0%} to {max(shares):.0%} of a core" if shares else ""
+    console.print(f"  CPU level: {' and '.join(LEVELS.get(v, v) for v in levels)}{got}")
 
 
 def to_json(store: Store, job_id: int) -> str:

@@ -45,6 +45,8 @@ class Row:
     extra: dict[str, Any] = field(default_factory=dict)  # the family's report_metrics
     p10_ms: float | None = None
     p90_ms: float | None = None
+    level: str | None = None  # a CPU timing's level (kernels.measure.cpu_share: wall, or less run-queue wait)
+    core_share: float | None = None  # the share of a core the timed calls got, where known
 
 
 @dataclass
@@ -148,6 +150,8 @@ def _row(t: Any, base: dict[tuple[str, str], dict[str, float]], extra_keys: list
         extra={k: m[k] for k in extra_keys if k in m},
         p10_ms=s.p10 / 1e6 if s.p10 is not None else None,
         p90_ms=s.p90 / 1e6 if s.p90 is not None else None,
+        level=(s.clocks or {}).get("level"),
+        core_share=(s.clocks or {}).get("core_share"),
     )
 
 

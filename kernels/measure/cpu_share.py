@@ -78,3 +78,19 @@ class Usage:
     def other_threads_cpu_s(self) -> float:
         """CPU time the process's other threads spent while the loop ran."""
         return max(0.0, self.process_cpu_s - self.thread_cpu_s)
+
+
+LEVELS = {
+    "wall": "wall time",
+    "wall_less_run_queue": "wall time less each call's run-queue wait",
+}
+
+
+def level_label(clocks: dict) -> str | None:
+    """What a CPU measurement's level was, in words (with the share of a core it got), or None for a GPU
+    measurement (its clocks say no `level`)."""
+    level = clocks.get("level")
+    if level is None:
+        return None
+    share = clocks.get("core_share")
+    return LEVELS.get(level, level) + (f" (got {share:.0%} of a core)" if share is not None else "")

@@ -53,3 +53,5 @@ def test_a_backend_that_replays_its_first_result_is_invalid_and_exit_1():
     assert "replay[m8xn16xk8 float32] on cpu: invalid (stale output: with its inputs refilled" in out.output
     honest = _bench("adversarial", "--shape", "m=8,n=16,k=8", "--max-time", "0.05")
     assert honest.exit_code == 0 and "honest[m8xn16xk8 float32] on cpu: ok" in honest.output
+    # the level the CPU timing used, and the share of a core it got (kernels.measure.cpu_share)
+    assert "wall time less each call's run-queue wait (got " in honest.output

@@ -127,3 +127,28 @@ shapes: {grid: {n: [0, 1]}}
         assert all(t.status == "ok" for t in trials)  # still measured, but flagged
     finally:
         store.close()
+
+
+def test_the_report_says_which_level_the_cpu_timings_used():
+    import io
+
+    from rich.console import Console
+
+    from jobs.report.render import _print_levels
+    from jobs.report.rows import Row
+    from kernels.measure.cpu_share import level_label
+
+    assert level_label({"level": "wall_less_run_queue", "core_share": 0.42}) == (
+        "wall time less each call's run-queue wait (got 42% of a core)"
+    )
+    assert level_label({"level": "wall"}) == "wall time" and level_label({}) is None  # a GPU's clocks
+    fields = {f: None for f in Row.__dataclass_fields__} | {"flags": "", "extra": {}}
+    rows = [Row(**{**fields, "level": "wall_less_run_queue", "core_share": c}) for c in (0.31, 0.97)]
+    out = io.StringIO()
+    _print_levels(rows, Console(file=out, width=200))
+    assert out.getvalue().strip() == (
+        "CPU level: wall time less each call's run-queue wait; the timed calls got 31% to 97% of a core"
+    )
+    out = io.StringIO()
+    _print_levels([Row(**fields)], Console(file=out))  # GPU timings: no line
+    assert out.getvalue() == ""
