@@ -11,7 +11,10 @@ Found: a series of `changed` whose one change point is the 7th job; false: any c
 of the kept samples, contended trials left out: jobs.history.series) and, beside it, for the fastest
 samples (each job's p10), which were tried as the level.
 
-    .venv/bin/python -m benchmarks history-noise [--commits 12] [--ms 20]
+    .venv/bin/python -m benchmarks history-noise [--commits 12] [--ms 20] [--fresh]
+
+--fresh runs each job as its own `farm sweep run` (a local Ray each), so each job meets the load afresh,
+as separate CI jobs on a shared runner do (issue 45); without it one Ray serves the whole run.
 """
 
 from __future__ import annotations
@@ -53,9 +56,15 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--slow-from", type=int, default=7, help="the first slowed commit (1-based)")
     ap.add_argument("--ms", type=float, default=20.0)
     ap.add_argument("--busy", type=int, default=2, help="busy loops beside the sweeps")
+    ap.add_argument(
+        "--fresh",
+        action="store_true",
+        help="each job its own `farm sweep run` (its own local Ray), as separate CI jobs would",
+    )
     args = ap.parse_args(argv)
 
-    store = Store(str(Path(tempfile.mkdtemp(prefix="history-noise-")) / "farm.db"))
+    db = Path(tempfile.mkdtemp(prefix="history-noise-")) / "farm.db"
+    store = Store(str(db))
     options = RunOptions(gpus=2, show_progress=False, echo=lambda _m: None, oversubscribe=True)
     shapes = list(range(10))
     load = _busy(args.busy)
@@ -64,15 +73,18 @@ def main(argv: list[str] | None = None) -> dict:
         for commit in range(1, args.commits + 1):
             slow = 0.6 if commit >= args.slow_from else 0.0
             for name, slowdown in (("changed", slow), ("unchanged", 0.0)):
-                spec = loads_spec(SPEC.format(name=name, ms=args.ms, slowdown=slowdown, shapes=shapes))
-                run_sweep(spec, store, options)
+                text = SPEC.format(name=name, ms=args.ms, slowdown=slowdown, shapes=shapes)
+                if args.fresh:
+                    _farm_sweep_run(text, db)
+                else:
+                    run_sweep(loads_spec(text), store, options)
     finally:
         for p in load:
             p.kill()
     wall = time.perf_counter() - t0
 
     res: dict = {"commits": args.commits, "slow_from": args.slow_from, "ms": args.ms, "busy": args.busy,
-                 "wall_s": wall}  # fmt: skip
+                 "wall_s": wall, "fresh": args.fresh}  # fmt: skip
     for name in ("changed", "unchanged"):
         series = collect(store, Selection(spec=name))
         target = args.slow_from - 1  # index of the first slowed job
@@ -98,6 +110,16 @@ def main(argv: list[str] | None = None) -> dict:
     return res
 
 
+def _farm_sweep_run(spec_text: str, db: Path) -> None:
+    """One job as a CI job runs it: `farm sweep run` in a process of its own, with a local Ray of its own."""
+    spec = db.parent / "spec.yaml"
+    spec.write_text(spec_text)
+    farm = [sys.executable, "-c", "from jobs.entry import main; main()"]
+    flags = ["--gpus", "2", "--oversubscribe", "--quiet", "--no-report", "--no-accept"]
+    cmd = [*farm, "sweep", "run", str(spec), "--db", str(db), *flags]
+    subprocess.run(cmd, check=False, capture_output=True, timeout=600)
+
+
 def _spread(xs: list[float]) -> str:
     xs = sorted(xs)
     return f"{xs[0] / 1e6:.1f}-{xs[-1] / 1e6:.1f} ms"
@@ -107,7 +129,8 @@ def report(res: dict) -> str:
     c, u = res["changed"], res["unchanged"]
     return "\n".join([
         f"history on a loaded machine: {res['commits']} commits, 1.6x slower from commit {res['slow_from']}, "
-        f"spin {res['ms']:g} ms, {res['busy']} busy loops beside ({res['wall_s']:.0f} s of sweeps)",
+        f"spin {res['ms']:g} ms, {res['busy']} busy loops beside ({res['wall_s']:.0f} s of sweeps"
+        + (", each job its own farm sweep run)" if res.get("fresh") else ")"),
         f"  level (median, contended left out): found {c['found']} of {c['series']} slowed series, "
         f"{c['false'] + u['false']} false change points ({u['series']} unchanged series)",
         f"  fastest samples (p10), tried:       found {c['found_by_p10']} of {c['series']}, "
