@@ -31,15 +31,22 @@ BENCHES = {
 }
 
 
-def main(argv: list[str]) -> int:
-    # options after a name go to that benchmark: `python -m benchmarks gateway --redis`
+def split_args(argv: list[str]) -> tuple[list[str], dict[str, list[str]]]:
+    """The benchmarks named, and the options that follow each name, with their values:
+    `gateway --redis`, `history-noise --fresh --commits 8` (a word that is not a benchmark's name, after
+    an option, is that option's value)."""
     flags: dict[str, list[str]] = {}
     names: list[str] = []
     for arg in argv:
-        if arg.startswith("-") and names:
+        if names and (arg.startswith("-") or (arg not in BENCHES and flags.get(names[-1]))):
             flags.setdefault(names[-1], []).append(arg)
         else:
             names.append(arg)
+    return names, flags
+
+
+def main(argv: list[str]) -> int:
+    names, flags = split_args(argv)
     names = names or [n for n in BENCHES if n != "gpu-check"]
     unknown = [n for n in names if n not in BENCHES]
     if unknown:
