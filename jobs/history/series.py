@@ -47,6 +47,10 @@ from kernels.base import TrialStatus
 
 MEDIAN_SE_FACTOR = 1.2533  # sd of the median of n normal samples / (sd / sqrt(n)), large n
 CONTAMINATED_FLAGS = frozenset({"contended", "drift", "throttled"})
+# A change point whose level moves less than this (relative) is not a change a farm reports: with the
+# run-queue-corrected CPU level a flat series' points differ by ~0.01%, which e-divisive can call
+# significant (issue 45: 2 such points in 10 unchanged series of python -m benchmarks history-noise --fresh).
+MIN_CHANGE = 0.01
 
 
 @dataclass(frozen=True)
@@ -290,12 +294,15 @@ def changes_of(points: list[HistoryPoint]) -> list[Change]:
     """The change points of a series, on the points' levels. Contended points are left out of the search
     while at least min_jobs() clean ones remain; a change found between two clean points is attributed to
     the first job between them whose level is nearer the new level than the old (the clean one after, if
-    none is). A change at a job whose environment changed (a performance component) names the change."""
+    none is); one that moves the level less than MIN_CHANGE is none. A change at a job whose environment
+    changed (a performance component) names the change."""
     clean = [p for p in points if not p.contended]
     used = clean if len(clean) >= min_jobs() else points
     found: list[ChangePoint] = e_divisive([p.level_ns for p in used]) if len(used) >= 6 else []
     out = []
     for c in found:
+        if abs(c.magnitude) < MIN_CHANGE:
+            continue
         at = points.index(used[c.index])
         start = points.index(used[c.index - 1]) + 1 if c.index else 0
         for i in range(start, at):

@@ -179,3 +179,14 @@ def test_a_series_too_short_for_any_change_point_says_how_many_jobs_it_needs(sto
     out = CliRunner().invoke(main, ["history", "--db", store.url, "--spec", "short"])
     assert out.exit_code == 0, out.output
     assert "no change point can be called yet: that takes at least 11 jobs, this has 4" in out.output
+
+
+def test_a_level_that_moves_a_hundredth_of_a_percent_is_no_change():
+    from jobs.history.series import changes_of
+
+    # python -m benchmarks history-noise --fresh (issue 45): flat series of the run-queue-corrected CPU level
+    # differ by ~0.01% from job to job, and e-divisive can call such a step significant
+    flat = [20.0e6] * 6 + [20.002e6] * 6
+    assert changes_of(_points(flat, flat)) == []
+    step = [20.0e6] * 6 + [32.0e6] * 6
+    assert [c.job_id for c in changes_of(_points(step, step))] == [7]
