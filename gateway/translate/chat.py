@@ -22,7 +22,6 @@ from gateway.translate.ir import (
     count,
     dumps,
     dumps_str,
-    invalid,
     loads,
     new_id,
     sub_object,
@@ -149,16 +148,11 @@ def parse_request(body: dict, dst: str, strict: bool = False) -> Request:
                 fn.get("parameters") or {"type": "object", "properties": {}},
             )
         )
-    tc = body.get("tool_choice")
-    if isinstance(tc, str):
-        if tc not in ("auto", "none", "required"):
-            raise invalid("tool_choice", f"unknown value {tc!r}")
-        req.tool_choice = tc
-    elif isinstance(tc, dict):
-        if tc.get("type") != "function":
-            raise untranslatable("tool_choice.type", dst, f"tool_choice {tc.get('type')!r}")
-        req.tool_choice = "tool"
-        req.tool_name = want(want(tc.get("function"), dict, "tool_choice.function").get("name"), str, "name")
+    req.openai_tool_choice(
+        body.get("tool_choice"),
+        dst,
+        lambda tc: want(tc.get("function"), dict, "tool_choice.function").get("name"),
+    )
     req.parallel_tool_calls = body.get("parallel_tool_calls")
     req.max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
     req.source_fields["max_tokens"] = (

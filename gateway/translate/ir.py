@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -122,6 +122,18 @@ class Request:
                 raise untranslatable(key, dst, refused[key])
             if key not in known:
                 self.unknown(key, dst)
+
+    def openai_tool_choice(self, tc: object, dst: str, name_of: Callable[[dict], object]) -> None:
+        """An OpenAI format's ``tool_choice``: "auto" | "none" | "required", or a function named by
+        `name_of` (chat nests it under ``function``, Responses does not)."""
+        if isinstance(tc, str):
+            if tc not in ("auto", "none", "required"):
+                raise invalid("tool_choice", f"unknown value {tc!r}")
+            self.tool_choice = tc
+        elif isinstance(tc, dict):
+            if tc.get("type") != "function":
+                raise untranslatable("tool_choice.type", dst, f"tool_choice {tc.get('type')!r}")
+            self.tool_choice, self.tool_name = "tool", want(name_of(tc), str, "tool_choice.name")
 
     def unknown(self, name: str, dst: str, what: str = "this field") -> None:
         """A field the gateway does not know (or a tool with no equivalent): left out and reported, or in

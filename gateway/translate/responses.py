@@ -87,15 +87,7 @@ def parse_request(body: dict, dst: str, strict: bool = False) -> Request:
         req.messages.append(Message("system", [Text(want(body["instructions"], str, "instructions"))]))
     _parse_input(req, body.get("input"), dst)
     _parse_tools(req, body.get("tools"), dst)
-    tc = body.get("tool_choice")
-    if isinstance(tc, str):
-        if tc not in ("auto", "none", "required"):
-            raise invalid("tool_choice", f"unknown value {tc!r}")
-        req.tool_choice = tc
-    elif isinstance(tc, dict):
-        if tc.get("type") != "function":
-            raise untranslatable("tool_choice.type", dst, f"tool_choice {tc.get('type')!r}")
-        req.tool_choice, req.tool_name = "tool", want(tc.get("name"), str, "tool_choice.name")
+    req.openai_tool_choice(body.get("tool_choice"), dst, lambda tc: tc.get("name"))
     req.parallel_tool_calls = body.get("parallel_tool_calls")
     req.max_tokens = body.get("max_output_tokens")
     req.source_fields["max_tokens"] = "max_output_tokens"

@@ -64,7 +64,7 @@ class Usage:
     process_cpu_s: float = 0.0
 
     @classmethod
-    def start(cls) -> Usage:
+    def now(cls) -> Usage:
         return cls(time.perf_counter(), time.thread_time(), time.process_time())
 
     def since(self, start: Usage) -> Usage:

@@ -176,7 +176,7 @@ def _measure_cpu(fn: Callable[[], object], policy: MeasurePolicy) -> Measurement
     queue = RunQueue.open()
     samples: list[int] = []
     walls: list[int] = []
-    start = Usage.start()
+    start = Usage.now()
     try:
         while True:
             w0 = queue.wait_ns() if queue else 0
@@ -191,7 +191,7 @@ def _measure_cpu(fn: Callable[[], object], policy: MeasurePolicy) -> Measurement
     finally:
         if queue:
             queue.close()
-    used = Usage.start().since(start)
+    used = Usage.now().since(start)
     wall_sum = sum(walls)
     runnable = sum(samples) / wall_sum if wall_sum else 1.0  # of the calls' wall time, not queued
     clocks = {
