@@ -26,7 +26,8 @@ BENCHES = {
     "service": "benchmarks.service_bench",  # farm --help, farm bench, a warm pool's queue and priorities
     "spec": "benchmarks.spec_bench",  # a 10^6-point grid refused: seconds and peak MB
     "validity": "benchmarks.validity_bench",  # what the checks after timing cost a trial (issue 45)
-    "call-path": "benchmarks.call_path",  # the modules `farm accept` walks a job id through (issue 44)
+    "call-path": "benchmarks.call_path",
+    "scale": "benchmarks.scale_bench",  # a synthetic year of a team: every command timed per size (issue 46)  # the modules `farm accept` walks a job id through (issue 44)
     "gpu-check": "benchmarks.gpu_check",  # GPU hosts only (make gpu-check); not in the default run
 }
 
