@@ -22,6 +22,7 @@ from jobs.store.engine import insert_or_ignore
 from jobs.store.records import TrialPoint
 from jobs.store.results import TrialResult
 from jobs.store.tables import PENDING, Environment, Job, Sample, TrialRow, now
+from jobs.store.tables.trials import shape_key
 from kernels.base import FINISHED, Summary
 
 
@@ -64,6 +65,7 @@ class TrialStore:
                     backend=t.backend,
                     baseline=t.baseline,
                     shape=t.shape,
+                    shape_key=shape_key(t.shape),
                     config=t.config,
                     dtype=t.dtype,
                     status=PENDING,

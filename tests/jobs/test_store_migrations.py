@@ -97,7 +97,7 @@ def test_a_new_store_is_created_at_the_newest_revision_as_store_py_has_it(tmp_pa
     store = Store(str(path))  # zero setup: no command needed
     try:
         state = schema_state(store.engine, Base.metadata)
-        assert state.up_to_date and state.current == head_revision() == "0006"
+        assert state.up_to_date and state.current == head_revision() == "0007"
         assert state.tables == TABLES
         assert _differences(store.engine) == []  # the migrations make exactly these tables
         names = set(inspect(store.engine).get_table_names())

@@ -51,4 +51,5 @@ class BaselineTrial(Base):
     baseline_id: Mapped[int] = mapped_column(ForeignKey("baselines.id", ondelete="CASCADE"), index=True)
     match_key: Mapped[str] = mapped_column(String(32), index=True)
     env_class: Mapped[str] = mapped_column(String(255))
-    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"))
+    # indexed: "is this trial a baseline's" (farm db prune keeps its samples) and a trial's deletion
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"), index=True)

@@ -3,7 +3,11 @@ timing samples and the environments they ran in (deduplicated by fingerprint).""
 
 from __future__ import annotations
 
+import hashlib
+import json
+from collections.abc import Mapping
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import (
     JSON,
@@ -12,6 +16,7 @@ from sqlalchemy import (
     DateTime,
     Float,
     ForeignKey,
+    Index,
     Integer,
     String,
     Text,
@@ -21,6 +26,22 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from jobs.store.tables.base import PENDING, Base, now
 from kernels.base import Summary
+
+
+def _canonical(value: Any) -> Any:
+    """A shape value as the key hashes it: an integral float is its int (64.0 and 64 are one point, as
+    Python's == has them)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def shape_key(shape: Mapping[str, Any]) -> str:
+    """The stored, indexed key of a trial's shape (`trials.shape_key`): what `farm history` of one point
+    finds its trials by, across every job, without reading any other shape's."""
+    canonical = {str(k): _canonical(v) for k, v in shape.items()}
+    text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 class Job(Base):
@@ -53,7 +74,11 @@ class TrialRow(Base):
     """A trial of a job as stored: its grid point, then its result (the point: jobs.spec.sweep.TrialSpec)."""
 
     __tablename__ = "trials"
-    __table_args__ = (UniqueConstraint("job_id", "key", name="uq_trial_job_key"),)
+    __table_args__ = (
+        UniqueConstraint("job_id", "key", name="uq_trial_job_key"),
+        # one point's series across jobs (jobs.history.series): family, backend, then the shape's key
+        Index("ix_trials_series", "family", "backend", "shape_key"),
+    )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
     key: Mapped[str] = mapped_column(String(32))
@@ -62,6 +87,7 @@ class TrialRow(Base):
     backend: Mapped[str] = mapped_column(String(64))
     baseline: Mapped[bool] = mapped_column(Boolean, default=False)
     shape: Mapped[dict] = mapped_column(JSON)
+    shape_key: Mapped[str | None] = mapped_column(String(32))  # shape_key(shape), set when created
     config: Mapped[dict] = mapped_column(JSON)
     dtype: Mapped[str] = mapped_column(String(32))
     status: Mapped[str] = mapped_column(String(16), default=PENDING, index=True)
