@@ -126,6 +126,12 @@ class ModelRoute(_Strict):
     deployments: list[DeploymentConfig] = Field(default_factory=list)
     fallbacks: list[str] = Field(default_factory=list)
     context_window_fallbacks: list[str] = Field(default_factory=list)
+    # prompt-cache breakpoints the gateway adds to a request for its anthropic deployments that carries none
+    # (gateway.translate.cache_points): "auto" where the price table bills the deployment's cache reads below
+    # its input price, "on", "off"; ``prompt_cache_min_tokens``: the shortest prefix worth a breakpoint
+    # (None: the model family's documented minimum)
+    prompt_caching: Literal["auto", "on", "off"] = "auto"
+    prompt_cache_min_tokens: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")
     def _one_form(self) -> ModelRoute:

@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
-# Debian packages the tests start real servers from: prometheus (promtool, prometheus), redis-server and
-# postgresql, and the headless browser the report tests load pages in (chromium); `scripts/debian-deps.sh prometheus` checks only the named ones (scripts/monitor.sh does).
+# Debian packages the tests start real servers from: prometheus (promtool, prometheus),
+# prometheus-alertmanager (make monitor's Alertmanager), redis-server and postgresql, and the headless browser the report tests load pages in (chromium); `scripts/debian-deps.sh prometheus` checks only the named ones (scripts/monitor.sh does).
 # Installs whichever is missing (as root, or with passwordless sudo); a no-op once all are there. With DEPS_OPTIONAL=1 (make test) a machine that cannot install them (not root, no sudo, no
 # apt-get) gets a warning and exit 0, and the tests that need them skip with that reason; an apt failure
 # as root still fails.
 set -euo pipefail
 
-[ $# -gt 0 ] || set -- prometheus redis-server postgresql chromium
+[ $# -gt 0 ] || set -- prometheus prometheus-alertmanager redis-server postgresql chromium
 missing=()
 for pkg in "$@"; do
   case $pkg in
     prometheus) { command -v promtool && command -v prometheus; } >/dev/null 2>&1 || missing+=(prometheus) ;;
+    prometheus-alertmanager)
+      { command -v prometheus-alertmanager || command -v alertmanager; } >/dev/null 2>&1 || missing+=(prometheus-alertmanager) ;;
     redis-server) command -v redis-server >/dev/null 2>&1 || missing+=(redis-server) ;;
     postgresql) compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || missing+=(postgresql) ;;
     chromium) command -v chromium >/dev/null 2>&1 || missing+=(chromium) ;;
-    *) echo "deps: unknown package $pkg (known: prometheus redis-server postgresql chromium)" >&2; exit 2 ;;
+    *) echo "deps: unknown package $pkg (known: prometheus prometheus-alertmanager redis-server postgresql chromium)" >&2; exit 2 ;;
   esac
 done
 [ ${#missing[@]} -eq 0 ] && exit 0
