@@ -20,7 +20,6 @@ from typing import TypeVar
 import click
 from rich.console import Console
 from rich.table import Table
-from sqlalchemy import case, func, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.config import GatewaySettings, StartupError, load_settings
@@ -51,10 +50,10 @@ from gateway.store.db import (
     display_url,
     ensure_ready,
     first_line,
-    ledger,
     upgrade_schema,
 )
 from gateway.store.keys import KeyStore, parse_duration
+from gateway.store.ledger_queries import USAGE_DIMENSIONS, UsageQuery, usage_table
 from gateway.store.secret import reset_secret, resolve_secret
 
 DEFAULT_CONFIG = Path(__file__).parents[1] / "example-config.yaml"
@@ -282,14 +281,6 @@ def keys_reset_secret(config_path: str | None) -> None:
     )
 
 
-BY_COLUMNS = {
-    "task": ledger.c.task,
-    "project": ledger.c.project,
-    "model": ledger.c.public_model,
-    "key": ledger.c.key_id,
-}
-
-
 def _since(value: str | None) -> datetime | None:
     if not value:
         return None
@@ -302,45 +293,25 @@ def _since(value: str | None) -> datetime | None:
     return datetime.now(UTC) - d if d else None
 
 
-async def usage_rows(settings: GatewaySettings, by: str | None, since: datetime | None) -> tuple[list, list]:
-    """(column names, rows) of the ledger grouped by date and ``by`` (default: task, model, key)."""
-    dims = [by] if by else ["task", "model", "key"]
-    date = func.date(ledger.c.ts).label("date")
-    dim_cols = [BY_COLUMNS[d].label(d) for d in dims]
-
-    def count(status: str):
-        return func.sum(case((ledger.c.status == status, 1), else_=0))
-
-    q = select(
-        date,
-        *dim_cols,
-        func.count().label("requests"),
-        func.sum(ledger.c.input_tokens),
-        func.sum(ledger.c.output_tokens),
-        func.sum(ledger.c.input_tokens + ledger.c.output_tokens),
-        func.sum(ledger.c.cost_usd),
-        func.sum(ledger.c.retries),
-        func.sum(func.coalesce(ledger.c.rate_limited, 0)),  # NULL: a row from before revision 0004
-        func.sum(func.coalesce(ledger.c.retry_wait_ms, 0.0)) / 1000.0,
-        count("ok"),
-        count("error"),
-        count("rejected"),
-        count("cancelled"),
-    ).group_by(date, *dim_cols)
-    if since is not None:
-        q = q.where(ledger.c.ts >= since)
-    q = q.order_by(date, *dim_cols)
+async def usage_rows(
+    settings: GatewaySettings,
+    by: str | None,
+    since: datetime | None,
+    *,
+    task: str | None = None,
+    session: str | None = None,
+    top: int | None = None,
+) -> tuple[list, list]:
+    """(column names, rows) of the ledger grouped by date and ``by`` (default: task, model, key), or its
+    ``top`` groups of ``by`` by cost (gateway.store.ledger_queries.UsageQuery)."""
+    q = UsageQuery(by=by, since=since, task=task, session=session, top=top)
     engine = create_engine(settings.database_url)
     try:
         await ensure_ready(engine, settings.database_url, settings.database_connect_timeout_s)
-        async with engine.connect() as conn:
-            rows = (await conn.execute(q)).all()
+        rows = await usage_table(engine, q)
     finally:
         await engine.dispose()
-    names = ["date", *dims, "requests", "input", "output", "total", "cost_usd", "retries", "429s"]
-    names += ["retry_wait_s"]
-    names += ["ok", "error", "rejected", "cancelled"]
-    return names, [list(r) for r in rows]
+    return q.names, rows
 
 
 def usage_totals(names: list[str], rows: list[list]) -> list:
@@ -365,15 +336,32 @@ def _cell(name: str, value: object) -> str:
 
 @gateway.command()
 @config_option
-@click.option("--by", type=click.Choice(sorted(BY_COLUMNS)), default=None, help="Group by one dimension.")
+@click.option(
+    "--by", type=click.Choice(sorted(USAGE_DIMENSIONS)), default=None, help="Group by one dimension."
+)
 @click.option("--since", default=None, help="A date (2025-06-01) or a window (24h, 7d).")
-def usage(config_path: str | None, by: str | None, since: str | None) -> None:
+@click.option("--task", default=None, help="Only this task's requests (X-Farm-Task).")
+@click.option("--session", default=None, help="Only this agent session's requests.")
+@click.option("--top", type=click.IntRange(min=1), default=None, help="The N groups of --by with most cost.")
+def usage(
+    config_path: str | None,
+    by: str | None,
+    since: str | None,
+    task: str | None,
+    session: str | None,
+    top: int | None,
+) -> None:
     """The token ledger as a table: tokens, cost (US dollars, from the price table), upstream retries, the
-    upstream 429s met and the seconds waited on retries, and status counts per date and task/model/key, with
-    a total row. A cost of "-": no row of the group had a price."""
+    upstream 429s met and the seconds waited on retries, and status counts per date and task/model/key/
+    project/session, with a total row. A cost of "-": no row of the group had a price. ``--top N --by
+    session``: the N agent sessions that cost most over the window, one row each."""
     settings = _settings(config_path)
+    if top is not None and by is None:
+        raise click.BadParameter("--top ranks the groups of --by: give --by too", param_hint="--top")
     try:
-        names, rows = asyncio.run(usage_rows(settings, by, _since(since)))
+        names, rows = asyncio.run(
+            usage_rows(settings, by, _since(since), task=task, session=session, top=top)
+        )
     except StartupError as e:  # the database unreachable, or SchemaError: an out-of-date one
         raise Refused(e) from None
     table = Table(*names)

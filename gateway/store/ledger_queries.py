@@ -1,15 +1,24 @@
 """Read queries on the token ledger: what each project used since 00:00 UTC, in tokens and in US dollars
-(to seed the daily budgets when a gateway starts, and the shared counters when Redis comes back empty); and
-the rows of given request ids within one project (``POST /v1/usage/requests``, the farm's token account)."""
+(to seed the daily budgets when a gateway starts, and the shared counters when Redis comes back empty); the
+rows of given request ids within one project (``POST /v1/usage/requests``, the farm's token account); and
+the usage table of ``farm gateway usage`` (per day and task, model, key, project or agent session, or the
+top groups by cost).
+
+Each is served by an index at a year of a team's ledger (tests/gateway/store/test_ledger_plans.py checks
+the plans on PostgreSQL): today's usage and the rebuild by ``ts``; request ids by the primary key within
+the project; one task's or one session's usage by ``(task, ts)`` / ``(session_id, ts)`` (revision 0005); a
+window (``--since``) by ``ts``. A table of the whole ledger, with no window, reads the whole ledger.
+"""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import case, func, select
+from sqlalchemy import Select, case, func, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -86,3 +95,83 @@ async def request_rows(
         row["tokens_estimated"] = bool(row["tokens_estimated"])
         out.append(row)
     return out
+
+
+# ``farm gateway usage --by``: the dimensions a usage table groups by
+USAGE_DIMENSIONS = {
+    "task": ledger.c.task,
+    "project": ledger.c.project,
+    "model": ledger.c.public_model,
+    "key": ledger.c.key_id,
+    "session": ledger.c.session_id,  # Claude Code's session id, or the ``session-id`` header
+}
+_DEFAULT_DIMENSIONS = ("task", "model", "key")
+_MEASURES = ("requests", "input", "output", "total", "cost_usd", "retries", "429s", "retry_wait_s")
+_STATUSES = ("ok", "error", "rejected", "cancelled")
+
+
+@dataclass(frozen=True)
+class UsageQuery:
+    """What a usage table shows. ``by``: one dimension of USAGE_DIMENSIONS (None: task, model and key);
+    ``since``: rows from then on (None: the whole ledger); ``task`` / ``session``: only that task's or
+    that session's rows; ``top``: the ``top`` groups of ``by`` with the highest cost over the window (then
+    tokens), without a date column, instead of one row per date and group."""
+
+    by: str | None = None
+    since: datetime | None = None
+    task: str | None = None
+    session: str | None = None
+    top: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.by is not None and self.by not in USAGE_DIMENSIONS:
+            raise ValueError(
+                f"cannot group usage by {self.by!r}: one of {', '.join(sorted(USAGE_DIMENSIONS))}"
+            )
+        if self.top is not None and (self.by is None or self.top < 1):
+            raise ValueError("--top needs --by (the dimension to rank) and a count of at least 1")
+
+    @property
+    def dimensions(self) -> list[str]:
+        return [self.by] if self.by else list(_DEFAULT_DIMENSIONS)
+
+    @property
+    def names(self) -> list[str]:
+        """The table's column names, in order."""
+        return [*([] if self.top else ["date"]), *self.dimensions, *_MEASURES, *_STATUSES]
+
+
+def usage_select(q: UsageQuery) -> Select:
+    """The statement of ``q``'s table (its columns are ``q.names``)."""
+    date = func.date(ledger.c.ts).label("date")
+    dims = [USAGE_DIMENSIONS[d].label(d) for d in q.dimensions]
+    groups = dims if q.top else [date, *dims]
+    cost = func.sum(ledger.c.cost_usd)
+    total = func.sum(ledger.c.input_tokens + ledger.c.output_tokens)
+    stmt = select(
+        *groups,
+        func.count().label("requests"),
+        func.sum(ledger.c.input_tokens),
+        func.sum(ledger.c.output_tokens),
+        total,
+        cost,
+        func.sum(ledger.c.retries),
+        func.sum(func.coalesce(ledger.c.rate_limited, 0)),  # NULL: a row from before revision 0004
+        func.sum(func.coalesce(ledger.c.retry_wait_ms, 0.0)) / 1000.0,
+        *(func.sum(case((ledger.c.status == s, 1), else_=0)) for s in _STATUSES),
+    ).group_by(*groups)
+    if q.since is not None:
+        stmt = stmt.where(ledger.c.ts >= q.since)
+    if q.task is not None:
+        stmt = stmt.where(ledger.c.task == q.task)
+    if q.session is not None:
+        stmt = stmt.where(ledger.c.session_id == q.session)
+    if q.top:
+        return stmt.order_by(cost.desc().nulls_last(), total.desc(), *dims).limit(q.top)
+    return stmt.order_by(date, *dims)
+
+
+async def usage_table(engine: AsyncEngine, q: UsageQuery) -> list[list]:
+    """The rows of ``q``'s table, as lists in the order of ``q.names``."""
+    async with engine.connect() as conn:
+        return [list(r) for r in await conn.execute(usage_select(q))]
