@@ -29,6 +29,7 @@ from jobs.store.schema import (
     schema_state,
     upgrade_schema,
 )
+from jobs.store.tables.trials import shape_key
 
 REPO = Path(__file__).resolve().parents[2]
 TABLES = set(Base.metadata.tables)
@@ -71,10 +72,14 @@ def _old_style(path: Path) -> None:
     with engine.begin() as conn:
         # added by later releases
         later = ("draft_runs", "drafts", "job_queue", "trial_claims", "job_events", "farm_pools")
-        later += ("kernel_sources",)
+        later += ("kernel_sources", "owner_usage", "trial_preemptions")
         old = [t for name, t in tables.items() if name not in later]
         Base.metadata.create_all(conn, tables=old)
         conn.execute(text("ALTER TABLE trials DROP COLUMN resources"))  # added by a later release
+        conn.execute(text("DROP INDEX ix_trials_series"))  # added by a later release (0007)
+        conn.execute(text("DROP INDEX ix_baseline_trials_trial_id"))
+        conn.execute(text("ALTER TABLE trials DROP COLUMN shape_key"))
+        conn.execute(text("ALTER TABLE trials DROP COLUMN gpu_type"))  # added by a later release (0008)
         job = {"name": "old", "family": "probe", "spec": "{}", "spec_hash": "h" * 32, "status": "completed"}
         job_id = conn.execute(insert(tables["jobs"]).values(**job)).inserted_primary_key[0]
         trial = {"job_id": job_id, "key": "k1", "seq": 0, "family": "probe", "backend": "noop"}
@@ -97,7 +102,7 @@ def test_a_new_store_is_created_at_the_newest_revision_as_store_py_has_it(tmp_pa
     store = Store(str(path))  # zero setup: no command needed
     try:
         state = schema_state(store.engine, Base.metadata)
-        assert state.up_to_date and state.current == head_revision() == "0007"
+        assert state.up_to_date and state.current == head_revision()
         assert state.tables == TABLES
         assert _differences(store.engine) == []  # the migrations make exactly these tables
         names = set(inspect(store.engine).get_table_names())
@@ -138,6 +143,8 @@ def test_an_old_style_store_is_refused_until_db_upgrade_adopts_it(tmp_path):
         trials = Base.metadata.tables["trials"]
         with store.engine.connect() as conn:
             assert conn.execute(select(trials.c.key, trials.c.resources)).all() == [("k1", None)]
+            # 0007 backfilled the shape's key that history finds a series by
+            assert conn.execute(select(trials.c.shape_key)).scalars().all() == [shape_key({"n": 1})]
         store.replace_drafts(job.id, _draft_run(), [])  # the tables added by the adoption take rows
         assert store.drafts(job.id)[0] is not None
     finally:
