@@ -24,6 +24,7 @@ class TrialResult:
     node: str | None = None
     worker: str | None = None
     gpu_id: int | None = None
+    gpu_type: str | None = None  # the accelerator type of the node it ran on (None: not declared)
     started_at: datetime | None = None
     finished_at: datetime | None = None
     environment: Mapping[str, Any] | None = None  # what the worker reported of its host (deduplicated)
@@ -53,6 +54,7 @@ class TrialResult:
             "node": self.node,
             "worker": self.worker,
             "gpu_id": self.gpu_id,
+            "gpu_type": self.gpu_type,
             "started_at": self.started_at,
             "finished_at": self.finished_at,
             "median_ns": self.outcome.median_ns,

@@ -8,7 +8,15 @@ from jobs.store.tables.base import PENDING, Base, now
 from jobs.store.tables.baselines import Baseline, BaselineMove, BaselineTrial
 from jobs.store.tables.drafts import DRAFT_NEW, DraftRow, DraftRun
 from jobs.store.tables.findings import Anomaly, Failure
-from jobs.store.tables.queue import JobEvent, KernelSource, Pool, QueuedJob, TrialClaim
+from jobs.store.tables.queue import (
+    JobEvent,
+    KernelSource,
+    OwnerUsage,
+    Pool,
+    QueuedJob,
+    TrialClaim,
+    TrialPreemption,
+)
 from jobs.store.tables.trials import Environment, Job, Sample, TrialRow
 
 __all__ = [
@@ -26,10 +34,12 @@ __all__ = [
     "Job",
     "JobEvent",
     "KernelSource",
+    "OwnerUsage",
     "Pool",
     "QueuedJob",
     "Sample",
     "TrialClaim",
+    "TrialPreemption",
     "TrialRow",
     "now",
 ]

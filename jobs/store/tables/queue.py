@@ -1,5 +1,5 @@
-"""The queue's tables in the results store (migrations 0003, 0005): which jobs wait for the pool, at what
-priority, for whom and whom to tell, on which shipped kernel source; which pending trials a pool has
+"""The queue's tables in the results store (migrations 0003, 0005, 0008): which jobs wait for the pool, at
+what priority, for whom and whom to tell, on which shipped kernel source; which pending trials a pool has
 taken; what happened to each job; which pools are alive.
 
 A trial stays `pending` until its result is written (so `farm sweep resume` and the store's own rule,
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import DateTime, ForeignKey, Integer, LargeBinary, String, Text
+from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, LargeBinary, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from jobs.store.tables.base import Base, now
@@ -32,6 +32,12 @@ class QueuedJob(Base):
     notify: Mapped[str | None] = mapped_column(String(2048))  # webhook told the verdict (Slack-compatible)
     # the kernels/ it was submitted with (None: the pool's own, a job queued before migration 0005)
     source_digest: Mapped[str | None] = mapped_column(String(64))  # a kernel_sources.digest
+    # migration 0008 (fair share): the project it is charged to (None: the pool policy's, else the owner's),
+    # the GPU it needs (None: any), when it last got a worker (its wait ages from there)
+    project: Mapped[str | None] = mapped_column(String(128))
+    gpu_type: Mapped[str | None] = mapped_column(String(64))
+    min_gpu_memory_gb: Mapped[float | None] = mapped_column(Float)
+    last_taken_at: Mapped[datetime | None] = mapped_column(DateTime)
 
 
 class KernelSource(Base):
@@ -73,3 +79,27 @@ class Pool(Base):
     workers: Mapped[int] = mapped_column(Integer)
     started_at: Mapped[datetime] = mapped_column(DateTime, default=now)
     seen_at: Mapped[datetime] = mapped_column(DateTime, default=now)
+    policy: Mapped[dict | None] = mapped_column(JSON)  # what it serves by (jobs.queue.fairshare.Policy), 0008
+
+
+class OwnerUsage(Base):
+    """An owner's past use of workers (worker-seconds), decayed to `at` with the pool policy's half-life:
+    fair share remembers it across pool restarts (migration 0008)."""
+
+    __tablename__ = "owner_usage"
+    owner: Mapped[str] = mapped_column(String(128), primary_key=True)
+    usage_s: Mapped[float] = mapped_column(Float)
+    at: Mapped[datetime] = mapped_column(DateTime, default=now)
+
+
+class TrialPreemption(Base):
+    """A running trial a pool stopped for a job that had more right to the worker; the trial went back to
+    the queue with its attempt unchanged (migration 0008). `ran_s`: the worker time it lost."""
+
+    __tablename__ = "trial_preemptions"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"), index=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    pool: Mapped[str] = mapped_column(String(64))
+    at: Mapped[datetime] = mapped_column(DateTime, default=now)
+    ran_s: Mapped[float] = mapped_column(Float)

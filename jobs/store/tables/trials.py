@@ -95,6 +95,7 @@ class TrialRow(Base):
     node: Mapped[str | None] = mapped_column(String(255))
     worker: Mapped[str | None] = mapped_column(String(64))
     gpu_id: Mapped[str | None] = mapped_column(String(32))
+    gpu_type: Mapped[str | None] = mapped_column(String(64))  # the node's accelerator type (migration 0008)
     environment_id: Mapped[int | None] = mapped_column(ForeignKey("environments.id"))
     started_at: Mapped[datetime | None] = mapped_column(DateTime)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime)
