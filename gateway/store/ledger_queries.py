@@ -28,9 +28,9 @@ from gateway.store.db import ledger
 
 # what a row of ``request_rows`` carries (gateway.summaries.schema.RequestUsage names them for the client)
 _REQUEST_COLUMNS = (
-    "request_id", "ts", "project", "key_id", "endpoint", "task", "public_model", "upstream_model",
-    "provider", "status", "http_status", "input_tokens", "output_tokens", "tokens_estimated", "cost_usd",
-    "retries", "rate_limited", "retry_wait_ms", "max_tokens", "batch_size",
+    "request_id", "ts", "project", "key_id", "endpoint", "task", "session_id", "public_model",
+    "upstream_model", "provider", "status", "http_status", "input_tokens", "output_tokens",
+    "tokens_estimated", "cost_usd", "retries", "rate_limited", "retry_wait_ms", "max_tokens", "batch_size",
 )  # fmt: skip
 
 

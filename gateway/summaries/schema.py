@@ -179,6 +179,7 @@ class RequestUsage(BaseModel):
     key_id: str | None = None
     endpoint: str
     task: str | None = None
+    session_id: str | None = None  # the agent session (Claude Code's, or the ``session-id`` header)
     model: str | None = None  # the public model asked for
     upstream_model: str | None = None
     provider: str | None = None

@@ -16,8 +16,10 @@ pytestmark = pytest.mark.asyncio
 MSGS = [{"role": "user", "content": "hi"}]
 
 
-async def _chat(s: aiohttp.ClientSession, gw, project: str, **body) -> str:
+async def _chat(s: aiohttp.ClientSession, gw, project: str, session: str | None = None, **body) -> str:
     headers = {"Authorization": f"Bearer {gw.keys[project]}", "X-Farm-Task": "checklist"}
+    if session is not None:
+        headers["session-id"] = session
     model = "gpt-fake" if project == "alpha" else "gpt-beta"
     async with s.post(f"{gw.v1}/chat/completions", json={"model": model, "messages": MSGS, **body},
                       headers=headers) as r:  # fmt: skip
@@ -34,7 +36,7 @@ async def _usage(s: aiohttp.ClientSession, gw, body, key: str | None) -> tuple[i
 async def test_own_ids_come_back_with_429s_retry_wait_and_the_cap_others_never(gateway, fake):
     async with aiohttp.ClientSession() as s:
         fake.faults.append(Fault(status=429, retry_after="0", headers={"retry-after-ms": "30"}))
-        retried = await _chat(s, gateway, "alpha", max_tokens=20)
+        retried = await _chat(s, gateway, "alpha", session="agent-7", max_tokens=20)
         plain = await _chat(s, gateway, "alpha")
         theirs = await _chat(s, gateway, "beta")
         # no flush here: the endpoint writes what its process still holds before it reads
@@ -49,11 +51,12 @@ async def test_own_ids_come_back_with_429s_retry_wait_and_the_cap_others_never(g
         assert theirs not in str(body["rows"])
         r = rows[retried]
         assert (r.retries, r.rate_limited, r.max_tokens) == (1, 1, 20)
-        assert (r.task, r.model) == ("checklist", "gpt-fake")
+        assert (r.task, r.model, r.session_id) == ("checklist", "gpt-fake", "agent-7")
         assert r.retry_wait_ms >= 30 and r.key_id and r.key_id in gateway.keys["alpha"]
         assert r.date == r.ts[:10] and r.status == "ok"
         p = rows[plain]
         assert (p.retries, p.rate_limited, p.retry_wait_ms, p.max_tokens) == (0, 0, 0.0, None)
+        assert p.session_id is None
         ledger = {row["request_id"]: row for row in await gateway.rows()}
         for rid, row in rows.items():  # what the endpoint says is what the ledger holds
             assert (row.input_tokens, row.output_tokens) == (
