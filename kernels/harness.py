@@ -17,8 +17,9 @@ it chose, its cache's statistics). `run_trial` does everything else, the same wa
   5. the measurement is held against the world (kernels.validity): a median faster than the device can
      run the call's cost, or a call whose output does not follow its inputs once they are refilled in
      place from a fresh seed (a cached or replayed result), or, on a CPU, a call whose work ran on other
-     threads of the process (CPU time beside the timing thread's) makes the trial `invalid`, with the
-     reason.
+     threads of the process (CPU time beside the timing thread's), or, on a GPU, work left running on
+     other streams after the end events or a persisting L2 window set by the call (kernels.measure.outside)
+     makes the trial `invalid`, with the reason.
 
 What a family's outcome adds on top (a resource model's verdict, a compiled-kernel check, Nsight Compute
 figures) it passes in as `resources`; a trial that must not run at all (pruned) never reaches here.
@@ -37,7 +38,7 @@ from kernels.hardware import device_limits
 from kernels.measure.correctness import CorrectnessReport, combine_seeds, seed_list
 from kernels.measure.memory import peak_memory
 from kernels.measure.timing import measure
-from kernels.validity import ceiling_for, handed_off, physical_violation
+from kernels.validity import ceiling_for, handed_off, outside_timed_region, physical_violation
 
 
 @dataclass
@@ -175,7 +176,7 @@ def run_trial(
         for why in (
             physical_violation(prep.cost, timed.summary.median, ceiling_for(device), precision),
             stale_output(prep, prepare, max(seeds) + 1, device),
-            handed_off(timed.clocks) if device.type == "cpu" else None,
+            handed_off(timed.clocks) if device.type == "cpu" else outside_timed_region(timed.clocks),
         )
         if why
     ]

@@ -107,6 +107,35 @@ def handed_off(clocks: dict) -> str | None:
     )
 
 
+DRAIN_SHARE = 0.05  # a batch whose device-wide wait, after its stream's, is over this share of its events'
+DRAIN_FLOOR_NS = 50_000  # time and this floor (a synchronise's host call and a preempted host thread stay
+# under it) outlived its end events; more than half the batches so: the calls leave work behind
+
+
+def outside_timed_region(clocks: dict) -> str | None:
+    """Why a GPU measurement's calls did work its events did not bound (kernels.measure.outside), or None:
+    L2 set aside for persisting accesses by the call while it was timed, or work on other streams still
+    running after the timing stream finished, in most batches."""
+    if clocks.get("persisting_l2_set_batches"):
+        return (
+            f"persisting L2 window: the call set {clocks['persisting_l2_set_bytes'] / 2**20:.4g} MiB of L2 "
+            f"aside for persisting accesses during timing ({clocks['persisting_l2_set_batches']} batch(es)), "
+            "which keeps its inputs in L2 across the flush"
+        )
+    drains, spans = clocks.get("drain_ns") or [], clocks.get("batch_span_ns") or []
+    outlived = [
+        (d, s) for d, s in zip(drains, spans, strict=False) if d > max(DRAIN_SHARE * s, DRAIN_FLOOR_NS)
+    ]
+    if not drains or 2 * len(outlived) <= len(drains):
+        return None
+    left, timed = sum(d for d, _ in outlived), sum(s for _, s in outlived)
+    return (
+        f"work outside the timed region: in {len(outlived)} of {len(drains)} batches the device was still "
+        f"busy after the timing stream's last end event ({left / 1e3:.4g} us after {timed / 1e3:.4g} us of "
+        "timed calls): the call launches work on another stream"
+    )
+
+
 # ---- the host, measured ----------------------------------------------------------------------------------
 
 

@@ -9,7 +9,11 @@ in kernels.measure.timing, against this interface."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -43,6 +47,26 @@ class CudaLayer(Protocol):
     def clock(self, index: int, max_drop: float) -> ClockSampler: ...
 
     def kernel_records(self, run: Callable[[], None], stream: Any) -> list[tuple[int, int, str]]: ...
+
+    def drain_ns(self, index: int) -> int: ...  # device-wide synchronise, after the timing stream's
+
+    def persisting_l2_bytes(self, index: int) -> int | None: ...  # None: the runtime does not say
+
+    def reset_persisting_l2(self, index: int) -> bool: ...  # False: the runtime does not allow it
+
+
+CUDA_LIMIT_PERSISTING_L2 = 0x06  # cudaLimitPersistingL2CacheSize (cuda_runtime_api.h, CUDA 11+)
+
+
+@functools.cache
+def cudart() -> ctypes.CDLL | None:
+    """The CUDA runtime torch loaded (found in this process's maps, whatever its version), or None."""
+    try:
+        words = Path("/proc/self/maps").read_text().split()
+    except OSError:
+        return None
+    paths = sorted({w for w in words if "/libcudart.so" in w})
+    return ctypes.CDLL(paths[0]) if paths else None
 
 
 class TorchCuda:
@@ -101,6 +125,32 @@ class TorchCuda:
             for e in prof.profiler.kineto_results.events()
             if e.device_type() == torch.autograd.DeviceType.CUDA
         ]
+
+    def drain_ns(self, index: int) -> int:
+        """How long a device-wide synchronise waits once the timing stream is done: work the call left
+        on other streams, which outlives its end event (a few microseconds of host call otherwise)."""
+        t0 = time.perf_counter_ns()
+        torch.cuda.synchronize(index)
+        return time.perf_counter_ns() - t0
+
+    def persisting_l2_bytes(self, index: int) -> int | None:
+        """The L2 set aside for persisting accesses (cudaDeviceGetLimit), None where not readable."""
+        rt = cudart()
+        value = ctypes.c_size_t(0)
+        if rt is None or rt.cudaDeviceGetLimit(ctypes.byref(value), CUDA_LIMIT_PERSISTING_L2) != 0:
+            return None
+        return int(value.value)
+
+    def reset_persisting_l2(self, index: int) -> bool:
+        """No L2 set aside for persisting accesses (so no access-policy window can keep lines) and every
+        persisting line back to normal (cudaDeviceSetLimit 0, cudaCtxResetPersistingL2Cache); both take
+        effect when they return, so the timing calls this between batches, never inside one."""
+        rt = cudart()
+        if rt is None:
+            return False
+        return rt.cudaDeviceSetLimit(CUDA_LIMIT_PERSISTING_L2, ctypes.c_size_t(0)) == 0 and (
+            rt.cudaCtxResetPersistingL2Cache() == 0
+        )
 
 
 def flush_bytes(cuda: CudaLayer, index: int) -> int:

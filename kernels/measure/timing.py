@@ -25,7 +25,9 @@ testkit.kernels.fake_cuda), so the order of each method is checked on a CPU.
 Warm-up is by time (`warmup_ms`, after one first call that absorbs JIT compilation). The stopping rule
 (kernels.measure.stopping) decides when to stop. On a GPU, the SM clock is read when measuring starts and
 after each batch of samples (kernels.measure.clocks); a batch whose clock fell more than 5% below the
-starting one is flagged throttled (and left out of the summary if the policy says so).
+starting one is flagged throttled (and left out of the summary if the policy says so). After each batch,
+kernels.measure.outside audits what the calls did outside the events (work on other streams, a persisting
+L2 window); kernels.validity judges it.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import torch
 from kernels.measure.clean_call import transfers
 from kernels.measure.cpu_share import RunQueue, Usage
 from kernels.measure.cuda_layer import CudaLayer, TorchCuda, flush_bytes
+from kernels.measure.outside import OutsideAudit
 from kernels.measure.policy import MeasurePolicy
 from kernels.measure.stats import detect_step
 from kernels.measure.stopping import StoppingRule
@@ -307,6 +310,7 @@ def _measure_cuda(
     if timer == "cupti" and not kernel_name:
         raise ValueError("kernel-only timing needs a kernel name filter (kernel_name)")
     stream = cuda.stream(index)
+    audit = OutsideAudit.start(cuda, index)  # persisting L2 off before the first call
     moved = transfers(fn)  # also the first call, which absorbs compilation
     if moved:
         raise ValueError(
@@ -348,6 +352,7 @@ def _measure_cuda(
             times = _event_times(cuda, call, flush, batch, stream, reps=reps)
         else:
             times = _event_times(cuda, call, flush, batch, stream)
+        audit.after_batch(times, reps if timer == "cuda_event_back_to_back" else 1)
         hot = clock.sample()
         for t in times:
             samples.append(t)
@@ -361,7 +366,7 @@ def _measure_cuda(
         policy,
         timer=timer,
         device=f"cuda:{index} ({cuda.device_name(index)})",
-        clocks=clock.to_dict(),
+        clocks={**clock.to_dict(), **audit.to_clocks()},
         warmup=warmup,
         wall_s=time.perf_counter() - start,
         l2_flush_bytes=flushed,

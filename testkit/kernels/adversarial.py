@@ -13,6 +13,11 @@ backends written to look fast, each of which the harness must store `invalid` wi
     lazy     the whole product for its first two calls (the seeds' checks), then only the first quarter of
              the rows (the rest left from before): less work than the trial declares, seen once the
              inputs change after timing
+  GPU only (skipped with the reason on a CPU; tests/kernels/test_validity_gpu.py):
+    side_stream    the product launched on a second stream the timing stream never waits for: its
+                   events time the launch; the work outlives the end event (kernels.measure.outside)
+    persisting_l2  every call sets L2 aside for persisting accesses and an access-policy window over its
+                   inputs on the stream, so they would stay in L2 across the flush
 
 testkit.kernels.faults, the plugin the tests name in FARM_PLUGINS (tests/conftest.py), registers it, so
 Ray workers and subprocesses know the family too; this module (and torch) loads only where it is asked for.
@@ -76,12 +81,45 @@ def _lazy(a: torch.Tensor, b: torch.Tensor) -> Call:
     return call
 
 
+def _needs_gpu() -> str | None:
+    """Why the GPU-only backends cannot run here (they are skipped with it), or None."""
+    return None if torch.cuda.is_available() else "needs a CUDA GPU (a second stream, an L2 window)"
+
+
+def _side_stream(a: torch.Tensor, b: torch.Tensor) -> Call:
+    side = torch.cuda.Stream(device=a.device)
+    out = torch.empty(a.shape[0], b.shape[1], device=a.device)
+
+    def call() -> torch.Tensor:
+        if torch.cuda.is_current_stream_capturing():  # never joined back: no graph can hold it
+            raise RuntimeError("side_stream: the second stream is not joined, not capturable")
+        side.wait_stream(torch.cuda.current_stream())  # the inputs are ready; nothing waits back
+        with torch.cuda.stream(side):
+            torch.matmul(a, b, out=out)
+        return out
+
+    return call
+
+
+def _persisting_l2(a: torch.Tensor, b: torch.Tensor) -> Call:
+    from testkit.kernels.l2_window import keep_in_l2
+
+    def call() -> torch.Tensor:
+        keep_in_l2(a, b)
+        return a @ b
+
+    return call
+
+
 BACKENDS = Backends("adversarial")
 BACKENDS.add("honest", "torch.matmul, every call", reference=True, impl=_honest)
 BACKENDS.add("cached", "the product computed once, before the timed calls", impl=_cached)
 BACKENDS.add("replay", "the first call's result, replayed", impl=_replay)
 BACKENDS.add("threaded", "the product computed by a helper thread", impl=_threaded)
 BACKENDS.add("lazy", "a quarter of the rows once the checks are past", impl=_lazy)
+GPU_ONLY = {"requires": _needs_gpu}
+BACKENDS.add("side_stream", "the product on a stream nothing waits for", impl=_side_stream, **GPU_ONLY)
+BACKENDS.add("persisting_l2", "a persisting L2 window over the inputs", impl=_persisting_l2, **GPU_ONLY)
 
 
 class AdversarialFamily(KernelFamily):
@@ -109,9 +147,15 @@ class AdversarialFamily(KernelFamily):
             gen = torch.Generator().manual_seed(seed)
             a, b = torch.randn(m, k, generator=gen).to(device), torch.randn(k, n, generator=gen).to(device)
             reference = a @ b
+
+            def check(out: torch.Tensor) -> Checked:
+                if out.is_cuda:  # the output of a side stream is read once the whole device is done
+                    torch.cuda.synchronize(out.device)
+                return Checked(check_allclose(out, reference))
+
             return Prepared(
                 call=build(a, b),
-                check=lambda out: Checked(check_allclose(out, reference)),
+                check=check,
                 cost=self.cost(req.shape, req.dtype),
                 inputs=(a, b),
             )

@@ -57,6 +57,8 @@ class FakeCuda:
     capturing: list[tuple[str, int]] | None = None
     records: list[tuple[int, int, str]] | None = None  # kernel records of an open profiler session
     recorded: int = -1  # the newest event recorded
+    side_until_ns: int = 0  # when the work queued on a side stream ends (it runs beside the timing stream)
+    persisting_l2: int = 0  # bytes of L2 set aside for persisting accesses (cudaLimitPersistingL2CacheSize)
     _events: int = 0
     _synced_upto: int = -1
 
@@ -76,6 +78,28 @@ class FakeCuda:
         def launch() -> None:
             if self.capturing is not None:
                 raise RuntimeError("host work inside the call: not capturable")
+            self._run(name, ns)
+
+        return launch
+
+    def on_side_stream(self, name: str, ns: int) -> Callable[[], None]:
+        """A callable that queues one kernel of ``ns`` on another stream and returns: the timing stream
+        (and its events) never wait for it; a device-wide synchronise does. A graph capture of it fails,
+        as CUDA's does for a capture that forks a stream and never joins it back."""
+
+        def launch() -> None:
+            if self.capturing is not None:
+                raise RuntimeError("operation failed due to a previous error during capture (unjoined)")
+            self.log.append(("side_launch", name))
+            self.side_until_ns = max(self.side_until_ns, self.now_ns) + ns
+
+        return launch
+
+    def sets_persisting_l2(self, name: str, ns: int, nbytes: int) -> Callable[[], None]:
+        """A callable that sets ``nbytes`` of L2 aside for persisting accesses, then launches its kernel."""
+
+        def launch() -> None:
+            self.persisting_l2 = nbytes
             self._run(name, ns)
 
         return launch
@@ -163,6 +187,21 @@ class FakeCuda:
             return list(self.records)
         finally:
             self.records = None
+
+    def drain_ns(self, index: int) -> int:
+        """The device-wide wait: side-stream work still running when the timing stream is done."""
+        left = max(0, self.side_until_ns - self.now_ns)
+        self.now_ns += left
+        self.log.append(("device_sync", left))
+        return left
+
+    def persisting_l2_bytes(self, index: int) -> int | None:
+        return self.persisting_l2
+
+    def reset_persisting_l2(self, index: int) -> bool:
+        self.persisting_l2 = 0
+        self.log.append(("reset_persisting_l2",))
+        return True
 
     # -- reading the log ------------------------------------------------------------------------------
     def ops(self, since: int = 0) -> list[str]:

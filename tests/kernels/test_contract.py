@@ -38,7 +38,9 @@ TINY: dict[str, tuple[dict[str, Any], str, dict[str, dict[str, Any]], str | None
 }
 # Backends that end their own process or need hardware no test machine has are not run here.
 # The adversarial family's cheating backends end `invalid` by design (tests/kernels/test_validity.py).
-NOT_RUN = {("probe", "crash")} | {("adversarial", b) for b in ("cached", "replay", "threaded", "lazy")}
+NOT_RUN = {("probe", "crash")} | {
+    ("adversarial", b) for b in ("cached", "replay", "threaded", "lazy", "side_stream", "persisting_l2")
+}
 
 
 def _trials() -> list[Any]:

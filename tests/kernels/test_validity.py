@@ -134,3 +134,10 @@ def test_an_incorrect_trial_stays_incorrect():
         "gemm", "torch_fp32", {"m": 8, "n": 8, "k": 8}, {"_perturb": 1.0}, "float32", policy=POLICY
     )
     assert get_family("gemm").run(req).status == TrialStatus.INCORRECT
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
+@pytest.mark.parametrize("backend", ["side_stream", "persisting_l2"])
+def test_the_gpu_only_tricks_are_skipped_on_a_cpu_with_the_reason(backend):
+    out = _run(backend, 8, 8, 8)
+    assert out.status == TrialStatus.SKIPPED and "needs a CUDA GPU" in out.error
