@@ -36,14 +36,15 @@ from datetime import datetime
 from functools import cache
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Row, Select, select
 from sqlalchemy.orm import Session
 
 from jobs.history.changepoints import ChangePoint, e_divisive
 from jobs.judge.baselines import env_class, point_config
 from jobs.judge.environment import Difference, changed_text, changes, performance
 from jobs.store import Environment, Job, Store, TrialRow
-from kernels.base import TrialStatus
+from jobs.store.tables.trials import shape_key
+from kernels.base import Summary, TrialStatus
 
 MEDIAN_SE_FACTOR = 1.2533  # sd of the median of n normal samples / (sd / sqrt(n)), large n
 CONTAMINATED_FLAGS = frozenset({"contended", "drift", "throttled"})
@@ -211,24 +212,42 @@ class Selection:
         )
 
 
-def _key(t: TrialRow, env: Environment | None) -> PointKey:
+def _key(t: Row, env: Environment | None) -> PointKey:
     return PointKey(
         family=t.family,
         backend=t.backend,
         shape=tuple(sorted(t.shape.items())),
-        config=tuple(sorted(point_config(t).items())),
+        config=tuple(sorted(point_config(t).items())),  # type: ignore[arg-type]  # its family, backend, config
         dtype=t.dtype,
         env=env_class(env),
     )
 
 
-def collect(store: Store, selection: Selection | None = None, *, detect: bool = True) -> list[Series]:
-    """Every selected point's series (one query over the store), with its change points when `detect`."""
-    selection = selection or Selection()
+# What a point of a series needs of its trial and its job: no metrics, correctness, memory or resources.
+_COLUMNS = (
+    TrialRow.id,
+    TrialRow.job_id,
+    TrialRow.family,
+    TrialRow.backend,
+    TrialRow.shape,
+    TrialRow.config,
+    TrialRow.dtype,
+    TrialRow.median_ns,
+    TrialRow.summary,
+    TrialRow.environment_id,
+    Job.name.label("job_name"),
+    Job.git_commit,
+    Job.created_at,
+)
+
+
+def series_query(selection: Selection) -> Select:
+    """The selected points' trials, in commit order: family, backend, shape (by its stored key, the
+    index ix_trials_series), dtype and spec filtered by the database; the config (which a backend's variant
+    keys leave out of the point) and the environment class are matched after."""
     q = (
-        select(TrialRow, Job, Environment)
+        select(*_COLUMNS)
         .join(Job, Job.id == TrialRow.job_id)
-        .outerjoin(Environment, Environment.id == TrialRow.environment_id)
         .where(TrialRow.status == TrialStatus.OK, TrialRow.median_ns.is_not(None))
         .order_by(Job.created_at, Job.id, TrialRow.seq)
     )
@@ -236,25 +255,46 @@ def collect(store: Store, selection: Selection | None = None, *, detect: bool = 
         q = q.where(TrialRow.family == selection.family)
     if selection.backend is not None:
         q = q.where(TrialRow.backend == selection.backend)
+    if selection.shape is not None:
+        q = q.where(TrialRow.shape_key == shape_key(selection.shape))
+    if selection.dtype is not None:
+        q = q.where(TrialRow.dtype == selection.dtype)
     if selection.spec is not None:
         q = q.where(Job.name == selection.spec)
+    return q
+
+
+def _environments(s: Session, ids: set[int]) -> dict[int, Environment]:
+    """The environments the points ran in, each read once (one object per environment: a series compares
+    consecutive points' environments by identity first)."""
+    if not ids:
+        return {}
+    return {e.id: e for e in s.scalars(select(Environment).where(Environment.id.in_(ids)))}
+
+
+def collect(store: Store, selection: Selection | None = None, *, detect: bool = True) -> list[Series]:
+    """Every selected point's series (one query, reading only the selected points' trials, and the
+    environments they ran in), with its change points when `detect`."""
+    selection = selection or Selection()
     by_key: dict[PointKey, Series] = {}
     with Session(store.engine, expire_on_commit=False) as s:
-        rows = list(s.execute(q))
-    for t, job, env in rows:
+        rows = s.execute(series_query(selection)).all()
+        envs = _environments(s, {r.environment_id for r in rows if r.environment_id is not None})
+    for t in rows:
+        env = envs.get(t.environment_id) if t.environment_id is not None else None
         key = _key(t, env)
         if not selection.matches(key):
             continue
         series = by_key.setdefault(key, Series(key))
-        if series.points and series.points[-1].job_id == job.id:
+        if series.points and series.points[-1].job_id == t.job_id:
             continue  # the same point twice in one job (it differs only in variant keys): the first counts
-        stats = t.stats
+        stats = Summary.from_stored(t.summary)
         series.points.append(
             HistoryPoint(
-                job_id=job.id,
-                job_name=job.name,
-                commit=job.git_commit,
-                created_at=job.created_at,
+                job_id=t.job_id,
+                job_name=t.job_name,
+                commit=t.git_commit,
+                created_at=t.created_at,
                 trial_id=t.id,
                 median_ns=float(t.median_ns),
                 p10_ns=stats.p10,

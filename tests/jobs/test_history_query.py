@@ -1,0 +1,171 @@
+"""`farm history` reads only the series it shows (issue 46): `jobs.history.series.collect` filters family,
+backend, shape (by the trials' stored, indexed shape key), dtype and spec in SQL and reads only the columns
+a point needs. Its series are the same as the old read's, which took every `ok` trial of the store and
+filtered in Python (kept here as the reference), for every selection over a store of two families,
+several backends, shapes (one stored as 64.0, matched by 64), configs with and without variant keys,
+dtypes, specs, environments and failed trials."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import pytest
+from sqlalchemy import event, select
+from sqlalchemy.orm import Session
+
+from jobs.history.series import PointKey, Selection, _key, collect
+from jobs.store import Environment, Job, Store, TrialRow
+from jobs.store.results import result_of
+from kernels.base import TrialStatus
+from testkit.jobs import spec_job
+
+SPECS = {
+    "probe-a": """
+name: probe-a
+family: probe
+backends:
+  - {name: wait, baseline: true, configs: {grid: {ms: [1, 2]}}}
+  - {name: spin, configs: {grid: {ms: [1], _slowdown: [0.5]}}}
+shapes: {grid: {n: [0, 1, 64]}}
+dtypes: [float32, bfloat16]
+""",
+    "probe-b": """
+name: probe-b
+family: probe
+backends: [{name: wait, baseline: true, configs: {grid: {ms: [1]}}}]
+shapes: {grid: {n: [0, 64]}}
+""",
+    "gemm-a": """
+name: gemm-a
+family: gemm
+backends: [{name: torch_fp32, baseline: true}, {name: torch_bf16}]
+shapes: {grid: {m: [64], n: [256], k: [256, 512]}}
+""",
+}
+ENVS = [
+    {"host": "h1", "device_kind": "cpu", "device_name": "CPU A", "torch": "1"},
+    {"host": "h2", "device_kind": "gpu", "device_name": "GPU B", "torch": "1"},
+]
+
+
+def _old_collect(store: Store, selection: Selection) -> dict[PointKey, list[int]]:
+    """The read before issue 46: every ok trial of the family (whole rows, joined to job and environment),
+    the series filtered in Python; point key -> trial ids in commit order."""
+    q = (
+        select(TrialRow, Job, Environment)
+        .join(Job, Job.id == TrialRow.job_id)
+        .outerjoin(Environment, Environment.id == TrialRow.environment_id)
+        .where(TrialRow.status == TrialStatus.OK, TrialRow.median_ns.is_not(None))
+        .order_by(Job.created_at, Job.id, TrialRow.seq)
+    )
+    if selection.family is not None:
+        q = q.where(TrialRow.family == selection.family)
+    if selection.backend is not None:
+        q = q.where(TrialRow.backend == selection.backend)
+    if selection.spec is not None:
+        q = q.where(Job.name == selection.spec)
+    out: dict[PointKey, list[tuple[int, int]]] = {}
+    with Session(store.engine) as s:
+        for t, job, env in s.execute(q):
+            key = _key(t, env)
+            if not selection.matches(key):
+                continue
+            points = out.setdefault(key, [])
+            if points and points[-1][0] == job.id:
+                continue
+            points.append((job.id, t.id))
+    return {k: [tid for _job, tid in v] for k, v in out.items()}
+
+
+@dataclass(frozen=True)
+class Point:
+    """A trial point as an importer might write it (jobs.store.TrialPoint): its shape's 64 a float."""
+
+    key: str
+    family: str = "probe"
+    backend: str = "wait"
+    baseline: bool = True
+    shape: dict = field(default_factory=lambda: {"n": 64.0})
+    config: dict = field(default_factory=lambda: {"ms": 1})
+    dtype: str = "float32"
+
+
+def _float_shape_job(store: Store, round_: int) -> int:
+    return store.create_job(
+        name="probe-c", family="probe", spec_yaml="{}", spec_hash="c" * 32, trials=[Point("k0")],
+        git_commit=f"c{round_}probe-c",
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def history_store(tmp_path_factory):
+    store = Store(str(tmp_path_factory.mktemp("hq") / "farm.db"))
+    for round_, name in itertools.product(range(3), [*SPECS, "probe-c"]):
+        job = spec_job(store, SPECS[name], git_commit=f"c{round_}{name}") if name in SPECS else None
+        job = job or _float_shape_job(store, round_)
+        results = []
+        for t in store.trials(job):
+            if t.seq % 7 == 3:  # some trials fail: never a point
+                results.append(result_of(t.id, status="error", error="boom"))
+                continue
+            env = ENVS[(t.seq + round_) % 2]
+            results.append(result_of(t.id, [1000 + t.seq, 1010 + t.seq, 1020 + t.seq], environment=env))
+        store.record_results(results)
+    yield store
+    store.close()
+
+
+SELECTIONS = [
+    Selection(family="probe"),
+    Selection(family="probe", backend="wait"),
+    Selection(family="probe", backend="wait", shape={"n": 64}),  # stored 64.0 in probe-c, 64 in probe-b
+    Selection(family="probe", backend="wait", shape={"n": 0}, config={"ms": 1}),
+    Selection(family="probe", backend="spin", shape={"n": 1}, config={"ms": 1}),  # `_slowdown` ignored
+    Selection(family="probe", shape={"n": 1}, dtype="bfloat16"),
+    Selection(family="probe", backend="wait", shape={"n": 2}),  # no such shape
+    Selection(family="gemm", backend="torch_bf16", shape={"m": 64, "n": 256, "k": 256}),
+    Selection(family="gemm", shape={"k": 256, "m": 64, "n": 256}),  # key order does not matter
+    Selection(family="gemm", backend="torch_fp32", shape={"m": 64}),  # part of a shape: no point
+    Selection(spec="probe-b"),
+    Selection(spec="probe-a", backend="spin"),
+    Selection(),
+]
+
+
+@pytest.mark.parametrize("selection", SELECTIONS, ids=repr)
+def test_the_series_are_the_old_reads_series(history_store, selection):
+    found = {s.key: [p.trial_id for p in s.points] for s in collect(history_store, selection)}
+    assert found == _old_collect(history_store, selection)
+
+
+def test_the_store_has_series_of_every_kind_the_selections_ask_about(history_store):
+    """The comparison above is not vacuous: the selections find points, of both environments."""
+    probe_64 = collect(history_store, Selection(family="probe", backend="wait", shape={"n": 64}))
+    assert {s.key.env for s in probe_64} == {"cpu:CPU A", "GPU B"}
+    assert max(len(s.points) for s in probe_64) >= 3
+    jobs = {p.job_id for s in probe_64 for p in s.points}
+    names = {j.id: j.name for j, _ in history_store.list_jobs()}
+    assert {names[j] for j in jobs} == {"probe-a", "probe-b", "probe-c"}  # 64.0 and 64 are one shape
+    assert collect(history_store, Selection(family="gemm", backend="torch_fp32", shape={"m": 64})) == []
+
+
+def test_one_series_reads_only_its_own_trials(history_store):
+    """The statement reads by the shape's key and never selects the trial's metrics, correctness, memory
+    or resources: what a point does not need is not read."""
+    seen: list[str] = []
+
+    def statements(conn, cursor, statement, parameters, context, executemany):  # noqa: ARG001
+        seen.append(statement)
+
+    event.listen(history_store.engine, "before_cursor_execute", statements)
+    try:
+        collect(
+            history_store, Selection(family="gemm", backend="torch_bf16", shape={"m": 64, "n": 256, "k": 256})
+        )
+    finally:
+        event.remove(history_store.engine, "before_cursor_execute", statements)
+    (series_sql,) = [q for q in seen if "FROM trials" in q]
+    assert "trials.shape_key = " in series_sql
+    for unread in ("trials.metrics", "trials.correctness", "trials.memory", "trials.resources"):
+        assert unread not in series_sql
