@@ -7,8 +7,10 @@
   (encoded once per id). Any other target gets the body translated (gateway.translate) into its kind's
   format, ``UPSTREAM_FORMAT`` (every OpenAI-compatible API has chat completions), on that format's path and
   with the client's headers less the other kind's (``translated_headers``: a beta flag only unlocks request
-  fields, and every field the body uses is translated or refused by name). ``note`` writes on the record
-  where the request went;
+  fields, and every field the body uses is translated or refused by name). A target of an anthropic
+  deployment with automatic prompt caching (``auto_cache``, gateway.translate.cache_points) gets cache
+  breakpoints when the body, native or translated, carries none. ``note`` writes on the record where the
+  request went;
 - ``upstream_error``: an upstream's own error answer as the gateway's error, noted on the record.
 """
 
@@ -29,6 +31,7 @@ from gateway.errors import (
 from gateway.http.pipeline import credential_refused, dump_json
 from gateway.translate import Format, translate_request
 from gateway.translate.api import ANTHROPIC_VERSION
+from gateway.translate.cache_points import add_breakpoints, has_cache_control
 from gateway.upstream.client import client_retry_after
 
 if TYPE_CHECKING:
@@ -42,6 +45,7 @@ UPSTREAM_FORMAT: dict[str, Format] = {"anthropic": "messages", "openai": "chat"}
 UPSTREAM_PATH = {"messages": "/messages", "chat": "/chat/completions"}
 # Headers that only mean something to one provider kind: not sent to a target of another kind.
 _KIND_HEADERS = ("anthropic-version", "anthropic-beta", "openai-beta")
+_NO_CACHE: Mapping[tuple[str, str], int] = {}  # no deployment gets automatic breakpoints (never written)
 
 
 def check_model(router: Router, project: ProjectConfig, project_name: str, model: str) -> ModelDeployments:
@@ -79,11 +83,12 @@ class TargetRequests:
     own kind (``style``) the body with its upstream model id, plus ``native_fields`` (bytes, on the request's
     own path and headers; ``encoded``: bodies already encoded, by upstream model id); for any other the
     translated (path, body, headers), made once per format, upstream model and effort, with the fields the
-    translation dropped (``dropped``)."""
+    translation dropped (``dropped``). ``auto_cache``: (public model, upstream model) of the anthropic
+    deployments that get prompt-cache breakpoints -> the shortest prefix worth one."""
 
     __slots__ = (
         "body", "fmt", "style", "headers", "model", "default_max_tokens", "strict", "native_fields",
-        "_native", "_translated", "_dropped",
+        "auto_cache", "_native", "_translated", "_dropped",
     )  # fmt: skip
 
     def __init__(
@@ -98,22 +103,41 @@ class TargetRequests:
         strict: bool = False,
         native_fields: Mapping[str, Any] | None = None,
         encoded: dict[str, bytes] | None = None,
+        auto_cache: Mapping[tuple[str, str], int] | None = None,
     ) -> None:
         self.body, self.fmt, self.style, self.headers = body, fmt, style, headers
         self.model = model  # the public model asked for
         self.default_max_tokens, self.strict = default_max_tokens, strict
         self.native_fields = native_fields or {}
+        self.auto_cache = auto_cache or _NO_CACHE
         self._native: dict[str, bytes] = encoded if encoded is not None else {}
-        self._translated: dict[tuple[str, str, bool], tuple[str, bytes, dict[str, str]]] = {}
+        self._translated: dict[tuple[str, str, bool, int | None], tuple[str, bytes, dict[str, str]]] = {}
         self._dropped: dict[tuple[str, str, bool], list[str]] = {}
 
     def __call__(self, target: Deployment) -> bytes | tuple[str, bytes, dict[str, str]]:
         if target.kind != self.style:
             return self.translated(target)
+        if self.auto_cache and (target.model, target.upstream_model) in self.auto_cache:
+            return self._native_cached(target, self.auto_cache[(target.model, target.upstream_model)])
         out = self._native.get(target.upstream_model)
         if out is None:
             body = {**self.body, "model": target.upstream_model, **self.native_fields}
             out = self._native[target.upstream_model] = dump_json(body)
+        return out
+
+    def _native_cached(self, target: Deployment, min_tokens: int) -> bytes:
+        """The client's own (Messages) body for an anthropic deployment with automatic prompt caching: with
+        breakpoints where the client set none and they pay, else as for any other deployment."""
+        key = f"{target.upstream_model}\0cache{min_tokens}"
+        out = self._native.get(key)
+        if out is None:
+            body = {**self.body, "model": target.upstream_model, **self.native_fields}
+            cached = None if has_cache_control(body) else add_breakpoints(body, min_tokens)
+            if cached is None:
+                out = self._native.get(target.upstream_model) or dump_json(body)
+            else:
+                out = dump_json(cached)
+            self._native[key] = out
         return out
 
     def request(self, target: Deployment, path: str) -> tuple[str, bytes, Mapping[str, str]]:
@@ -125,10 +149,12 @@ class TargetRequests:
         """The request for a target of another kind; a field it cannot take is a 400 naming it (and the
         fallback model, when the target serves one)."""
         dst = UPSTREAM_FORMAT[target.kind]
-        key = (dst, target.upstream_model, target.effort)
+        base = (dst, target.upstream_model, target.effort)
+        min_tokens = self.auto_cache.get((target.model, target.upstream_model)) if dst == "messages" else None
+        key = (*base, min_tokens)
         out = self._translated.get(key)
         if out is None:
-            dropped = self._dropped[key] = []
+            dropped = self._dropped[base] = []
             try:
                 tb = translate_request(
                     self.body, self.fmt, dst, upstream_model=target.upstream_model,
@@ -139,6 +165,8 @@ class TargetRequests:
                 if target.model != self.model:  # a fallback model's format: say which
                     e.message = f"fallback model {target.model!r} ({target.kind}): {e.message}"
                 raise
+            if min_tokens is not None and not has_cache_control(tb):
+                tb = add_breakpoints(tb, min_tokens) or tb
             out = (UPSTREAM_PATH[dst], dump_json(tb), translated_headers(self.headers, target.kind))
             self._translated[key] = out
         return out

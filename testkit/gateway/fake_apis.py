@@ -15,6 +15,8 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from testkit.gateway.prompt_cache import PromptCache, TooManyBreakpoints
+
 
 def _words(seq: int) -> list[str]:
     n = 3 + seq % 5
@@ -46,6 +48,7 @@ class FakeAPIs:
     usage_log: list[tuple[str, bool, int, int]]
     cache_read_tokens: int
     cache_write_tokens: int
+    prompt_cache: PromptCache | None  # Anthropic's prompt cache played (testkit.gateway.prompt_cache)
     _wrap: Callable[..., Awaitable[web.StreamResponse]]
     _send_json: Callable[..., Awaitable[web.StreamResponse]]
     _send_stream: Callable[..., Awaitable[web.StreamResponse]]
@@ -260,6 +263,11 @@ class FakeAPIs:
         words = _words(seq)
         inp, out = _input_tokens(body), len(words)
         rid = f"req_fake_{seq}"
+        try:
+            inp, cache = self._anthropic_cache(body, inp)
+        except TooManyBreakpoints as e:
+            err = {"type": "error", "error": {"type": "invalid_request_error", "message": str(e)}}
+            return web.json_response(err, status=400, headers={"request-id": rid})
         message = {
             "id": f"msg_{seq}",
             "type": "message",
@@ -273,7 +281,7 @@ class FakeAPIs:
             ],
             "stop_reason": "end_turn",
             "stop_sequence": None,
-            "usage": {"input_tokens": inp, "output_tokens": out, **self._anthropic_cache()},
+            "usage": {"input_tokens": inp, "output_tokens": out, **cache},
         }
         call = self._tool_to_call(body)
         tool = call[0] if call else None
@@ -287,7 +295,7 @@ class FakeAPIs:
             **message,
             "content": [],
             "stop_reason": None,
-            "usage": {"input_tokens": inp, "output_tokens": 1, **self._anthropic_cache()},
+            "usage": {"input_tokens": inp, "output_tokens": 1, **cache},
         }
         block = {"type": "text", "text": ""}
         if tool:
@@ -321,10 +329,15 @@ class FakeAPIs:
         ]
         return await self._send_stream(request, events, fault, rid, "request-id")
 
-    def _anthropic_cache(self) -> dict:
+    def _anthropic_cache(self, body: dict, inp: int) -> tuple[int, dict]:
+        """The input tokens and cache fields of a Messages answer: the prompt cache's (``prompt_cache``),
+        else the fixed counts set (``cache_read_tokens``, ``cache_write_tokens``), else none."""
+        if self.prompt_cache is not None:
+            u = self.prompt_cache.usage(body)
+            return u.pop("input_tokens"), u
         if not (self.cache_read_tokens or self.cache_write_tokens):
-            return {}
-        return {
+            return inp, {}
+        return inp, {
             "cache_read_input_tokens": self.cache_read_tokens,
             "cache_creation_input_tokens": self.cache_write_tokens,
         }

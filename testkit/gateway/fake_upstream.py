@@ -14,6 +14,10 @@ and a POST repeating a body answered 400 before is counted in ``retried_400``. `
 
 Usage it reports is deterministic and logged in ``fake.usage_log`` so tests can compare ledger rows.
 
+Prompt caching: ``FakeUpstream(prompt_cache=PromptCache())`` reports a Messages request's cache reads and
+writes as Anthropic does, from the ``cache_control`` breakpoints it carries (testkit.gateway.prompt_cache);
+without it, the fixed ``cache_read_tokens`` / ``cache_write_tokens`` set by a test.
+
 Tool calls: with ``fake.tool_call = {...}`` (the arguments), a chat or Messages request that defines tools is
 answered (whole or streamed) with one call of its first tool, with those arguments, instead of text.
 
@@ -33,6 +37,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from testkit.gateway.fake_apis import FakeAPIs
+from testkit.gateway.prompt_cache import PromptCache
 
 
 @dataclass
@@ -76,6 +81,7 @@ class FakeUpstream(FakeAPIs):
         fault_rates: dict[str, float] | None = None,
         seed: int = 0,
         stall_s: float = 1.2,
+        prompt_cache: PromptCache | None = None,
     ) -> None:
         self.latency_s = latency_s
         self.record = record
@@ -94,6 +100,9 @@ class FakeUpstream(FakeAPIs):
         # Anthropic's cache_read_input_tokens and cache_creation_input_tokens (besides input_tokens).
         self.cache_read_tokens = 0
         self.cache_write_tokens = 0
+        # Anthropic's prompt cache played on Messages requests (breakpoints, reads and writes counted as
+        # Anthropic does, testkit.gateway.prompt_cache); None: the fixed counts above
+        self.prompt_cache = prompt_cache
         self.in_flight = 0
         self.max_in_flight = 0
         self.requests_by_path: dict[str, int] = {}

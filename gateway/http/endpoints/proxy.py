@@ -50,6 +50,7 @@ from gateway.translate import (
     translate_response,
 )
 from gateway.translate.api import ANTHROPIC_VERSION as DEFAULT_ANTHROPIC_VERSION
+from gateway.translate.cache_points import auto_cache_models
 from gateway.translate.namespaces import tool_names
 from gateway.upstream.client import UpstreamResult
 from gateway.upstream.routing import Deployment, ModelDeployments
@@ -120,6 +121,8 @@ class Proxy:
     def __init__(self, pipeline: Pipeline) -> None:
         self.pipeline = pipeline
         self.router = pipeline.services.router
+        # the anthropic deployments that get prompt-cache breakpoints when a request carries none
+        self.auto_cache = auto_cache_models(pipeline.services.settings, pipeline.prices)
         # what the pipeline runs for each endpoint (``serve``'s ``handle``), made once
         self.handlers = {ep.name: functools.partial(self._handle, ep) for ep in ENDPOINTS.values()}
 
@@ -150,7 +153,7 @@ class Proxy:
         strip_usage, encoded = _ask_for_usage(ep, head, body, raw)
         targets = TargetRequests(
             body, ep.fmt, ep.style, headers, model=head.model, default_max_tokens=project.default_max_tokens,
-            strict=project.translation == "strict", encoded=encoded,
+            strict=project.translation == "strict", encoded=encoded, auto_cache=self.auto_cache,
         )  # fmt: skip
         targets.check(models)  # the primary's translations now: an untranslatable field is a 400 here
         if header(request, DRY_RUN_HEADER) == "translation":

@@ -25,6 +25,7 @@ from gateway.http.targets import UPSTREAM_PATH, TargetRequests, check_model, ups
 from gateway.summaries.batcher import UNCOVERED, SetAnswer, SummaryBatcher
 from gateway.summaries.schema import AnomalyIn, SummaryRequest
 from gateway.translate import translate_response
+from gateway.translate.cache_points import auto_cache_models
 
 if TYPE_CHECKING:
     from gateway.config import ProjectConfig
@@ -113,6 +114,8 @@ class PipelineModelCalls:
     def __init__(self, pipeline: Pipeline) -> None:
         self.pipeline = pipeline
         self.router = pipeline.services.router
+        # the anthropic deployments that get prompt-cache breakpoints (the drafter's system prompt repeats)
+        self.auto_cache = auto_cache_models(pipeline.services.settings, pipeline.prices)
 
     def row(self, rec: Record) -> contextlib.AbstractAsyncContextManager[Record]:
         return self.pipeline.model_call(rec)
@@ -137,6 +140,7 @@ class PipelineModelCalls:
         targets = TargetRequests(
             body, "chat", "openai", {"Content-Type": "application/json"}, model=model,
             default_max_tokens=max_tokens, native_fields={"response_format": {"type": "json_object"}},
+            auto_cache=self.auto_cache,
         )  # fmt: skip
         plan = self.router.plan(
             model, project, tokens=len(dump_json(body)) // 4 + max_tokens, prepare=targets
