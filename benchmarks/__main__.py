@@ -28,6 +28,7 @@ BENCHES = {
     "validity": "benchmarks.validity_bench",  # what the checks after timing cost a trial (issue 45)
     "call-path": "benchmarks.call_path",
     "scale": "benchmarks.scale_bench",  # a synthetic year of a team: every command timed per size (issue 46)  # the modules `farm accept` walks a job id through (issue 44)
+    "caching": "benchmarks.caching_bench",  # a Codex session with and without cache breakpoints (issue 48)
     "gpu-check": "benchmarks.gpu_check",  # GPU hosts only (make gpu-check); not in the default run
 }
 

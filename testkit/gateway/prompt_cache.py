@@ -50,6 +50,12 @@ def _blocks(body: dict) -> list[tuple[bytes, bool]]:
     return out
 
 
+def prompt_digest(body: dict) -> str:
+    """A digest of the prompt a Messages request shows the model: its blocks in cache order, cache markers
+    left out (a request with breakpoints and the same without have the same digest)."""
+    return hashlib.sha256(b"".join(data for data, _ in _blocks(body))).hexdigest()[:12]
+
+
 @dataclass
 class PromptCache:
     min_tokens: int = 1024
