@@ -7,13 +7,14 @@ Environment variables use the prefix ``FARM_GATEWAY_`` and ``__`` for nesting, e
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 log = logging.getLogger("gateway.config")
 
@@ -78,6 +79,7 @@ class ProviderConfig(_Strict):
         u = urlsplit(self.base_url)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError(f"base_url: {self.base_url!r} is not an http(s)://host[:port][/path] URL")
+        _check_port("base_url", self.base_url, u)
         if self.ca_file is not None and not Path(self.ca_file).is_file():
             raise ValueError(f"ca_file: {self.ca_file!r} is not a file")
         return self
@@ -167,6 +169,36 @@ class ModelRoute(_Strict):
 FallbackOn = Literal["rate_limit", "server_error", "timeout", "context_window"]
 
 
+def _check_port(field: str, url: str, u: SplitResult) -> None:
+    """The URL's port, if it has one, is a port number (urlsplit raises only when it is asked for it)."""
+    try:
+        u.port  # noqa: B018 (the check is the access)
+    except ValueError:
+        raise ValueError(f"{field}: {url!r} has a port that is not a number from 0 to 65535") from None
+
+
+REDIS_FORMS = "redis://host:6379/0, rediss://host:6380/0 (TLS) or unix:///path/to/redis.sock"
+
+
+def check_redis_url(url: str) -> str:
+    """``url`` if the Redis client takes it as the server's address; else a ValueError naming what is wrong
+    (the client's own would be a traceback at start)."""
+    u = urlsplit(url)
+    if u.scheme not in ("redis", "rediss", "unix"):
+        raise ValueError(f"redis_url {url!r}: the scheme {u.scheme!r} is not Redis': use {REDIS_FORMS}")
+    if u.scheme == "unix":
+        if not u.path:
+            raise ValueError(f"redis_url {url!r}: no socket path: write it as {REDIS_FORMS}")
+        return url
+    if not u.hostname:
+        raise ValueError(f"redis_url {url!r}: no host: write it as {REDIS_FORMS}")
+    _check_port("redis_url", url, u)
+    db = u.path.strip("/")
+    if db and not db.isdigit():
+        raise ValueError(f"redis_url {url!r}: the database number {db!r} is not a number (e.g. /0)")
+    return url
+
+
 class RoutingConfig(_Strict):
     """Deployment health (gateway.upstream.routing): a deployment that fails more than ``allowed_fails``
     times in a
@@ -176,6 +208,11 @@ class RoutingConfig(_Strict):
     allowed_fails: int = Field(1, ge=0)
     cooldown_s: float = Field(30.0, gt=0)
     max_cooldown_s: float = Field(300.0, gt=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> RoutingConfig:
+        _at_least(self, "max_cooldown_s", "cooldown_s")
+        return self
 
 
 class ProjectConfig(_Strict):
@@ -208,6 +245,18 @@ class RetryConfig(_Strict):
     jitter_s: float = Field(0.75, ge=0)
     max_retry_after_s: float = Field(60.0, ge=0)
     max_total_wait_s: float = Field(60.0, ge=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> RetryConfig:
+        _at_least(self, "backoff_cap_s", "backoff_base_s")
+        return self
+
+
+def _at_least(cfg: BaseModel, upper: str, lower: str) -> None:
+    """A range's upper end is not below its lower end."""
+    hi, lo = getattr(cfg, upper), getattr(cfg, lower)
+    if hi < lo:
+        raise ValueError(f"{upper} ({hi:g}) is below {lower} ({lo:g}): it is the most {lower} may grow to")
 
 
 class GatewaySettings(BaseSettings):
@@ -273,6 +322,16 @@ class GatewaySettings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # Environment overrides the YAML (which arrives as init kwargs).
         return (env_settings, init_settings, file_secret_settings)
+
+    @model_validator(mode="after")
+    def _check_values(self) -> GatewaySettings:
+        """Values whose mistakes would surface later, in a library, as a traceback."""
+        if self.redis_url is not None:
+            check_redis_url(self.redis_url)
+        spool = self.ledger_spool_dir
+        if spool is not None and Path(spool).exists() and not Path(spool).is_dir():
+            raise ValueError(f"ledger_spool_dir: {spool!r} is not a folder")
+        return self
 
     @model_validator(mode="after")
     def _check_references(self) -> GatewaySettings:
@@ -383,9 +442,18 @@ def _format_validation_error(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"])
-        msg = e["msg"]
+        msg = e["msg"].removeprefix("Value error, ")  # a validator's own message names the field already
         lines.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(lines)
+
+
+def _env_problem(e: SettingsError) -> str:
+    """pydantic-settings' 'error parsing value for field "x" from source "EnvSettingsSource"' as the variable
+    to fix."""
+    m = re.search(r'field "([^"]+)"', str(e))
+    field = m.group(1) if m else "?"
+    var = f"FARM_GATEWAY_{field.upper()}"
+    return f"{field}: the environment variable {var} (or one under {var}__) is not valid JSON for it"
 
 
 def load_settings(path: str | Path | None = None, **overrides: Any) -> GatewaySettings:
@@ -403,10 +471,12 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> GatewaySe
             raise ConfigError(f"config {p}: top level must be a mapping")
         data.update(raw)
     data.update(overrides)
+    where = f" {path}" if path else ""
     try:
         settings = GatewaySettings(**data)
     except ValidationError as e:
-        where = f" {path}" if path else ""
         raise ConfigError(f"invalid gateway config{where}: {_format_validation_error(e)}") from e
+    except SettingsError as e:  # an environment value that is not the JSON its field needs
+        raise ConfigError(f"invalid gateway config{where}: {_env_problem(e)}") from e
     check_database_url(settings.database_url)
     return settings

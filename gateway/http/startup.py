@@ -100,6 +100,21 @@ async def check_dependencies(settings: GatewaySettings) -> None:
         await engine.dispose()
     if settings.redis_url and not settings.redis_start_degraded:
         await _ping_redis(settings)
+    _check_spool_dir(settings)
+
+
+def _check_spool_dir(settings: GatewaySettings) -> None:
+    """The ledger's spool folder exists or can be made (else every row would be a traceback at start)."""
+    from gateway.store.spool import default_spool_dir
+
+    spool = Path(settings.ledger_spool_dir or default_spool_dir(settings.database_url))
+    try:
+        spool.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UnavailableError(
+            f"cannot make the ledger's spool folder {spool} (ledger_spool_dir): {e.strerror or e}; check "
+            "that its parent exists and is writable, or fix ledger_spool_dir"
+        ) from None
 
 
 async def _ping_redis(settings: GatewaySettings) -> None:
