@@ -37,8 +37,9 @@ def compare(
     fail_on_slower: bool,
     html_path: Path | None,
 ) -> None:
-    """A/B per shape: two tile configs from two jobs, or two configs inside one job."""
-    from jobs.report.ab import Selector, compare_jobs, render
+    """A/B per shape: two tile configs from two jobs, or two configs inside one job. Each comparison is
+    kept in the store with what differed between the two jobs' environments (`farm jobs show` lists them)."""
+    from jobs.report.ab import Selector, compare_jobs, keep, render
 
     store = store_for(db, create=False)
     for job_id in (job_a, job_b):
@@ -54,14 +55,16 @@ def compare(
             min_effect=min_effect,
             alpha=alpha,
         )
+        kept = keep(store, result, min_effect=min_effect, alpha=alpha, one_job=job_b is None)
     except ValueError as err:
         raise click.UsageError(str(err)) from None
     finally:
         store.close()
     if as_json:
-        click.echo(json.dumps(result.to_dict(), indent=2, default=str))
+        click.echo(json.dumps({**result.to_dict(), "comparison_id": kept}, indent=2, default=str))
     else:
         render(result, console())
+        click.echo(f"kept as comparison {kept} (farm jobs show {job_a} lists it)")
     if html_path:
         from jobs.report.html import render_compare
 

@@ -80,7 +80,22 @@ def jobs_show(job_id: int, db: str | None) -> None:
             t.gpu_id or "-",
         )
     out_console.print(table)
+    for line in comparison_lines(store.comparisons(job_id)):
+        out_console.print(line)
     out_console.print("[bold]spec[/bold]\n" + job.spec)
+
+
+def comparison_lines(rows: list) -> list[str]:
+    """`farm jobs show`'s lines for the comparisons the job took part in (jobs.store's `comparisons`)."""
+    from jobs.judge import environment
+
+    lines = []
+    for c in rows:
+        verdicts = ", ".join(f"{k} {v}" for k, v in sorted(c.verdicts.items())) or "no shapes"
+        sides = f"job {c.job_a} vs job {c.job_b}" if c.job_b is not None else f"job {c.job_a}, two configs"
+        changed = environment.changed_text(environment.stored(c.environment)) or "environment unchanged"
+        lines.append(f"comparison {c.id} ({c.created_at:%Y-%m-%d %H:%M}): {sides}: {verdicts}; {changed}")
+    return lines
 
 
 jobs.add_command(jobs_cancel)

@@ -234,6 +234,22 @@ def compare_jobs(
     return result
 
 
+def keep(store: Store, result: CompareResult, *, min_effect: float, alpha: float, one_job: bool) -> int:
+    """Store one comparison (jobs.store's `comparisons`): its jobs, selectors, thresholds, verdict counts
+    and what differed between the environments; its id."""
+    return store.record_comparison(
+        job_a=result.job_a,
+        job_b=None if one_job else result.job_b,
+        selector_a=result.select_a or None,
+        selector_b=result.select_b or None,
+        min_effect=min_effect,
+        alpha=alpha,
+        verdicts=result.verdicts(),
+        environment=result.environment,
+        ambiguous=result.verdicts().get("ambiguous", 0),
+    )
+
+
 def _across(
     row: ShapeRow, ta: TrialRow | None, tb: TrialRow | None, envs: dict[int, Environment]
 ) -> ShapeRow:

@@ -1,6 +1,7 @@
 """The store's findings: the anomalies of a job's latest analysis and the failed assertions of its
 latest acceptance run (the failure bank). Each write replaces what the job had; `record_verdict` writes
-both in one transaction, as `farm accept` ends."""
+both in one transaction, as `farm accept` ends. Each `farm compare` is added (`record_comparison`), never
+replaced: the A/Bs of a job are its record of what was compared under which environments."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from jobs.store.records import AnomalyRecord, FailureRecord, columns
-from jobs.store.tables import Anomaly, Environment, Failure, TrialRow
+from jobs.store.tables import Anomaly, Comparison, Environment, Failure, TrialRow
 
 
 def _replace(
@@ -72,3 +73,17 @@ class FindingStore:
             if fingerprint is not None:
                 q = q.where(Failure.fingerprint == fingerprint)
             return [(f, env) for f, env in s.execute(q)]
+
+    def record_comparison(self, **fields: object) -> int:
+        """Keep one `farm compare` run (the Comparison table's fields); its id."""
+        with Session(self.engine) as s, s.begin():
+            row = Comparison(**fields)
+            s.add(row)
+            s.flush()
+            return row.id
+
+    def comparisons(self, job_id: int) -> list[Comparison]:
+        """The comparisons a job took part in, as A or B, oldest first."""
+        with Session(self.engine, expire_on_commit=False) as s:
+            q = select(Comparison).where((Comparison.job_a == job_id) | (Comparison.job_b == job_id))
+            return list(s.scalars(q.order_by(Comparison.id)))

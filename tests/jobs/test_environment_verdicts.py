@@ -191,6 +191,19 @@ def test_compare_prints_what_changed_and_a_slower_b_across_it_is_ambiguous(store
     plain = CliRunner().invoke(main, ["compare", str(base), str(same), *spin, "--fail-on-slower"])
     assert plain.exit_code == 1 and "environment" not in plain.output, plain.output
 
+    # each comparison is kept with what differed, and `farm jobs show` of either job lists it
+    kept = store.comparisons(moved)
+    assert [c.id for c in kept] == [as_json["comparison_id"] - 1, as_json["comparison_id"]]
+    assert kept[0].environment[0][:3] == ["torch", "2.12.0", "2.13.0"] and kept[0].ambiguous == 1
+    assert kept[0].verdicts == {"ambiguous": 1} and kept[0].selector_a == "backend=spin"
+    (last,) = store.comparisons(same)
+    assert last.environment == [] and last.verdicts == {"slower": 1} and last.job_a == base
+    shown = CliRunner().invoke(main, ["jobs", "show", str(moved), "--db", store.url]).output
+    assert (
+        f"comparison {kept[0].id} (" in shown
+        and f"job {base} vs job {moved}: ambiguous 1; torch 2.12.0 -> 2.13.0" in shown
+    )
+
 
 # ---- farm history --------------------------------------------------------------------------------------
 

@@ -72,9 +72,10 @@ def _old_style(path: Path) -> None:
     with engine.begin() as conn:
         # added by later releases
         later = ("draft_runs", "drafts", "job_queue", "trial_claims", "job_events", "farm_pools")
-        later += ("kernel_sources", "owner_usage", "trial_preemptions")
-        old = [t for name, t in tables.items() if name not in later]
+        later += ("kernel_sources", "owner_usage", "trial_preemptions", "comparisons")
+        old = [t for name, t in tables.items() if name not in later and name != "samples"]
         Base.metadata.create_all(conn, tables=old)
+        conn.execute(text(OLD_SAMPLES))  # one row per sample until 0010
         conn.execute(text("ALTER TABLE trials DROP COLUMN resources"))  # added by a later release
         conn.execute(text("DROP INDEX ix_trials_series"))  # added by a later release (0007)
         conn.execute(text("DROP INDEX ix_baseline_trials_trial_id"))
@@ -84,8 +85,15 @@ def _old_style(path: Path) -> None:
         job_id = conn.execute(insert(tables["jobs"]).values(**job)).inserted_primary_key[0]
         trial = {"job_id": job_id, "key": "k1", "seq": 0, "family": "probe", "backend": "noop"}
         trial |= {"baseline": True, "shape": {"n": 1}, "config": {}, "dtype": "fp32", "status": "ok"}
-        conn.execute(insert(tables["trials"]).values(**trial))
+        trial_id = conn.execute(insert(tables["trials"]).values(**trial)).inserted_primary_key[0]
+        rows = [{"t": trial_id, "s": i, "v": v} for i, v in enumerate(OLD_VALUES)]
+        conn.execute(text("INSERT INTO samples (trial_id, seq, value_ns) VALUES (:t, :s, :v)"), rows)
     engine.dispose()
+
+
+OLD_SAMPLES = """CREATE TABLE samples (trial_id INTEGER NOT NULL REFERENCES trials (id) ON DELETE CASCADE,
+seq INTEGER NOT NULL, value_ns BIGINT NOT NULL, PRIMARY KEY (trial_id, seq))"""
+OLD_VALUES = [1500, 1400, 2**40 + 3, 1450]
 
 
 def _columns(path: Path, table: str) -> set[str]:
@@ -145,6 +153,8 @@ def test_an_old_style_store_is_refused_until_db_upgrade_adopts_it(tmp_path):
             assert conn.execute(select(trials.c.key, trials.c.resources)).all() == [("k1", None)]
             # 0007 backfilled the shape's key that history finds a series by
             assert conn.execute(select(trials.c.shape_key)).scalars().all() == [shape_key({"n": 1})]
+            (trial_id,) = conn.execute(select(trials.c.id)).scalars().all()
+        assert store.samples(trial_id) == OLD_VALUES  # 0010: one array, every value in its order
         store.replace_drafts(job.id, _draft_run(), [])  # the tables added by the adoption take rows
         assert store.drafts(job.id)[0] is not None
     finally:

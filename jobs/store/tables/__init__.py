@@ -7,7 +7,7 @@ importing this package registers every table."""
 from jobs.store.tables.base import PENDING, Base, now
 from jobs.store.tables.baselines import Baseline, BaselineMove, BaselineTrial
 from jobs.store.tables.drafts import DRAFT_NEW, DraftRow, DraftRun
-from jobs.store.tables.findings import Anomaly, Failure
+from jobs.store.tables.findings import Anomaly, Comparison, Failure
 from jobs.store.tables.queue import (
     JobEvent,
     KernelSource,
@@ -27,6 +27,7 @@ __all__ = [
     "Baseline",
     "BaselineMove",
     "BaselineTrial",
+    "Comparison",
     "DraftRow",
     "DraftRun",
     "Environment",
