@@ -238,6 +238,25 @@ class ProjectConfig(_Strict):
     translation: Literal["lenient", "strict"] = "lenient"
 
 
+class AlertingConfig(_Strict):
+    """Where the alerts of grafana/alerts.yml go: ``make monitor`` starts Prometheus' Alertmanager with a
+    route to this Slack-compatible incoming webhook (Slack, Mattermost, Rocket.Chat; gateway.ops.alerting).
+    None: Alertmanager holds them (its UI), sending nothing."""
+
+    slack_webhook_url: SecretStr | None = None
+    channel: str | None = None  # the channel to post in, when the webhook does not fix one
+
+    @model_validator(mode="after")
+    def _webhook_url(self) -> AlertingConfig:
+        if self.slack_webhook_url is not None:
+            url = self.slack_webhook_url.get_secret_value()
+            u = urlsplit(url)
+            if u.scheme not in ("http", "https") or not u.hostname:
+                raise ValueError("slack_webhook_url: not an http(s)://host[:port]/path URL")
+            _check_port("slack_webhook_url", "(the webhook URL)", u)
+        return self
+
+
 class RetryConfig(_Strict):
     max_retries: int = Field(3, ge=0)
     backoff_base_s: float = Field(0.5, ge=0)
@@ -276,6 +295,7 @@ class GatewaySettings(BaseSettings):
     retry: RetryConfig = Field(default_factory=RetryConfig)
     summaries: SummariesConfig = Field(default_factory=SummariesConfig)
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
+    alerting: AlertingConfig = Field(default_factory=AlertingConfig)  # make monitor's Alertmanager
     # model id (upstream id or public name) -> US dollars per million tokens; overrides and extends
     # gateway.core.pricing.DEFAULT_PRICES
     prices: dict[str, ModelPrice] = Field(default_factory=dict)
