@@ -38,6 +38,9 @@ FINAL = {
 @click.argument("spec_path", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--priority", type=int, default=0, show_default=True, help="higher goes first (CI: e.g. 10)")
 @click.option("--owner", default=None, help="who asked (default: $USER)")
+@click.option(
+    "--project", default=None, help="the project charged, when the pool's config places the owner in none"
+)
 @click.option("--notify", default=None, help="a webhook URL told the verdict (Slack-compatible JSON)")
 @click.option("--yes", is_flag=True, help="accept a grid larger than --max-trials")
 @click.option("--max-trials", type=click.IntRange(min=1), default=100_000, show_default=True)
@@ -50,6 +53,7 @@ def submit(
     yes: bool,
     max_trials: int,
     db: str | None,
+    project: str | None,
 ) -> None:
     """Queue a sweep for the pool and print its job id at once (`farm jobs wait ID` for the verdict)."""
     from cluster.shipping import pack_kernels
@@ -67,13 +71,14 @@ def submit(
     store = store_for(db, create=True)
     queue = Queue(store)
     job_id = queue.submit(
-        spec, priority=priority, owner=owner, source=kernels_source(), packed=packed, notify=notify
-    )
-    place = next((line.place for line in queue.lines() if line.job.id == job_id), None)
+        spec, priority=priority, owner=owner, source=kernels_source(), packed=packed, notify=notify,
+        project=project,
+    )  # fmt: skip
+    line = next((line for line in queue.lines() if line.job.id == job_id), None)
     click.echo(job_id)
     echo(
-        f"job {job_id}: {spec.name} queued at priority {priority}, place {place} "
-        f"({spec.count_trials()} trials)"
+        f"job {job_id}: {spec.name} queued at priority {priority}, place {line and line.place} "
+        f"({spec.count_trials()} trials)" + (f"; waiting: {line.waiting}" if line and line.waiting else "")
     )
     if not queue.alive_pools():
         where = display_url(store.url)
@@ -91,7 +96,23 @@ def pool_options(command):
     oversubscribe = click.option(
         "--oversubscribe", is_flag=True, help="on CPU, more timing workers than the cluster has cores"
     )
-    for option in (oversubscribe, idle_exit, db_option, gpus_option):  # applied last to first
+    config = click.option(
+        "--config", "config", type=click.Path(dir_okay=False, path_type=Path), default=None,
+        help="the pool's config: owners' and projects' weights, quotas, half-life, max wait (README)",
+    )  # fmt: skip
+    preempt = click.option(
+        "--preempt",
+        is_flag=True,
+        help="stop a running trial of a job with less right to its worker (requeued)",
+    )
+    for option in (
+        preempt,
+        config,
+        oversubscribe,
+        idle_exit,
+        db_option,
+        gpus_option,
+    ):  # applied last to first
         command = option(command)
     return command
 
@@ -101,21 +122,44 @@ def pool() -> None:
     """The warm workers that serve the queue of `farm submit`."""
 
 
+def read_policy(config: Path | None, preempt: bool):
+    """The pool's policy from its config file (the default without one); `--preempt` turns preemption on.
+    A bad file is bad input: one line per problem, naming the file and the field."""
+    from jobs.queue.policy import InvalidPolicy, Policy, Preemption, load_policy
+
+    try:
+        policy = load_policy(config) if config is not None else Policy()
+    except InvalidPolicy as err:
+        raise BadInput(str(err)) from None
+    if preempt:
+        rule = policy.preempt.model_dump() | {"enabled": True}
+        policy = policy.model_copy(update={"preempt": Preemption(**rule)})
+    return policy
+
+
 @pool.command("serve")
 @address_option
 @pool_options
 def pool_serve(
-    address: str | None, gpus: int | None, db: str | None, idle_exit: float | None, oversubscribe: bool
+    address: str | None,
+    gpus: int | None,
+    db: str | None,
+    idle_exit: float | None,
+    oversubscribe: bool,
+    config: Path | None,
+    preempt: bool,
 ) -> None:
-    """Serve queued jobs on this cluster's workers, highest priority first, until interrupted."""
+    """Serve queued jobs on this cluster's workers (fair share by owner and project, priority first,
+    README "Sharing the cluster") until interrupted."""
     from jobs.queue.pool import PoolOptions, serve
     from jobs.run.runner import RunOptions
     from jobs.settings import FarmSettings
 
+    policy = read_policy(config, preempt)
     run = RunOptions(address=address or FarmSettings().ray_address, gpus=gpus, show_progress=False, echo=echo,
                      oversubscribe=oversubscribe)  # fmt: skip
     try:
-        done = serve(store_for(db, create=True), PoolOptions(run=run, idle_exit_s=idle_exit))
+        done = serve(store_for(db, create=True), PoolOptions(run=run, idle_exit_s=idle_exit, policy=policy))
     except KeyboardInterrupt:
         echo("pool stopped: the trials it had taken go back to the queue")
         sys.exit(EXIT_INTERRUPTED)
@@ -158,7 +202,13 @@ def _dashboard(dashboard: str | None) -> str:
 @dashboard_option
 @pool_options
 def pool_start(
-    dashboard: str | None, gpus: int | None, db: str | None, idle_exit: float | None, oversubscribe: bool
+    dashboard: str | None,
+    gpus: int | None,
+    db: str | None,
+    idle_exit: float | None,
+    oversubscribe: bool,
+    config: Path | None,
+    preempt: bool,
 ) -> None:
     """Run `farm pool serve` on the cluster as a Ray job (its driver lives on the head, not here); print
     its Ray submission id and return."""
@@ -175,6 +225,10 @@ def pool_start(
     args += [] if gpus is None else ["--gpus", str(gpus)]
     args += [] if idle_exit is None else ["--idle-exit", f"{idle_exit:g}"]
     args += ["--oversubscribe"] if oversubscribe else []
+    args += ["--preempt"] if preempt else []
+    if config is not None:
+        read_policy(config, preempt)  # a bad config is refused here, not in the cluster's log
+        args += ["--config", str(config.resolve())]  # the head opens it by this path
     with _job_api():
         submission = start_pool(url, args)
     click.echo(submission)
@@ -321,12 +375,23 @@ def queue_table(store):
     lines = Queue(store).lines()
     if not lines:
         return None
-    table = Table(title="queue (served highest priority first)")
-    for col in ("job", "name", "owner", "priority", "place", "progress", "running", "ETA"):
+    table = Table(title="queue (served by priority, then fair share by project and owner)")
+    for col in (
+        "job",
+        "name",
+        "owner",
+        "project",
+        "priority",
+        "place",
+        "progress",
+        "running",
+        "ETA",
+        "waiting",
+    ):
         table.add_column(col)
     for q in lines:
         eta = "-" if q.eta_s is None else f"{q.eta_s:.0f} s"
         place = "running" if q.place is None else str(q.place)
-        table.add_row(str(q.job.id), q.job.name, q.owner, str(q.priority), place, f"{q.finished}/{q.total}",
-                      str(q.taken), eta)  # fmt: skip
+        table.add_row(str(q.job.id), q.job.name, q.owner, q.project or "-", str(q.priority), place,
+                      f"{q.finished}/{q.total}", str(q.taken), eta, q.waiting or "-")  # fmt: skip
     return table

@@ -26,6 +26,7 @@ from cluster import session
 from cluster.dispatch import TICK_S, Dispatcher, DispatchOptions, WorkItem
 from cluster.shipping import pack_kernels
 from jobs.queue import notify
+from jobs.queue.policy import Policy
 from jobs.queue.queue import Queue
 from jobs.run.progress import ProgressView
 from jobs.run.runner import RunOptions, _StoreListener, connect
@@ -47,6 +48,7 @@ class PoolOptions:
     stop: threading.Event = field(default_factory=threading.Event)  # set it to stop the pool
     on_finished: Callable[[int], None] | None = None  # called with each job the pool completes
     notified: list[threading.Thread] = field(default_factory=list)  # webhook posts under way (tests join)
+    policy: Policy = field(default_factory=Policy)  # fair share, quotas, preemption (jobs.queue.policy)
 
 
 class _Source:
@@ -58,6 +60,8 @@ class _Source:
         self.own_source = own_source  # the digest of the pool's own kernels/: its jobs need no shipped copy
         self._archives: dict[str, object] = {}  # digest -> object ref of its packed kernels/
         self.job_of: dict[int, int] = {}  # trial -> job, of the trials taken and not finished
+        self.owner_of: dict[int, str] = {}  # job -> owner, charged for its trials' worker time
+        self.used_s: dict[str, float] = {}  # worker-seconds not yet charged, per owner
         self._specs: dict[int, SweepSpec] = {}
 
     def __iter__(self) -> _Source:
@@ -72,6 +76,7 @@ class _Source:
         if spec is None:
             spec = self._specs[job.id] = loads_spec(job.spec, source=f"job {job.id} spec")
         self.job_of[t.id] = job.id
+        self.owner_of[job.id] = got.owner
         self.queue.log(job.id, f"trial #{t.seq} taken by {self.pool}")
         request = TrialRequest(t.family, t.backend, t.shape, t.config, t.dtype, policy=spec.measure)
         label = f"job {job.id} " + trial_label(t.backend, t.shape, t.config, t.dtype, seq=t.seq)
@@ -80,6 +85,17 @@ class _Source:
             t.id, request, label, attempts=t.attempt,
             timeout_s=spec.timeout_s or self.default_timeout_s, source=source,
         )  # fmt: skip
+
+    def used(self, trial_id: int, seconds: float) -> None:
+        """A worker spent `seconds` on the trial: its job's owner is charged (at the next `charge`)."""
+        owner = self.owner_of.get(self.job_of.get(trial_id, -1))
+        if owner is not None and seconds > 0:
+            self.used_s[owner] = self.used_s.get(owner, 0.0) + seconds
+
+    def charge(self) -> None:
+        if self.used_s:
+            self.queue.charge(self.used_s)
+            self.used_s = {}
 
     def archive(self, digest: str) -> object:
         """The packed kernels/ of a digest, put in Ray's object store once (a worker's node fetches it)."""
@@ -98,7 +114,7 @@ def serve(store: Store, options: PoolOptions | None = None) -> int:
     options = options or PoolOptions()
     run = options.run
     plan = connect(run)
-    queue = Queue(store)
+    queue = Queue(store, options.policy)
     pool = f"pool-{uuid.uuid4().hex[:12]}"
     queue.register_pool(pool, plan.workers)
     run.echo(f"pool {pool}: {plan.note}; serving the queue of {display_url(store.url)}")
@@ -113,6 +129,8 @@ def serve(store: Store, options: PoolOptions | None = None) -> int:
         job_id = source.job_of.get(result.trial_id)
         if job_id is not None:
             queue.log(job_id, _finished_line(result))
+            if result.started_at and result.finished_at:
+                source.used(result.trial_id, (result.finished_at - result.started_at).total_seconds())
         if run.observer is not None:
             run.observer(result, worker)
 
@@ -153,6 +171,7 @@ def serve(store: Store, options: PoolOptions | None = None) -> int:
             follow(d)
             last_follow = time.monotonic()
         listener.flush()
+        source.charge()
         completed += _finish(queue, source, options)
         gone = queue.cancelled(set(source.job_of.values()))
         if gone:
@@ -181,6 +200,7 @@ def serve(store: Store, options: PoolOptions | None = None) -> int:
             options.stop.wait(TICK_S)  # nothing to take now: look at the queue again
     finally:
         listener.flush()
+        source.charge()
         completed += _finish(queue, source, options)
         dispatcher.shutdown()
         queue.unregister_pool(pool)  # trials taken and not finished go back to the queue

@@ -1,12 +1,14 @@
 """The queue on the results store's queue tables (jobs.store.tables.queue): submit, take the next trial,
-cancel, finish, and what `farm jobs list` shows of it.
+cancel, finish, charge what each owner used, and what `farm jobs list` shows of it.
 
-Order: the job of highest priority that has a pending trial nobody has taken goes first; among jobs of
-equal priority, the one with the fewest trials taken right now (so equal jobs share the workers trial by
-trial), then the one submitted first. Inside a job, trials go in grid order. Every step is a statement
-on the store, so several pools, or several submitters, can use one store at once (PostgreSQL for a team):
-a trial is taken by inserting its claim (the claim's key is the trial), and written once (the store's
-pending -> finished rule).
+Order: jobs.queue.fairshare decides which job a free worker serves, from the queue's state read here
+(`state`: each waiting job's trials queued and running, when it last got a worker, its GPU need; each
+owner's usage decayed to now) and the pool's policy (jobs.queue.policy): aged jobs first, then priority,
+then fair share by project and owner, then job by job inside an owner. Inside a job, trials go in grid
+order. Every step is a statement on the store, so several pools, or several submitters, can use one store
+at once (PostgreSQL for a team): a trial is taken by inserting its claim (the claim's key is the trial),
+and written once (the store's pending -> finished rule). Usage is remembered in the store (owner_usage),
+so a pool that restarts still knows who had the cluster yesterday.
 """
 
 from __future__ import annotations
@@ -14,16 +16,31 @@ from __future__ import annotations
 import getpass
 import os
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import delete, exists, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from cluster.shipping import PackedSource
+from jobs.queue.fairshare import JobState, Plan, decayed
+from jobs.queue.policy import Policy
 from jobs.spec.sweep import SweepSpec, dump_spec
-from jobs.store import PENDING, Job, JobEvent, KernelSource, Pool, QueuedJob, Store, TrialClaim, TrialRow, now
+from jobs.store import (
+    PENDING,
+    Job,
+    JobEvent,
+    KernelSource,
+    OwnerUsage,
+    Pool,
+    QueuedJob,
+    Store,
+    TrialClaim,
+    TrialRow,
+    now,
+)
 
 WAITING = ("queued", "running")  # the statuses of a job the pool serves
 POOL_STALE_S = 30.0  # a pool not seen for this long is gone: its claims are void
@@ -34,6 +51,7 @@ class Claimed:
     trial: TrialRow
     job: Job
     source_digest: str | None = None  # the kernels/ shipped with the job (None: the pool's own)
+    owner: str = ""  # who is charged for the worker's time
 
 
 @dataclass(frozen=True)
@@ -48,6 +66,22 @@ class QueueLine:
     finished: int
     taken: int  # trials running now
     eta_s: float | None  # at the pace of its finished trials, with the workers it has now
+    waiting: str | None = None  # why it gets no worker whatever is free (quota, GPU type), else None
+    project: str | None = None
+
+
+@dataclass(frozen=True)
+class Served:
+    """What the live pools serve by: the policy of the one seen last, and the GPU types of all of them
+    (type -> workers; None: an untyped cluster). No pool alive: the default policy, no types known."""
+
+    policy: Policy
+    gpu_types: dict[str | None, int]
+
+
+def seconds_of(at: datetime) -> float:
+    """A stored (naive UTC) time on the clock fairshare takes."""
+    return at.replace(tzinfo=UTC).timestamp()
 
 
 def default_owner() -> str:
@@ -59,9 +93,11 @@ def default_owner() -> str:
 
 
 class Queue:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, policy: Policy | None = None) -> None:
+        """`policy`: what this process serves by (a pool's); None: the live pool's, read when needed."""
         self.store = store
         self.engine = store.engine
+        self.policy = policy
 
     # ---- submitting --------------------------------------------------------------------------------
     def submit(
@@ -73,9 +109,11 @@ class Queue:
         source: str | None = None,
         packed: PackedSource | None = None,
         notify: str | None = None,
+        project: str | None = None,
     ) -> int:
         """Create the job (every trial pending) and put it in the queue; returns its id at once. `packed`:
-        the kernels/ its trials run on (stored once per content); None: the pool's own."""
+        the kernels/ its trials run on (stored once per content); None: the pool's own. `project`: the
+        project it is charged to when the pool's policy does not place its owner in one."""
         if packed is not None:
             self._keep_source(packed)
         job_id = self.store.create_job(
@@ -92,6 +130,9 @@ class Queue:
                     source=source,
                     notify=notify or spec.notify,
                     source_digest=packed.digest if packed is not None else None,
+                    project=project,
+                    gpu_type=spec.gpu.type if spec.gpu else None,
+                    min_gpu_memory_gb=spec.gpu.min_memory_gb if spec.gpu else None,
                 )  # fmt: skip
             )
             s.add(JobEvent(job_id=job_id, line=f"queued by {who} at priority {priority}"))
@@ -113,17 +154,24 @@ class Queue:
             return s.scalar(select(KernelSource.archive).where(KernelSource.digest == digest))
 
     # ---- taking trials -----------------------------------------------------------------------------
-    def claim(self, pool: str) -> Claimed | None:
-        """Take the next trial for `pool` (see the module docstring for the order), or None when no job
-        has a pending trial nobody has taken."""
+    def claim(self, pool: str, gpu_type: str | None = None) -> Claimed | None:
+        """Take the next trial for a free worker of `gpu_type` of `pool` (see the module docstring for
+        the order), or None when no job has a pending trial nobody has taken that it may run now."""
+        policy = self.served().policy
         for _ in range(8):  # another pool took the trial between the read and the insert: look again
             try:
                 with Session(self.engine, expire_on_commit=False) as s, s.begin():
-                    found = s.execute(_next_trial()).first()
+                    at = now()
+                    jobs, usage = self._state(s, at, policy)
+                    chosen = Plan(jobs, usage, policy, seconds_of(at)).pick(gpu_type)
+                    if chosen is None:
+                        return None
+                    found = s.execute(_first_trial(chosen.job_id)).first()
                     if found is None:
                         return None
                     trial, job, digest = found
                     s.execute(insert(TrialClaim).values(trial_id=trial.id, job_id=job.id, pool=pool))
+                    s.execute(update(QueuedJob).where(QueuedJob.job_id == job.id).values(last_taken_at=at))
                     if job.status == "queued":
                         s.execute(
                             update(Job)
@@ -132,8 +180,87 @@ class Queue:
                         )
             except IntegrityError:
                 continue
-            return Claimed(trial, job, digest)
+            return Claimed(trial, job, digest, chosen.owner)
         return None
+
+    def state(self, policy: Policy | None = None) -> tuple[list[JobState], dict[str, float], float]:
+        """The queue as fairshare sees it now: the waiting and running jobs, each owner's decayed usage,
+        and the time (fairshare's clock)."""
+        policy = policy or self.served().policy
+        with Session(self.engine) as s:
+            at = now()
+            jobs, usage = self._state(s, at, policy)
+        return jobs, usage, seconds_of(at)
+
+    def plan(self, policy: Policy | None = None) -> Plan:
+        policy = policy or self.served().policy
+        jobs, usage, at = self.state(policy)
+        return Plan(jobs, usage, policy, at)
+
+    @staticmethod
+    def _state(s: Session, at: datetime, policy: Policy) -> tuple[list[JobState], dict[str, float]]:
+        rows = list(
+            s.scalars(select(QueuedJob).join(Job, Job.id == QueuedJob.job_id).where(Job.status.in_(WAITING)))
+        )
+        ids = [q.job_id for q in rows]
+        pending = dict(
+            s.execute(
+                select(TrialRow.job_id, func.count())
+                .where(TrialRow.job_id.in_(ids), TrialRow.status == PENDING)
+                .group_by(TrialRow.job_id)
+            ).all()
+        )
+        running = dict(
+            s.execute(
+                select(TrialClaim.job_id, func.count())
+                .join(TrialRow, TrialRow.id == TrialClaim.trial_id)
+                .where(TrialClaim.job_id.in_(ids), TrialRow.status == PENDING)
+                .group_by(TrialClaim.job_id)
+            ).all()
+        )
+        jobs = [
+            JobState(
+                q.job_id,
+                q.owner,
+                q.priority,
+                seconds_of(q.submitted_at),
+                queued=pending.get(q.job_id, 0) - running.get(q.job_id, 0),
+                running=running.get(q.job_id, 0),
+                last_taken_s=seconds_of(q.last_taken_at) if q.last_taken_at else None,
+                project=q.project,
+                gpu_type=q.gpu_type,
+                min_memory_gb=q.min_gpu_memory_gb,
+            )  # fmt: skip
+            for q in rows
+        ]
+        usage = {
+            u.owner: decayed(u.usage_s, (at - u.at).total_seconds(), policy.half_life)
+            for u in s.scalars(select(OwnerUsage))
+        }
+        return jobs, usage
+
+    def charge(self, used_s: Mapping[str, float]) -> None:
+        """Add worker-seconds to owners' usage (decayed to now first: one half-life ago counts half)."""
+        half_life = self.served().policy.half_life
+        for owner, seconds in sorted(used_s.items()):
+            if seconds <= 0:
+                continue
+            for _ in range(4):  # two pools charging one new owner at once: the second adds to the first's
+                try:
+                    with Session(self.engine) as s, s.begin():
+                        at, row = now(), s.get(OwnerUsage, owner, with_for_update=True)
+                        if row is None:
+                            s.add(OwnerUsage(owner=owner, usage_s=seconds, at=at))
+                        else:
+                            age = (at - row.at).total_seconds()
+                            row.usage_s, row.at = decayed(row.usage_s, age, half_life) + seconds, at
+                    break
+                except IntegrityError:
+                    continue
+
+    def usage(self) -> dict[str, float]:
+        """Each owner's past usage in worker-seconds, decayed to now."""
+        return self.state()[1]
 
     def release(self, trial_ids: list[int]) -> None:
         """Give back trials a pool took and did not finish (a cancelled job's, a stopping pool's)."""
@@ -157,9 +284,28 @@ class Queue:
             return s.get(QueuedJob, job_id)
 
     # ---- pools -------------------------------------------------------------------------------------
-    def register_pool(self, pool: str, workers: int) -> None:
+    def register_pool(
+        self, pool: str, workers: int, gpu_types: Mapping[str | None, int] | None = None
+    ) -> None:
+        """A pool starts serving: its policy (this queue's) and its workers per GPU type go in its row."""
+        types = {"" if t is None else t: n for t, n in (gpu_types or {None: workers}).items()}
+        served = {"policy": (self.policy or Policy()).to_dict(), "gpu_types": types}
         with Session(self.engine) as s, s.begin():
-            s.add(Pool(id=pool, host=socket.gethostname(), workers=workers))
+            s.add(Pool(id=pool, host=socket.gethostname(), workers=workers, policy=served))
+
+    def served(self) -> Served:
+        """What the queue is served by: this process's policy if it has one, else the live pool's seen
+        last (none alive: the default); the GPU types of every live pool."""
+        pools = sorted(self.alive_pools(), key=lambda p: p.seen_at)
+        types: dict[str | None, int] = {}
+        for p in pools:
+            for t, n in ((p.policy or {}).get("gpu_types") or {}).items():
+                types[t or None] = types.get(t or None, 0) + n
+        policy = self.policy
+        if policy is None:
+            stored = next((p.policy for p in reversed(pools) if p.policy), None)
+            policy = Policy.from_dict(stored["policy"]) if stored else Policy()
+        return Served(policy, types)
 
     def beat(self, pool: str) -> None:
         """The pool is alive; claims of pools gone quiet are voided (their trials are taken again)."""
@@ -228,69 +374,47 @@ class Queue:
 
     # ---- what farm jobs list shows -----------------------------------------------------------------
     def lines(self) -> list[QueueLine]:
-        """Queued and running jobs in the order they are served, with progress and an ETA."""
+        """Queued and running jobs in the order they are served, with progress, an ETA and, for a job
+        that no free worker would take, why (a quota, a GPU type the pools lack)."""
+        served = self.served()
+        plan = self.plan(served.policy)
+        types = list(served.gpu_types) or [None]
+        places = plan.places(types)
+        states = {j.job_id: j for j in plan.jobs}
         with Session(self.engine, expire_on_commit=False) as s:
             rows = s.execute(
                 select(Job, QueuedJob)
                 .join(QueuedJob, QueuedJob.job_id == Job.id)
                 .where(Job.status.in_(WAITING))
-                .order_by(QueuedJob.priority.desc(), QueuedJob.submitted_at, Job.id)
             ).all()
+            rows.sort(key=lambda r: (not states[r[0].id].running, places.get(r[0].id, len(places) + 1),
+                                     -r[1].priority, r[1].submitted_at, r[0].id))  # fmt: skip
             out, place = [], 0
             for job, q in rows:
+                state = states[job.id]
                 total = s.scalar(select(func.count()).where(TrialRow.job_id == job.id)) or 0
-                left = s.scalar(_count(job.id, PENDING)) or 0
-                taken = s.scalar(_running(job.id)) or 0
+                left, taken = state.queued + state.running, state.running
                 if taken == 0:
                     place += 1
                 out.append(
-                    QueueLine(job, q.priority, q.owner, None if taken else place, total, total - left,
-                              taken, _eta(s, job, left, taken))
+                    QueueLine(job, q.priority, q.owner, None if taken else place, total, total - left, taken,
+                              _eta(s, job, left, taken), plan.reason(state, types), plan.project[q.owner])
                 )  # fmt: skip
             return out
-
-
-def _running(job_id: int):
-    """Trials of the job taken by a pool and not yet written."""
-    return (
-        select(func.count())
-        .select_from(TrialClaim)
-        .join(TrialRow, TrialRow.id == TrialClaim.trial_id)
-        .where(TrialClaim.job_id == job_id, TrialRow.status == PENDING)
-    )
 
 
 def _count(job_id: int, status: str):
     return select(func.count()).where(TrialRow.job_id == job_id, TrialRow.status == status)
 
 
-def _next_trial():
-    """The next trial to take, with its job (see the module docstring)."""
+def _first_trial(job_id: int):
+    """The job's first pending trial in grid order that no pool has taken, with its job and source."""
     claimed = exists().where(TrialClaim.trial_id == TrialRow.id)
-    taken = (  # trials of each job taken and not yet written
-        select(TrialClaim.job_id, func.count().label("n"))
-        .join(TrialRow, TrialRow.id == TrialClaim.trial_id)
-        .where(TrialRow.status == PENDING)
-        .group_by(TrialClaim.job_id)
-        .subquery("taken")
-    )
-    has_work = exists().where(TrialRow.job_id == QueuedJob.job_id, TrialRow.status == PENDING, ~claimed)
-    job = (
-        select(QueuedJob.job_id)
-        .join(Job, Job.id == QueuedJob.job_id)
-        .outerjoin(taken, taken.c.job_id == QueuedJob.job_id)
-        .where(Job.status.in_(WAITING), has_work)
-        .order_by(
-            QueuedJob.priority.desc(), func.coalesce(taken.c.n, 0), QueuedJob.submitted_at, QueuedJob.job_id
-        )
-        .limit(1)
-        .scalar_subquery()
-    )
     return (
         select(TrialRow, Job, QueuedJob.source_digest)
         .join(Job, Job.id == TrialRow.job_id)
         .join(QueuedJob, QueuedJob.job_id == Job.id)
-        .where(TrialRow.job_id == job, TrialRow.status == PENDING, ~claimed)
+        .where(TrialRow.job_id == job_id, TrialRow.status == PENDING, ~claimed)
         .order_by(TrialRow.seq)
         .limit(1)
     )

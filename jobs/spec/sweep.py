@@ -129,6 +129,14 @@ class Backend(_Strict):
     configs: Grid | None = None  # overrides the spec's config grid for this backend
 
 
+class GpuNeed(_Strict):
+    """The GPU a job's trials need (`farm submit`'s pool places them only on matching workers): a type as
+    Ray's `accelerator_type:<type>` resource names it (H100, H200, ...) and/or a minimum memory."""
+
+    type: str | None = Field(None, min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")
+    min_memory_gb: float | None = Field(None, gt=0)
+
+
 class SweepSpec(_Strict):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")
     family: str
@@ -148,6 +156,7 @@ class SweepSpec(_Strict):
     # A webhook told the verdict when the job ends in the pool (`farm submit`; Slack-compatible JSON). Not
     # part of what is measured: spec_hash leaves it out.
     notify: str | None = Field(None, pattern=r"^https?://\S+$")
+    gpu: GpuNeed | None = None  # the GPU its trials need in a pool (None: any worker)
     _trials: tuple[TrialSpec, ...] | None = PrivateAttr(default=None)  # the grid, expanded once
 
     @field_validator("dtypes")
@@ -178,7 +187,8 @@ class SweepSpec(_Strict):
         return next(b.name for b in self.backends if b.baseline)
 
     def spec_hash(self) -> str:
-        measured = self.model_dump(mode="json", exclude={"notify"})
+        unset = {"gpu"} if self.gpu is None else set()  # specs without one hash as they always did
+        measured = self.model_dump(mode="json", exclude={"notify", *unset})
         canonical = json.dumps(measured, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 

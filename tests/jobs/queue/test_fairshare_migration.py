@@ -31,7 +31,7 @@ def test_a_store_at_0007_with_a_queued_job_is_upgraded_with_its_rows_intact(tmp_
         conn.execute(
             insert(t["farm_pools"]).values(id="p", host="h", workers=2, started_at=_now(), seen_at=_now())
         )
-    before, after = upgrade_schema(engine, Base.metadata)
+    before, after = upgrade_schema(engine, Base.metadata, "0008")
     assert (before.current, after.current) == ("0007", "0008")
     with engine.connect() as conn:
         row = conn.execute(select(t["job_queue"])).mappings().one()
