@@ -20,6 +20,9 @@ summaries reply gave it) are shown instead, marked ``farm-side``, and ``Account.
 out of the N the row's runs produced, then the others: ``awaiting the profiler`` (needs_profiler),
 ``rejected``, ``unreviewed`` (new); e.g. "pass 5/6, 1 awaiting the profiler".
 
+``env_changed`` counts the runs whose job was measured in another environment than its baseline (torch,
+CUDA, GPU, ...: the job's environment anomaly), so drafts written about such a job are read as such.
+
 ``rollup`` sums rows under another key; the four questions of the account page (jobs.report.account_page)
 are rollups: tokens per accepted draft by task and model, input compression per task, output tokens against
 ``max_tokens`` per task, and spend per project and key.
@@ -39,13 +42,13 @@ from sqlalchemy.orm import Session
 from gateway.summaries.schema import MAX_USAGE_IDS, USAGE_PATH, UsageReply
 from jobs.drafts.client import DraftsError, GatewayTarget, post_json
 from jobs.drafts.review import ACCEPTED, NEEDS_PROFILER, NEW, REJECTED
-from jobs.store import DraftRow, DraftRun, Store
+from jobs.store import Anomaly, DraftRow, DraftRun, Store
 
 OFFLINE, FARM_SIDE, GATEWAY = "offline", "farm-side", "gateway"
 SUMS = (  # the fields a rollup adds up
     "runs", "calls", "input_tokens", "output_tokens", "retries", "rate_limited", "retry_wait_ms",
     "capped_calls", "capped_output_tokens", "max_tokens", "anomalies", "sent", "raw_bytes",
-    "compressed_bytes", "drafts", "accepted", "rejected", "needs_profiler", "unreviewed",
+    "compressed_bytes", "drafts", "accepted", "rejected", "needs_profiler", "unreviewed", "env_changed",
 )  # fmt: skip
 
 
@@ -91,6 +94,9 @@ class AccountRow:
     rejected: int = 0
     needs_profiler: int = 0
     unreviewed: int = 0
+    # runs of jobs measured in another environment than their baseline (a component that changes
+    # performance: torch, CUDA, GPU, ...; the job's `environment` anomaly, jobs.judge.acceptance)
+    env_changed: int = 0
 
     @property
     def total_tokens(self) -> int:
@@ -219,6 +225,18 @@ def _states(store: Store, run_ids: list[int]) -> dict[int, dict[str, int]]:
     return out
 
 
+def _environment_changed(store: Store, job_ids: set[int]) -> set[int]:
+    """The jobs whose last acceptance found their environment changed since the baseline, in a component
+    that changes performance (a `warning` environment anomaly)."""
+    if not job_ids:
+        return set()
+    with Session(store.engine) as s:
+        q = select(Anomaly.job_id).where(
+            Anomaly.job_id.in_(job_ids), Anomaly.kind == "environment", Anomaly.severity == "warning"
+        )
+        return set(s.scalars(q))
+
+
 def _request_ids(run: DraftRun) -> list[str]:
     batch = run.batch if isinstance(run.batch, dict) else {}
     return [str(i) for i in batch.get("request_ids") or () if i]
@@ -314,6 +332,7 @@ def build_account(
                     f"{len(unknown)} of {len(ids)} request ids are not in the gateway's ledger for project "
                     f"{project!r} (drafted with another project's key, or not written yet)"
                 )
+    moved = _environment_changed(store, {r.job_id for r in runs})
     rows = []
     for run in runs:
         kept = _request_ids(run)
@@ -325,6 +344,7 @@ def build_account(
         else:  # from the ledger when it describes the run's calls (or those that served it from the cache)
             source = GATEWAY if ref is not None else FARM_SIDE
         row = _row(run, states.get(run.id, {}), source, calls, project, ref)
+        row.env_changed = int(run.job_id in moved)
         if source == FARM_SIDE and (mine or not kept):  # the run's own counts: its share, as replied
             row.calls = len(mine)
             row.input_tokens, row.output_tokens = run.input_tokens, run.output_tokens

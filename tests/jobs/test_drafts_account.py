@@ -215,3 +215,28 @@ async def test_the_account_through_the_gateway_equals_the_ledger(store, live, mo
     monkeypatch.setenv("FARM_GATEWAY_URL", "http://127.0.0.1:9/v1")
     acct = await asyncio.to_thread(build_account, store)
     assert acct.note and "unreachable" in acct.note and acct.sources == {"farm-side"}
+
+
+def test_the_account_counts_the_runs_of_jobs_measured_in_another_environment(store, monkeypatch):
+    from jobs.store import AnomalyRecord
+
+    monkeypatch.delenv("FARM_GATEWAY_KEY", raising=False)
+    moved, same = seed_job(store), seed_job(store)
+    for job_id in (moved, same):
+        draft_job(store, job_id, use_env=False, logs=lambda _t: realistic_log(2_000))
+    kept = [
+        AnomalyRecord(a.trial_id, a.kind, a.severity, a.fingerprint, a.message, a.evidence)
+        for a in store.anomalies(moved)
+    ]
+    change = ["torch", "2.12.0", "2.13.0", "performance"]
+    env = AnomalyRecord(None, "environment", "warning", "e" * 32, "torch changed", {"changes": [change]})
+    host = AnomalyRecord(None, "environment", "info", "h" * 32, "environment differs", {"changes": []})
+    store.replace_anomalies(moved, [*kept, env])
+    store.replace_anomalies(same, [host])  # only the host differs: no effect on a verdict, not counted
+    account = build_account(store, use_env=False)
+    assert account.totals().env_changed == 1
+    by_job = {r.jobs[0]: r.env_changed for r in build_account(store, moved, use_env=False).rows}
+    assert by_job == {moved: 1}
+    assert [r.env_changed for r in build_account(store, same, use_env=False).rows] == [0]
+    code, out, _ = farm("drafts", "account", "--db", store.url, "--format", "csv")
+    assert code == 0 and sum(int(line["env_changed"]) for line in csv.DictReader(io.StringIO(out))) == 1
