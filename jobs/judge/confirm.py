@@ -34,6 +34,7 @@ from jobs.judge.runs import compare_runs, prior_drift
 from jobs.run.runner import RunOptions, kernels_commit, resume_job
 from jobs.spec.sweep import dump_spec, loads_spec
 from jobs.store import Job, Store, TrialRow
+from jobs.store.retention import CONFIRM_SUFFIX  # `farm db prune` keeps these jobs' samples
 from kernels.base import TrialStatus
 
 
@@ -92,7 +93,8 @@ def confirm(
                 rows.append(_row(c.baseline, "A", i, rnd))  # type: ignore[arg-type]
             rows.append(_row(c.trial, "B", i, rnd))
     spec = loads_spec(job.spec, source=f"job {job.id} spec")
-    spec = spec.model_copy(update={"name": f"{spec.name}-confirm", "description": f"confirms job {job.id}"})
+    named = {"name": spec.name + CONFIRM_SUFFIX, "description": f"confirms job {job.id}"}
+    spec = spec.model_copy(update=named)
     confirm_id = store.create_job(
         name=spec.name,
         family=spec.family,

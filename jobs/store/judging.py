@@ -19,6 +19,7 @@ from sqlalchemy import select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
+from jobs.store.sample_codec import unpack
 from jobs.store.tables import Baseline, BaselineTrial, Environment, Job, Sample, TrialRow
 from jobs.store.trial_store import kept
 
@@ -122,8 +123,8 @@ def _kept_samples(
     raw: dict[int, list[int]] = {}
     ours = select(TrialRow.id).where(TrialRow.job_id == job_id)
     theirs = [t.id for t in baseline_trials]
-    q = select(Sample.trial_id, Sample.value_ns).order_by(Sample.trial_id, Sample.seq)
+    q = select(Sample.trial_id, Sample.codec, Sample.data)
     for where in [Sample.trial_id.in_(ours)] + ([Sample.trial_id.in_(theirs)] if theirs else []):
-        for trial_id, value in s.execute(q.where(where)):
-            raw.setdefault(trial_id, []).append(value)
+        for trial_id, codec, data in s.execute(q.where(where)):
+            raw[trial_id] = unpack(codec, data)
     return {t.id: kept(raw.get(t.id, []), t.summary) for t in [*trials, *baseline_trials]}

@@ -1,8 +1,8 @@
 """`Store`: every read and write of the farm's results, one object per process, cheap to construct.
 
 Its methods come by aggregate from trial_store (jobs, trials, samples, environments), baseline_store,
-finding_store (anomalies, the failure bank), draft_store and judging (the one read a verdict makes); this
-module opens the engine they share (jobs.store.engine)."""
+finding_store (anomalies, the failure bank), draft_store, judging (the one read a verdict makes) and
+retention (old samples pruned); this module opens the engine they share (jobs.store.engine)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ from jobs.store.draft_store import DraftStore
 from jobs.store.engine import make_engine
 from jobs.store.finding_store import FindingStore
 from jobs.store.judging import JudgingStore
+from jobs.store.retention import RetentionStore
 from jobs.store.trial_store import TrialStore
 
 
-class Store(TrialStore, BaselineStore, FindingStore, DraftStore, JudgingStore):
+class Store(TrialStore, BaselineStore, FindingStore, DraftStore, JudgingStore, RetentionStore):
     """All reads and writes of the farm's results. One per process; cheap to construct."""
 
     def __init__(self, url: str | None = None, *, create: bool = True, source: str | None = None):

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 from jobs.store.engine import insert_or_ignore
 from jobs.store.records import TrialPoint
 from jobs.store.results import TrialResult
+from jobs.store.sample_codec import pack, unpack
 from jobs.store.tables import PENDING, Environment, Job, Sample, TrialRow, now
 from jobs.store.tables.trials import shape_key
 from kernels.base import FINISHED, Summary
@@ -31,6 +32,12 @@ def kept(samples: Sequence[int], summary: dict[str, Any] | None) -> list[int]:
     (summary["discarded"], e.g. taken while the GPU was throttled)."""
     dropped = set(Summary.from_stored(summary).discarded)
     return [v for i, v in enumerate(samples) if i not in dropped]
+
+
+def sample_row(trial_id: int, samples: Sequence[int]) -> dict[str, Any]:
+    """The `samples` row of a trial's raw samples: one array (jobs.store.sample_codec)."""
+    codec, data = pack(samples)
+    return {"trial_id": trial_id, "n": len(samples), "codec": codec, "data": data}
 
 
 class TrialStore:
@@ -154,9 +161,10 @@ class TrialStore:
             return list(s.scalars(select(TrialRow).where(TrialRow.job_id == job_id).order_by(TrialRow.seq)))
 
     def samples(self, trial_id: int) -> list[int]:
+        """The trial's raw samples in the order taken ([] when it has none, or they were pruned)."""
         with Session(self.engine) as s:
-            q = select(Sample.value_ns).where(Sample.trial_id == trial_id).order_by(Sample.seq)
-            return list(s.scalars(q))
+            found = s.execute(select(Sample.codec, Sample.data).where(Sample.trial_id == trial_id)).first()
+        return unpack(*found) if found is not None else []
 
     def kept_samples(self, trial_id: int) -> list[int]:
         """The samples the trial's summary stands on: all of them but those the measurement discarded
@@ -196,9 +204,8 @@ class TrialStore:
                 env = r.environment
                 row["environment_id"] = self._environment_id(conn, dict(env)) if env is not None else None
                 rows.append(row)
-                samples += [
-                    {"trial_id": r.trial_id, "seq": i, "value_ns": int(v)} for i, v in enumerate(r.samples_ns)
-                ]
+                if r.samples_ns:
+                    samples.append(sample_row(r.trial_id, r.samples_ns))
             if rows:
                 stmt = (
                     update(table)

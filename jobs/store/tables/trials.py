@@ -11,13 +11,13 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
-    BigInteger,
     Boolean,
     DateTime,
     Float,
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     String,
     Text,
     UniqueConstraint,
@@ -118,7 +118,10 @@ class TrialRow(Base):
 
 
 class Sample(Base):
+    """A trial's raw samples, one array per trial (jobs.store.sample_codec: int64, zlib when it pays)."""
+
     __tablename__ = "samples"
     trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"), primary_key=True)
-    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
-    value_ns: Mapped[int] = mapped_column(BigInteger)
+    n: Mapped[int] = mapped_column(Integer)  # how many samples
+    codec: Mapped[str] = mapped_column(String(8))
+    data: Mapped[bytes] = mapped_column(LargeBinary)

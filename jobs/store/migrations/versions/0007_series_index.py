@@ -27,7 +27,10 @@ def _backfill(conn: sa.Connection) -> None:
     after = 0
     while True:
         page = conn.execute(
-            sa.select(trials.c.id, trials.c.shape).where(trials.c.id > after).order_by(trials.c.id).limit(PAGE)
+            sa.select(trials.c.id, trials.c.shape)
+            .where(trials.c.id > after)
+            .order_by(trials.c.id)
+            .limit(PAGE)
         ).all()
         if not page:
             return
