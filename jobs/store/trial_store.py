@@ -34,6 +34,32 @@ def kept(samples: Sequence[int], summary: dict[str, Any] | None) -> list[int]:
     return [v for i, v in enumerate(samples) if i not in dropped]
 
 
+def pending_row(job_id: int, seq: int, t: TrialPoint) -> dict[str, Any]:
+    """The row a new job's trial is created as: its grid point, pending."""
+    return dict(
+        job_id=job_id,
+        key=t.key,
+        seq=seq,
+        family=t.family,
+        backend=t.backend,
+        baseline=t.baseline,
+        shape=t.shape,
+        shape_key=shape_key(t.shape),
+        config=t.config,
+        dtype=t.dtype,
+        status=PENDING,
+        attempt=0,
+    )
+
+
+def result_row(r: TrialResult, environment_id: int | None) -> dict[str, Any]:
+    """What a finished trial's row is updated with (its samples go to `sample_row`)."""
+    row = r.columns()
+    row["finished_at"] = row["finished_at"] or now()
+    row["environment_id"] = environment_id
+    return row
+
+
 def sample_row(trial_id: int, samples: Sequence[int]) -> dict[str, Any]:
     """The `samples` row of a trial's raw samples: one array (jobs.store.sample_codec)."""
     codec, data = pack(samples)
@@ -63,23 +89,7 @@ class TrialStore:
             job = Job(name=name, family=family, spec=spec_yaml, spec_hash=spec_hash, git_commit=git_commit)
             s.add(job)
             s.flush()
-            rows = (
-                dict(
-                    job_id=job.id,
-                    key=t.key,
-                    seq=i,
-                    family=t.family,
-                    backend=t.backend,
-                    baseline=t.baseline,
-                    shape=t.shape,
-                    shape_key=shape_key(t.shape),
-                    config=t.config,
-                    dtype=t.dtype,
-                    status=PENDING,
-                    attempt=0,
-                )
-                for i, t in enumerate(trials)
-            )
+            rows = (pending_row(job.id, i, t) for i, t in enumerate(trials))
             # in batches: a large grid (an iterable of trials) streams into the store in flat memory
             while batch := list(itertools.islice(rows, self.CREATE_BATCH)):
                 s.execute(insert(TrialRow), batch)
@@ -198,12 +208,9 @@ class TrialStore:
                 if r.trial_id not in open_ids:
                     continue
                 open_ids.discard(r.trial_id)  # the first result of a trial wins
-                row = r.columns()
-                row["_id"] = r.trial_id
-                row["finished_at"] = row["finished_at"] or now()
                 env = r.environment
-                row["environment_id"] = self._environment_id(conn, dict(env)) if env is not None else None
-                rows.append(row)
+                env_id = self._environment_id(conn, dict(env)) if env is not None else None
+                rows.append(result_row(r, env_id) | {"_id": r.trial_id})
                 if r.samples_ns:
                     samples.append(sample_row(r.trial_id, r.samples_ns))
             if rows:
