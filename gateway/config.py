@@ -326,6 +326,9 @@ class GatewaySettings(BaseSettings):
     redis_health_interval_s: float = Field(1.0, gt=0, le=60)  # reconnect attempts while it is down
     # while Redis is down each process enforces 1/N of each limit (the number of gateway processes)
     redis_fallback_processes: int = Field(1, ge=1)
+    # while Redis is down: "share" serves each process on its 1/N of each limit; "refuse" answers every
+    # request that needs the project's limits 503 with Retry-After (limits that must hold fail closed)
+    redis_outage: Literal["share", "refuse"] = "share"
     redis_summaries_ttl_s: float = Field(86400.0, ge=1)  # how long a summaries answer stays in Redis
     # `serve` refuses to start when nothing answers at redis_url (a mistyped URL would otherwise leave every
     # process on its share of the limits for good); true: start degraded and reconnect, as after an outage

@@ -21,6 +21,7 @@ pipeline), so no module catches an exception type from two layers below it::
         ├── UpstreamBadAnswer       502   an answer the gateway cannot use (a 204 or 3xx; summaries)
         └── UpstreamTimeout         504   no byte within the read timeout
     └── StoreUnavailable            503   the key store (database) cannot be reached
+    └── LimitsUnavailable           503   Redis down with ``redis_outage: refuse`` (Retry-After set)
 
 An upstream's own error answer (its 4xx/429/5xx body) is not an exception: it is passed on with its status.
 
@@ -164,6 +165,13 @@ class UpstreamBadAnswer(UpstreamError):
 
 class UpstreamTimeout(UpstreamError):
     status_code, default_class = 504, "read_timeout"
+
+
+class LimitsUnavailable(_Fixed):
+    """Redis, which holds the shared limits, is down and the config says ``redis_outage: refuse``: raised by
+    gateway.limits.redis_project instead of admitting on this process's share."""
+
+    status_code, default_class = 503, "limits_unavailable"
 
 
 class StoreUnavailable(_Fixed):

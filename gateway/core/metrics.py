@@ -32,6 +32,7 @@ from gateway.core.metrics_live import (
     SharedCollector,
     SharedView,
 )
+from gateway.core.record import own_time
 
 if TYPE_CHECKING:
     from gateway.config import ProjectConfig
@@ -147,14 +148,21 @@ class _Timings(Protocol):
 
 
 def _observe_times(
-    h: _Timings, latency: float, upstream_s: float | None, queue_wait: float, ttft: float | None
+    h: _Timings,
+    latency: float,
+    upstream_s: float | None,
+    queue_wait: float,
+    ttft: float | None,
+    overhead: float | None = None,
 ) -> None:
-    """A request's latency, upstream time (None: it never went upstream) with the overhead it leaves, time to
-    first byte (None: not streamed) and queue wait (0: none) on the histograms ``h``."""
+    """A request's latency, upstream time (None: it never went upstream) with the gateway's own time
+    (``overhead``, as its answer's header says; None: the one that latency leaves,
+    gateway.core.record.own_time), time to first byte (None: not streamed) and queue wait (0: none) on the
+    histograms ``h``."""
     h.latency.observe(latency)
     if upstream_s is not None:
         h.upstream_latency.observe(upstream_s)
-        h.overhead.observe(max(0.0, latency - upstream_s - queue_wait))
+        h.overhead.observe(own_time(latency, upstream_s, queue_wait) if overhead is None else overhead)
     if ttft is not None:
         h.ttft.observe(ttft)
     if queue_wait:
@@ -193,11 +201,13 @@ class RequestTally:
         input_tokens: int,
         output_tokens: int,
         cost: float | None,
+        overhead: float | None = None,
     ) -> None:
         """One request of this outcome: its latency, upstream time (None: it never went upstream), queue
-        wait, time to first byte (None: not streamed), tokens and cost (None: unpriced)."""
+        wait, time to first byte (None: not streamed), tokens, cost (None: unpriced) and the gateway's own
+        time (None: what the others leave)."""
         self.requests += 1
-        _observe_times(self, latency, upstream_s, queue_wait, ttft)
+        _observe_times(self, latency, upstream_s, queue_wait, ttft, overhead)
         if input_tokens:
             self.input_tokens += input_tokens
         if output_tokens:

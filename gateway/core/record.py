@@ -25,6 +25,16 @@ _ID_PREFIX = os.urandom(6).hex()
 _ID_SEQ = itertools.count(int.from_bytes(os.urandom(3), "big") << 16)
 
 
+# The gateway's own time on an answer, in milliseconds (gateway/README.md "The gateway's own time")
+OVERHEAD_HEADER = "x-farm-overhead-ms"
+
+
+def own_time(elapsed: float, upstream_s: float | None, queue_wait: float) -> float:
+    """The gateway's own time in ``elapsed`` seconds: less the upstream's time and the queue wait. The one
+    computation behind the ``x-farm-overhead-ms`` header and the ``gateway_overhead_seconds`` histogram."""
+    return max(0.0, elapsed - (upstream_s or 0.0) - queue_wait)
+
+
 class LedgerRow(TypedDict):
     """One row of the token ledger (the columns of gateway.store.db.ledger)."""
 
@@ -85,7 +95,7 @@ class Record:
         "upstream_t0", "upstream_end", "ttft", "queue_wait", "upstream_request_id", "batch_size",
         "closed", "deployment", "fallback_from", "translation", "cost_usd", "cached_input_tokens",
         "cache_write_tokens", "shared_pending", "settle", "dropped", "rate_limited", "retry_wait",
-        "max_tokens",
+        "max_tokens", "overhead",
     )  # fmt: skip
 
     def __init__(self, endpoint: str) -> None:
@@ -129,6 +139,8 @@ class Record:
         self.rate_limited = 0  # upstream 429 answers met (gateway.http.pipeline.send)
         self.retry_wait = 0.0  # seconds waited between the upstream attempts
         self.max_tokens: int | None = None  # the output cap asked for (gateway.http.pipeline.exchange)
+        # the gateway's own time (own_time), taken once: when a stream's head goes out, else at the row
+        self.overhead: float | None = None
 
     def tag(self, project: ProjectConfig, task: str | None) -> None:
         """The task (header or the project's default) and its bounded metrics label."""

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from aiohttp import web
 
 from gateway.core import jsoncodec
-from gateway.core.record import Record
+from gateway.core.record import OVERHEAD_HEADER, Record, own_time
 from gateway.errors import (
     ApiStyle,
     AuthError,
@@ -35,6 +35,7 @@ from gateway.errors import (
     ClientError,
     Forbidden,
     GatewayError,
+    LimitsUnavailable,
     PayloadTooLarge,
     RateLimited,
     UpstreamError,
@@ -154,6 +155,11 @@ def dump_json(body: Any) -> bytes:
         raise BadRequest(f"request body cannot be re-encoded: {e.__class__.__name__}") from None
 
 
+def _ms(seconds: float | None) -> str:
+    """A header's milliseconds, to the microsecond."""
+    return f"{(seconds or 0.0) * 1000:.3f}"
+
+
 class Pipeline:
     """The stages, over the services of one gateway (gateway.http.services)."""
 
@@ -187,7 +193,7 @@ class Pipeline:
         model calls are rows of their own through ``model_call``)."""
         rec = Record(endpoint)
         try:
-            return await handle(request, rec)
+            resp = await handle(request, rec)
         except GatewayError as e:
             self._note_error(rec, e, request.method, request.path)
             resp = error_response(
@@ -202,7 +208,6 @@ class Pipeline:
             )
             if e.close_connection:
                 resp.force_close()
-            return resp
         except asyncio.CancelledError:
             rec.status = "cancelled"
             rec.error_class = rec.error_class or "client_disconnected"
@@ -210,10 +215,13 @@ class Pipeline:
         except Exception:
             log.exception("internal error on %s (request %s)", endpoint, rec.request_id)
             rec.fail("error", 500, "internal_error")
-            return error_response(style, 500, "internal gateway error", request_id=rec.request_id)
+            resp = error_response(style, 500, "internal gateway error", request_id=rec.request_id)
         finally:
             if ledger:
                 self.account(rec)
+        if ledger and not resp.prepared:  # a stream's head went out with the figure of its own time
+            resp.headers[OVERHEAD_HEADER] = _ms(rec.overhead)
+        return resp
 
     @contextlib.asynccontextmanager
     async def model_call(self, rec: Record) -> AsyncIterator[Record]:
@@ -298,6 +306,9 @@ class Pipeline:
             )
         try:
             admission = await limits.admit(token_cap, input_estimate, cost_reserve, rec.request_id)
+        except LimitsUnavailable:  # Redis down with redis_outage: refuse: a 503 with Retry-After
+            self.services.metrics.rejections.labels(rec.project, "redis_outage").inc()
+            raise
         except LimitExceeded as e:
             self.services.metrics.rejections.labels(rec.project, e.limit).inc()
             raise RateLimited(
@@ -372,6 +383,7 @@ class Pipeline:
             data = b""
             while not data:
                 chunk = await readany()
+                upstream_s = time.perf_counter() - rec.upstream_t0  # type: ignore[operator]
                 if not chunk:
                     break
                 data = feed(chunk)
@@ -379,6 +391,9 @@ class Pipeline:
             # Few system calls: the head goes out with the first bytes, and the bytes that end the upstream's
             # body go out with the end of ours (a short answer is one write: head, events and end).
             out = _Relay(status=200, headers=headers)
+            # the gateway's own time until its head, less the upstream's until the bytes that go with it
+            rec.overhead = own_time(time.perf_counter() - rec.t0, upstream_s, rec.queue_wait)
+            out.headers[OVERHEAD_HEADER] = _ms(rec.overhead)
             try:
                 await out.prepare(request)
                 rec.http_status = 200
@@ -458,13 +473,17 @@ class Pipeline:
         if rec.cost_usd is None:
             rec.cost_usd = self.cost_of(rec)
         latency = end - rec.t0
+        overhead = rec.overhead
+        if overhead is None:  # a whole answer: its own time up to now (a stream's was taken at its head)
+            overhead = rec.overhead = own_time(latency, upstream_s, rec.queue_wait)
         self.services.ledger.submit(rec.row(latency, upstream_s), owned=True)
         tally = self.services.metrics.tally(
             rec.project or "unknown", rec.model_label, rec.task_label, rec.status
         )
         tally.record(
-            latency, upstream_s, rec.queue_wait, rec.ttft, rec.input_tokens, rec.output_tokens, rec.cost_usd
-        )
+            latency, upstream_s, rec.queue_wait, rec.ttft, rec.input_tokens, rec.output_tokens, rec.cost_usd,
+            overhead,
+        )  # fmt: skip
         if rec.rate_limited or rec.retry_wait:  # rare: labels() only for the requests that retried
             metrics = self.services.metrics
             labels = (rec.project or "unknown", rec.model_label, rec.task_label)

@@ -14,17 +14,20 @@ the interface and refusals).
   to 250 ms, never later than the oldest lease's expiry), which covers the slots of a dead process. No
   global FIFO: a newcomer can overtake. A request that gives up or is cancelled while queued gets
   everything back (``REFUND``).
-- While Redis is down: ``local``, this process's share of the project's limits.
+- While Redis is down: ``local``, this process's share of the project's limits; with ``redis_outage:
+  refuse``, a 503 (``gateway.errors.LimitsUnavailable``) with Retry-After instead.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Awaitable
 from typing import Any, Protocol
 
 from gateway.config import ProjectConfig
+from gateway.errors import LimitsUnavailable
 from gateway.limits.base import BY_CODE, refusal
 from gateway.limits.local import LocalAdmission, ProjectLimits
 from gateway.limits.redis_scripts import (
@@ -247,14 +250,30 @@ class SharedProjectLimits:
         )  # fmt: skip
         self._prefix_day = day
 
+    async def _without_redis(
+        self, max_tokens: int | None, input_estimate: int, cost_reserve: float, request_id: str
+    ) -> LocalAdmission:
+        """Redis is down: this process's share of the limits, or, with ``redis_outage: refuse``, a 503 with
+        Retry-After (the next reconnection attempt)."""
+        st = self.state
+        if st.refuse:
+            raise LimitsUnavailable(
+                f"the shared limits of project {self.name!r} cannot be checked: Redis is unreachable and "
+                "the gateway is set to refuse requests then (redis_outage: refuse)",
+                code="limits_unavailable",
+                retry_after=str(max(1, math.ceil(st.interval_s))),
+                limit="redis_outage",
+            )
+        st.fallback_admissions += 1
+        return await self.local.admit(max_tokens, input_estimate, cost_reserve, request_id)
+
     async def admit(
         self, max_tokens: int | None, input_estimate: int = 0, cost_reserve: float = 0.0, request_id: str = ""
     ) -> SharedAdmission | LocalAdmission:
-        """``gateway.limits.base.ProjectLimiter.admit``; this process's share while Redis is down."""
+        """``gateway.limits.base.ProjectLimiter.admit``; while Redis is down, ``_without_redis``."""
         st = self.state
         if st._state is not True:
-            st.fallback_admissions += 1
-            return await self.local.admit(max_tokens, input_estimate, cost_reserve, request_id)
+            return await self._without_redis(max_tokens, input_estimate, cost_reserve, request_id)
         cfg = self.cfg
         cost_budget = nanos(cfg.daily_cost_budget_usd) if cfg.daily_cost_budget_usd is not None else 0
         cap = max_tokens or cfg.default_max_tokens
@@ -276,8 +295,7 @@ class SharedProjectLimits:
                 if res[0] == 3:
                     raise SharedUnavailable("the day's budget counters are not seeded", "seed")
         except SharedUnavailable:
-            st.fallback_admissions += 1
-            return await self.local.admit(max_tokens, input_estimate, cost_reserve, request_id)
+            return await self._without_redis(max_tokens, input_estimate, cost_reserve, request_id)
         status = res[0]
         if status == 2 and res[1] in (5, 6):  # the cost budget: used and reserved are nano-dollars
             self._cost = (day, res[3])
@@ -345,8 +363,7 @@ class SharedProjectLimits:
         except SharedUnavailable:  # Redis went away while waiting: what it held there expires by itself
             self._queue.discard(adm.lid)
             self._held.discard(adm.lid)
-            st.fallback_admissions += 1
-            return await self.local.admit(max_tokens, input_estimate, cost_reserve, adm.request_id)
+            return await self._without_redis(max_tokens, input_estimate, cost_reserve, adm.request_id)
         except BaseException:  # cancelled while queued: it never reached the upstream
             self._refund(adm)
             raise

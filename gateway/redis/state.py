@@ -76,6 +76,7 @@ class SharedState:
         self.timeout_s = settings.redis_timeout_s
         self.interval_s = settings.redis_health_interval_s
         self.fallback_processes = settings.redis_fallback_processes
+        self.refuse = settings.redis_outage == "refuse"  # while down: refuse, instead of each process's share
         self.token = os.urandom(6).hex()  # this process: lease ids, summary lock tokens
         self._seq = itertools.count()
         self._state: bool | None = None  # None: not known yet; True: up; False: down
@@ -119,8 +120,14 @@ class SharedState:
         if not self.up:
             out["since_s"] = round(time.time() - self.down_since, 1) if self.down_since else None
             out["error"] = self.last_error
-            out["fallback"] = f"each process enforces 1/{self.fallback_processes} of each limit"
+            out["fallback"] = self.outage_policy()
         return out
+
+    def outage_policy(self) -> str:
+        """What the limits do while Redis is down (``redis_outage``), in words."""
+        if self.refuse:
+            return "requests are refused (503, redis_outage: refuse)"
+        return f"each process enforces 1/{self.fallback_processes} of each limit"
 
     def lost(self, err: BaseException | str) -> None:
         """Redis failed (``err``): count it down, close the lane, tell every participant."""
@@ -137,11 +144,10 @@ class SharedState:
         self.last_error = describe(err)
         self.outages += 1
         log.warning(
-            "shared state: Redis at %s is unreachable (%s): serving with this process's own limits "
-            "(1/%d of each) until it is back",
+            "shared state: Redis at %s is unreachable (%s): %s until it is back",
             self.where,
             self.last_error,
-            self.fallback_processes,
+            self.outage_policy(),
         )
         for p in self._participants:
             p.down()
