@@ -128,6 +128,9 @@ class ModelRoute(_Strict):
     deployments: list[DeploymentConfig] = Field(default_factory=list)
     fallbacks: list[str] = Field(default_factory=list)
     context_window_fallbacks: list[str] = Field(default_factory=list)
+    # how its deployments share its requests (gateway.upstream.strategies): weighted (fewest in flight per
+    # weight), latency (lowest recent time to first byte, exploring), least-busy (fewest in flight)
+    strategy: Literal["weighted", "latency", "least-busy"] = "weighted"
     # prompt-cache breakpoints the gateway adds to a request for its anthropic deployments that carries none
     # (gateway.translate.cache_points): "auto" where the price table bills the deployment's cache reads below
     # its input price, "on", "off"; ``prompt_cache_min_tokens``: the shortest prefix worth a breakpoint
@@ -208,6 +211,13 @@ class RoutingConfig(_Strict):
     allowed_fails: int = Field(1, ge=0)
     cooldown_s: float = Field(30.0, gt=0)
     max_cooldown_s: float = Field(300.0, gt=0)
+    # strategy latency: the share of requests sent to a deployment other than the fastest (exploration),
+    # and the weight of each new time to first byte in a deployment's decayed estimate
+    latency_explore: float = Field(0.05, ge=0, le=1)
+    latency_decay: float = Field(0.3, gt=0, le=1)
+    # a deployment idle this long (nothing begun, nothing in flight) gets the smallest model call (one output
+    # token): a failure cools it down before a request meets it, an answer ends a cooldown; None: no checks
+    health_check_interval_s: float | None = Field(None, gt=0)
 
     @model_validator(mode="after")
     def _ordered(self) -> RoutingConfig:
