@@ -76,8 +76,9 @@ deps-debian:
 deps-agents:
 	@DEPS_OPTIONAL=$(if $(filter-out 0 false no,$(CI)),0,1) scripts/agent-clis.sh
 
-# Prometheus on 127.0.0.1 with grafana/prometheus.yml, in the background; prints the URLs.
-monitor:
+# Prometheus and Alertmanager on 127.0.0.1 (grafana/prometheus.yml and alerts.yml; alerts to the gateway
+# config's alerting.slack_webhook_url, GATEWAY_CONFIG=...), in the background; prints the URLs.
+monitor: $(STAMP)
 	@scripts/monitor.sh start
 
 clean:

@@ -1,7 +1,8 @@
 """The outside services the tests run real copies of, and what a test does when one is missing.
 
 `make test` installs them from Debian (scripts/debian-deps.sh): PostgreSQL and Redis (the team deployment:
-the farm's store, the gateway's keys, ledger and shared limits), Prometheus (the dashboards' queries) and
+the farm's store, the gateway's keys, ledger and shared limits), Prometheus (the dashboards' queries), its
+Alertmanager (the budget alerts' notifications) and
 Chromium (the HTML reports in a real browser). Where one cannot be found or started:
 
 - **required** (CI: the ``CI`` variable is set and not ``false``/``0``; or ``FARM_TEST_SERVICES=required``):
@@ -32,6 +33,7 @@ SERVICES: dict[str, tuple[tuple[str, ...], str]] = {
     "postgresql": (("initdb", "pg_ctl"), "postgresql"),
     "redis": (("redis-server",), "redis-server"),
     "prometheus": (("prometheus", "promtool"), "prometheus"),
+    "alertmanager": (("prometheus-alertmanager", "amtool"), "prometheus-alertmanager"),
     "chromium": (("chromium",), "chromium"),
 }
 

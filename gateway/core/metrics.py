@@ -6,10 +6,11 @@ task list (anything else is labelled ``other``) and ``model`` by the configured 
 Several processes (``serve --workers N``, gateway.http.workers): with ``PROMETHEUS_MULTIPROC_DIR`` set, every
 process writes its metrics to files there (prometheus_client's multiprocess mode) and ``registry`` is the
 exposition of all of them: counters and histograms summed, ``gateway_in_flight``, ``gateway_queue_depth``
-and ``gateway_ledger_pending_rows`` summed over live processes, ``gateway_daily_budget_remaining_tokens``
-and ``gateway_shared_state_up`` their minimum, ``gateway_ledger_oldest_pending_seconds`` and
-``gateway_daily_budget_tokens`` their maximum. The values read live in one process (limits, ledger,
-shared state) are copied into the files every ``MIRROR_INTERVAL_S`` and before each scrape (``sync``).
+and ``gateway_ledger_pending_rows`` summed over live processes, ``gateway_daily_budget_remaining_tokens``,
+``gateway_daily_cost_budget_remaining_usd`` and ``gateway_shared_state_up`` their minimum,
+``gateway_ledger_oldest_pending_seconds``, ``gateway_daily_budget_tokens`` and
+``gateway_daily_cost_budget_usd`` their maximum. The values read live in one process (limits, ledger, shared
+state) are copied into the files every ``MIRROR_INTERVAL_S`` and before each scrape (``sync``).
 Names and labels are the same either way (no per-process label), so queries need not change.
 """
 
@@ -50,6 +51,8 @@ class _ProjectView(Protocol):
     def waiting(self) -> int: ...
 
     def budget_remaining(self) -> int | None: ...
+
+    def cost_budget_remaining(self) -> float | None: ...
 
 
 class LimitsView(Protocol):
@@ -385,6 +388,15 @@ class GatewayMetrics:
         self.budget = f.gauge(
             "gateway_daily_budget_tokens", "Today's token budget as configured", ["project"], "livemax"
         )
+        self.cost_budget_remaining = f.gauge(
+            "gateway_daily_cost_budget_remaining_usd",
+            "US dollars left in today's cost budget",
+            ["project"],
+            "livemin",
+        )
+        self.cost_budget = f.gauge(
+            "gateway_daily_cost_budget_usd", "Today's cost budget as configured", ["project"], "livemax"
+        )
 
     def request_children(self, project: str, model: str, task: str, status: str) -> RequestChildren:
         key = (project, model, task, status)
@@ -438,7 +450,8 @@ class GatewayMetrics:
         if self._mirror is not None:
             self._mirror.limits = limits
             self._mirror.budget_gauges = (
-                self.in_flight, self.queue_depth, self.budget_remaining, self.budget
+                self.in_flight, self.queue_depth, self.budget_remaining, self.budget,
+                self.cost_budget_remaining, self.cost_budget,
             )  # fmt: skip
             self.sync()
             return
@@ -448,6 +461,10 @@ class GatewayMetrics:
             if pl.cfg.daily_token_budget is not None:
                 self.budget_remaining.labels(name).set_function(lambda pl=pl: pl.budget_remaining() or 0)
                 self.budget.labels(name).set(pl.cfg.daily_token_budget)
+            if pl.cfg.daily_cost_budget_usd is not None:
+                remaining = self.cost_budget_remaining.labels(name)
+                remaining.set_function(lambda pl=pl: pl.cost_budget_remaining() or 0.0)
+                self.cost_budget.labels(name).set(pl.cfg.daily_cost_budget_usd)
 
     def bind_ledger(self, writer: LedgerView) -> None:
         """The ledger writer's backlog and counters, read at scrape time."""
@@ -511,7 +528,8 @@ class _Mirror:
 
     def __init__(self) -> None:
         self.limits: LimitsView | None = None
-        self.budget_gauges: tuple[Gauge, Gauge, Gauge, Gauge] | None = None
+        # in flight, queue depth, tokens left, token budget, US dollars left, cost budget
+        self.budget_gauges: tuple[Gauge, Gauge, Gauge, Gauge, Gauge, Gauge] | None = None
         self._collectors: list = []
         self._gauges: dict[str, Gauge] = {}
         self._counters: dict[str, tuple[Counter, list[float]]] = {}
@@ -531,13 +549,16 @@ class _Mirror:
 
     def sync(self) -> None:
         if self.limits is not None and self.budget_gauges is not None:
-            in_flight, queue_depth, remaining, budget = self.budget_gauges
+            in_flight, queue_depth, remaining, budget, cost_remaining, cost_budget = self.budget_gauges
             for name, pl in self.limits.projects.items():
                 in_flight.labels(name).set(pl.in_flight)
                 queue_depth.labels(name).set(pl.waiting)
                 if pl.cfg.daily_token_budget is not None:
                     remaining.labels(name).set(pl.budget_remaining() or 0)
                     budget.labels(name).set(pl.cfg.daily_token_budget)
+                if pl.cfg.daily_cost_budget_usd is not None:
+                    cost_remaining.labels(name).set(pl.cost_budget_remaining() or 0.0)
+                    cost_budget.labels(name).set(pl.cfg.daily_cost_budget_usd)
         for collector in self._collectors:
             for fam in collector.collect():
                 value = fam.samples[0].value

@@ -149,6 +149,10 @@ class ProjectLimiter(Protocol):
         """Tokens left in today's budget (None: no budget)."""
         ...
 
+    def cost_budget_remaining(self) -> float | None:
+        """US dollars left in today's cost budget (None: no cost budget)."""
+        ...
+
     async def admit(
         self, max_tokens: int | None, input_estimate: int = 0, cost_reserve: float = 0.0, request_id: str = ""
     ) -> Admission:

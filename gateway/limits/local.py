@@ -138,6 +138,12 @@ class ProjectLimits:
         self._roll_day()
         return max(0, self.cfg.daily_token_budget - self.used_today)
 
+    def cost_budget_remaining(self) -> float | None:
+        if self.cfg.daily_cost_budget_usd is None:
+            return None
+        self._roll_day()
+        return max(0.0, self.cfg.daily_cost_budget_usd - self.cost_today)
+
     def _roll_day(self) -> None:
         now = self._clock()
         if now >= self._day_ends:

@@ -205,6 +205,16 @@ class SharedProjectLimits:
         used = self._used[1] if self._used is not None and self._used[0] == utc_day() else 0
         return max(0, self.cfg.daily_token_budget - used)
 
+    def cost_budget_remaining(self) -> float | None:
+        budget = self.cfg.daily_cost_budget_usd
+        if budget is None:
+            return None
+        if not self.state.up:  # this process's share, as the whole budget's
+            share = self.local.cost_budget_remaining()
+            return None if share is None else share * self.state.fallback_processes
+        spent = self._cost[1] / NANO_USD if self._cost is not None and self._cost[0] == utc_day() else 0.0
+        return max(0.0, budget - spent)
+
     def saw_used(self, day: int, used: int) -> None:
         self._used = (day, used)
 

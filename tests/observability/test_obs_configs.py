@@ -26,7 +26,7 @@ def test_promtool_check_config_passes():
 def test_promtool_check_rules_passes():
     r = promtool("check", "rules", "alerts.yml")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "5 rules found" in r.stdout
+    assert "10 rules found" in r.stdout
 
 
 def test_prometheus_yml_scrapes_the_gateway_the_farm_and_ray():
@@ -57,7 +57,16 @@ tests:
       - series: 'gateway_daily_budget_tokens{project="alpha"}'
         values: '1000x30'
       - series: 'gateway_daily_budget_remaining_tokens{project="alpha"}'
-        values: '500x10 50x20'
+        values: '800x2 500x8 50x20'
+      # beta's cost budget, reported by two instances (one of them behind): 30% used, 60% by 5m, spent by 20m
+      - series: 'gateway_daily_cost_budget_usd{project="beta", instance="a"}'
+        values: '10x30'
+      - series: 'gateway_daily_cost_budget_usd{project="beta", instance="b"}'
+        values: '10x30'
+      - series: 'gateway_daily_cost_budget_remaining_usd{project="beta", instance="a"}'
+        values: '7x4 4x15 0x11'
+      - series: 'gateway_daily_cost_budget_remaining_usd{project="beta", instance="b"}'
+        values: '7x30'
       - series: 'gateway_request_latency_seconds_bucket{project="beta", model="m", status="ok", le="60"}'
         values: '0+1x30'
       - series: 'gateway_request_latency_seconds_bucket{project="beta", model="m", status="ok", le="120"}'
@@ -76,10 +85,20 @@ tests:
 # (alert, its labels besides severity warning, its summary) expected at 25m of ALERT_TESTS' series
 FIRING = [
     ("GatewayHigh429Rate", {"project": "alpha", "limit": "rpm"}, "alpha: 20% of requests hit the rpm limit"),
-    ("GatewayBudgetNearlySpent", {"project": "alpha"}, "alpha: 5% of today's token budget left"),
     ("GatewayLatencyP95High", {"project": "beta", "model": "m"}, "beta/m: p95 latency 1m 56s"),
     ("FarmTrialFailureRateHigh", {"family": "fp8_gemm"}, "fp8_gemm: 40% of trials failed"),
 ]
+
+
+# (eval time, the budget alerts firing then: project, budget, band, severity, summary); one per project in
+# one band at a time, whatever the number of instances reporting it
+BUDGET_FIRING = [
+    ("1m", []),  # alpha 20%, beta 30%: under every band
+    ("5m", [("alpha", "tokens", "50%", "warning", "alpha: 50% of today's token budget used"),
+            ("beta", "cost", "50%", "warning", "beta: 60% of today's cost budget used")]),
+    ("25m", [("alpha", "tokens", "80%", "warning", "alpha: 95% of today's token budget used"),
+             ("beta", "cost", "100%", "critical", "beta: 100% of today's cost budget used")]),
+]  # fmt: skip
 
 
 @needs_promtool
@@ -88,6 +107,12 @@ def test_alerts_fire_on_synthetic_series(tmp_path):
     test_file = tmp_path / "alerts_test.yml"
     rules = yaml.safe_load((GRAFANA / "alerts.yml").read_text())
     desc = {r["alert"]: r["annotations"]["description"] for g in rules["groups"] for r in g["rules"]}
+    desc["GatewayDailyBudgetUsed"] = {
+        r["labels"]["budget"]: r["annotations"]["description"]
+        for g in rules["groups"]
+        for r in g["rules"]
+        if r["alert"] == "GatewayDailyBudgetUsed"
+    }
     spec = yaml.safe_load(textwrap.dedent(ALERT_TESTS))
     spec["rule_files"] = [str(GRAFANA / "alerts.yml")]
     spec["tests"][0]["alert_rule_test"] = [
@@ -102,7 +127,28 @@ def test_alerts_fire_on_synthetic_series(tmp_path):
             ],
         }
         for alert, labels, summary in FIRING
-    ] + [{"eval_time": "5m", "alertname": "GatewayBudgetNearlySpent", "exp_alerts": []}]
+    ] + [
+        {
+            "eval_time": when,
+            "alertname": "GatewayDailyBudgetUsed",
+            "exp_alerts": [
+                {
+                    "exp_labels": {
+                        "severity": severity,
+                        "project": project,
+                        "budget": budget,
+                        "threshold": band,
+                    },
+                    "exp_annotations": {
+                        "summary": summary,
+                        "description": desc["GatewayDailyBudgetUsed"][budget],
+                    },
+                }
+                for project, budget, band, severity, summary in firing
+            ],
+        }
+        for when, firing in BUDGET_FIRING
+    ]
     test_file.write_text(yaml.safe_dump(spec, sort_keys=False))
     r = promtool("test", "rules", str(test_file), cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
