@@ -20,6 +20,7 @@ import pytest
 import services
 
 from testkit.gateway.agents import play_model
+from testkit.gateway.prompt_cache import PromptCache
 
 ROOT = Path(__file__).resolve().parents[3]
 BIN = ROOT / ".agents" / "node_modules" / ".bin"
@@ -74,12 +75,9 @@ def _tool_result_went_up(fake, model: str) -> bool:
     return any(SECRET_TEXT in json.dumps(b.get("messages") or b.get("input")) for b in asked)
 
 
-@pytest.mark.parametrize("model,translation", [("gpt-fake", "messages->chat"), ("claude-fake", "")])
-async def test_claude_code_reads_a_file(start_gateway, fake, tmp_path, model, translation):
-    """On a chat-only model (through translation) and on an Anthropic one (as it is)."""
+async def _claude_code(gw, tmp_path: Path, model: str, target: Path) -> str:
+    """Claude Code asked to print ``target``, through the gateway on ``model``: its output."""
     claude = _cli("claude")
-    gw = await start_gateway()
-    target = _task(tmp_path, fake)
     env = _base_env(tmp_path) | {
         "ANTHROPIC_BASE_URL": gw.url,
         "ANTHROPIC_API_KEY": gw.keys["alpha"],
@@ -88,9 +86,31 @@ async def test_claude_code_reads_a_file(start_gateway, fake, tmp_path, model, tr
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
     }
     prompt = f"Read the file {target} and print its content"
-    out = await _run(
+    return await _run(
         [claude, "-p", prompt, "--model", model, "--allowedTools", "Read"], env, tmp_path / "work"
     )
+
+
+async def _codex(gw, tmp_path: Path, model: str, target: Path) -> str:
+    """The Codex CLI asked to print ``target``, through the gateway on ``model``: its output."""
+    codex = _cli("codex")
+    home = tmp_path / "codex-home"
+    home.mkdir()
+    (home / "config.toml").write_text(
+        f'model = "{model}"\nmodel_provider = "farm"\n\n[model_providers.farm]\nname = "farm"\n'
+        f'base_url = "{gw.url}/v1"\nenv_key = "FARM_KEY"\nwire_api = "responses"\n'
+    )
+    env = _base_env(tmp_path) | {"CODEX_HOME": str(home), "FARM_KEY": gw.keys["alpha"]}
+    prompt = f"Read the file {target} and print its content"
+    cmd = [codex, "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", prompt]
+    return await _run(cmd, env, tmp_path / "work")
+
+
+@pytest.mark.parametrize("model,translation", [("gpt-fake", "messages->chat"), ("claude-fake", "")])
+async def test_claude_code_reads_a_file(start_gateway, fake, tmp_path, model, translation):
+    """On a chat-only model (through translation) and on an Anthropic one (as it is)."""
+    gw = await start_gateway()
+    out = await _claude_code(gw, tmp_path, model, _task(tmp_path, fake))
     assert SECRET_TEXT in out, out[-2000:]
     rows = [r for r in await gw.rows() if r["public_model"] == model]
     assert len(rows) >= 2 and all(r["status"] == "ok" and r["stream"] for r in rows[-2:]), rows
@@ -101,19 +121,8 @@ async def test_claude_code_reads_a_file(start_gateway, fake, tmp_path, model, tr
 @pytest.mark.parametrize("model,translation", [("claude-fake", "responses->messages"), ("gpt-fake", "")])
 async def test_codex_reads_a_file(start_gateway, fake, tmp_path, model, translation):
     """On an Anthropic-only model (through translation) and on an OpenAI one (as it is)."""
-    codex = _cli("codex")
     gw = await start_gateway()
-    target = _task(tmp_path, fake)
-    home = tmp_path / "codex-home"
-    home.mkdir()
-    (home / "config.toml").write_text(
-        f'model = "{model}"\nmodel_provider = "farm"\n\n[model_providers.farm]\nname = "farm"\n'
-        f'base_url = "{gw.url}/v1"\nenv_key = "FARM_KEY"\nwire_api = "responses"\n'
-    )
-    env = _base_env(tmp_path) | {"CODEX_HOME": str(home), "FARM_KEY": gw.keys["alpha"]}
-    prompt = f"Read the file {target} and print its content"
-    cmd = [codex, "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", prompt]
-    out = await _run(cmd, env, tmp_path / "work")
+    out = await _codex(gw, tmp_path, model, _task(tmp_path, fake))
     assert SECRET_TEXT in out, out[-2000:]
     rows = [r for r in await gw.rows() if r["public_model"] == model]
     assert len(rows) >= 2 and all(r["status"] == "ok" and r["stream"] for r in rows[-2:]), rows
@@ -121,3 +130,30 @@ async def test_codex_reads_a_file(start_gateway, fake, tmp_path, model, translat
     assert _tool_result_went_up(fake, model)
     if translation:  # what Codex sends that has no Anthropic equivalent is dropped and said (web search)
         assert all("tools[web_search]" in (r["dropped_fields"] or "").split(",") for r in rows), rows
+
+
+# claude-fake priced with cache reads below its input: automatic prompt-cache breakpoints (issue 48)
+CACHED_PRICES = {
+    "claude-fake": {"input_per_mtok": 3.0, "output_per_mtok": 15.0, "cached_input_per_mtok": 0.3,
+                    "cache_write_per_mtok": 3.75},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("agent", ["codex", "claude-code"])
+async def test_an_agents_second_request_reads_the_first_from_the_prompt_cache(
+    start_gateway, fake, tmp_path, agent
+):
+    """On an Anthropic model whose cache reads are cheaper, against the fake's Anthropic cache: Codex marks
+    nothing (its Responses requests are translated) and gets the gateway's breakpoints; Claude Code marks
+    its own, which go up as they came (the fake refuses more than four). Either way the request carrying
+    the tool's result reads what the first request wrote, and its ledger row says so."""
+    fake.prompt_cache = PromptCache(min_tokens=1024)
+    gw = await start_gateway(prices=CACHED_PRICES)
+    run = _codex if agent == "codex" else _claude_code
+    out = await run(gw, tmp_path, "claude-fake", _task(tmp_path, fake))
+    assert SECRET_TEXT in out, out[-2000:]
+    rows = [r for r in await gw.rows() if r["public_model"] == "claude-fake" and r["status"] == "ok"]
+    first, last = rows[0], rows[-1]
+    assert first["cache_write_tokens"] > 1024, first  # the agent's system prompt and tools, written once
+    assert last["cached_input_tokens"] >= first["cache_write_tokens"], last  # and read on the next turn
+    assert last["cost_usd"] < last["input_tokens"] * 3.0 / 1e6  # under the input's uncached price
