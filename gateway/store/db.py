@@ -19,10 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     Column,
+    Date,
     DateTime,
     Float,
+    Index,
     Integer,
     MetaData,
     String,
@@ -67,7 +70,8 @@ ledger = Table(
     Column("ts", DateTime(timezone=True), nullable=False, index=True),
     Column("endpoint", String(32), nullable=False),
     Column("upstream_request_id", String(128), nullable=True),
-    Column("project", String(128), nullable=True, index=True),
+    # not indexed since revision 0005: no read needs it (today's usage reads by ts, request ids by the key)
+    Column("project", String(128), nullable=True),
     Column("key_id", String(32), nullable=True),
     Column("public_model", String(128), nullable=True),
     Column("upstream_model", String(128), nullable=True),
@@ -111,6 +115,34 @@ ledger = Table(
     Column("rate_limited", Integer, nullable=True),
     Column("retry_wait_ms", Float, nullable=True),
     Column("max_tokens", Integer, nullable=True),
+)
+
+# (revision 0005) The ledger summed per UTC day and group, kept by the ledger writer in the transaction that
+# writes the rows (gateway.store.ledger_daily), so that `farm gateway usage` reads a row per day and group
+# instead of every request: a group is a project, task, key, public model and agent session ('' where the
+# row has none). cost_usd: NULL while no row of the group had a price.
+usage_daily = Table(
+    "gateway_usage_daily",
+    metadata,
+    Column("day", Date, primary_key=True),
+    Column("project", String(128), primary_key=True),
+    Column("task", String(128), primary_key=True),
+    Column("key_id", String(32), primary_key=True),
+    Column("public_model", String(128), primary_key=True),
+    Column("session_id", String(128), primary_key=True),
+    Column("requests", Integer, nullable=False),
+    Column("input_tokens", BigInteger, nullable=False),
+    Column("output_tokens", BigInteger, nullable=False),
+    Column("cost_usd", Float, nullable=True),
+    Column("retries", Integer, nullable=False),
+    Column("rate_limited", Integer, nullable=False),
+    Column("retry_wait_ms", Float, nullable=False),
+    Column("ok", Integer, nullable=False),
+    Column("error", Integer, nullable=False),
+    Column("rejected", Integer, nullable=False),
+    Column("cancelled", Integer, nullable=False),
+    Index("ix_gateway_usage_daily_task_day", "task", "day"),
+    Index("ix_gateway_usage_daily_session_id_day", "session_id", "day"),
 )
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"

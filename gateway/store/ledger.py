@@ -13,8 +13,9 @@ found by splitting the batch, logged once, kept in the spool's ``rejected.jsonl`
 row never blocks the ledger. ``problems()`` names what makes the writer unfit to serve (behind, failing,
 spool not writable); /readyz and /metrics read it.
 
-The row's shape and cleaning, and the INSERT it goes through, are gateway.store.ledger_rows; the read
-queries (what each project used today) are gateway.store.ledger_queries.
+The row's shape and cleaning, and the INSERT it goes through, are gateway.store.ledger_rows; each written
+batch also adds its sums to the daily usage in the same transaction (gateway.store.ledger_daily); the read
+queries (what each project used today, `farm gateway usage`) are gateway.store.ledger_queries.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.core.record import LedgerRow
 from gateway.store.db import ledger
+from gateway.store.ledger_daily import add_daily, daily_sums
 from gateway.store.ledger_rows import (
     COLUMNS,
     DATETIMES,
@@ -362,21 +364,23 @@ class LedgerWriter:
         return written
 
     async def _write(self, rows: list[dict]) -> None:
-        if self._insert is None:
-            async with self._engine.begin() as conn:
-                await conn.execute(ledger.insert(), rows)
-            return
-        params = []
-        for row in rows:
-            try:
-                params.append(self._insert.params(row))
-            except (ValueError, TypeError, AttributeError) as e:  # a value its column cannot take
-                if len(rows) == 1:
-                    raise BadRow(str(e)) from e
-                raise BadRow("a row in the batch has a value its column cannot take") from e
+        """Insert ``rows`` and add their sums to the daily usage (gateway.store.ledger_daily), in one
+        transaction. A value its column cannot take, or that cannot be summed, is BadRow (the batch is
+        split to find it)."""
+        try:
+            sums = daily_sums(rows)
+            params = None if self._insert is None else [self._insert.params(row) for row in rows]
+        except (ValueError, TypeError, AttributeError) as e:  # a value its column cannot take
+            if len(rows) == 1:
+                raise BadRow(str(e)) from e
+            raise BadRow("a row in the batch has a value its column cannot take") from e
         async with self._engine.begin() as conn:
-            for sql, rows_params in self._insert.statements(params):
-                await conn.exec_driver_sql(sql, rows_params)
+            if params is None:
+                await conn.execute(ledger.insert(), rows)
+            else:
+                for sql, rows_params in self._insert.statements(params):
+                    await conn.exec_driver_sql(sql, rows_params)
+            await add_daily(conn, sums)
 
     # --- replay --------------------------------------------------------------------------------------
     async def _replay(self) -> None:

@@ -15,16 +15,18 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, time, timedelta
+from datetime import date as date_type
+from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import Select, case, func, select
+from sqlalchemy import Select, case, func, select, union_all
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.core.record import DayUsage
 from gateway.errors import StoreUnavailable
-from gateway.store.db import ledger
+from gateway.store.db import ledger, usage_daily
 
 # what a row of ``request_rows`` carries (gateway.summaries.schema.RequestUsage names them for the client)
 _REQUEST_COLUMNS = (
@@ -34,24 +36,28 @@ _REQUEST_COLUMNS = (
 )  # fmt: skip
 
 
-async def usage_today(engine: AsyncEngine) -> DayUsage:
-    """Per project, the tokens and US dollars recorded since 00:00 UTC (rows without a cost count none),
-    and the ids of today's ``shared_pending`` rows, in one statement, so all three come from one snapshot
-    of the ledger: grouped by project and, for a flagged row only, its request id."""
-    midnight = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+def usage_since_select(since: datetime) -> Select:
+    """Per project (and flagged row), tokens and US dollars since ``since``: ``usage_today``'s statement."""
     flagged = case((ledger.c.shared_pending.is_(True), ledger.c.request_id), else_=None)
-    q = (
+    return (
         select(
             ledger.c.project,
             flagged,
             func.sum(ledger.c.input_tokens + ledger.c.output_tokens),
             func.sum(ledger.c.cost_usd),
         )
-        .where(ledger.c.ts >= midnight, ledger.c.project.is_not(None))
+        .where(ledger.c.ts >= since, ledger.c.project.is_not(None))
         .group_by(ledger.c.project, flagged)
     )
+
+
+async def usage_today(engine: AsyncEngine) -> DayUsage:
+    """Per project, the tokens and US dollars recorded since 00:00 UTC (rows without a cost count none),
+    and the ids of today's ``shared_pending`` rows, in one statement, so all three come from one snapshot
+    of the ledger: grouped by project and, for a flagged row only, its request id."""
+    midnight = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
     async with engine.connect() as conn:
-        rows = (await conn.execute(q)).all()
+        rows = (await conn.execute(usage_since_select(midnight))).all()
     out = DayUsage({}, {}, [])
     for project, request_id, tokens, usd in rows:
         out.tokens[project] = out.tokens.get(project, 0) + int(tokens or 0)
@@ -59,6 +65,15 @@ async def usage_today(engine: AsyncEngine) -> DayUsage:
         if request_id is not None:
             out.shared_pending.append(request_id)
     return out
+
+
+def request_rows_select(project: str, ids: Sequence[str]) -> Select:
+    """``request_rows``' statement: the rows of ``ids`` within ``project``, oldest first."""
+    return (
+        select(*(ledger.c[name] for name in _REQUEST_COLUMNS))
+        .where(ledger.c.project == project, ledger.c.request_id.in_(ids))
+        .order_by(ledger.c.ts, ledger.c.request_id)
+    )
 
 
 async def request_rows(
@@ -71,15 +86,9 @@ async def request_rows(
     ids = sorted(set(request_ids))
     if not ids:
         return []
-    cols = [ledger.c[name] for name in _REQUEST_COLUMNS]
-    q = (
-        select(*cols)
-        .where(ledger.c.project == project, ledger.c.request_id.in_(ids))
-        .order_by(ledger.c.ts, ledger.c.request_id)
-    )
     try:
         async with asyncio.timeout(timeout_s), engine.connect() as conn:
-            found = (await conn.execute(q)).mappings().all()
+            found = (await conn.execute(request_rows_select(project, ids))).mappings().all()
     except (SQLAlchemyError, OSError, TimeoutError) as e:
         why = f"the ledger could not be read ({e.__class__.__name__}); try again"
         raise StoreUnavailable(why, error_class="ledger_unavailable") from None
@@ -97,17 +106,26 @@ async def request_rows(
     return out
 
 
-# ``farm gateway usage --by``: the dimensions a usage table groups by
+# ``farm gateway usage --by``: the dimensions a usage table groups by, and their ledger columns
 USAGE_DIMENSIONS = {
-    "task": ledger.c.task,
-    "project": ledger.c.project,
-    "model": ledger.c.public_model,
-    "key": ledger.c.key_id,
-    "session": ledger.c.session_id,  # Claude Code's session id, or the ``session-id`` header
+    "task": "task",
+    "project": "project",
+    "model": "public_model",
+    "key": "key_id",
+    "session": "session_id",  # Claude Code's session id, or the ``session-id`` header
 }
 _DEFAULT_DIMENSIONS = ("task", "model", "key")
 _MEASURES = ("requests", "input", "output", "total", "cost_usd", "retries", "429s", "retry_wait_s")
 _STATUSES = ("ok", "error", "rejected", "cancelled")
+_SUMMED = (
+    "requests",
+    "input_tokens",
+    "output_tokens",
+    "cost_usd",
+    "retries",
+    "rate_limited",
+    "retry_wait_ms",
+)
 
 
 @dataclass(frozen=True)
@@ -141,37 +159,111 @@ class UsageQuery:
         return [*([] if self.top else ["date"]), *self.dimensions, *_MEASURES, *_STATUSES]
 
 
+def _whole_days(q: UsageQuery) -> Select:
+    """The daily usage's groups of ``q``'s whole days, in the columns ``usage_select`` sums."""
+    d = usage_daily.c
+    stmt = select(
+        d.day.label("date"),
+        *(d[USAGE_DIMENSIONS[n]].label(n) for n in q.dimensions),
+        *(d[c].label(c) for c in _SUMMED),
+        *(d[s].label(s) for s in _STATUSES),
+    )
+    if q.since is not None:
+        stmt = stmt.where(d.day >= _first_whole_day(q.since))
+    if q.task is not None:
+        stmt = stmt.where(d.task == q.task)
+    if q.session is not None:
+        stmt = stmt.where(d.session_id == q.session)
+    return stmt
+
+
+def _part_day(q: UsageQuery, since: datetime) -> Select:
+    """The ledger's rows from ``since`` to the end of its day (a window that starts within a day), summed
+    per group as the daily usage is ('' for a dimension a row has none of), by the index on ``ts``."""
+    end = datetime.combine(_first_whole_day(since), time.min, UTC)
+    l = ledger.c  # noqa: E741
+    dims = [func.coalesce(l[USAGE_DIMENSIONS[n]], "").label(n) for n in q.dimensions]
+    date = func.date(l.ts).label("date")
+    stmt = (
+        select(
+            date,
+            *dims,
+            func.count().label("requests"),
+            func.sum(l.input_tokens).label("input_tokens"),
+            func.sum(l.output_tokens).label("output_tokens"),
+            func.sum(l.cost_usd).label("cost_usd"),
+            func.sum(l.retries).label("retries"),
+            func.sum(func.coalesce(l.rate_limited, 0)).label("rate_limited"),  # NULL: before revision 0004
+            func.sum(func.coalesce(l.retry_wait_ms, 0.0)).label("retry_wait_ms"),
+            *(func.sum(case((l.status == s, 1), else_=0)).label(s) for s in _STATUSES),
+        )
+        .where(l.ts >= since, l.ts < end)
+        .group_by(date, *dims)
+    )
+    if q.task is not None:
+        stmt = stmt.where(l.task == q.task)
+    if q.session is not None:
+        stmt = stmt.where(l.session_id == q.session)
+    return stmt
+
+
+def _first_whole_day(since: datetime) -> date_type:
+    """The first UTC day wholly after ``since`` (its own day when it is a midnight)."""
+    since = since.astimezone(UTC)
+    day = since.date()
+    return day if since.time() == time.min else day + timedelta(days=1)
+
+
 def usage_select(q: UsageQuery) -> Select:
-    """The statement of ``q``'s table (its columns are ``q.names``)."""
-    date = func.date(ledger.c.ts).label("date")
-    dims = [USAGE_DIMENSIONS[d].label(d) for d in q.dimensions]
-    groups = dims if q.top else [date, *dims]
-    cost = func.sum(ledger.c.cost_usd)
-    total = func.sum(ledger.c.input_tokens + ledger.c.output_tokens)
+    """The statement of ``q``'s table (its columns are ``q.names``): the daily usage's whole days (none of
+    the ledger's rows), and, for a window that starts within a day, that day's rows from the ledger."""
+    parts = [_whole_days(q)]
+    if q.since is not None and q.since.astimezone(UTC).time() != time.min:
+        parts.append(_part_day(q, q.since))
+    src = (parts[0] if len(parts) == 1 else union_all(*parts)).subquery("usage")
+    dims = [src.c[n] for n in q.dimensions]
+    groups = dims if q.top else [src.c.date, *dims]
+    cost = func.sum(src.c.cost_usd)
+    total = func.sum(src.c.input_tokens) + func.sum(src.c.output_tokens)
     stmt = select(
         *groups,
-        func.count().label("requests"),
-        func.sum(ledger.c.input_tokens),
-        func.sum(ledger.c.output_tokens),
+        func.sum(src.c.requests),
+        func.sum(src.c.input_tokens),
+        func.sum(src.c.output_tokens),
         total,
         cost,
-        func.sum(ledger.c.retries),
-        func.sum(func.coalesce(ledger.c.rate_limited, 0)),  # NULL: a row from before revision 0004
-        func.sum(func.coalesce(ledger.c.retry_wait_ms, 0.0)) / 1000.0,
-        *(func.sum(case((ledger.c.status == s, 1), else_=0)) for s in _STATUSES),
+        func.sum(src.c.retries),
+        func.sum(src.c.rate_limited),
+        func.sum(src.c.retry_wait_ms) / 1000.0,
+        *(func.sum(src.c[s]) for s in _STATUSES),
     ).group_by(*groups)
-    if q.since is not None:
-        stmt = stmt.where(ledger.c.ts >= q.since)
-    if q.task is not None:
-        stmt = stmt.where(ledger.c.task == q.task)
-    if q.session is not None:
-        stmt = stmt.where(ledger.c.session_id == q.session)
     if q.top:
         return stmt.order_by(cost.desc().nulls_last(), total.desc(), *dims).limit(q.top)
-    return stmt.order_by(date, *dims)
+    return stmt.order_by(*groups)
 
 
 async def usage_table(engine: AsyncEngine, q: UsageQuery) -> list[list]:
-    """The rows of ``q``'s table, as lists in the order of ``q.names``."""
+    """The rows of ``q``'s table, as lists in the order of ``q.names`` (a dimension a request had none of
+    is None; the date a ``datetime.date``)."""
+    first = 0 if q.top else 1
+    span = range(first, first + len(q.dimensions))
+    out = []
     async with engine.connect() as conn:
-        return [list(r) for r in await conn.execute(usage_select(q))]
+        for r in await conn.execute(usage_select(q)):
+            row = list(r)
+            if not q.top and isinstance(row[0], str):  # SQLite: the day as text
+                row[0] = date_type.fromisoformat(row[0])
+            for i in span:
+                row[i] = row[i] or None
+            for i in range(first + len(q.dimensions), len(row)):
+                row[i] = _number(row[i])
+            out.append(row)
+    return out
+
+
+def _number(v: Any) -> Any:
+    """A sum as Python gives it back everywhere: an int, a float, or None (PostgreSQL: Decimal for sums
+    of BIGINT)."""
+    if isinstance(v, Decimal):
+        return int(v) if v == v.to_integral_value() else float(v)
+    return v

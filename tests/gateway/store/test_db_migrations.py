@@ -115,7 +115,7 @@ async def test_an_empty_database_is_created_at_the_newest_revision_as_db_py_has_
     before = await schema_state(engine)
     assert before.empty and before.current is None and not before.up_to_date
     state = await ensure_schema(engine)  # the zero-setup start: no command needed
-    assert state.up_to_date and state.current == head_revision() == "0004"
+    assert state.up_to_date and state.current == head_revision() == "0005"
     assert state.tables == set(metadata.tables)
     async with engine.connect() as conn:
         assert await conn.run_sync(_differences) == []  # the migrations make exactly these tables
@@ -149,9 +149,9 @@ async def test_an_old_style_database_is_refused_until_db_upgrade_adopts_it(
 
     res = await _cli("db", "upgrade", "--config", cfg)
     assert res.exit_code == 0, res.output
-    assert "schema upgraded from tables from before migrations to 0004" in res.output
+    assert f"schema upgraded from tables from before migrations to {head_revision()}" in res.output
     res = await _cli("db", "upgrade", "--config", cfg)
-    assert res.exit_code == 0 and "already at the newest revision, 0004" in res.output
+    assert res.exit_code == 0 and f"already at the newest revision, {head_revision()}" in res.output
 
     state = await schema_state(engine)
     assert state.up_to_date and state.tables == set(metadata.tables)
@@ -189,7 +189,7 @@ async def test_first_starts_at_once_create_the_tables_once(empty_url):
         assert all(s.up_to_date for s in states)
         async with engines[0].connect() as conn:
             versions = (await conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}"))).all()
-        assert versions == [("0004",)]
+        assert versions == [(head_revision(),)]
     finally:
         for e in engines:
             await e.dispose()
