@@ -201,6 +201,7 @@ class Selection:
     config: dict[str, Any] | None = None
     dtype: str | None = None
     spec: str | None = None
+    jobs: frozenset[int] | None = None  # only these jobs' trials (a report's recent history)
 
     def matches(self, key: PointKey) -> bool:
         return (
@@ -261,6 +262,8 @@ def series_query(selection: Selection) -> Select:
         q = q.where(TrialRow.dtype == selection.dtype)
     if selection.spec is not None:
         q = q.where(Job.name == selection.spec)
+    if selection.jobs is not None:
+        q = q.where(TrialRow.job_id.in_(sorted(selection.jobs)))
     return q
 
 

@@ -74,6 +74,14 @@ def _shape_key(t: TrialRow) -> str:
     return json.dumps([sorted(t.shape.items()), t.dtype])
 
 
+def _by_shape(trials: list[TrialRow]) -> dict[str, list[TrialRow]]:
+    """The trials by shape and dtype (_shape_key), each in its job's order."""
+    out: dict[str, list[TrialRow]] = {}
+    for t in trials:
+        out.setdefault(_shape_key(t), []).append(t)
+    return out
+
+
 def _rank(t: TrialRow) -> tuple[int, float]:
     good = t.status == TrialStatus.OK and t.median_ns is not None
     return (0 if good else 1, t.median_ns if good else 0.0)
@@ -219,18 +227,22 @@ def compare_jobs(
     order: dict[str, TrialRow] = {}
     for t in trials_a + trials_b:
         order.setdefault(_shape_key(t), t)
+    by_shape_a, by_shape_b = _by_shape(trials_a), _by_shape(trials_b)  # once: linear in the trials
     result = CompareResult(job_a, jb, select_a.label(), select_b.label())
     result.environment = [d.to_list() for d in environment.changes(env_a, env_b)]
-    for key, example in order.items():
-        ta, na = pick((t for t in trials_a if _shape_key(t) == key), select_a)
-        tb, nb = pick((t for t in trials_b if _shape_key(t) == key), select_b)
+    picked = [
+        (example, *pick(by_shape_a.get(key, []), select_a), *pick(by_shape_b.get(key, []), select_b))
+        for key, example in order.items()
+    ]
+    samples = store.kept_samples_of(t.id for _e, ta, _na, tb, _nb in picked for t in (ta, tb) if t)
+    for example, ta, na, tb, nb in picked:
         row = ShapeRow(
             shape=dict(example.shape),
             dtype=example.dtype,
             a=side_of(ta, job_a, na) if ta else None,
             b=side_of(tb, jb, nb) if tb else None,
         )
-        result.rows.append(_across(_judge(store, row, ta, tb, min_effect, alpha), ta, tb, envs))
+        result.rows.append(_across(_judge(samples, row, ta, tb, min_effect, alpha), ta, tb, envs))
     return result
 
 
@@ -265,8 +277,14 @@ def _across(
 
 
 def _judge(
-    store: Store, row: ShapeRow, ta: TrialRow | None, tb: TrialRow | None, min_effect: float, alpha: float
+    samples: dict[int, list[int]],
+    row: ShapeRow,
+    ta: TrialRow | None,
+    tb: TrialRow | None,
+    min_effect: float,
+    alpha: float,
 ) -> ShapeRow:
+    """The row with its comparison of A's and B's kept samples (`samples`: trial id -> kept samples)."""
     if ta is None or tb is None:
         row.note = f"no trial matches {'A' if ta is None else 'B'} for this shape"
         return row
@@ -277,9 +295,7 @@ def _judge(
     if bad and any(t.status != TrialStatus.INCORRECT for t in (ta, tb) if t.status != TrialStatus.OK):
         row.note = "; ".join(bad) + ": no timing to compare"
         return row
-    cmp = compare_samples(
-        store.kept_samples(ta.id), store.kept_samples(tb.id), min_effect=min_effect, alpha=alpha
-    )
+    cmp = compare_samples(samples[ta.id], samples[tb.id], min_effect=min_effect, alpha=alpha)
     row.comparison = cmp
     if bad:
         row.note = "; ".join(bad) + " (timed, but its output failed the correctness check)"

@@ -125,11 +125,12 @@ def speedup_figure(items: list[Speedup], against: str = "the baseline") -> go.Fi
 
 def samples_figure(store: Store, job_id: int, rows: list[Row]) -> go.Figure | None:
     trials = {t.seq: t for t in store.trials(job_id)}
+    kept = store.kept_samples_of(trials[r.trial].id for r in rows if r.median_ms)
     fig = go.Figure()
     for r in rows:
         if not r.median_ms:
             continue
-        samples = store.kept_samples(trials[r.trial].id)
+        samples = kept[trials[r.trial].id]
         if not samples:
             continue
         fig.add_box(

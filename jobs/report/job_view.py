@@ -21,6 +21,9 @@ from kernels.base import NOT_FAILED, TrialStatus
 
 FAST_P = (0.0, 0.1, 0.5)  # the fast_p thresholds shown
 HISTORY_JOBS = 20  # how many recent jobs a point's history in a job's report shows
+# ... found among the family's newest RECENT_JOBS x HISTORY_JOBS jobs up to the job (several specs of one
+# family interleave), not in its whole history: a report's cost does not grow with the store
+RECENT_JOBS = 4
 
 
 @dataclass
@@ -58,14 +61,17 @@ def speedups(store: Store, job_id: int, rows: list[Row]) -> list[Speedup]:
     for r in rows:
         if r.baseline and r.status == TrialStatus.OK and r.median_ms:
             base.setdefault((r.shape, r.dtype), {})[r.config] = r.trial
-    out = []
+    pairs = []
     for r in rows:
         if r.baseline or r.status != TrialStatus.OK or not r.median_ms:
             continue
         ref = baseline_for(base.get((r.shape, r.dtype), {}), r.config)
-        if ref is None:
-            continue
-        ratio = speedup_ci(store, trials[ref].id, trials[r.trial].id)
+        if ref is not None:
+            pairs.append((r, trials[ref].id, trials[r.trial].id))
+    samples = store.kept_samples_of(i for _r, a, b in pairs for i in (a, b))
+    out = []
+    for r, a, b in pairs:
+        ratio = speedup_ci(store, a, b, samples)
         if ratio is not None:
             out.append(Speedup(r.shape, label(r), *ratio))
     return out
@@ -77,7 +83,7 @@ def stored_baseline(store: Store, job_id: int) -> tuple[str, int, dict[int, int]
     (name, its job, trial id of the job -> the matching baseline trial id), or None."""
     from jobs.judge import baselines
 
-    used = {(f.evidence or {}).get("baseline_job") for f in store.failures() if f.job_id == job_id}
+    used = {(f.evidence or {}).get("baseline_job") for f in store.failures(job_id=job_id)}
     family = store.get_job(job_id).family
     named = [b for b, _ in store.list_baselines() if b.job_id in used and b.family == family]
     base = named[0] if named else baselines.resolve(store, job_id)
@@ -95,12 +101,15 @@ def baseline_job_speedups(store: Store, job_id: int, rows: list[Row]) -> tuple[s
         return "", []
     name, base_job, matched = found
     by_seq = {t.seq: t for t in store.trials(job_id)}
-    out = []
+    pairs = []
     for r in rows:
         t = by_seq[r.trial]
-        if r.status != TrialStatus.OK or not r.median_ms or t.id not in matched:
-            continue
-        ratio = speedup_ci(store, matched[t.id], t.id)
+        if r.status == TrialStatus.OK and r.median_ms and t.id in matched:
+            pairs.append((r, matched[t.id], t.id))
+    samples = store.kept_samples_of(i for _r, a, b in pairs for i in (a, b))
+    out = []
+    for r, a, b in pairs:
+        ratio = speedup_ci(store, a, b, samples)
         if ratio is not None:
             out.append(Speedup(r.shape, f"#{r.trial} {label(r)}", *ratio))
     return f"baseline {name} (job {base_job})", out
@@ -122,12 +131,14 @@ def speedup_summary(items: list[Speedup]) -> Table | None:
 
 def recent_history(store: Store, job_id: int, family: str, last: int = HISTORY_JOBS) -> Table | None:
     """For each point of the job that earlier jobs also measured: its median over the last `last` jobs
-    up to this one (a sparkline, this job the last dot) and the change from the previous job (with what
-    changed in the environment between them, when a performance component did)."""
+    (of the family's newest RECENT_JOBS x `last` up to this one; a sparkline, this job the last dot) and
+    the change from the previous job (with what changed in the environment between them, when a
+    performance component did)."""
     from jobs.history.series import Selection, collect
 
     rows = []
-    for series in collect(store, Selection(family=family), detect=False):
+    recent = frozenset(store.recent_jobs(family, job_id, RECENT_JOBS * last))
+    for series in collect(store, Selection(family=family, jobs=recent), detect=False):
         at = next((i for i, p in enumerate(series.points) if p.job_id == job_id), None)
         if at is None or at == 0:
             continue

@@ -164,15 +164,21 @@ def build_rows(store: Store, job_id: int) -> list[Row]:
     return [_row(t, base, extra_keys) for t in trials]
 
 
-def speedup_ci(store: Store, base_trial_id: int, trial_id: int) -> tuple[float, float, float] | None:
+def speedup_ci(
+    store: Store, base_trial_id: int, trial_id: int, samples: dict[int, list[int]] | None = None
+) -> tuple[float, float, float] | None:
     """(baseline median / median, low, high): a speedup with a 95% bootstrap interval over both trials'
-    kept samples; None when either has none."""
+    kept samples; None when either has none. `samples` (trial id -> kept samples, Store.kept_samples_of)
+    are used when given: a page of many speedups reads them all at once."""
     import numpy as np
 
     from kernels.measure.stats import bootstrap_ratio_ci
 
-    a = np.asarray(store.kept_samples(base_trial_id), dtype=float)
-    b = np.asarray(store.kept_samples(trial_id), dtype=float)
+    def kept(trial: int) -> list[int]:
+        return samples[trial] if samples is not None and trial in samples else store.kept_samples(trial)
+
+    a = np.asarray(kept(base_trial_id), dtype=float)
+    b = np.asarray(kept(trial_id), dtype=float)
     if len(a) == 0 or len(b) == 0:
         return None
     lo, hi = bootstrap_ratio_ci(a, b, n_boot=400, confidence=0.95, seed=0)  # of b/a: inverted below

@@ -56,13 +56,14 @@ class FindingStore:
                 q = q.where(Anomaly.fingerprint == fingerprint)
             return list(s.scalars(q))
 
-    def failures(self, fingerprint: str | None = None) -> list[Failure]:
-        return [f for f, _env in self.failures_in_environments(fingerprint)]
+    def failures(self, fingerprint: str | None = None, *, job_id: int | None = None) -> list[Failure]:
+        return [f for f, _env in self.failures_in_environments(fingerprint, job_id=job_id)]
 
     def failures_in_environments(
-        self, fingerprint: str | None = None
+        self, fingerprint: str | None = None, *, job_id: int | None = None
     ) -> list[tuple[Failure, Environment | None]]:
-        """The failure bank's entries, each with the environment its trial ran in (None: not recorded)."""
+        """The failure bank's entries (of one fingerprint, of one job), each with the environment its trial
+        ran in (None: not recorded)."""
         with Session(self.engine, expire_on_commit=False) as s:
             q = (
                 select(Failure, Environment)
@@ -72,6 +73,8 @@ class FindingStore:
             )
             if fingerprint is not None:
                 q = q.where(Failure.fingerprint == fingerprint)
+            if job_id is not None:
+                q = q.where(Failure.job_id == job_id)
             return [(f, env) for f, env in s.execute(q)]
 
     def record_comparison(self, **fields: object) -> int:

@@ -123,6 +123,20 @@ class TrialStore:
             out.setdefault(job_id, {})[status] = n
         return out
 
+    def recent_jobs(self, family: str, up_to: int, limit: int) -> list[int]:
+        """The ids of the family's newest `limit` jobs created up to job `up_to` (it included)."""
+        with Session(self.engine) as s:
+            at = select(Job.created_at).where(Job.id == up_to).scalar_subquery()
+            q = (
+                select(Job.id)
+                .where(
+                    Job.family == family, (Job.created_at < at) | ((Job.created_at == at) & (Job.id <= up_to))
+                )
+                .order_by(Job.created_at.desc(), Job.id.desc())
+                .limit(limit)
+            )
+            return list(s.scalars(q))
+
     def set_job_status(
         self, job_id: int, status: str, *, message: str | None = None, cluster: dict | None = None
     ) -> None:
@@ -183,6 +197,22 @@ class TrialStore:
         with Session(self.engine) as s:
             summary = s.scalar(select(TrialRow.summary).where(TrialRow.id == trial_id))
         return kept(samples, summary)
+
+    def kept_samples_of(self, trial_ids: Iterable[int]) -> dict[int, list[int]]:
+        """kept_samples of many trials in one read (a trial without samples maps to [])."""
+        ids = sorted(set(trial_ids))
+        out: dict[int, list[int]] = {i: [] for i in ids}
+        with Session(self.engine) as s:
+            for start in range(0, len(ids), 1000):  # bounded IN lists
+                page = ids[start : start + 1000]
+                q = (
+                    select(TrialRow.id, TrialRow.summary, Sample.codec, Sample.data)
+                    .join(Sample, Sample.trial_id == TrialRow.id)
+                    .where(TrialRow.id.in_(page))
+                )
+                for trial_id, summary, codec, data in s.execute(q):
+                    out[trial_id] = kept(unpack(codec, data), summary)
+        return out
 
     def record_results(self, results: Iterable[TrialResult]) -> None:
         """Write finished trials (and their raw samples) in one transaction.

@@ -1,0 +1,64 @@
+"""The reads a report, a comparison and a job page make at a team's scale (issue 46): the kept samples of
+many trials in one read, the same as one trial's at a time; a report's recent history bounded to the
+family's newest jobs up to the job; the failure bank of one job without reading the others'."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jobs.history.series import Selection, collect
+from jobs.store.results import result_of
+from kernels.base import Summary
+from testkit.jobs import spec_job
+
+SPEC = """
+name: reads
+family: probe
+backends: [{name: noop, baseline: true}, {name: spin, configs: {grid: {ms: [1]}}}]
+shapes: {grid: {n: [0, 1]}}
+"""
+
+
+def _job(store) -> int:
+    job = spec_job(store, SPEC)
+    results = []
+    for t in store.trials(job):
+        values = [1000 + 10 * i + t.seq for i in range(6)]
+        summary = dataclasses.replace(Summary.from_samples(values), discarded=(0, 3) if t.seq % 2 else ())
+        results.append(result_of(t.id, values, summary=summary))
+    store.record_results(results)
+    return job
+
+
+def test_kept_samples_of_many_trials_are_each_trials_kept_samples(store):
+    ids = [t.id for j in (_job(store), _job(store)) for t in store.trials(j)]
+    many = store.kept_samples_of([*ids, ids[0], 10_000])  # a repeat, and a trial with no samples
+    assert many == {i: store.kept_samples(i) for i in ids} | {10_000: []}
+    assert any(len(v) == 4 for v in many.values()) and any(len(v) == 6 for v in many.values())
+
+
+def test_recent_jobs_are_the_familys_newest_up_to_the_job(store):
+    def other() -> int:  # a job of another family, created in between
+        return store.create_job(
+            name="o", family="gemm", spec_yaml="{}", spec_hash="o", trials=[], git_commit=None
+        )
+
+    made = [_job(store) if i % 3 else other() for i in range(9)]
+    probe = [j for i, j in enumerate(made) if i % 3]
+    assert store.recent_jobs("probe", probe[3], 2) == [probe[3], probe[2]]
+    assert store.recent_jobs("probe", probe[-1], 100) == probe[::-1]
+    assert store.recent_jobs("probe", probe[0], 5) == [probe[0]]
+    series = collect(store, Selection(family="probe", jobs=frozenset(probe[:2])))
+    assert {p.job_id for s in series for p in s.points} == set(probe[:2])
+
+
+def test_the_failures_of_one_job(store):
+    from jobs.store import FailureRecord
+
+    a, b = _job(store), _job(store)
+    for job in (a, b):
+        rec = FailureRecord(None, "probe", "correct", "fail", "f" * 32, "x", f"job {job}", {})
+        store.replace_failures(job, [rec])
+    assert [f.message for f in store.failures(job_id=b)] == [f"job {b}"]
+    assert [f.message for f in store.failures("f" * 32, job_id=a)] == [f"job {a}"]
+    assert len(store.failures()) == 2
