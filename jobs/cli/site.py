@@ -16,8 +16,12 @@ from jobs.cli.common import db_option, echo, store_for
 @click.option(
     "-o", "--output", type=click.Path(file_okay=False, path_type=Path), required=True, help="folder to write"
 )
-def site(db: str | None, output: Path) -> None:
-    """Write a static site of every job and every kernel's history, which opens offline."""
+@click.option(
+    "--full", is_flag=True, help="rewrite every page (default: only what changed since the last build)"
+)
+def site(db: str | None, output: Path, full: bool) -> None:
+    """Write a static site of every job and every kernel's history, which opens offline. Into a folder it
+    built before, only the pages of new or changed jobs and of the kernels they ran are written again."""
     from jobs.drafts.account import build_account
     from jobs.report.site import build_site
 
@@ -27,7 +31,7 @@ def site(db: str | None, output: Path) -> None:
         account = build_account(store)
         if account.note:
             echo(f"token account: {account.note}")
-        result = build_site(store, output, account)
+        result = build_site(store, output, account, full=full)
     finally:
         store.close()
     echo(

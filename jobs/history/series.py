@@ -36,7 +36,7 @@ from datetime import datetime
 from functools import cache
 from typing import Any
 
-from sqlalchemy import Row, Select, select
+from sqlalchemy import Row, Select, select, tuple_
 from sqlalchemy.orm import Session
 
 from jobs.history.changepoints import ChangePoint, e_divisive
@@ -202,6 +202,8 @@ class Selection:
     dtype: str | None = None
     spec: str | None = None
     jobs: frozenset[int] | None = None  # only these jobs' trials (a report's recent history)
+    # only these (family, backend, shape key) series (the kernel pages a site rebuild touches)
+    series: frozenset[tuple[str, str, str | None]] | None = None
 
     def matches(self, key: PointKey) -> bool:
         return (
@@ -264,6 +266,9 @@ def series_query(selection: Selection) -> Select:
         q = q.where(Job.name == selection.spec)
     if selection.jobs is not None:
         q = q.where(TrialRow.job_id.in_(sorted(selection.jobs)))
+    if selection.series is not None:
+        keys = sorted(selection.series, key=repr)
+        q = q.where(tuple_(TrialRow.family, TrialRow.backend, TrialRow.shape_key).in_(keys))
     return q
 
 

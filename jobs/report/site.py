@@ -9,30 +9,41 @@ account.html          the token account of the drafts and its four questions (jo
 plotly.min.js         plotly.js, once for the whole site: every page opens offline
 
 Every page is rendered from its template (jobs/report/templates/); this module prepares their data.
+
+A rebuild into the same folder writes only what changed (issue 46): `.site-manifest.json` keeps each
+job's stamp (jobs.store.page_reads: status, end, verdict, its family's baselines) and each kernel's index
+row; a job whose stamp changed (or a new one) gets its page again, and the kernel pages of the series its
+trials are in (read by their indexed keys, change points found again); the other pages stay as they are
+and the index is made from the kept rows. `full=True`, a manifest of another version, or none, rebuilds
+everything.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from jobs.drafts.account import Account, build_account
-from jobs.history.series import Series, collect
+from jobs.history.series import Selection, Series, collect
 from jobs.judge.environment import changed_text
 from jobs.report.account_page import render_account
 from jobs.report.figures import history_figure
 from jobs.report.html import render_job
 from jobs.report.plotting import figure_view
 from jobs.report.templating import plotly_js, render_page
-from jobs.report.views import NAV_INDEX, Link, Table, spark
+from jobs.report.views import NAV_INDEX, Link, Spark, Table, spark
 from jobs.store import Store
+
+MANIFEST = ".site-manifest.json"
+MANIFEST_VERSION = 1
 
 
 @dataclass
 class SiteResult:
-    pages: int
-    kernels: int
-    jobs: int
+    pages: int  # written by this build
+    kernels: int  # in the site
+    jobs: int  # in the site
 
 
 @dataclass
@@ -99,27 +110,41 @@ def _kernel_page(series: Series) -> str:
     )
 
 
-def _family_table(all_series: list[Series], family: str) -> Table:
+def _index_row(s: Series) -> dict:
+    """A kernel's row of the index, as the manifest keeps it (JSON)."""
+    change = s.changes[-1] if s.changes else None
+    line = spark([p.median_ns for p in s.points], marks=tuple(c.index for c in s.changes))
+    return {
+        "family": s.key.family,
+        "slug": s.key.slug,
+        "label": s.key.label,
+        "env": s.key.env,
+        "jobs": len(s.points),
+        "last": f"{s.points[-1].median_ns / 1e6:.4f}",
+        "change": f"job {change.job_id}: {change.magnitude:+.1%}" if change else "-",
+        "spark": asdict(line) if isinstance(line, Spark) else line,
+    }
+
+
+def _family_table(rows: list[dict], family: str) -> Table:
     """The index's table of a family: a row per point, linked to its page, with its sparkline."""
-    rows = []
-    for s in (s for s in all_series if s.key.family == family):
-        change = s.changes[-1] if s.changes else None
-        rows.append(
-            [
-                Link(f"kernels/{s.key.slug}.html", s.key.label),
-                s.key.env,
-                len(s.points),
-                f"{s.points[-1].median_ns / 1e6:.4f}",
-                f"job {change.job_id}: {change.magnitude:+.1%}" if change else "-",
-                spark([p.median_ns for p in s.points], marks=tuple(c.index for c in s.changes)),
-            ]
+    body = []
+    for r in (r for r in rows if r["family"] == family):
+        line = r["spark"]
+        line = (
+            Spark(line["width"], line["height"], line["points"], tuple(map(tuple, line["dots"])))
+            if line
+            else ""
+        )
+        body.append(
+            [Link(f"kernels/{r['slug']}.html", r["label"]), r["env"], r["jobs"], r["last"], r["change"], line]
         )
     head = ["kernel", "environment", "jobs", "last median ms", "last change", "history"]
-    return Table(head, rows, left=2)
+    return Table(head, body, left=2)
 
 
-def _index(all_series: list[Series], jobs: list[SiteJob], account: Account) -> str:
-    families = sorted({s.key.family for s in all_series})
+def _index(rows: list[dict], jobs: list[SiteJob], account: Account) -> str:
+    families = sorted({r["family"] for r in rows})
     total = account.totals()
     return render_page(
         "index.html.j2",
@@ -127,27 +152,56 @@ def _index(all_series: list[Series], jobs: list[SiteJob], account: Account) -> s
         "plotly.min.js",
         total=total,
         tokens=f"{total.total_tokens:,}",
-        families=[(family, _family_table(all_series, family)) for family in families],
+        families=[(family, _family_table(rows, family)) for family in families],
         jobs=jobs,
     )
 
 
-def build_site(store: Store, out: Path, account: Account | None = None) -> SiteResult:
-    """The site of ``store`` in ``out``. ``account``: the token account to show (`farm site` reads the
-    gateway's ledger for it); None: the farm's own, without asking any gateway."""
+def _manifest(out: Path) -> dict | None:
+    try:
+        found = json.loads((out / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) and found.get("version") == MANIFEST_VERSION else None
+
+
+def build_site(store: Store, out: Path, account: Account | None = None, *, full: bool = False) -> SiteResult:
+    """The site of ``store`` in ``out``, rewriting only what changed since the last build there (unless
+    ``full``). ``account``: the token account to show (`farm site` reads the gateway's ledger for it);
+    None: the farm's own, without asking any gateway."""
     out = Path(out)
     (out / "kernels").mkdir(parents=True, exist_ok=True)
     (out / "jobs").mkdir(parents=True, exist_ok=True)
     (out / "plotly.min.js").write_text(plotly_js())
-    all_series = collect(store)
+    before = None if full else _manifest(out)
+    stamps = store.job_stamps()
+    if before is None:
+        changed, kernels, all_series = sorted(stamps), {}, collect(store)
+    else:
+        kept = before["jobs"]
+        changed = sorted(j for j, stamp in stamps.items() if kept.get(str(j)) != stamp)
+        for gone in set(kept) - {str(j) for j in stamps}:
+            (out / "jobs" / f"{gone}.html").unlink(missing_ok=True)
+        kernels = before["kernels"]
+        # a kernel page shows trials' results: only a new job, or one whose status or end moved, has new
+        # ones (a new verdict or baseline changes the job's page only)
+        ran = [j for j in changed if (kept.get(str(j)) or [None, None])[:2] != stamps[j][:2]]
+        keys = store.series_keys_of(ran)
+        all_series = collect(store, Selection(series=frozenset(keys))) if keys else []
     for s in all_series:
         (out / "kernels" / f"{s.key.slug}.html").write_text(_kernel_page(s))
-    jobs = sorted(store.list_jobs(limit=1_000_000), key=lambda jc: jc[0].id)
-    for job, _counts in jobs:
-        (out / "jobs" / f"{job.id}.html").write_text(render_job(store, job.id, "../plotly.min.js", NAV_INDEX))
+        kernels[s.key.slug] = _index_row(s)
+    for job_id in changed:
+        (out / "jobs" / f"{job_id}.html").write_text(render_job(store, job_id, "../plotly.min.js", NAV_INDEX))
     if account is None:
         account = build_account(store, use_env=False)
     (out / "account.html").write_text(render_account(account, (Link("index.html", "index"),)))
-    listed = [SiteJob(j.id, j.name, (j.git_commit or "unknown commit")[:12]) for j, _ in jobs]
-    (out / "index.html").write_text(_index(all_series, listed, account))
-    return SiteResult(pages=2 + len(all_series) + len(jobs), kernels=len(all_series), jobs=len(jobs))
+    listed = [SiteJob(j, name, (commit or "unknown commit")[:12]) for j, name, commit in store.jobs_brief()]
+    (out / "index.html").write_text(_index(list(kernels.values()), listed, account))
+    manifest = {
+        "version": MANIFEST_VERSION,
+        "jobs": {str(j): st for j, st in stamps.items()},
+        "kernels": kernels,
+    }
+    (out / MANIFEST).write_text(json.dumps(manifest))
+    return SiteResult(pages=2 + len(all_series) + len(changed), kernels=len(kernels), jobs=len(stamps))

@@ -67,7 +67,7 @@ def _judged(store: Store, job_id: int, failures: list[Any], anomalies: list[Any]
 
 
 def verdict_view(store: Store, job_id: int) -> VerdictView:
-    failures = [f for f in store.failures() if f.job_id == job_id]
+    failures = store.failures(job_id=job_id)
     anomalies = store.anomalies(job_id)
     judged = _judged(store, job_id, failures, anomalies)
     n_fail = sum(j.outcome == "fail" for j in judged)

@@ -2,7 +2,8 @@
 
 Its methods come by aggregate from trial_store (jobs, trials, samples, environments), baseline_store,
 finding_store (anomalies, the failure bank), draft_store, judging (the one read a verdict makes) and
-retention (old samples pruned); this module opens the engine they share (jobs.store.engine)."""
+retention (old samples pruned) and page_reads (what `farm site` rebuilds); this module opens the
+engine they share (jobs.store.engine)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ from jobs.store.draft_store import DraftStore
 from jobs.store.engine import make_engine
 from jobs.store.finding_store import FindingStore
 from jobs.store.judging import JudgingStore
+from jobs.store.page_reads import PageReads
 from jobs.store.retention import RetentionStore
 from jobs.store.trial_store import TrialStore
 
 
-class Store(TrialStore, BaselineStore, FindingStore, DraftStore, JudgingStore, RetentionStore):
+class Store(TrialStore, BaselineStore, FindingStore, DraftStore, JudgingStore, RetentionStore, PageReads):
     """All reads and writes of the farm's results. One per process; cheap to construct."""
 
     def __init__(self, url: str | None = None, *, create: bool = True, source: str | None = None):
