@@ -43,6 +43,7 @@ class WorkItem:
     solo: bool = False  # never batched again (set after a batch it was in timed out or crashed)
     timeout_s: float | None = None  # its job's limit when jobs of several specs share the workers (a pool)
     source: str | None = None  # the digest of the shipped kernels/ it runs on (None: the cluster's own)
+    gpu_types: frozenset[str | None] | None = None  # the GPU types of the workers it may run on (None: any)
 
 
 @dataclass
@@ -78,6 +79,9 @@ class SlotState:
     generation: int  # actors started for this slot so far (1 + replacements)
     node: str | None  # the node its current actor runs on (None until it is ready)
     gpu_id: str | None
+    gpu_type: str | None = None  # the accelerator type of the node it is placed on (None: any)
+    running: tuple[int, ...] = ()  # the trials in flight on it
+    head_started: float = 0.0  # time.monotonic() when the call at its head started
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,7 @@ class _Slot:
     deaths_in_row: int = 0
     retired: bool = False
     source: str | None = None  # the shipped kernels/ its actor was started with
+    gpu_type: str | None = None  # its actor is placed on a node of this accelerator type (None: any)
 
     @property
     def ready(self) -> bool:
@@ -136,15 +141,20 @@ class DispatchOptions:
     # the packed kernels/ of a digest, as bytes or an object ref (cluster.shipping); needed once a WorkItem
     # names a source
     source_archive: Callable[[str], Any] | None = None
+    # workers per GPU type (Ray's accelerator_type:<type> resource; None: any node): the slots, in order,
+    # are placed on nodes of their type. None: `workers` slots on any node.
+    gpu_types: dict[str | None, int] | None = None
 
 
 class Dispatcher:
     def __init__(self, options: DispatchOptions, listener: Listener):
         self.opt = options
         self.listener = listener
-        self.slots = [_Slot(name=f"w{i}") for i in range(options.workers)]
+        kinds = [t for t, n in (options.gpu_types or {None: options.workers}).items() for _ in range(n)]
+        self.slots = [_Slot(name=f"w{i}", gpu_type=t) for i, t in enumerate(kinds)]
         self.queue: collections.deque[WorkItem] = collections.deque()
         self._source: Iterator[WorkItem] = iter(())
+        self._items: Iterable[WorkItem] = ()
         self._source_left = 0  # trials the source still holds (when its length was given)
         self._dispatching = False
         self._ref_owner: dict[Any, _Slot] = {}
@@ -169,6 +179,9 @@ class Dispatcher:
                     generation=s.generation,
                     node=info.get("node"),
                     gpu_id=info.get("gpu_id"),
+                    gpu_type=s.gpu_type,
+                    running=tuple(item.trial_id for call in list(s.inflight) for item in call.items),
+                    head_started=s.head_started,
                 )
             )
         return DispatchSnapshot(queued=self._queued(), slots=tuple(slots))
@@ -197,6 +210,8 @@ class Dispatcher:
             "num_gpus": 1 if self.opt.gpu else 0,
             "scheduling_strategy": "SPREAD",
         }
+        if slot.gpu_type is not None:  # a sliver of the type's resource places it on such a node
+            opts["resources"] = {f"accelerator_type:{slot.gpu_type}": 0.001}
         args: tuple[Any, ...] = (slot.name, self.opt.threads_per_worker)
         if slot.source is not None:
             if self.opt.source_archive is None:
@@ -230,20 +245,20 @@ class Dispatcher:
         if not retired:
             self._start(slot)
 
-    def grow(self, workers: int) -> int:
-        """Bring the slots that are not retired up to `workers` (GPUs that joined the cluster): retired
-        slots come back first (their node may be the one that returned), then new ones. A warm dispatcher
-        (a pool between jobs, or running) starts their actors now; a cold one leaves them to `run`.
-        Returns how many slots were added."""
+    def grow(self, workers: int, gpu_type: str | None = None) -> int:
+        """Bring the slots of `gpu_type` that are not retired up to `workers` (GPUs that joined the
+        cluster): retired slots come back first (their node may be the one that returned), then new ones.
+        A warm dispatcher (a pool between jobs, or running) starts their actors now; a cold one leaves them
+        to `run`. Returns how many slots were added."""
         warm = any(s.actor is not None for s in self.slots)
-        revived = [s for s in self.slots if s.retired]
+        revived = [s for s in self.slots if s.retired and s.gpu_type == gpu_type]
         added = 0
-        while sum(not s.retired for s in self.slots) < workers:
+        while sum(not s.retired for s in self.slots if s.gpu_type == gpu_type) < workers:
             if revived:
                 slot = revived.pop(0)
                 slot.retired, slot.deaths_in_row = False, 0
             else:
-                slot = _Slot(name=f"w{len(self.slots)}")
+                slot = _Slot(name=f"w{len(self.slots)}", gpu_type=gpu_type)
                 self.slots = [*self.slots, slot]  # a new list: a snapshot may be iterating the old one
             if warm:
                 self._start(slot)
@@ -258,7 +273,9 @@ class Dispatcher:
         """Make `run` return at its next turn (its trials in flight stay with their workers)."""
         self._stop = True
 
-    def drop(self, match: Callable[[WorkItem], bool]) -> list[WorkItem]:
+    def drop(
+        self, match: Callable[[WorkItem], bool], reason: str = "killed: its trial's job was cancelled"
+    ) -> list[WorkItem]:
         """Take the trials `match` selects out of the dispatcher: queued ones leave the queue, and a worker
         running one is killed (and replaced), its other trials going back to the queue. Returns the trials
         dropped; none of them is reported to the listener (they were not run)."""
@@ -270,7 +287,7 @@ class Dispatcher:
             orphans = self._kill(slot)
             dropped += [item for item in orphans if match(item)]
             self.queue.extendleft(reversed([item for item in orphans if not match(item)]))
-            self._lose(slot, "killed: its trial's job was cancelled", count_death=False)
+            self._lose(slot, reason, count_death=False)
         return dropped
 
     def _timeout(self, slot: _Slot) -> float:
@@ -284,6 +301,7 @@ class Dispatcher:
         known) only feeds the queued count of snapshots. `keep_workers`: the workers stay up when it
         returns, and a later `run` uses them (a pool serving a queue); `items` may then be an iterator
         that has nothing now and more later (it is asked again at every turn)."""
+        self._items = items
         self._source = iter(items)
         self._source_left = total or 0
         self._stop = False
@@ -332,11 +350,11 @@ class Dispatcher:
         depth = self.opt.pipeline if self._queued() >= 2 * max(1, len(ready)) else 1
         for slot in ready:
             while len(slot.inflight) < depth:
-                if not self.queue:
-                    self._refill()  # a source that is asked per trial (a pool's queue) is asked now
-                if not self.queue:
+                if not any(_fits(item, slot) for item in self.queue):
+                    self._refill_for(slot)  # a source that is asked per trial (a pool's queue) is asked now
+                if not any(_fits(item, slot) for item in self.queue):
                     break
-                if not any(item.source == slot.source for item in self.queue):
+                if not any(item.source == slot.source and _fits(item, slot) for item in self.queue):
                     if not slot.inflight:
                         self._switch_source(slot)
                     break  # a busy slot keeps its source: the trial waits for a slot of its own source
@@ -349,6 +367,17 @@ class Dispatcher:
                 for item in items:
                     self.listener.trial_started(item, slot.name)
 
+    def _refill_for(self, slot: _Slot) -> None:
+        """Ask the source for a trial this slot can run: a source with `take(gpu_type)` (a pool's queue)
+        is asked for the slot's GPU type; any other is read ahead as `_refill` does."""
+        take = getattr(self._items, "take", None)
+        if take is None:
+            self._refill()
+            return
+        item = take(slot.gpu_type)
+        if item is not None:
+            self.queue.append(item)
+
     def _switch_source(self, slot: _Slot) -> None:
         """Restart the idle `slot` with the kernel source of the first queued trial that no other slot
         will take soon (one of that source that is idle or starting)."""
@@ -358,7 +387,7 @@ class Dispatcher:
             if s is not slot and s.actor is not None and not s.retired and not (s.ready and s.inflight)
         }
         for item in self.queue:
-            if item.source not in soon:
+            if item.source not in soon and _fits(item, slot):
                 break
         else:
             return
@@ -391,6 +420,7 @@ class Dispatcher:
             and not self.queue[0].solo
             and slot.name not in self.queue[0].avoid
             and self.queue[0].source == first.source
+            and _fits(self.queue[0], slot)
             and _kind(self.queue[0]) == kind
         ):
             batch.append(self.queue.popleft())
@@ -400,7 +430,7 @@ class Dispatcher:
         """The first queued trial of the slot's source it has not died on; else the first of its source."""
         first = None
         for i, item in enumerate(self.queue):
-            if item.source != slot.source:
+            if item.source != slot.source or not _fits(item, slot):
                 continue
             if slot.name not in item.avoid:
                 del self.queue[i]
@@ -445,6 +475,7 @@ class Dispatcher:
             self._kill(slot)
             self._lose(slot, f"actor failed to start: {first_line(err)}", count_death=True)
             return
+        slot.info["gpu_type"] = slot.gpu_type  # where its trials ran, as the node declares it
         self.listener.worker_ready(slot.name, slot.info)
 
     def _handle_result(self, slot: _Slot, ref: Any) -> None:
@@ -530,6 +561,11 @@ class Dispatcher:
                     f"no actor could start in {self.opt.start_timeout_s:g} s (no free GPU or node?)",
                     True,
                 )
+
+
+def _fits(item: WorkItem, slot: _Slot) -> bool:
+    """Whether the slot's GPU type is one the trial may run on."""
+    return item.gpu_types is None or slot.gpu_type in item.gpu_types
 
 
 def _kind(item: WorkItem) -> tuple[str, str]:

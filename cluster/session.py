@@ -16,7 +16,7 @@ import socket
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +46,14 @@ class ClusterPlan:
     nodes: list[dict[str, Any]]
     threads_per_worker: int | None
     note: str
+    # GPUs per accelerator type as the nodes declare it (Ray's `accelerator_type:<type>`); None: nodes
+    # that declare none. Empty without GPUs.
+    gpu_types: dict[str | None, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        out = dict(self.__dict__)
+        out["gpu_types"] = {t or "untyped": n for t, n in self.gpu_types.items()}  # JSON keys are strings
+        return out
 
 
 def _cuda_count() -> int:
@@ -149,6 +154,13 @@ def workers_now(plan: ClusterPlan, gpus: int | None, *, oversubscribe: bool = Fa
     return _plan(plan.address, gpus, plan.cuda, oversubscribe).workers
 
 
+def gpu_types_now(
+    plan: ClusterPlan, gpus: int | None, *, oversubscribe: bool = False
+) -> dict[str | None, int]:
+    """As `workers_now`, per GPU type."""
+    return _plan(plan.address, gpus, plan.cuda, oversubscribe).gpu_types
+
+
 def _plan(where: str, gpus: int | None, cuda: bool, oversubscribe: bool) -> ClusterPlan:
     resources = ray.cluster_resources()
     nodes = [
@@ -157,16 +169,23 @@ def _plan(where: str, gpus: int | None, cuda: bool, oversubscribe: bool) -> Clus
             "address": n["NodeManagerAddress"],
             "gpus": int(n["Resources"].get("GPU", 0)),
             "cpus": int(n["Resources"].get("CPU", 0)),
+            "gpu_type": accelerator_type(n["Resources"]),
         }
         for n in ray.nodes()
         if n.get("Alive")
     ]
+    types: dict[str | None, int] = {}
+    for n in nodes:
+        if n["gpus"]:
+            types[n["gpu_type"]] = types.get(n["gpu_type"], 0) + n["gpus"]
     total_gpus = int(resources.get("GPU", 0))
     total_cpus = int(resources.get("CPU", 0)) or (os.cpu_count() or 1)
     if total_gpus and cuda:
         workers = min(total_gpus, gpus) if gpus else total_gpus
         note = f"{workers} GPU workers (one per GPU) on {len(nodes)} node(s)"
-        return ClusterPlan(where, True, workers, True, nodes, None, note)
+        if any(types):
+            note += " (" + ", ".join(f"{n} {t or 'untyped'}" for t, n in sorted(types.items(), key=str)) + ")"
+        return ClusterPlan(where, True, workers, True, nodes, None, note, _cut(types, workers))
     wanted = (min(total_gpus, gpus) if gpus else total_gpus) if total_gpus else (gpus or total_cpus)
     workers = wanted if oversubscribe else min(wanted, total_cpus)
     threads = max(1, total_cpus // workers)
@@ -183,7 +202,23 @@ def _plan(where: str, gpus: int | None, cuda: bool, oversubscribe: bool) -> Clus
         )
     elif workers > total_cpus:
         note += f" (oversubscribed: {workers} workers share {total_cpus} CPU core(s); timings are contended)"
-    return ClusterPlan(where, bool(total_gpus), workers, False, nodes, threads, note)
+    return ClusterPlan(where, bool(total_gpus), workers, False, nodes, threads, note, _cut(types, workers))
+
+
+def accelerator_type(resources: dict[str, Any]) -> str | None:
+    """The GPU type a node declares (`accelerator_type:H100` -> "H100"), or None."""
+    return next((k.split(":", 1)[1] for k in sorted(resources) if k.startswith("accelerator_type:")), None)
+
+
+def _cut(types: dict[str | None, int], workers: int) -> dict[str | None, int]:
+    """At most `workers` in all, taken from the types in turn (so each type keeps some while it can)."""
+    out: dict[str | None, int] = {}
+    left = dict(types)
+    while sum(out.values()) < workers and any(left.values()):
+        for t in sorted(left, key=str):
+            if left[t] and sum(out.values()) < workers:
+                out[t], left[t] = out.get(t, 0) + 1, left[t] - 1
+    return out
 
 
 def _cluster_has_real_gpus() -> bool:

@@ -70,6 +70,7 @@ def submit(
         raise BadInput(str(e)) from None
     store = store_for(db, create=True)
     queue = Queue(store)
+    _check_gpu(spec, queue)
     job_id = queue.submit(
         spec, priority=priority, owner=owner, source=kernels_source(), packed=packed, notify=notify,
         project=project,
@@ -86,6 +87,32 @@ def submit(
             f"no pool serves {where} now: start one with `farm pool start --db {where}` (on the cluster) "
             f"or `farm pool serve --db {where}`"
         )
+
+
+def _check_gpu(spec, queue) -> None:
+    """Refuse at once a job whose GPU need no worker of the live pools can meet, naming the types there.
+    With no pool alive nothing is known: the job waits, and `farm jobs list` says what it needs."""
+    from jobs.queue.fairshare import JobState, fits
+
+    served = queue.served()
+    if spec.gpu is None or not served.gpu_types:
+        return
+    need = JobState(0, "", 0, 0.0, 1, gpu_type=spec.gpu.type, min_memory_gb=spec.gpu.min_memory_gb)
+    if any(fits(need, t, served.policy) for t in served.gpu_types):
+        return
+    present = ", ".join(
+        f"{n} x {t}" + (f" ({served.policy.memory_gb(t):g} GB)" if served.policy.memory_gb(t) else "")
+        if t
+        else f"{n} without a declared type"
+        for t, n in sorted(served.gpu_types.items(), key=str)
+    )
+    wanted = " ".join(
+        filter(None, [spec.gpu.type, spec.gpu.min_memory_gb and f">= {spec.gpu.min_memory_gb:g} GB"])
+    )
+    raise BadInput(
+        f"{spec.name}: gpu needs {wanted}, which no worker of the cluster's pools has (present: {present}); "
+        "change the spec's gpu: or submit where such GPUs are"
+    )
 
 
 def pool_options(command):

@@ -234,6 +234,8 @@ def across_environment(results: list[AssertionResult], contexts: dict[int, Conte
         c = contexts[r.trial.id]
         if not on_time(r) or c.baseline is None:
             continue
+        if _gpu_types_differ(r, c):
+            continue
         diffs = environment.changes(c.baseline_env, c.env)
         if not diffs:
             continue
@@ -245,6 +247,18 @@ def across_environment(results: list[AssertionResult], contexts: dict[int, Conte
         ):
             text = f"ambiguous: {environment.ambiguous_reason(diffs)}; {r.result.reason}"
             r.result = Outcome(AMBIGUOUS, text, r.result.numbers, r.result.anomaly and "ambiguous")
+
+
+def _gpu_types_differ(r: AssertionResult, c: Context) -> bool:
+    """GPU types are never mixed in one comparison (issue 47): a time assertion whose trial and baseline
+    trial ran on different GPU types (as their nodes declare them) is ambiguous, naming both, unless
+    --confirm re-ran the baseline beside it on one worker."""
+    ours, theirs = r.trial.gpu_type, c.baseline.gpu_type if c.baseline is not None else None
+    if ours is None or theirs is None or ours == theirs or r.result.numbers.get("baseline_rerun"):
+        return False
+    text = f"ambiguous: not compared across GPU types (baseline on {theirs}, this trial on {ours})"
+    r.result = Outcome(AMBIGUOUS, text, r.result.numbers | {"gpu_types": [theirs, ours]}, "ambiguous")
+    return True
 
 
 def environment_anomaly(acc: Acceptance, job: Job) -> list[AnomalyRecord]:

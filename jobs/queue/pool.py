@@ -26,6 +26,7 @@ from cluster import session
 from cluster.dispatch import TICK_S, Dispatcher, DispatchOptions, WorkItem
 from cluster.shipping import pack_kernels
 from jobs.queue import notify
+from jobs.queue.fairshare import JobState, RunningTrial, fits
 from jobs.queue.policy import Policy
 from jobs.queue.queue import Queue
 from jobs.run.progress import ProgressView
@@ -55,22 +56,40 @@ class _Source:
     """The dispatcher's source: every ask takes the next trial from the queue; StopIteration when none
     is there now (the dispatcher asks again at its next turn)."""
 
-    def __init__(self, queue: Queue, pool: str, default_timeout_s: float, own_source: str | None) -> None:
+    def __init__(
+        self,
+        queue: Queue,
+        pool: str,
+        default_timeout_s: float,
+        own_source: str | None,
+        gpu_types: dict[str | None, int] | None = None,
+    ) -> None:
         self.queue, self.pool, self.default_timeout_s = queue, pool, default_timeout_s
+        self.gpu_types = dict(gpu_types or {None: 1})  # the pool's workers per GPU type
         self.own_source = own_source  # the digest of the pool's own kernels/: its jobs need no shipped copy
         self._archives: dict[str, object] = {}  # digest -> object ref of its packed kernels/
         self.job_of: dict[int, int] = {}  # trial -> job, of the trials taken and not finished
         self.owner_of: dict[int, str] = {}  # job -> owner, charged for its trials' worker time
         self.used_s: dict[str, float] = {}  # worker-seconds not yet charged, per owner
         self._specs: dict[int, SweepSpec] = {}
+        self.run = RunOptions()  # the pool's (its echo, --gpus, --oversubscribe)
 
     def __iter__(self) -> _Source:
         return self
 
     def __next__(self) -> WorkItem:
-        got = self.queue.claim(self.pool)
+        """A trial for a worker of any of the pool's GPU types (the first type that has one)."""
+        for gpu_type in self.gpu_types:
+            item = self.take(gpu_type)
+            if item is not None:
+                return item
+        raise StopIteration
+
+    def take(self, gpu_type: str | None) -> WorkItem | None:
+        """The next trial for a free worker of `gpu_type` (cluster.dispatch asks per slot), or None."""
+        got = self.queue.claim(self.pool, gpu_type)
         if got is None:
-            raise StopIteration
+            return None
         t, job = got.trial, got.job
         spec = self._specs.get(job.id)
         if spec is None:
@@ -81,9 +100,12 @@ class _Source:
         request = TrialRequest(t.family, t.backend, t.shape, t.config, t.dtype, policy=spec.measure)
         label = f"job {job.id} " + trial_label(t.backend, t.shape, t.config, t.dtype, seq=t.seq)
         source = got.source_digest if got.source_digest != self.own_source else None
+        need = JobState(job.id, got.owner, 0, 0.0, 0, gpu_type=spec.gpu and spec.gpu.type,
+                        min_memory_gb=spec.gpu and spec.gpu.min_memory_gb)  # fmt: skip
+        types = frozenset(t for t in self.gpu_types if fits(need, t, self.queue.current_policy()))
         return WorkItem(
             t.id, request, label, attempts=t.attempt,
-            timeout_s=spec.timeout_s or self.default_timeout_s, source=source,
+            timeout_s=spec.timeout_s or self.default_timeout_s, source=source, gpu_types=types,
         )  # fmt: skip
 
     def used(self, trial_id: int, seconds: float) -> None:
@@ -116,13 +138,14 @@ def serve(store: Store, options: PoolOptions | None = None) -> int:
     plan = connect(run)
     queue = Queue(store, options.policy)
     pool = f"pool-{uuid.uuid4().hex[:12]}"
-    queue.register_pool(pool, plan.workers)
+    queue.register_pool(pool, plan.workers, plan.gpu_types)
     run.echo(f"pool {pool}: {plan.note}; serving the queue of {display_url(store.url)}")
     try:
         own = pack_kernels().digest
     except (OSError, ValueError):  # no readable kernels/ tree here: every shipped job gets its own workers
         own = None
-    source = _Source(queue, pool, options.timeout_s, own)
+    source = _Source(queue, pool, options.timeout_s, own, plan.gpu_types)
+    source.run = run
     progress = ProgressView(total=0, enabled=False, echo=run.echo)
 
     def observe(result: TrialResult, worker: dict) -> None:
@@ -146,21 +169,12 @@ def serve(store: Store, options: PoolOptions | None = None) -> int:
             ready_wait_s=run.ready_wait_s,
             name_prefix=pool,
             source_archive=source.archive,
+            gpu_types=plan.gpu_types or None,
         ),
         listener,
     )
     completed = 0
     last_beat, last_follow = 0.0, time.monotonic()
-
-    def follow(d: Dispatcher) -> None:
-        """Nodes that joined (or came back): one more worker per GPU they bring, up to --gpus."""
-        try:
-            room = session.workers_now(plan, run.gpus, oversubscribe=run.oversubscribe)
-        except Exception:  # noqa: BLE001 - Ray's GCS did not answer now: ask again next time
-            return
-        added = d.grow(room)
-        if added:
-            run.echo(f"pool {pool}: {added} worker(s) added, the cluster has room for {room} now")
 
     def tick(d: Dispatcher) -> None:
         nonlocal completed, last_beat, last_follow
@@ -168,21 +182,13 @@ def serve(store: Store, options: PoolOptions | None = None) -> int:
             queue.beat(pool)
             last_beat = time.monotonic()
         if time.monotonic() - last_follow >= FOLLOW_S:
-            follow(d)
+            _follow(d, plan, source, pool)
             last_follow = time.monotonic()
         listener.flush()
         source.charge()
         completed += _finish(queue, source, options)
-        gone = queue.cancelled(set(source.job_of.values()))
-        if gone:
-            dropped = d.drop(lambda item: source.job_of.get(item.trial_id) in gone)
-            queue.release([item.trial_id for item in dropped])
-            source.job_of = {t: j for t, j in source.job_of.items() if j not in gone}  # done with them
-            for job_id in gone:
-                tell(queue, job_id, options)
-            run.echo(
-                f"pool {pool}: cancelled job(s) {sorted(gone)}: {len(dropped)} trial(s) stopped or unqueued"
-            )
+        _cancel(d, queue, source, pool, options)
+        _preempt(d, queue, source, pool)
         if options.stop.is_set():
             d.stop()
 
@@ -205,6 +211,70 @@ def serve(store: Store, options: PoolOptions | None = None) -> int:
         dispatcher.shutdown()
         queue.unregister_pool(pool)  # trials taken and not finished go back to the queue
     return completed
+
+
+def _follow(d: Dispatcher, plan: session.ClusterPlan, source: _Source, pool: str) -> None:
+    """Nodes that joined (or came back): one more worker per GPU they bring, of their GPU type, up to
+    --gpus."""
+    run = source.run
+    try:
+        room = session.gpu_types_now(plan, run.gpus, oversubscribe=run.oversubscribe)
+        room = room or {None: session.workers_now(plan, run.gpus, oversubscribe=run.oversubscribe)}
+    except Exception:  # noqa: BLE001 - Ray's GCS did not answer now: ask again next time
+        return
+    added = sum(d.grow(n, gpu_type) for gpu_type, n in room.items())
+    if added:
+        source.gpu_types |= room
+        run.echo(f"pool {pool}: {added} worker(s) added, the cluster has room for {sum(room.values())} now")
+
+
+def _cancel(d: Dispatcher, queue: Queue, source: _Source, pool: str, options: PoolOptions) -> None:
+    """Cancelled jobs: their queued trials leave the dispatcher, a worker running one is replaced."""
+    gone = queue.cancelled(set(source.job_of.values()))
+    if gone:
+        dropped = d.drop(lambda item: source.job_of.get(item.trial_id) in gone)
+        queue.release([item.trial_id for item in dropped])
+        source.job_of = {t: j for t, j in source.job_of.items() if j not in gone}  # done with them
+        for job_id in gone:
+            tell(queue, job_id, options)
+        source.run.echo(
+            f"pool {pool}: cancelled job(s) {sorted(gone)}: {len(dropped)} trial(s) stopped or unqueued"
+        )
+
+
+def _preempt(d: Dispatcher, queue: Queue, source: _Source, pool: str) -> int:
+    """With preemption on (jobs.queue.policy.Preemption): for each GPU type whose workers are all busy
+    (none free or starting), stop the running trial fairshare names (Plan.pick_victim) for the job next
+    in line. The trial goes back to the queue with its attempt unchanged (its worker is replaced and never
+    reports it, so it is written once, when it runs again); the time it had run is charged and kept as
+    the preemption's. Returns the trials stopped."""
+    policy = queue.current_policy()
+    if not policy.preempt.enabled:
+        return 0
+    snap, at = d.snapshot(), time.monotonic()
+    plan = queue.plan(policy)
+    stopped = 0
+    for gpu_type in {s.gpu_type for s in snap.slots if not s.retired}:
+        slots = [s for s in snap.slots if s.gpu_type == gpu_type and not s.retired]
+        if any(not s.ready or not s.in_flight for s in slots):
+            continue  # a worker of this type is free or starting: it takes the next trial
+        running = [(t, s.head_started) for s in slots for t in s.running if t in source.job_of]
+        last = queue.last_preempted([t for t, _ in running])
+        trials = [RunningTrial(t, source.job_of[t], gpu_type, plan.now_s - (at - began), last.get(t))
+                  for t, began in running]  # fmt: skip
+        victim = plan.pick_victim(trials, gpu_type)
+        if victim is None:
+            continue
+        waiting = plan.pick(gpu_type)
+        why = f"job {waiting.job_id} (priority {waiting.priority}, {waiting.owner}) has more right to it"
+        if not d.drop(lambda item, t=victim.trial_id: item.trial_id == t, reason=f"preempted: {why}"):
+            continue
+        ran = max(0.0, plan.now_s - victim.started_s)
+        source.used(victim.trial_id, ran)
+        queue.preempted(victim.trial_id, victim.job_id, pool, ran, why)
+        source.job_of.pop(victim.trial_id, None)
+        stopped += 1
+    return stopped
 
 
 def _finish(queue: Queue, source: _Source, options: PoolOptions) -> int:

@@ -38,6 +38,7 @@ from jobs.store import (
     QueuedJob,
     Store,
     TrialClaim,
+    TrialPreemption,
     TrialRow,
     now,
 )
@@ -157,7 +158,7 @@ class Queue:
     def claim(self, pool: str, gpu_type: str | None = None) -> Claimed | None:
         """Take the next trial for a free worker of `gpu_type` of `pool` (see the module docstring for
         the order), or None when no job has a pending trial nobody has taken that it may run now."""
-        policy = self.served().policy
+        policy = self.current_policy()
         for _ in range(8):  # another pool took the trial between the read and the insert: look again
             try:
                 with Session(self.engine, expire_on_commit=False) as s, s.begin():
@@ -186,14 +187,14 @@ class Queue:
     def state(self, policy: Policy | None = None) -> tuple[list[JobState], dict[str, float], float]:
         """The queue as fairshare sees it now: the waiting and running jobs, each owner's decayed usage,
         and the time (fairshare's clock)."""
-        policy = policy or self.served().policy
+        policy = policy or self.current_policy()
         with Session(self.engine) as s:
             at = now()
             jobs, usage = self._state(s, at, policy)
         return jobs, usage, seconds_of(at)
 
     def plan(self, policy: Policy | None = None) -> Plan:
-        policy = policy or self.served().policy
+        policy = policy or self.current_policy()
         jobs, usage, at = self.state(policy)
         return Plan(jobs, usage, policy, at)
 
@@ -241,7 +242,7 @@ class Queue:
 
     def charge(self, used_s: Mapping[str, float]) -> None:
         """Add worker-seconds to owners' usage (decayed to now first: one half-life ago counts half)."""
-        half_life = self.served().policy.half_life
+        half_life = self.current_policy().half_life
         for owner, seconds in sorted(used_s.items()):
             if seconds <= 0:
                 continue
@@ -261,6 +262,39 @@ class Queue:
     def usage(self) -> dict[str, float]:
         """Each owner's past usage in worker-seconds, decayed to now."""
         return self.state()[1]
+
+    def preempted(self, trial_id: int, job_id: int, pool: str, ran_s: float, why: str) -> None:
+        """A pool stopped this running trial for a job with more right to its worker: the preemption is
+        kept, the claim given back (the trial, still pending with its attempt unchanged, is taken again
+        in its turn), the job's log says why. One transaction."""
+        with Session(self.engine) as s, s.begin():
+            s.add(TrialPreemption(trial_id=trial_id, job_id=job_id, pool=pool, ran_s=ran_s))
+            s.execute(delete(TrialClaim).where(TrialClaim.trial_id == trial_id, TrialClaim.pool == pool))
+            s.add(
+                JobEvent(
+                    job_id=job_id, line=f"trial {trial_id} preempted by {pool} after {ran_s:.1f} s: {why}"
+                )
+            )
+
+    def last_preempted(self, trial_ids: list[int]) -> dict[int, float]:
+        """When each of these trials was last preempted (fairshare's clock), for those that were."""
+        if not trial_ids:
+            return {}
+        q = (
+            select(TrialPreemption.trial_id, func.max(TrialPreemption.at))
+            .where(TrialPreemption.trial_id.in_(trial_ids))
+            .group_by(TrialPreemption.trial_id)
+        )
+        with self.engine.connect() as conn:
+            return {t: seconds_of(at) for t, at in conn.execute(q)}
+
+    def preemptions(self) -> tuple[int, float]:
+        """Preemptions so far and the worker-seconds they lost."""
+        with self.engine.connect() as conn:
+            n, lost = conn.execute(
+                select(func.count(), func.coalesce(func.sum(TrialPreemption.ran_s), 0.0))
+            ).one()
+        return int(n), float(lost)
 
     def release(self, trial_ids: list[int]) -> None:
         """Give back trials a pool took and did not finish (a cancelled job's, a stopping pool's)."""
@@ -292,6 +326,10 @@ class Queue:
         served = {"policy": (self.policy or Policy()).to_dict(), "gpu_types": types}
         with Session(self.engine) as s, s.begin():
             s.add(Pool(id=pool, host=socket.gethostname(), workers=workers, policy=served))
+
+    def current_policy(self) -> Policy:
+        """This process's policy (a pool's), else the live pool's."""
+        return self.policy if self.policy is not None else self.served().policy
 
     def served(self) -> Served:
         """What the queue is served by: this process's policy if it has one, else the live pool's seen

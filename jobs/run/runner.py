@@ -146,6 +146,7 @@ class _StoreListener:
             "node": info.get("node"),
             "worker": slot,
             "gpu_id": info.get("gpu_id"),
+            "gpu_type": info.get("gpu_type"),
             "environment": info.get("environment"),
         }
 

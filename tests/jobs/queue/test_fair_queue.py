@@ -94,3 +94,24 @@ def test_over_quota_is_queued_with_its_reason_in_farm_jobs_list(store, tmp_path)
         main, ["pool", "serve", "--db", str(tmp_path / "farm.db"), "--config", str(bad)]
     )
     assert served.exit_code == 2 and "owners.ana.weight" in served.output and "half_life" in served.output
+
+
+def test_submit_refuses_at_once_a_job_no_worker_of_the_live_pools_can_run(store, tmp_path):
+    """The pools write their workers' GPU types to the store: a spec needing a B200 (or 200 GB) is
+    refused in one line naming the types present (exit 2, nothing queued); an H200 job is queued."""
+    from click.testing import CliRunner
+
+    from jobs.cli import main
+
+    Queue(store).register_pool("typed", 4, {"H100": 2, "H200": 2})
+    db = str(tmp_path / "farm.db")
+    for need, code in (("{type: B200}", 2), ("{min_memory_gb: 200}", 2), ("{type: H200}", 0)):
+        path = tmp_path / "spec.yaml"
+        path.write_text(SPEC.format(name="mla", grid=[0, 1]) + f"gpu: {need}\n")
+        out = CliRunner().invoke(main, ["submit", str(path), "--db", db])
+        assert out.exit_code == code, out.output
+        if code:
+            assert (
+                "present: 2 x H100 (80 GB), 2 x H200 (141 GB)" in out.output and "Traceback" not in out.output
+            )
+    assert [line.job.name for line in Queue(store).lines()] == ["mla"]
