@@ -51,7 +51,9 @@ from gateway.store.secret import resolve_secret
 from gateway.store.spool import default_spool_dir
 from gateway.summaries.batcher import SUMMARIES_PATH, SummaryBatcher
 from gateway.summaries.schema import USAGE_PATH
+from gateway.translate.api import ANTHROPIC_VERSION
 from gateway.upstream.client import UpstreamClient, pool_warnings
+from gateway.upstream.health import HealthChecks
 from gateway.upstream.routing import Router
 
 if TYPE_CHECKING:
@@ -102,6 +104,7 @@ class Gateway:
         # the deployments of every public model (gateway.upstream.routing), built in start once the clients
         # are
         self.router: Router | None = None
+        self.health: HealthChecks | None = None
         # built in start, once every service is: the request path, the proxy and the summaries endpoint
         self.pipeline: Pipeline | None = None
         self.proxy: Proxy | None = None
@@ -148,6 +151,8 @@ class Gateway:
             self.clients[name] = client
         # ValueError: a deployment's bad key; deployments' rpm/tpm counted where the projects' limits are
         self.router = Router(self.settings, self.clients, self.metrics, limits=self.limits)
+        self.health = HealthChecks(self.router, {"anthropic-version": ANTHROPIC_VERSION})
+        self.health.start()  # with routing.health_check_interval_s only
         services = Services(
             settings=self.settings,
             keys=self.keys,
@@ -175,6 +180,8 @@ class Gateway:
 
     async def stop(self, _app: web.Application | None = None) -> None:
         self.ready = False
+        if self.health is not None:
+            await self.health.stop()
         if self.batcher is not None:
             await self.batcher.stop()
         if self.shared is not None:

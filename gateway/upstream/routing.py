@@ -8,8 +8,12 @@ its provider's ``UpstreamClient`` (deployments of one provider share its connect
 
 **Picking** (``ModelDeployments.pick``, on every request): a deployment whose cooldown has just ended is
 probed first (one request at a time); otherwise, among the deployments neither cooling down nor at their
-``rpm``/``tpm``, the one with the fewest requests in flight relative to its weight, ties broken by smooth
-weighted round-robin (so sequential requests split exactly by weight). A deployment's rpm/tpm are counted over
+``rpm``/``tpm``, the model's ``strategy`` chooses (gateway.upstream.strategies): ``weighted`` (the default:
+the fewest requests in flight relative to the weight, ties by smooth weighted round-robin, so sequential
+requests split exactly by weight), ``latency`` (the lowest recent time to first byte, exploring) or
+``least-busy`` (the fewest in flight). The plan keeps why (``RoutePlan.why``, the ``x-farm-route`` header).
+With ``routing.health_check_interval_s``, idle deployments get the smallest model call
+(gateway.upstream.health). A deployment's rpm/tpm are counted over
 one-minute windows by its ``gateway.limits.base.DeploymentLimiter``, which the router is given by the
 gateway's limits (``Limiters.deployment``): in this process (``gateway.limits.local``), or, with
 ``redis_url``, in Redis for every process (``gateway.limits.redis_deployment``). Shared counters are taken
@@ -42,11 +46,22 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from gateway.upstream.client import UpstreamClient, UpstreamResult, auth_headers, send_planned
+from gateway.upstream.strategies import (
+    WHY_FORCED,
+    WHY_LEAST_BUSY,
+    WHY_PROBE,
+    WHY_SINGLE,
+    WHY_WEIGHTED,
+    fastest,
+    fewest,
+    observe,
+)
 
 if TYPE_CHECKING:
     from gateway.config import DeploymentConfig, GatewaySettings, ProjectConfig, RoutingConfig
@@ -68,8 +83,8 @@ class Deployment:
 
     __slots__ = (
         "model", "name", "provider", "kind", "upstream_model", "effort", "client", "auth", "weight", "rpm",
-        "tpm", "in_flight", "current", "fails", "strikes", "cooldown_until", "probing", "window",
-        "_m_requests", "_m_in_flight", "_m_cooldowns", "_m_errors", "_metrics",
+        "tpm", "in_flight", "current", "fails", "strikes", "cooldown_until", "probing", "window", "ttfb",
+        "last_begun", "_m_requests", "_m_in_flight", "_m_cooldowns", "_m_errors", "_metrics",
     )  # fmt: skip
 
     def __init__(
@@ -96,6 +111,8 @@ class Deployment:
         self.cooldown_until = 0.0  # 0: healthy; else a cooldown ends (or ended: a probe is due) then
         self.probing = False
         self.window = window  # its rpm/tpm (None: neither set), from the gateway's limits
+        self.ttfb: float | None = None  # recent time to first byte, decayed (timed routers only)
+        self.last_begun = 0.0  # when its latest attempt began (timed routers only: the health checks)
         self._metrics = metrics
         self._m_errors: dict[str, Any] = {}
         if metrics is not None:
@@ -170,15 +187,31 @@ class Deployment:
 class ModelDeployments:
     """The deployments of one public model, and the picker over them."""
 
-    __slots__ = ("model", "kind", "deployments", "fallbacks", "context_window_fallbacks", "_single")
+    __slots__ = (
+        "model", "kind", "deployments", "fallbacks", "context_window_fallbacks", "_single", "strategy",
+        "explore", "rng", "why",
+    )  # fmt: skip
 
-    def __init__(self, model: str, deployments: list[Deployment], fallbacks: list[str], cw: list[str]):
+    def __init__(
+        self,
+        model: str,
+        deployments: list[Deployment],
+        fallbacks: list[str],
+        cw: list[str],
+        strategy: str = "weighted",
+        explore: float = 0.0,
+        rng: random.Random | None = None,
+    ):
         self.model = model
         self.deployments = deployments
         self.kind = deployments[0].kind
         self.fallbacks = fallbacks
         self.context_window_fallbacks = cw
         self._single = deployments[0] if len(deployments) == 1 else None
+        self.strategy = strategy
+        self.explore = explore  # strategy latency: the share of requests that explore
+        self.rng = rng or random.Random()
+        self.why = WHY_SINGLE  # why the latest pick chose its deployment (gateway.upstream.strategies)
 
     def pick(
         self, now: float, exclude: frozenset[Deployment] | set[Deployment] = frozenset()
@@ -190,9 +223,9 @@ class ModelDeployments:
             if single in exclude:
                 return None
             if single.cooldown_until == 0.0 and not single._limited(now):
+                self.why = WHY_SINGLE
                 return single
-        best: list[Deployment] = []
-        best_load = 0.0
+        usable: list[Deployment] = []
         for d in self.deployments:
             if d in exclude:
                 continue
@@ -200,27 +233,18 @@ class ModelDeployments:
                 if d.cooldown_until > now or d.probing:
                     continue
                 d.probing = True  # its cooldown is over: this request probes it
+                self.why = WHY_PROBE
                 return d
-            if d._limited(now):
-                continue
-            load = d.in_flight / d.weight
-            if not best or load < best_load:
-                best, best_load = [d], load
-            elif load == best_load:
-                best.append(d)
-        if not best:
+            if not d._limited(now):
+                usable.append(d)
+        if not usable:
             return None
-        if len(best) == 1:
-            return best[0]
-        total = 0.0
-        chosen = best[0]
-        for d in best:
-            d.current += d.weight
-            total += d.weight
-            if d.current > chosen.current:
-                chosen = d
-        chosen.current -= total
-        return chosen
+        strategy = self.strategy
+        if strategy == "latency":
+            chosen, self.why = fastest(usable, self.explore, self.rng)
+            return chosen
+        self.why = WHY_WEIGHTED if strategy == "weighted" else WHY_LEAST_BUSY
+        return fewest(usable, by_weight=strategy == "weighted")
 
     def force(self, now: float, exclude: set[Deployment] | frozenset[Deployment] = frozenset()) -> Deployment:
         """The deployment usable soonest (every one cools down or is at its limits): tried anyway."""
@@ -247,6 +271,7 @@ class Router:
         self.retry = settings.retry
         self.metrics = metrics
         self.clock = clock
+        self.rng = random.Random()
         self.models: dict[str, ModelDeployments] = {}
         for model, route in settings.models.items():
             deps = []
@@ -271,8 +296,13 @@ class Router:
                     Deployment(model, dc, provider.kind, clients.get(dc.provider), auth, metrics, window)
                 )
             self.models[model] = ModelDeployments(
-                model, deps, list(route.fallbacks), list(route.context_window_fallbacks)
-            )
+                model, deps, list(route.fallbacks), list(route.context_window_fallbacks), route.strategy,
+                self.cfg.latency_explore, self.rng,
+            )  # fmt: skip
+        # attempts are timed (time to first byte, when each began) only where something reads the times
+        self.timed = self.cfg.health_check_interval_s is not None or any(
+            md.strategy == "latency" for md in self.models.values()
+        )
         # any deployment counted in Redis: every attempt takes its target's counters first (RoutePlan.claim)
         self.shared = any(
             d.window is not None and d.window.shared for md in self.models.values() for d in md.deployments
@@ -300,7 +330,7 @@ class RoutePlan:
 
     __slots__ = (
         "router", "primary", "models", "fallback_on", "tokens", "prepare", "target", "fallback_from",
-        "tried", "claim", "_fallbacks", "_cw_used", "_forced",
+        "tried", "claim", "_fallbacks", "_cw_used", "_forced", "why", "_t_begin",
     )  # fmt: skip
 
     def __init__(
@@ -326,6 +356,8 @@ class RoutePlan:
         self._fallbacks: list[str] | None = None
         self._cw_used = False
         self._forced: Deployment | None = None  # the target chosen although at its limits (taken anyway)
+        self.why: str | None = None  # why the latest target was chosen (x-farm-route)
+        self._t_begin = 0.0  # when the latest attempt began (timed routers only)
 
     @property
     def kind(self) -> str:
@@ -350,6 +382,7 @@ class RoutePlan:
     def first(self) -> Deployment:
         now = self.router.clock()
         target = self.primary.pick(now)
+        self.why = self.primary.why
         if target is None and self._may_fall_back(None):
             target = self._next_fallback(now)
         if target is None:
@@ -372,6 +405,7 @@ class RoutePlan:
             if await window.take(now, self.tokens, force):
                 return target
             nxt = self.models.pick(now, self.tried or frozenset())
+            self.why = self.models.why
             if nxt is None and self._may_fall_back(None):
                 nxt = self._next_fallback(now)
             target = nxt if nxt is not None else self._force(self.models, now, self.tried or frozenset())
@@ -390,6 +424,8 @@ class RoutePlan:
     def begin(self, target: Deployment) -> None:
         self.target = target
         target.begin(self.tokens)
+        if self.router.timed:
+            self._t_begin = target.last_begun = self.router.clock()
 
     def done(self, target: Deployment) -> None:
         target.done()
@@ -398,6 +434,8 @@ class RoutePlan:
         """A head that is not a failure (2xx, or a 4xx that is the request's own fault)."""
         if target.fails or target.cooldown_until or target.probing:
             target.ok()
+        if self.router.timed:
+            observe(target, self.router.clock() - self._t_begin, self.router.cfg.latency_decay)
 
     def failed(self, target: Deployment, kind: str, retry_after: float | None) -> None:
         target.failed(kind, retry_after, self.router.cfg, self.router.clock())
@@ -414,6 +452,7 @@ class RoutePlan:
         if same_model:
             nxt = self.models.pick(now, tried)
             if nxt is not None:
+                self.why = self.models.why
                 return nxt
         if self._may_fall_back(kind):
             return self._next_fallback(now)
@@ -422,7 +461,11 @@ class RoutePlan:
     def again(self, target: Deployment) -> Deployment:
         """The target of a retry after a backoff: the model's best deployment now, or the soonest usable."""
         now = self.router.clock()
-        return self.models.pick(now) or self._force(self.models, now)
+        nxt = self.models.pick(now)
+        if nxt is None:
+            return self._force(self.models, now)
+        self.why = self.models.why
+        return nxt
 
     def context_fallback(self, target: Deployment, status: int, body: bytes | None) -> Deployment | None:
         """The target a context-window error is re-sent to (once), or None."""
@@ -437,7 +480,9 @@ class RoutePlan:
         self._cw_used = True
         models = self.router.models[self.models.context_window_fallbacks[0]]
         now = self.router.clock()
-        return self._move_to(models, models.pick(now) or self._force(models, now))
+        nxt = models.pick(now)
+        self.why = models.why
+        return self._move_to(models, nxt or self._force(models, now))
 
     def settle(self, actual_tokens: int) -> None:
         """The request's real tokens, for its deployment's tpm window."""
@@ -459,6 +504,7 @@ class RoutePlan:
         while self._fallbacks:
             models = self.router.models[self._fallbacks.pop(0)]
             target = models.pick(now)
+            self.why = models.why
             if target is None and not self._fallbacks:
                 target = self._force(models, now)  # the last fallback is tried even when it cools down
             if target is not None:
@@ -472,12 +518,14 @@ class RoutePlan:
         exclude: set[Deployment] | frozenset[Deployment] = frozenset(),
     ) -> Deployment:
         self._forced = target = models.force(now, exclude)
+        self.why = WHY_FORCED
         return target
 
     def _move_to(self, models: ModelDeployments, target: Deployment) -> Deployment:
         if models is not self.models:
             self.models = models
             self.fallback_from = self.primary.model
+            self.why = f"fallback from {self.primary.model}: {self.why}"
             metrics = self.router.metrics
             if metrics is not None:
                 metrics.fallbacks.labels(self.primary.model, models.model).inc()

@@ -54,6 +54,7 @@ from gateway.translate.cache_points import auto_cache_models
 from gateway.translate.namespaces import tool_names
 from gateway.upstream.client import UpstreamResult
 from gateway.upstream.routing import Deployment, ModelDeployments
+from gateway.upstream.strategies import WHY_SINGLE
 
 log = logging.getLogger("gateway")
 
@@ -170,8 +171,8 @@ class Proxy:
             finally:
                 targets.note(rec, plan)
             if result.status >= 400:
-                return self._upstream_error(result, ep, rec)
-            return self._with_route(result, await self._respond_whole(result, ep, rec, raw), ep)
+                return self._upstream_error(result, ep, rec, plan.why)
+            return self._with_route(result, await self._respond_whole(result, ep, rec, raw), ep, plan.why)
 
         def on_target() -> None:
             targets.note(rec, plan)
@@ -184,12 +185,15 @@ class Proxy:
                 on_target=on_target,
             ) as result:  # fmt: skip
                 if result.status >= 400:
-                    return self._upstream_error(result, ep, rec)
+                    return self._upstream_error(result, ep, rec, plan.why)
                 if head.stream:
-                    return await self._respond_stream(request, result, ep, rec, raw, strip_usage, body)
-                return self._with_route(result, await self._respond_whole(result, ep, rec, raw, body), ep)
+                    return await self._respond_stream(
+                        request, result, ep, rec, raw, strip_usage, body, plan.why
+                    )
+                answer = await self._respond_whole(result, ep, rec, raw, body)
+                return self._with_route(result, answer, ep, plan.why)
         except GatewayError as e:
-            extra = self._route_headers(plan.target, ep)
+            extra = self._route_headers(plan.target, ep, plan.why)
             if rec.retries:
                 extra.update(NO_CLIENT_RETRY)
             if e.headers is None:
@@ -239,28 +243,35 @@ class Proxy:
         )
 
     @staticmethod
-    def _route_headers(target: Deployment | None, ep: Endpoint) -> dict[str, str]:
+    def _route_headers(target: Deployment | None, ep: Endpoint, why: str | None = None) -> dict[str, str]:
         """``x-farm-model`` (the public model that answered: a fallback's when one did),
-        ``x-farm-deployment`` (its deployment) and, when its format is not the client's,
+        ``x-farm-deployment`` (its deployment), ``x-farm-route`` (why that deployment, when there was a
+        choice: gateway.upstream.strategies) and, when its format is not the client's,
         ``x-farm-translation`` ("messages->chat")."""
         if target is None:
             return {}
         headers = {"x-farm-model": target.model, "x-farm-deployment": target.name}
+        if why is not None and why is not WHY_SINGLE:
+            headers["x-farm-route"] = why
         translation = translation_of(target, ep.fmt, ep.style)
         if translation is not None:
             headers["x-farm-translation"] = translation
         return headers
 
-    def _with_route(self, result: UpstreamResult, resp: web.Response, ep: Endpoint) -> web.Response:
-        resp.headers.update(self._route_headers(result.target, ep))
+    def _with_route(
+        self, result: UpstreamResult, resp: web.Response, ep: Endpoint, why: str | None
+    ) -> web.Response:
+        resp.headers.update(self._route_headers(result.target, ep, why))
         return resp
 
-    def _upstream_error(self, result: UpstreamResult, ep: Endpoint, rec: Record) -> web.Response:
+    def _upstream_error(
+        self, result: UpstreamResult, ep: Endpoint, rec: Record, why: str | None = None
+    ) -> web.Response:
         """An upstream's own error answer, passed on with its status (never its 401/403: those refused
         the gateway's provider key, not the client's): as it came when it is in the client's shape,
         translated when the target speaks another format, else in the client's shape naming the provider."""
         err = upstream_error(rec, result)
-        extra = self._route_headers(result.target, ep)
+        extra = self._route_headers(result.target, ep, why)
         if rec.retries:
             extra.update(NO_CLIENT_RETRY)
         if isinstance(err, UpstreamCredentialRejected):
@@ -348,6 +359,7 @@ class Proxy:
         raw: bytes,
         strip_usage: bool,
         body: dict | None = None,
+        why: str | None = None,
     ) -> web.StreamResponse:
         upstream = result.response
         assert upstream is not None  # an answer below 400 holds its open response
@@ -366,7 +378,7 @@ class Proxy:
             "Content-Type": content_type,
             "Cache-Control": "no-cache",
             "x-request-id": rec.request_id,
-            **self._route_headers(target, ep),
+            **self._route_headers(target, ep, why),
         }
         if rec.dropped:
             headers["x-farm-dropped"] = ",".join(rec.dropped)
