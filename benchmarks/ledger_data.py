@@ -13,7 +13,8 @@ day in its request id and session id.
 
 ``load`` writes today and yesterday through ``bulk_load`` (the writer's parameter building, then COPY on
 PostgreSQL or the writer's INSERTs on SQLite) and every older day as a copy of yesterday made by the
-database itself (INSERT ... SELECT), which gives those rows (tests/gateway/store/test_ledger_plans.py
+database itself (INSERT ... SELECT), oldest first, then moves yesterday and today after them (the table in
+time order, as a ledger's is), which gives those rows (tests/gateway/store/test_ledger_plans.py
 checks both against ``make_row``, and against rows the gateway wrote for real requests).
 """
 
@@ -231,7 +232,7 @@ async def load(engine: AsyncEngine, team: Team, *, daily: bool = True) -> int:
     names = [c.name for c in ledger.columns]
     daily_names = [c.name for c in usage_daily.columns]
     dialect = engine.dialect.name
-    for day in range(team.days - 3, -1, -1):
+    for day in range(team.days - 2):  # oldest first, as a ledger grows
         back = template - day
         exprs = {
             "request_id": ":rid || substr(request_id, 13)",
@@ -258,7 +259,28 @@ async def load(engine: AsyncEngine, team: Team, *, daily: bool = True) -> int:
                     "WHERE day = :template"
                 ).bindparams(bindparam("template", type_=usage_daily.c.day.type))
                 await conn.execute(sums, {"sid": params["sid"], "template": team.ts(template * rpd).date()})
+    if team.days > 2:
+        await _move_to_the_end(engine, team.request_id(template * rpd), f"{team.prefix}{team.days:04x}")
     return n
+
+
+async def _move_to_the_end(engine: AsyncEngine, lo: str, hi: str) -> None:
+    """Rewrite the rows of ids ``lo`` .. ``hi`` (yesterday's and today's, loaded first as the template)
+    after the older days, so the table is in time order as a ledger written day after day is (PostgreSQL's
+    planner weighs that order when it reads a range of ``ts``); PostgreSQL then vacuums and analyzes."""
+    async with engine.begin() as conn:
+        where = "WHERE request_id >= :lo AND request_id < :hi"
+        await conn.execute(
+            text(f"CREATE TEMPORARY TABLE ledger_recent AS SELECT * FROM gateway_ledger {where}"),
+            {"lo": lo, "hi": hi},
+        )
+        await conn.execute(text(f"DELETE FROM gateway_ledger {where}"), {"lo": lo, "hi": hi})
+        await conn.execute(text("INSERT INTO gateway_ledger SELECT * FROM ledger_recent"))
+        await conn.execute(text("DROP TABLE ledger_recent"))
+    if engine.dialect.name == "postgresql":
+        async with engine.connect() as conn:
+            await conn.execution_options(isolation_level="AUTOCOMMIT")
+            await conn.execute(text("VACUUM ANALYZE gateway_ledger"))
 
 
 def ledger_usage_select(q: UsageQuery) -> Select:

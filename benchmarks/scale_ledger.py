@@ -411,8 +411,9 @@ def main(argv: list[str] | None = None) -> dict:
     opts = _options(argv if argv is not None else sys.argv[1:])
     rows: list[dict] = []
     for fraction in _sizes(opts):
-        rows += ledger_part(fraction, opts)
-        print(table([r for r in rows if r["size"] == fraction]), flush=True)
+        part = ledger_part(fraction, opts)
+        rows += part
+        print(table(part), flush=True)
     text_ = table(rows)
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M")
     path = RESULTS / f"scale-ledger-{platform.node()}-{stamp}.md"
