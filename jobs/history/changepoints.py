@@ -47,36 +47,35 @@ def _best_split(x: np.ndarray, min_size: int) -> tuple[int, float]:
     if n < 2 * min_size:
         return -1, 0.0
     d = np.abs(x[:, None] - x[None, :])
-    # prefix sums so that each split's three sums are O(1): within[a:b] = sum over a <= i < k < b
-    row = np.cumsum(np.cumsum(d, axis=0), axis=1)  # row[i, j] = sum d[:i+1, :j+1]
-
-    def block(r0: int, r1: int, c0: int, c1: int) -> float:  # sum d[r0:r1, c0:c1]
-        total = row[r1 - 1, c1 - 1]
-        if r0:
-            total -= row[r0 - 1, c1 - 1]
-        if c0:
-            total -= row[r1 - 1, c0 - 1]
-        if r0 and c0:
-            total += row[r0 - 1, c0 - 1]
-        return float(total)
-
-    best_tau, best_q = -1, -np.inf
-    for tau in range(min_size, n - min_size + 1):
-        m, k = tau, n - tau
-        between = block(0, tau, tau, n) / (m * k)
-        # the square block counts each pair twice: its sum / (m (m-1)) is 1/C(m,2) sum_{i<k}
-        within_x = block(0, tau, 0, tau) / (m * (m - 1))
-        within_y = block(tau, n, tau, n) / (k * (k - 1))
-        q = m * k / (m + k) * (2 * between - within_x - within_y)
-        if q > best_q:
-            best_tau, best_q = tau, q
-    return best_tau, float(best_q)
+    # Every split at once (issue 46: a year's series is hundreds of points, and each of the permutations
+    # searches every split): with R[i] = sum d[:i+1, :] (cumulated row sums) and W[t] the sum over the
+    # pairs i < k < t (cumulated column sums of the upper triangle), a split at tau has
+    #   sum d[:tau, tau:] = R[tau-1] - 2 W[tau],  sum d[:tau, :tau] = 2 W[tau],
+    #   sum d[tau:, tau:] = R[n-1] - 2 R[tau-1] + 2 W[tau].
+    r = np.cumsum(d.sum(axis=1))
+    w2 = 2 * np.cumsum(np.triu(d, 1).sum(axis=0))  # w2[t - 1] = 2 W[t]
+    tau = np.arange(min_size, n - min_size + 1)
+    m, k = tau, n - tau
+    between = r[tau - 1] - w2[tau - 1]
+    within_x = w2[tau - 1]
+    within_y = r[n - 1] - 2 * r[tau - 1] + w2[tau - 1]
+    # the square blocks count each pair twice: their sum / (m (m-1)) is 1/C(m,2) sum_{i<k}
+    q = m * k / (m + k) * (2 * (between / (m * k)) - within_x / (m * (m - 1)) - within_y / (k * (k - 1)))
+    best = int(np.argmax(q))  # the first of equal maxima, as a scan from the left keeps
+    return int(tau[best]), float(q[best])
 
 
 def _significance(
-    x: np.ndarray, q: float, min_size: int, permutations: int, rng: np.random.Generator
+    x: np.ndarray, q: float, min_size: int, permutations: int, rng: np.random.Generator, p_value: float
 ) -> float:
-    reached = sum(_best_split(rng.permutation(x), min_size)[1] >= q for _ in range(permutations))
+    """The permutation test's p of the split; it stops as soon as p must exceed `p_value` (the split
+    does not stand, and the search ends there: a series without a change costs a few permutations, not
+    all of them). A split that stands gets its exact p."""
+    reached = 0
+    for _ in range(permutations):
+        reached += _best_split(rng.permutation(x), min_size)[1] >= q
+        if (1 + reached) / (1 + permutations) > p_value:
+            break
     return (1 + reached) / (1 + permutations)
 
 
@@ -108,7 +107,7 @@ def e_divisive(
         if not candidates:
             break
         q, start, end, index = max(candidates)
-        p = _significance(x[start:end], q, min_size, permutations, rng)
+        p = _significance(x[start:end], q, min_size, permutations, rng, p_value)
         if p > p_value:
             break
         found[index] = p
