@@ -193,6 +193,44 @@ def pool_serve(
     echo(f"pool stopped after {done} completed job(s)")
 
 
+@pool.command("status")
+@db_option
+def pool_status(db: str | None) -> None:
+    """The live pools' workers per GPU type, each owner's workers against its target share and quota use,
+    and the waiting line with why each job waits."""
+    from rich.table import Table
+
+    from jobs.cli.common import console
+    from jobs.queue.queue import Queue
+    from jobs.queue.status import status
+
+    store = store_for(db, create=False)
+    now = status(Queue(store))
+    out = console()
+    if not now.pools:
+        out.print("no pool serves this store now (`farm pool serve` or `farm pool start`)")
+    for p in now.pools:
+        types = ", ".join(f"{n} x {t} ({p.busy.get(t, 0)} busy)" for t, n in sorted(p.gpu_types.items()))
+        out.print(f"pool {p.pool} on {p.host}: {types}")
+    table = Table(title=f"owners ({now.workers} workers; target: weights and past usage, half-life "
+                        f"{now.plan.policy.half_life / 3600:g} h)")  # fmt: skip
+    for col in ("owner", "project", "workers", "by GPU type", "share", "target", "target workers",
+                "usage (worker-h)", "waiting trials", "quota"):  # fmt: skip
+        table.add_column(col)
+    for r in now.owners:
+        quota = [f"{r.running}/{r.worker_quota} workers" if r.worker_quota is not None else "",
+                 f"{r.queued}/{r.queued_quota} queued" if r.queued_quota is not None else ""]  # fmt: skip
+        by_type = ", ".join(f"{n} {t}" for t, n in sorted(r.by_type.items())) or "-"
+        table.add_row(r.owner, r.project, str(r.running), by_type, f"{r.share:.0%}", f"{r.target:.0%}",
+                      f"{r.target_workers:.1f}", f"{r.usage_s / 3600:.2f}", str(r.queued),
+                      ", ".join(q for q in quota if q) or "-")  # fmt: skip
+    out.print(table)
+    waiting = queue_table(store)
+    if waiting is not None:
+        out.print(waiting)
+    out.print(f"preemptions: {now.preemptions} ({now.preempted_s / 3600:.2f} worker-h lost)")
+
+
 dashboard_option = click.option(
     "--dashboard",
     default=None,

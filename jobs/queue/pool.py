@@ -28,6 +28,7 @@ from cluster.shipping import pack_kernels
 from jobs.queue import notify
 from jobs.queue.fairshare import JobState, RunningTrial, fits
 from jobs.queue.policy import Policy
+from jobs.queue.pool_metrics import PoolMetrics
 from jobs.queue.queue import Queue
 from jobs.run.progress import ProgressView
 from jobs.run.runner import RunOptions, _StoreListener, connect
@@ -50,6 +51,8 @@ class PoolOptions:
     on_finished: Callable[[int], None] | None = None  # called with each job the pool completes
     notified: list[threading.Thread] = field(default_factory=list)  # webhook posts under way (tests join)
     policy: Policy = field(default_factory=Policy)  # fair share, quotas, preemption (jobs.queue.policy)
+    # the pool's Prometheus metrics (jobs.queue.pool_metrics); None: served on FARM_METRICS_PORT if set
+    metrics: PoolMetrics | None = None
 
 
 class _Source:
@@ -73,6 +76,7 @@ class _Source:
         self.used_s: dict[str, float] = {}  # worker-seconds not yet charged, per owner
         self._specs: dict[int, SweepSpec] = {}
         self.run = RunOptions()  # the pool's (its echo, --gpus, --oversubscribe)
+        self.metrics: PoolMetrics | None = None
 
     def __iter__(self) -> _Source:
         return self
@@ -96,6 +100,8 @@ class _Source:
             spec = self._specs[job.id] = loads_spec(job.spec, source=f"job {job.id} spec")
         self.job_of[t.id] = job.id
         self.owner_of[job.id] = got.owner
+        if self.metrics is not None:
+            self.metrics.waited(got.owner, got.waited_s)
         self.queue.log(job.id, f"trial #{t.seq} taken by {self.pool}")
         request = TrialRequest(t.family, t.backend, t.shape, t.config, t.dtype, policy=spec.measure)
         label = f"job {job.id} " + trial_label(t.backend, t.shape, t.config, t.dtype, seq=t.seq)
@@ -146,6 +152,7 @@ def serve(store: Store, options: PoolOptions | None = None) -> int:
         own = None
     source = _Source(queue, pool, options.timeout_s, own, plan.gpu_types)
     source.run = run
+    source.metrics, own_metrics = _metrics(options, queue)
     progress = ProgressView(total=0, enabled=False, echo=run.echo)
 
     def observe(result: TrialResult, worker: dict) -> None:
@@ -179,7 +186,7 @@ def serve(store: Store, options: PoolOptions | None = None) -> int:
     def tick(d: Dispatcher) -> None:
         nonlocal completed, last_beat, last_follow
         if time.monotonic() - last_beat >= BEAT_S:
-            queue.beat(pool)
+            queue.beat(pool, _load(d, source))
             last_beat = time.monotonic()
         if time.monotonic() - last_follow >= FOLLOW_S:
             _follow(d, plan, source, pool)
@@ -205,6 +212,8 @@ def serve(store: Store, options: PoolOptions | None = None) -> int:
                 break
             options.stop.wait(TICK_S)  # nothing to take now: look at the queue again
     finally:
+        if own_metrics:
+            source.metrics.close()
         listener.flush()
         source.charge()
         completed += _finish(queue, source, options)
@@ -226,6 +235,34 @@ def _follow(d: Dispatcher, plan: session.ClusterPlan, source: _Source, pool: str
     if added:
         source.gpu_types |= room
         run.echo(f"pool {pool}: {added} worker(s) added, the cluster has room for {sum(room.values())} now")
+
+
+def _metrics(options: PoolOptions, queue: Queue) -> tuple[PoolMetrics | None, bool]:
+    """The caller's metrics, or ones served on FARM_METRICS_PORT (closed with the pool: True)."""
+    if options.metrics is not None:
+        return options.metrics, False
+    from jobs.settings import FarmSettings
+
+    settings = FarmSettings.load()
+    if settings.metrics_port is None:
+        return None, False
+    metrics = PoolMetrics(queue)
+    options.run.echo(f"pool metrics: {metrics.serve(settings.metrics_port, settings.metrics_addr)}")
+    return metrics, True
+
+
+def _load(d: Dispatcher, source: _Source) -> dict[str, dict]:
+    """What the pool's workers run now, per GPU type: workers ready and the owners of their trials."""
+    out: dict[str, dict] = {}
+    for slot in d.snapshot().slots:
+        if slot.retired:
+            continue
+        here = out.setdefault(slot.gpu_type or "", {"workers": 0, "running": {}})
+        here["workers"] += 1
+        owners = {source.owner_of.get(source.job_of.get(t, -1)) for t in slot.running} - {None}
+        for owner in owners:
+            here["running"][owner] = here["running"].get(owner, 0) + 1
+    return out
 
 
 def _cancel(d: Dispatcher, queue: Queue, source: _Source, pool: str, options: PoolOptions) -> None:

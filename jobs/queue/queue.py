@@ -19,6 +19,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from sqlalchemy import delete, exists, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
@@ -53,6 +54,7 @@ class Claimed:
     job: Job
     source_digest: str | None = None  # the kernels/ shipped with the job (None: the pool's own)
     owner: str = ""  # who is charged for the worker's time
+    waited_s: float = 0.0  # how long its job had waited for a worker
 
 
 @dataclass(frozen=True)
@@ -181,7 +183,7 @@ class Queue:
                         )
             except IntegrityError:
                 continue
-            return Claimed(trial, job, digest, chosen.owner)
+            return Claimed(trial, job, digest, chosen.owner, chosen.waited(seconds_of(at)))
         return None
 
     def state(self, policy: Policy | None = None) -> tuple[list[JobState], dict[str, float], float]:
@@ -345,11 +347,17 @@ class Queue:
             policy = Policy.from_dict(stored["policy"]) if stored else Policy()
         return Served(policy, types)
 
-    def beat(self, pool: str) -> None:
-        """The pool is alive; claims of pools gone quiet are voided (their trials are taken again)."""
+    def beat(self, pool: str, load: Mapping[str, Any] | None = None) -> None:
+        """The pool is alive; claims of pools gone quiet are voided (their trials are taken again).
+        `load`: what its workers run now, per GPU type ({type: {"workers": n, "running": {owner: n}}}),
+        kept in its row for `farm pool status`."""
         stale = now() - timedelta(seconds=POOL_STALE_S)
         with self.engine.begin() as conn:
-            conn.execute(update(Pool).where(Pool.id == pool).values(seen_at=now()))
+            values: dict[str, Any] = {"seen_at": now()}
+            if load is not None:
+                row = conn.scalar(select(Pool.policy).where(Pool.id == pool)) or {}
+                values["policy"] = {**row, "load": dict(load)}
+            conn.execute(update(Pool).where(Pool.id == pool).values(**values))
             gone = select(Pool.id).where(Pool.seen_at < stale)
             conn.execute(delete(TrialClaim).where(TrialClaim.pool.in_(gone)))
             conn.execute(delete(Pool).where(Pool.seen_at < stale))

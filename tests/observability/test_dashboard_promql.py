@@ -7,6 +7,7 @@ import subprocess
 
 import pytest
 import yaml
+from poolkit import busy_pool_metrics
 from promkit import (
     PROMTOOL,
     LiveGateway,
@@ -29,6 +30,7 @@ def live_names(tmp_path_factory) -> set[str]:
         tmp_path_factory.mktemp("gw") / "gw.db", projects={"alpha": {"daily_token_budget": 1_000_000}}
     )
     farm = FarmMetrics()
+    _pool, store = busy_pool_metrics(tmp_path_factory.mktemp("pool") / "farm.db", farm.registry)
     try:
         farm.serve(0)
         assert farm.url is not None
@@ -37,6 +39,7 @@ def live_names(tmp_path_factory) -> set[str]:
         )
     finally:
         farm.close()
+        store.close()
         gw.stop()
     assert "gateway_requests_total" in names and "farm_trials_total" in names
     return names

@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 import raykit
 import yaml
+from poolkit import busy_pool_metrics
 from promkit import GRAFANA, LiveGateway, Prometheus, has_finite_value, needs_prometheus, queries, substitute
 
 from jobs.run.farm_metrics import FarmMetrics
@@ -95,6 +96,7 @@ def test_every_panel_returns_data(tmp_path_factory):
         },
     )
     farm = FarmMetrics()
+    pool, pool_store = busy_pool_metrics(tmp / "pool.db", farm.registry)  # the pool's row of the dashboard
     farm.serve(0)
     assert farm.port is not None
     prom = Prometheus(prometheus_config(gw.port, farm.port), tmp / "prometheus")
@@ -108,7 +110,13 @@ def test_every_panel_returns_data(tmp_path_factory):
         result = run_sweep(
             loads_spec(PROBE),
             store,
-            RunOptions(gpus=2, show_progress=False, echo=lambda _: None, metrics=farm),
+            RunOptions(
+                gpus=2,
+                show_progress=False,
+                echo=lambda _: None,
+                metrics=farm,
+                observer=lambda _r, _w: pool.waited("bo", 5.0),
+            ),  # a job got a worker: its wait
         )
         statuses = sent.result(timeout=60)
         done = time.time()
@@ -142,5 +150,6 @@ def test_every_panel_returns_data(tmp_path_factory):
     finally:
         prom.stop()
         store.close()
+        pool_store.close()
         farm.close()
         gw.stop()
