@@ -29,6 +29,7 @@ BENCHES = {
     "call-path": "benchmarks.call_path",
     "scale": "benchmarks.scale_bench",  # a synthetic year of a team: every command timed per size (issue 46)  # the modules `farm accept` walks a job id through (issue 44)
     "caching": "benchmarks.caching_bench",  # a Codex session with and without cache breakpoints (issue 48)
+    "routing": "benchmarks.routing_bench",  # share on a 3x slower deployment, strategy latency (issue 48)
     "gpu-check": "benchmarks.gpu_check",  # GPU hosts only (make gpu-check); not in the default run
 }
 

@@ -212,9 +212,9 @@ class RoutingConfig(_Strict):
     cooldown_s: float = Field(30.0, gt=0)
     max_cooldown_s: float = Field(300.0, gt=0)
     # strategy latency: the share of requests sent to a deployment other than the fastest (exploration),
-    # and the weight of each new time to first byte in a deployment's decayed estimate
+    # and how many of a deployment's latest times to first byte its estimate is the median of
     latency_explore: float = Field(0.05, ge=0, le=1)
-    latency_decay: float = Field(0.3, gt=0, le=1)
+    latency_window: int = Field(5, ge=1, le=100)
     # a deployment idle this long (nothing begun, nothing in flight) gets the smallest model call (one output
     # token): a failure cools it down before a request meets it, an answer ends a cooldown; None: no checks
     health_check_interval_s: float | None = Field(None, gt=0)

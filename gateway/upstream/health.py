@@ -121,7 +121,7 @@ class _Pinned:
     def answered(self, target: Deployment) -> None:
         if target.fails or target.cooldown_until or target.probing:
             target.ok()
-        observe(target, self.router.clock() - self._t, self.router.cfg.latency_decay)
+        observe(target, self.router.clock() - self._t)
 
     def failed(self, target: Deployment, kind: str, retry_after: float | None) -> None:
         target.failed(kind, retry_after, self.router.cfg, self.router.clock())

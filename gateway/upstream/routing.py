@@ -48,6 +48,7 @@ import logging
 import os
 import random
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -84,7 +85,7 @@ class Deployment:
     __slots__ = (
         "model", "name", "provider", "kind", "upstream_model", "effort", "client", "auth", "weight", "rpm",
         "tpm", "in_flight", "current", "fails", "strikes", "cooldown_until", "probing", "window", "ttfb",
-        "last_begun", "_m_requests", "_m_in_flight", "_m_cooldowns", "_m_errors", "_metrics",
+        "samples", "last_begun", "_m_requests", "_m_in_flight", "_m_cooldowns", "_m_errors", "_metrics",
     )  # fmt: skip
 
     def __init__(
@@ -96,6 +97,7 @@ class Deployment:
         auth: Mapping[str, str] | None,
         metrics: GatewayMetrics | None,
         window: DeploymentLimiter | None = None,
+        window_n: int = 5,
     ) -> None:
         self.model, self.name, self.provider = model, cfg.name, cfg.provider
         self.kind = kind  # the provider's wire format (openai | anthropic | local)
@@ -111,7 +113,8 @@ class Deployment:
         self.cooldown_until = 0.0  # 0: healthy; else a cooldown ends (or ended: a probe is due) then
         self.probing = False
         self.window = window  # its rpm/tpm (None: neither set), from the gateway's limits
-        self.ttfb: float | None = None  # recent time to first byte, decayed (timed routers only)
+        self.ttfb: float | None = None  # recent time to first byte (timed routers only, strategies.observe)
+        self.samples: deque[float] = deque(maxlen=window_n)  # its latest ones (routing.latency_window)
         self.last_begun = 0.0  # when its latest attempt began (timed routers only: the health checks)
         self._metrics = metrics
         self._m_errors: dict[str, Any] = {}
@@ -293,7 +296,16 @@ class Router:
                 if dc.rpm is not None or dc.tpm is not None:
                     window = limits.deployment(model, dc.name, dc.rpm, dc.tpm)
                 deps.append(
-                    Deployment(model, dc, provider.kind, clients.get(dc.provider), auth, metrics, window)
+                    Deployment(
+                        model,
+                        dc,
+                        provider.kind,
+                        clients.get(dc.provider),
+                        auth,
+                        metrics,
+                        window,
+                        self.cfg.latency_window,
+                    )  # fmt: skip
                 )
             self.models[model] = ModelDeployments(
                 model, deps, list(route.fallbacks), list(route.context_window_fallbacks), route.strategy,
@@ -435,7 +447,7 @@ class RoutePlan:
         if target.fails or target.cooldown_until or target.probing:
             target.ok()
         if self.router.timed:
-            observe(target, self.router.clock() - self._t_begin, self.router.cfg.latency_decay)
+            observe(target, self.router.clock() - self._t_begin)
 
     def failed(self, target: Deployment, kind: str, retry_after: float | None) -> None:
         target.failed(kind, retry_after, self.router.cfg, self.router.clock())

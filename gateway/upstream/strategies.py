@@ -5,10 +5,11 @@ may be picked now (not excluded, not cooling down, not at their rpm/tpm).
 - ``weighted`` (the default): the fewest requests in flight relative to the weight, ties by smooth weighted
   round-robin (sequential requests split exactly by weight);
 - ``least-busy``: the fewest requests in flight, ties by smooth weighted round-robin;
-- ``latency``: the lowest recent time to first byte (``Deployment.ttfb``: a decayed average, each new
-  attempt weighing ``routing.latency_decay``), measured from an attempt's send to the upstream's answer
-  head; a deployment not measured yet is tried first, and ``routing.latency_explore`` of the requests
-  (epsilon) go to another deployment picked at random, so a deployment that became fast again is seen.
+- ``latency``: the lowest recent time to first byte (``Deployment.ttfb``: the median of its latest
+  ``routing.latency_window`` attempts, so one slow answer on a loaded host does not move the traffic),
+  measured from an attempt's send to the upstream's answer head; a deployment not measured yet is tried
+  first, and ``routing.latency_explore`` of the requests (epsilon) go to another deployment picked at
+  random, so a deployment that became fast again is seen.
 
 Each pick says why (``WHY_*``), which the answer carries in ``x-farm-route`` beside ``x-farm-deployment``
 when the model has more than one deployment.
@@ -17,6 +18,7 @@ when the model has more than one deployment.
 from __future__ import annotations
 
 import random
+from collections import deque
 from collections.abc import Sequence
 from typing import Literal, Protocol, TypeVar
 
@@ -27,7 +29,8 @@ class Choosable(Protocol):
     weight: float
     in_flight: int
     current: float  # smooth weighted round-robin
-    ttfb: float | None  # recent time to first byte, decayed
+    ttfb: float | None  # recent time to first byte: the median of ``samples``
+    samples: deque[float]  # the latest times to first byte (routing.latency_window of them)
 
 
 Deployment = TypeVar("Deployment", bound=Choosable)
@@ -86,6 +89,10 @@ def fastest(usable: Sequence[Deployment], explore: float, rng: random.Random) ->
     return round_robin(best), WHY_FASTEST
 
 
-def observe(d: Choosable, seconds: float, decay: float) -> None:
-    """One attempt's time to first byte into ``d``'s decayed estimate."""
-    d.ttfb = seconds if d.ttfb is None else d.ttfb + decay * (seconds - d.ttfb)
+def observe(d: Choosable, seconds: float) -> None:
+    """One attempt's time to first byte into ``d``'s estimate: the median of its latest ones."""
+    samples = d.samples
+    samples.append(seconds)
+    v = sorted(samples)
+    n = len(v)
+    d.ttfb = v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
