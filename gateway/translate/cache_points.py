@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from gateway.core import jsoncodec
 
 if TYPE_CHECKING:
-    from gateway.config import GatewaySettings
+    from gateway.config import GatewaySettings, ModelPrice
     from gateway.core.pricing import PriceTable
 
 MAX_BREAKPOINTS = 4
@@ -89,15 +89,18 @@ def auto_cache_models(settings: GatewaySettings, prices: PriceTable) -> dict[tup
             provider = settings.providers.get(d.provider)
             if provider is None or provider.kind != "anthropic":
                 continue
-            if route.prompt_caching == "auto":
-                price = prices.price(d.upstream_model, name)
-                read = None if price is None else price.cached_input_per_mtok
-                if read is None or price is None or read >= price.input_per_mtok:
-                    continue
+            if route.prompt_caching == "auto" and not _reads_cheaper(prices.price(d.upstream_model, name)):
+                continue
             out[(name, d.upstream_model)] = route.prompt_cache_min_tokens or min_cacheable_tokens(
                 d.upstream_model
             )
     return out
+
+
+def _reads_cheaper(price: ModelPrice | None) -> bool:
+    """Whether the price bills a cache read below an input token (no price: nothing known to gain)."""
+    read = None if price is None else price.cached_input_per_mtok
+    return price is not None and read is not None and read < price.input_per_mtok
 
 
 def has_cache_control(body: Mapping[str, Any]) -> bool:
