@@ -11,6 +11,7 @@ import importlib
 import inspect
 import json
 import platform
+import re
 import sys
 from pathlib import Path
 
@@ -26,8 +27,8 @@ BENCHES = {
     "service": "benchmarks.service_bench",  # farm --help, farm bench, a warm pool's queue and priorities
     "spec": "benchmarks.spec_bench",  # a 10^6-point grid refused: seconds and peak MB
     "validity": "benchmarks.validity_bench",  # what the checks after timing cost a trial (issue 45)
-    "call-path": "benchmarks.call_path",
-    "scale": "benchmarks.scale_bench",  # a synthetic year of a team: every command timed per size (issue 46)  # the modules `farm accept` walks a job id through (issue 44)
+    "call-path": "benchmarks.call_path",  # the modules `farm accept` walks a job id through (issue 44)
+    "scale": "benchmarks.scale_bench",  # a synthetic year of a team: every command timed per size (issue 46)
     "caching": "benchmarks.caching_bench",  # a Codex session with and without cache breakpoints (issue 48)
     "routing": "benchmarks.routing_bench",  # share on a 3x slower deployment, strategy latency (issue 48)
     "gpu-check": "benchmarks.gpu_check",  # GPU hosts only (make gpu-check); not in the default run
@@ -67,6 +68,7 @@ def main(argv: list[str]) -> int:
         figures = bench_main(flags.get(name, [])) if params else bench_main()
         if isinstance(figures, dict):
             tag = "".join(f"-{f.lstrip('-').replace('=', '')}" for f in flags.get(name, []))  # gateway-redis
+            tag = re.sub(r"[^A-Za-z0-9_.,-]+", "_", tag)[:120]  # option values may hold / or spaces
             path = out_dir / f"{name}{tag}-{platform.node()}-{stamp}.json"
             path.write_text(json.dumps(figures, indent=2, default=str))
             print(f"(figures written to {path})")
