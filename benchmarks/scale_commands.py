@@ -1,0 +1,134 @@
+"""The interactive commands of `python -m benchmarks scale`, timed on one store (issue 46).
+
+Each command runs in this process through the CLI (click's CliRunner: parsing, the store's reads, the
+rendering; not the interpreter's start, which is the same at every size), once, then `repeat` more times
+when the first took under 3 s; the figure is the median of those. `accept` is the judge's read
+(`Store.judging` of the job with its baseline and samples), what `farm accept` waits on before judging.
+
+This file imports only what the farm had before issue 46 (the CLI, `Store`, `point_key`), so that
+`--before` can run it on a checkout of the commit the work started from (a `git worktree`), against the
+same store downgraded to that schema:
+
+    PYTHONPATH=/tmp/before python benchmarks/scale_commands.py --db farm.db --out before.json --old-schema
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+SERIES = ["--family", "gemm", "--backend", "torch_bf16", "--shape", "m=64,n=256,k=256"]
+
+
+def _cli(args: list[str]) -> Callable[[], object]:
+    from click.testing import CliRunner
+
+    from jobs.cli import main
+
+    def run() -> object:
+        res = CliRunner().invoke(main, args)
+        if res.exit_code not in (0, 1):  # 1: a verdict (a failed assertion), not an error
+            raise RuntimeError(f"farm {' '.join(args)}: exit {res.exit_code}: {res.output[-2000:]}")
+        return res
+
+    return run
+
+
+def _judging(db: str, job: int) -> Callable[[], object]:
+    from jobs.judge.baselines import point_key
+    from jobs.store import Store
+
+    def run() -> object:
+        store = Store(db, create=False)
+        try:
+            return store.judging(job, key=point_key)
+        finally:
+            store.close()
+
+    return run
+
+
+def _latest(db: str, name: str, n: int = 2) -> list[int]:
+    """The newest `n` jobs of the spec `name`, newest first."""
+    from sqlalchemy import select
+
+    from jobs.store import Job, Store
+
+    store = Store(db, create=False)
+    try:
+        with store.engine.connect() as conn:
+            q = select(Job.id).where(Job.name == name).order_by(Job.id.desc()).limit(n)
+            return list(conn.scalars(q))
+    finally:
+        store.close()
+
+
+def commands(db: str, work: Path) -> dict[str, Callable[[], object]]:
+    """What is timed: the name of each command as the table shows it -> a call that runs it."""
+    new, old = _latest(db, "gemm-nightly")
+    d = ["--db", db]
+    return {
+        "jobs list": _cli(["jobs", "list", *d]),
+        "report JOB": _cli(["report", str(new), *d]),
+        "report JOB --html": _cli(["report", str(new), "--html", str(work / "job.html"), *d]),
+        "compare A B": _cli(["compare", str(old), str(new), *d]),
+        "history (one series)": _cli(["history", *SERIES, *d]),
+        "history (a family: gemm, --json)": _cli(["history", "--family", "gemm", "--json", *d]),
+        "accept JOB (the judge's reads)": _judging(db, new),
+        "failures list": _cli(["failures", "list", *d]),
+        "drafts list JOB": _cli(["drafts", "list", str(new), *d]),
+        "drafts account": _cli(["drafts", "account", *d]),
+    }
+
+
+def timed(run: Callable[[], object], repeat: int) -> float:
+    start = time.perf_counter()
+    run()
+    first = time.perf_counter() - start
+    if first >= 3 or repeat <= 0:
+        return first
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def time_all(db: str, repeat: int = 3, only: list[str] | None = None) -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix="kf-scale-") as tmp:
+        found = commands(db, Path(tmp))
+        return {name: timed(run, repeat) for name, run in found.items() if not only or name in only}
+
+
+def _old_schema() -> None:
+    """The old checkout refuses a store at a revision it does not know: its schema check is skipped (the
+    tables it reads are as it had them: the store was downgraded to its revision's samples)."""
+    import jobs.store.engine as engine
+
+    engine.ensure_schema = lambda *a, **k: None
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--db", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--old-schema", action="store_true")
+    ap.add_argument("--only", default=None, help="command names, separated by ';'")
+    args = ap.parse_args(argv)
+    if args.old_schema:
+        _old_schema()
+    only = args.only.split(";") if args.only else None
+    Path(args.out).write_text(json.dumps(time_all(args.db, args.repeat, only)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
