@@ -62,6 +62,7 @@ def _options(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--before-max", default="1/64", help="the largest size timed with --before")
     ap.add_argument("--no-ledger", action="store_true", help="leave out benchmarks/scale_ledger.py's part")
     ap.add_argument("--site", action="store_true", help="time `farm site` after one more night (first size)")
+    ap.add_argument("--queue", type=int, default=0, help="trials per queue depth through the queue (0: none)")
     ap.add_argument("--commands", default=None, help="only these commands (names as the table has them, ';')")
     known, _ = ap.parse_known_args(argv)  # the ledger's options are its own
     return known
@@ -222,6 +223,10 @@ def _measure(backend: str, sizes: list[str], opts: argparse.Namespace) -> list[d
                   f"(built in {built:.0f} s); timing the commands ...", flush=True)  # fmt: skip
             only = opts.commands.split(";") if opts.commands else None
             row["times"] = scale_commands.time_all(store.url, opts.repeat, only)
+            if opts.queue:  # after the commands: its jobs stay in the store
+                from benchmarks.scale_queue import queue_part
+
+                row["times"] |= queue_part(store, trials=opts.queue)
             if i == 0 and opts.site:
                 row["times"] |= _site(store, pools, work)
             if opts.before and backend == "sqlite" and Fraction(size) <= Fraction(opts.before_max):
