@@ -31,6 +31,7 @@ BENCHES = {
     "scale": "benchmarks.scale_bench",  # a synthetic year of a team: every command timed per size (issue 46)
     "caching": "benchmarks.caching_bench",  # a Codex session with and without cache breakpoints (issue 48)
     "routing": "benchmarks.routing_bench",  # share on a 3x slower deployment, strategy latency (issue 48)
+    "fairness": "benchmarks.fairness_bench",  # a day of a team against the pool's fair share (issue 47)
     "gpu-check": "benchmarks.gpu_check",  # GPU hosts only (make gpu-check); not in the default run
 }
 

@@ -170,11 +170,15 @@ class Plan:
         why = [self.blocked(job, t) for t in gpu_types]
         return None if any(w is None for w in why) or not why else why[0]
 
-    def pick_victim(self, running: Sequence[RunningTrial], gpu_type: str | None) -> RunningTrial | None:
+    def pick_victim(
+        self, running: Sequence[RunningTrial], gpu_type: str | None, gpu_types: Sequence[str | None] = ()
+    ) -> RunningTrial | None:
         """A running trial on a worker of `gpu_type` that the job next in line for that type has more
         right to (jobs.queue.policy.Preemption): of a lower-priority job, or of an owner further over its
         target than the waiting one would be with that worker; past `min_run`, not stopped within
-        `again_after`. The one that ran least (least work lost)."""
+        `again_after`; never one whose job can run on fewer of the pool's `gpu_types` than the waiting
+        one (a trial that needs this type does not yield to one that could run elsewhere). The one that
+        ran least (least work lost)."""
         rule = self.policy.preempt
         waiting = self.pick(gpu_type)
         if not rule.enabled or waiting is None:
@@ -183,9 +187,14 @@ class Plan:
         aged = waiting.waited(self.now_s) >= self.policy.max_wait
         need = self._owner_need(waiting.owner)[0]
 
+        def room(job: JobState) -> int:
+            return sum(fits(job, t, self.policy) for t in gpu_types)
+
         def yields(t: RunningTrial) -> bool:
             job = by_id.get(t.job_id)
             if job is None or t.gpu_type != gpu_type or job.owner == waiting.owner:
+                return False
+            if room(job) < room(waiting):
                 return False
             if self.now_s - t.started_s < rule.min_run:
                 return False
@@ -269,22 +278,30 @@ def _queued_quota(jobs: Sequence[JobState], project: Mapping[str, str], policy: 
     return held
 
 
-def target_workers(plan: Plan, workers: int, demand: Mapping[str, int]) -> dict[str, float]:
-    """Workers each owner should hold now: `workers` split by the plan's targets, an owner never given
-    more than it can use (`demand`: trials waiting + running) and what it cannot use shared out among the
-    others by their targets (water-filling)."""
-    left, out = float(workers), {o: 0.0 for o in plan.targets}
-    open_ = {o for o in plan.targets if demand.get(o, 0) > 0}
-    while open_ and left > 1e-9:
-        total = sum(plan.targets[o] for o in open_)
-        grant = {o: left * plan.targets[o] / total for o in open_}
-        full = {o for o in open_ if out[o] + grant[o] >= demand[o]}
-        if not full:
-            for o in open_:
-                out[o] += grant[o]
-            break
-        for o in full:
-            left -= demand[o] - out[o]
-            out[o] = float(demand[o])
-        open_ -= full
-    return out
+def target_workers(plan: Plan, workers: int | Mapping[str | None, int]) -> dict[str, float]:
+    """Workers each owner should hold now, as the policy means it: whole workers handed out one at a
+    time, the highest priority with work first, then the owner furthest below its target share
+    ((held + 1) / target), each owner never given more than its jobs can use (trials waiting + running)
+    nor a worker of a GPU type its jobs cannot run on; a job that runs anywhere takes the type with the
+    most room left after what the jobs needing that type still want. `workers`: a count (untyped) or per
+    GPU type."""
+    room = dict(workers) if isinstance(workers, Mapping) else {None: workers}
+    need = [
+        [j.owner, j.priority, [t for t in room if fits(j, t, plan.policy)], j.queued + j.running]
+        for j in plan.jobs
+        if j.queued + j.running > 0
+    ]
+    held: dict[str, float] = {o: 0.0 for o in plan.targets}
+    while True:
+        open_ = [n for n in need if n[3] > 0 and any(room[t] > 0 for t in n[2])]
+        if not open_:
+            return held
+        top = max(n[1] for n in open_)
+        tier = [n for n in open_ if n[1] == top]
+        owner = min({n[0] for n in tier}, key=lambda o: ((held[o] + 1) / (plan.targets.get(o) or 1e-12), o))
+        job = min((n for n in tier if n[0] == owner), key=lambda n: len(n[2]))  # the most constrained first
+        wanted = {t: sum(n[3] for n in open_ if n[2] == [t]) for t in room}
+        gpu = max((t for t in job[2] if room[t] > 0), key=lambda t: (room[t] - wanted[t], str(t)))
+        room[gpu] -= 1
+        job[3] -= 1
+        held[owner] = held.get(owner, 0.0) + 1.0

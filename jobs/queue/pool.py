@@ -299,7 +299,7 @@ def _preempt(d: Dispatcher, queue: Queue, source: _Source, pool: str) -> int:
         last = queue.last_preempted([t for t, _ in running])
         trials = [RunningTrial(t, source.job_of[t], gpu_type, plan.now_s - (at - began), last.get(t))
                   for t, began in running]  # fmt: skip
-        victim = plan.pick_victim(trials, gpu_type)
+        victim = plan.pick_victim(trials, gpu_type, list(source.gpu_types))
         if victim is None:
             continue
         waiting = plan.pick(gpu_type)

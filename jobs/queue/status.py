@@ -64,10 +64,7 @@ def status(queue: Queue) -> Status:
                 per = by_owner_type.setdefault(owner, {})
                 per[t or "untyped"] = per.get(t or "untyped", 0) + n
     workers = sum(served.gpu_types.values())
-    demand: dict[str, int] = {}
-    for j in plan.jobs:
-        demand[j.owner] = demand.get(j.owner, 0) + j.queued + j.running
-    fair = target_workers(plan, workers, demand) if workers else {}
+    fair = target_workers(plan, served.gpu_types) if workers else {}
     out = Status(plan, pools=pools, workers=workers)
     owners = sorted(set(plan.targets) | set(plan.usage))
     for owner in owners:

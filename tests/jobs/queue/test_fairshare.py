@@ -161,10 +161,13 @@ def test_steady_contention_converges_to_the_weights_with_usage_charged():
     assert abs(share - 2 / 3) < 0.05, share
 
 
-def test_target_workers_share_out_what_an_owner_cannot_use():
+def test_target_workers_share_out_what_an_owner_cannot_use_priority_and_gpu_types_first():
     plan = Plan([job(1, "a", queued=1), job(2, "b"), job(3, "c")], {}, Policy(), 0.0)
-    got = target_workers(plan, 9, {"a": 1, "b": 100, "c": 100})
-    assert got == pytest.approx({"a": 1.0, "b": 4.0, "c": 4.0})
+    assert target_workers(plan, 9) == {"a": 1.0, "b": 4.0, "c": 4.0}
+    # CI's two trials at priority 10 first; b can run only on the 2 H200s; c takes what is left
+    jobs = [job(1, "ci", priority=10, queued=2), job(2, "b", gpu_type="H200"), job(3, "c")]
+    plan = Plan(jobs, {}, Policy(), 0.0)
+    assert target_workers(plan, {"H100": 6, "H200": 2}) == {"ci": 2.0, "b": 2.0, "c": 4.0}
 
 
 def test_preemption_takes_a_lower_priority_or_over_share_trial_past_its_minimum_run():
@@ -184,3 +187,14 @@ def test_preemption_takes_a_lower_priority_or_over_share_trial_past_its_minimum_
     # at its share (one each) nobody yields
     even = [job(1, "a", running=1), job(2, "b", running=1)]
     assert Plan(even, {}, policy, now).pick_victim(running[:1], None) is None
+
+
+def test_a_trial_that_needs_its_gpu_type_does_not_yield_to_a_job_that_could_run_elsewhere():
+    policy = Policy.from_dict({"preempt": {"enabled": True, "min_run": 0}})
+    mla = job(1, "a", running=1, gpu_type="H200")
+    now, types = 1000.0, ["H100", "H200"]
+    on_h200 = [RunningTrial(11, 1, "H200", started_s=now - 300)]
+    anywhere = job(2, "ci", priority=10)
+    assert Plan([mla, anywhere], {}, policy, now).pick_victim(on_h200, "H200", types) is None
+    needs_h200 = job(2, "ci", priority=10, gpu_type="H200")
+    assert Plan([mla, needs_h200], {}, policy, now).pick_victim(on_h200, "H200", types).trial_id == 11
