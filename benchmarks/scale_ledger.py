@@ -83,6 +83,10 @@ def _options(args: Any) -> argparse.Namespace:
     ap.add_argument("--sqlite-max", default="1/4", help="the largest fraction loaded into SQLite")
     ap.add_argument("--write-rows", type=int, default=10_000, help="rows the writer writes, per phase")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument(
+        "--writes-ab", type=int, default=0, metavar="ROUNDS",
+        help="only the writer: two stores of the first size (0004 and 0005) written in turns, ROUNDS each",
+    )  # fmt: skip
     known, _ = ap.parse_known_args(list(args or []))  # the scale benchmark's own options are not ours
     return known
 
@@ -357,6 +361,34 @@ async def _measure_size(fraction: str, backend: str, opts: argparse.Namespace) -
     return out
 
 
+async def _writes_ab(fraction: str, backend: str, opts: argparse.Namespace) -> dict:
+    """The writer's rows a second on a store at 0004 (its writer) and one at 0005 (with the daily usage),
+    both loaded alike, measured in turns so that the machine's load falls on both alike."""
+    servers = _servers()
+    team = Team.of_year(float(Fraction(fraction)))
+    stores = []
+    try:
+        for after in (False, True):
+            url, cleanup = await _database(backend, servers)
+            engine = create_engine(url)
+            stores.append((engine, cleanup))
+            await upgrade_schema(engine, AFTER if after else BEFORE)
+            await load(engine, team, daily=after)
+            await _analyze(engine)
+        rates: dict[bool, list[float]] = {False: [], True: []}
+        for _ in range(opts.writes_ab):
+            for after in (False, True):
+                rates[after].append(await _write_rate(stores[after][0], team, opts.write_rows, after))
+    finally:
+        for engine, cleanup in stores:
+            await engine.dispose()
+            cleanup()
+    before, after_ = statistics.median(rates[False]), statistics.median(rates[True])
+    print(f"writer on {backend}, {fraction} of a year, {opts.writes_ab} rounds in turns: "
+          f"{before:.0f} rows/s at {BEFORE}, {after_:.0f} at {AFTER} ({after_ / before:.2f}x)")  # fmt: skip
+    return {"size": fraction, "backend": backend, "before": before, "after": after_, "rates": rates}
+
+
 def _sizes(opts: argparse.Namespace) -> list[str]:
     if opts.sizes:
         return [s.strip() for s in opts.sizes.split(",") if s.strip()]
@@ -409,6 +441,9 @@ def table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     opts = _options(argv if argv is not None else sys.argv[1:])
+    if opts.writes_ab:
+        fraction = _sizes(opts)[0]
+        return {"writes_ab": [asyncio.run(_writes_ab(fraction, b, opts)) for b in _backends(fraction, opts)]}
     rows: list[dict] = []
     for fraction in _sizes(opts):
         part = ledger_part(fraction, opts)
