@@ -4,10 +4,12 @@ rows of given request ids within one project (``POST /v1/usage/requests``, the f
 the usage table of ``farm gateway usage`` (per day and task, model, key, project or agent session, or the
 top groups by cost).
 
-Each is served by an index at a year of a team's ledger (tests/gateway/store/test_ledger_plans.py checks
-the plans on PostgreSQL): today's usage and the rebuild by ``ts``; request ids by the primary key within
-the project; one task's or one session's usage by ``(task, ts)`` / ``(session_id, ts)`` (revision 0005); a
-window (``--since``) by ``ts``. A table of the whole ledger, with no window, reads the whole ledger.
+Each is index-backed at a year of a team's ledger (tests/gateway/store/test_ledger_plans.py checks the
+plans on PostgreSQL; benchmarks/scale_ledger.py times them): today's usage and the rebuild read the ledger
+by ``ts``, request ids by its primary key; the usage table reads the daily usage (gateway_usage_daily,
+gateway.store.ledger_daily: a row per day and group, not every request), one task's or one session's by
+their indexes, a window by its key (day first), and the ledger by ``ts`` for a window that starts within
+a day.
 """
 
 from __future__ import annotations
