@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
+from multidict import istr
 
 from gateway.core import jsoncodec
 from gateway.core.record import OVERHEAD_HEADER, Record, own_time
@@ -155,6 +156,9 @@ def dump_json(body: Any) -> bytes:
         raise BadRequest(f"request body cannot be re-encoded: {e.__class__.__name__}") from None
 
 
+_OVERHEAD = istr(OVERHEAD_HEADER)  # the header's key made once (multidict lowers a plain str on each set)
+
+
 def _ms(seconds: float | None) -> str:
     """A header's milliseconds, to the microsecond."""
     return f"{(seconds or 0.0) * 1000:.3f}"
@@ -220,7 +224,7 @@ class Pipeline:
             if ledger:
                 self.account(rec)
         if ledger and not resp.prepared:  # a stream's head went out with the figure of its own time
-            resp.headers[OVERHEAD_HEADER] = _ms(rec.overhead)
+            resp.headers[_OVERHEAD] = _ms(rec.overhead)
         return resp
 
     @contextlib.asynccontextmanager
@@ -393,7 +397,7 @@ class Pipeline:
             out = _Relay(status=200, headers=headers)
             # the gateway's own time until its head, less the upstream's until the bytes that go with it
             rec.overhead = own_time(time.perf_counter() - rec.t0, upstream_s, rec.queue_wait)
-            out.headers[OVERHEAD_HEADER] = _ms(rec.overhead)
+            out.headers[_OVERHEAD] = _ms(rec.overhead)
             try:
                 await out.prepare(request)
                 rec.http_status = 200
