@@ -103,13 +103,13 @@ class TargetRequests:
         strict: bool = False,
         native_fields: Mapping[str, Any] | None = None,
         encoded: dict[str, bytes] | None = None,
-        auto_cache: Mapping[tuple[str, str], int] | None = None,
+        auto_cache: Mapping[tuple[str, str], int] = _NO_CACHE,
     ) -> None:
         self.body, self.fmt, self.style, self.headers = body, fmt, style, headers
         self.model = model  # the public model asked for
         self.default_max_tokens, self.strict = default_max_tokens, strict
         self.native_fields = native_fields or {}
-        self.auto_cache = auto_cache or _NO_CACHE
+        self.auto_cache = auto_cache
         self._native: dict[str, bytes] = encoded if encoded is not None else {}
         self._translated: dict[tuple[str, str, bool, int | None], tuple[str, bytes, dict[str, str]]] = {}
         self._dropped: dict[tuple[str, str, bool], list[str]] = {}
