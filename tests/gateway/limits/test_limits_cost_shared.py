@@ -55,3 +55,25 @@ async def test_two_gateways_share_one_cost_budget_rebuilt_from_the_ledger(start_
         finally:
             r.close()
     assert rebuilt == pytest.approx(spent, abs=1e-6)  # gpt-beta has no price: its request counts nothing
+
+
+async def test_the_cost_budget_gauge_reads_what_the_shared_counter_says(start_shared, fake):
+    """gateway_daily_cost_budget_remaining_usd of a gateway is the budget less the shared spend as it last
+    saw it: the one that served says what both spent, the other (idle) the whole budget until it serves
+    (the alert rules take the lowest, per project)."""
+    a, b = await start_shared(prices=PRICES, projects={"alpha": {"daily_cost_budget_usd": 1.0}})
+
+    def left(g) -> float:
+        return g.gw.metrics.registry.get_sample_value(
+            "gateway_daily_cost_budget_remaining_usd", {"project": "alpha"}
+        )
+
+    async with aiohttp.ClientSession() as s:
+        assert (await chat(s, a))[0] == 200 and (await chat(s, a))[0] == 200
+        assert left(a) == pytest.approx(1.0 - spent_usd(fake), abs=1e-6)
+        assert left(b) == 1.0
+        assert (await chat(s, b))[0] == 200
+    assert left(b) == pytest.approx(1.0 - spent_usd(fake), abs=1e-6) and left(b) < left(a)
+    assert (
+        a.gw.metrics.registry.get_sample_value("gateway_daily_cost_budget_usd", {"project": "alpha"}) == 1.0
+    )
