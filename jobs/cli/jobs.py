@@ -64,7 +64,19 @@ def jobs_show(job_id: int, db: str | None) -> None:
         "counts: " + " ".join(f"{k} {v}" for k, v in sorted(store.status_counts(job_id).items()))
     )
     table = Table()
-    for col in ("#", "backend", "shape", "config", "dtype", "status", "attempt", "node", "worker", "gpu"):
+    for col in (
+        "#",
+        "backend",
+        "shape",
+        "config",
+        "dtype",
+        "status",
+        "attempt",
+        "node",
+        "worker",
+        "gpu",
+        "gpu type",
+    ):
         table.add_column(col)
     for t in store.trials(job_id):
         table.add_row(
@@ -78,6 +90,7 @@ def jobs_show(job_id: int, db: str | None) -> None:
             t.node or "-",
             t.worker or "-",
             t.gpu_id or "-",
+            t.gpu_type or "-",
         )
     out_console.print(table)
     for line in comparison_lines(store.comparisons(job_id)):
