@@ -167,3 +167,20 @@ def test_a_webhook_that_is_not_an_url_is_refused_before_anything_is_queued(tmp_p
         main, ["submit", _write(tmp_path, spec_text(1) + "notify: ftp://x\n"), "--db", str(tmp_path / "f.db")]
     )
     assert bad.exit_code == 2 and "notify" in bad.output
+
+
+def test_the_seen_case_on_the_pool_the_second_owner_is_served_from_the_first_trials(ray_local, tmp_path):
+    """Issue 47's case on a real pool: ana queued four 12-trial jobs, bo one, all at priority 0, before
+    the pool started on 2 workers; in the order the pool took trials (its job log), bo's job is among
+    the first two and keeps one of the two workers (the old order gave it none of the first 30)."""
+    store = Store(str(tmp_path / "farm.db"))
+    queue = Queue(store)
+    ana = [queue.submit(spec(f"a{i}", 12, ms=5), owner="ana") for i in range(4)]
+    bo = queue.submit(spec("b", 12, ms=5), owner="bo")
+    assert serve(store, pool_options(2)) == 5
+    taken = sorted((e.id, job) for job in [*ana, bo] for e in queue.events(job) if "taken by" in e.line)
+    order = [job for _id, job in taken]
+    assert len(order) == 60 and bo in order[:2], order
+    assert order[:24].count(bo) >= 8, order  # one worker of two, whatever the two workers' pace
+    assert all(t.status == "ok" for job in [*ana, bo] for t in store.trials(job))
+    store.close()
