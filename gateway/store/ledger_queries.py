@@ -19,10 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, time, timedelta
 from datetime import date as date_type
-from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import Select, case, func, select, union_all
+from sqlalchemy import BigInteger, Select, case, cast, func, select, union_all
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -226,18 +225,22 @@ def usage_select(q: UsageQuery) -> Select:
     dims = [src.c[n] for n in q.dimensions]
     groups = dims if q.top else [src.c.date, *dims]
     cost = func.sum(src.c.cost_usd)
-    total = func.sum(src.c.input_tokens) + func.sum(src.c.output_tokens)
+
+    def count(c):  # a whole number as the driver gives back a BIGINT (PostgreSQL sums one as NUMERIC)
+        return cast(func.sum(c), BigInteger)
+
+    total = count(src.c.input_tokens) + count(src.c.output_tokens)
     stmt = select(
         *groups,
-        func.sum(src.c.requests),
-        func.sum(src.c.input_tokens),
-        func.sum(src.c.output_tokens),
+        count(src.c.requests),
+        count(src.c.input_tokens),
+        count(src.c.output_tokens),
         total,
         cost,
-        func.sum(src.c.retries),
-        func.sum(src.c.rate_limited),
+        count(src.c.retries),
+        count(src.c.rate_limited),
         func.sum(src.c.retry_wait_ms) / 1000.0,
-        *(func.sum(src.c[s]) for s in _STATUSES),
+        *(count(src.c[s]) for s in _STATUSES),
     ).group_by(*groups)
     if q.top:
         return stmt.order_by(cost.desc().nulls_last(), total.desc(), *dims).limit(q.top)
@@ -249,23 +252,12 @@ async def usage_table(engine: AsyncEngine, q: UsageQuery) -> list[list]:
     is None; the date a ``datetime.date``)."""
     first = 0 if q.top else 1
     span = range(first, first + len(q.dimensions))
-    out = []
     async with engine.connect() as conn:
-        for r in await conn.execute(usage_select(q)):
-            row = list(r)
-            if not q.top and isinstance(row[0], str):  # SQLite: the day as text
-                row[0] = date_type.fromisoformat(row[0])
-            for i in span:
-                row[i] = row[i] or None
-            for i in range(first + len(q.dimensions), len(row)):
-                row[i] = _number(row[i])
-            out.append(row)
+        out = [list(r) for r in await conn.execute(usage_select(q))]
+    for row in out:
+        if not q.top and row[0].__class__ is str:  # SQLite, the day from the ledger's rows: as text
+            row[0] = date_type.fromisoformat(row[0])
+        for i in span:
+            if row[i] == "":
+                row[i] = None
     return out
-
-
-def _number(v: Any) -> Any:
-    """A sum as Python gives it back everywhere: an int, a float, or None (PostgreSQL: Decimal for sums
-    of BIGINT)."""
-    if isinstance(v, Decimal):
-        return int(v) if v == v.to_integral_value() else float(v)
-    return v
