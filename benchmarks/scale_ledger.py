@@ -375,6 +375,10 @@ async def _writes_ab(fraction: str, backend: str, opts: argparse.Namespace) -> d
             await upgrade_schema(engine, AFTER if after else BEFORE)
             await load(engine, team, daily=after)
             await _analyze(engine)
+        sizes = await _store_mb(stores[1][0])
+        print(
+            f"store at {AFTER}, {team.rows:,} rows: " + ", ".join(f"{k} {v:.0f} MB" for k, v in sizes.items())
+        )
         rates: dict[bool, list[float]] = {False: [], True: []}
         for _ in range(opts.writes_ab):
             for after in (False, True):
@@ -386,7 +390,28 @@ async def _writes_ab(fraction: str, backend: str, opts: argparse.Namespace) -> d
     before, after_ = statistics.median(rates[False]), statistics.median(rates[True])
     print(f"writer on {backend}, {fraction} of a year, {opts.writes_ab} rounds in turns: "
           f"{before:.0f} rows/s at {BEFORE}, {after_:.0f} at {AFTER} ({after_ / before:.2f}x)")  # fmt: skip
-    return {"size": fraction, "backend": backend, "before": before, "after": after_, "rates": rates}
+    return {
+        "size": fraction,
+        "backend": backend,
+        "before": before,
+        "after": after_,
+        "rates": rates,
+        "mb": sizes,
+    }
+
+
+async def _store_mb(engine: AsyncEngine) -> dict[str, float]:
+    """The ledger's and the daily usage's size on disk, indexes included (SQLite: the whole file)."""
+    async with engine.connect() as conn:
+        if engine.dialect.name != "postgresql":
+            pages = (await conn.execute(text("PRAGMA page_count"))).scalar_one()
+            size = (await conn.execute(text("PRAGMA page_size"))).scalar_one()
+            return {"database file": pages * size / 2**20}
+        out = {}
+        for table in ("gateway_ledger", "gateway_usage_daily"):
+            found = await conn.execute(text(f"SELECT pg_total_relation_size('{table}')"))
+            out[table] = found.scalar_one() / 2**20
+        return out
 
 
 def _sizes(opts: argparse.Namespace) -> list[str]:
