@@ -165,7 +165,7 @@ class Queue:
             try:
                 with Session(self.engine, expire_on_commit=False) as s, s.begin():
                     at = now()
-                    jobs, usage = self._state(s, at, policy)
+                    jobs, usage = self._state(s, at, policy, counts=_counts_matter(policy))
                     chosen = Plan(jobs, usage, policy, seconds_of(at)).pick(gpu_type)
                     if chosen is None:
                         return None
@@ -201,18 +201,16 @@ class Queue:
         return Plan(jobs, usage, policy, at)
 
     @staticmethod
-    def _state(s: Session, at: datetime, policy: Policy) -> tuple[list[JobState], dict[str, float]]:
+    def _state(
+        s: Session, at: datetime, policy: Policy, *, counts: bool = True
+    ) -> tuple[list[JobState], dict[str, float]]:
+        """`counts`: each job's waiting trials counted (what `farm jobs list` and queued-trial quotas
+        need); False: 1 for a job with a trial waiting, else 0 (enough for the order, and cheaper on a
+        large queue: the first waiting trial of each job is looked up, not every one counted)."""
         rows = list(
             s.scalars(select(QueuedJob).join(Job, Job.id == QueuedJob.job_id).where(Job.status.in_(WAITING)))
         )
         ids = [q.job_id for q in rows]
-        pending = dict(
-            s.execute(
-                select(TrialRow.job_id, func.count())
-                .where(TrialRow.job_id.in_(ids), TrialRow.status == PENDING)
-                .group_by(TrialRow.job_id)
-            ).all()
-        )
         running = dict(
             s.execute(
                 select(TrialClaim.job_id, func.count())
@@ -221,6 +219,23 @@ class Queue:
                 .group_by(TrialClaim.job_id)
             ).all()
         )
+        if counts:
+            pending = dict(
+                s.execute(
+                    select(TrialRow.job_id, func.count())
+                    .where(TrialRow.job_id.in_(ids), TrialRow.status == PENDING)
+                    .group_by(TrialRow.job_id)
+                ).all()
+            )
+        else:
+            claimed = exists().where(TrialClaim.trial_id == TrialRow.id)
+            waiting = exists().where(
+                TrialRow.job_id == QueuedJob.job_id, TrialRow.status == PENDING, ~claimed
+            )
+            has = s.scalars(select(QueuedJob.job_id).where(QueuedJob.job_id.in_(ids), waiting))
+            pending = {j: running.get(j, 0) + 1 for j in has} | {
+                j: n for j, n in running.items() if j not in ids
+            }
         jobs = [
             JobState(
                 q.job_id,
@@ -451,6 +466,13 @@ class Queue:
 
 def _count(job_id: int, status: str):
     return select(func.count()).where(TrialRow.job_id == job_id, TrialRow.status == status)
+
+
+def _counts_matter(policy: Policy) -> bool:
+    """Whether the order needs each job's waiting trials counted: only for a queued-trials quota."""
+    quotas = [policy.default_quota, *(o.quota for o in policy.owners.values())]
+    quotas += [p.quota for p in policy.projects.values()]
+    return any(q.queued is not None for q in quotas)
 
 
 def _first_trial(job_id: int):
