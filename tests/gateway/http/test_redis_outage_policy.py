@@ -40,7 +40,7 @@ async def _probe(url: str, key: str, call: tuple[str, dict]) -> tuple[int, int, 
 
 
 async def _every_worker(
-    url: str, key: str, call: tuple[str, dict], pids: set[int], want, timeout: float = 30
+    url: str, key: str, call: tuple[str, dict], pids: set[int], want, timeout: float = 60
 ):
     """Probe until each worker in ``pids`` has answered as ``want(status, headers, body)`` says; every answer
     seen on the way is returned (the caller checks them all)."""
@@ -108,7 +108,7 @@ async def test_two_workers_share_or_refuse_while_redis_is_down(tmp_path, policy)
         gw = Serve(cfg, tmp_path, f"outage-{policy}", "--workers", "2")
         async with aiohttp.ClientSession() as s:
             await gw.ready(s)
-            pids = await _worker_pids(s, gw.url, 2)
+            pids = await _worker_pids(s, gw.url, 2, timeout=60)  # a loaded host starts workers slowly
         for call in (CHAT, MESSAGES):  # Redis up: both workers serve
             await _every_worker(gw.url, key, call, pids, _served)
 
