@@ -1,12 +1,14 @@
 """The gateway ledger at a year of a team's data (issue 46): a synthetic ledger (benchmarks/ledger_data.py,
-about 20 million rows a year) loaded at fractions of a year into PostgreSQL and SQLite, and every ledger read
-a person or a gateway waits on timed BEFORE the read indexes of revision 0005 (the schema at 0004) and
-AFTER them: `farm gateway usage` by task, key and session (the whole ledger, a window, one task, one
-session, the top sessions), the rows of 100 request ids (``POST /v1/usage/requests``' read), today's usage
-per project (what a start seeds the budgets with), and the budget rebuild when Redis comes back empty
+about 20 million rows a year) loaded at fractions of a year into PostgreSQL and SQLite, and every ledger
+read a person or a gateway waits on timed BEFORE revision 0005 (the schema at 0004: `farm gateway usage`
+summed the ledger's rows) and AFTER it (the daily usage, gateway.store.ledger_daily; the project index
+dropped): `farm gateway usage` by task, key and session (the whole ledger, a window, one task, one session,
+the top sessions), the rows of 100 request ids (``POST /v1/usage/requests``' read), today's usage per
+project (what a start seeds the budgets with), and the budget rebuild when Redis comes back empty
 (gateway.limits.redis.SharedLimits.ensure_seeded against a real redis-server). The ledger writer's
-throughput (gateway.store.ledger.LedgerWriter, batches of 500 as the request path fills them) is measured
-on the loaded table before and after too, and the time the migration took to build the indexes.
+throughput (gateway.store.ledger.LedgerWriter, batches of 500 as the request path fills them) is measured on
+the loaded table before and after too, and the time the migration took (filling the daily usage);
+``--writes-ab`` measures the writer alone on two stores in turns, and their size on disk.
 
 Each read: one run, then the median of ``--repeat`` more when the first took under 3 s; the usage reads
 time the query as `farm gateway usage` runs it (gateway.store.ledger_queries.usage_table), without the
@@ -66,7 +68,7 @@ from gateway.store.ledger_queries import (
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
-BEFORE, AFTER = "0004", "0005"  # the schema without and with the read indexes
+BEFORE, AFTER = "0004", "0005"  # the schema without and with the daily usage
 TARGET_S = 1.0
 SHORT, FULL = ("1/64",), ("1/64", "1/16", "1/4", "1")
 
@@ -481,7 +483,7 @@ def main(argv: list[str] | None = None) -> dict:
     path.write_text(
         f"# The gateway ledger at scale ({datetime.now(UTC):%Y-%m-%d}, {platform.node()})\n\n"
         f"`python -m benchmarks.scale_ledger {' '.join(argv or [])}`; seconds unless named; before: schema "
-        f"{BEFORE}, after: {AFTER} (the read indexes).\n\n{text_}"
+        f"{BEFORE}, after: {AFTER} (the daily usage, the project index dropped).\n\n{text_}"
     )
     print(f"(table written to {path})")
     return {"rows": rows, "note": str(path)}
