@@ -276,7 +276,20 @@ def write_jobs(
             if p.number % (7 * JOBS_PER_DAY) < len(SPECS):  # weekly, each spec's baseline moves
                 _move_baseline(store, jid, f"{p.spec}-main")
             ids.append(jid)
+    _advance_sequences(store)
     return ids
+
+
+def _advance_sequences(store: Store) -> None:
+    """PostgreSQL: the id sequences past the ids given explicitly, so the write paths' own inserts (a
+    queued job, a confirmation) take new ids."""
+    if store.engine.dialect.name != "postgresql":
+        return
+    with store.engine.begin() as conn:
+        for table in ("jobs", "trials"):
+            conn.exec_driver_sql(
+                f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), (SELECT max(id) FROM {table}))"
+            )
 
 
 def make_pools(store: Store, seed: int = 0, draws: int = DRAWS) -> dict[str, Pool]:

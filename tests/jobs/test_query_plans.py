@@ -180,3 +180,14 @@ def test_the_store_is_big_enough_that_the_reads_select_a_part(pg_store):
     assert sum(len(s.points) for s in series) == 10  # gemm-nightly, 5 jobs a night, 2 nights, 1 trial each
     with pg_store.engine.connect() as conn:
         assert conn.scalar(text("SELECT count(*) FROM trials")) == 20_000
+
+
+def test_the_bulk_store_takes_new_jobs_through_the_write_paths(pg_store):
+    """The bulk rows carry their ids: PostgreSQL's sequences are moved past them, so a job the farm
+    creates afterwards (a queued job, a confirmation) gets the next id (last in this module: it adds a
+    job)."""
+    from testkit.jobs import spec_job
+
+    job = spec_job(pg_store, ss.SPECS["probe-io"])
+    assert job == 41 and len(pg_store.trials(job)) == 500
+    assert min(t.id for t in pg_store.trials(job)) == 20_001
