@@ -16,6 +16,7 @@ from jobs.report import render
 from jobs.report.rows import speedup_ci
 from jobs.store import Base, Job, Store, make_engine, now
 from jobs.store.results import result_of
+from jobs.store.retention import Pruned
 from jobs.store.sample_codec import RAW, ZLIB, pack, unpack
 from jobs.store.schema import head_revision, schema_state, upgrade_schema
 from jobs.store.trial_store import TrialStore
@@ -175,3 +176,22 @@ def test_prune_is_a_dry_run_until_apply_and_keeps_summaries_baselines_and_confir
 def test_a_bad_age_is_one_line_and_exit_2(store, tmp_path, age):
     res = _farm("db", "prune", "--samples-older-than", age, "--db", str(tmp_path / "farm.db"))
     assert res.exit_code == 2 and "--samples-older-than" in res.output and "Traceback" not in res.output
+
+
+def test_prune_counts_and_deletes_the_same_on_both_databases(url):
+    store = Store(url)
+    try:
+        old, new = (spec_job(store, SPEC.replace("name: arrays", f"name: {n}")) for n in ("old", "new"))
+        for job in (old, new):
+            store.record_results([result_of(t.id, _values(t.seq)) for t in store.trials(job)])
+        with store.engine.begin() as conn:
+            conn.execute(update(Job).where(Job.id == old).values(created_at=now() - timedelta(days=30)))
+        size = sum(len(pack(_values(t.seq))[1]) for t in store.trials(old))
+        cutoff = now() - timedelta(days=7)
+        assert store.prune_samples(cutoff) == store.prune_samples(cutoff) == Pruned(6, 6 * 42, size)
+        assert store.prune_samples(cutoff, apply=True).trials == 6
+        assert store.prune_samples(cutoff).trials == 0
+        assert [store.samples(t.id) for t in store.trials(old)] == [[]] * 6
+        assert all(store.samples(t.id) for t in store.trials(new))
+    finally:
+        store.close()
