@@ -39,7 +39,7 @@ def compare(
 ) -> None:
     """A/B per shape: two tile configs from two jobs, or two configs inside one job. Each comparison is
     kept in the store with what differed between the two jobs' environments (`farm jobs show` lists them)."""
-    from jobs.report.ab import Selector, compare_jobs, keep, render
+    from jobs.report.ab import Selector, compare_jobs, render
 
     store = store_for(db, create=False)
     for job_id in (job_a, job_b):
@@ -55,16 +55,20 @@ def compare(
             min_effect=min_effect,
             alpha=alpha,
         )
-        kept = keep(store, result, min_effect=min_effect, alpha=alpha, one_job=job_b is None)
+        kept = _keep(store, result, min_effect, alpha, one_job=job_b is None)
     except ValueError as err:
         raise click.UsageError(str(err)) from None
     finally:
         store.close()
     if as_json:
-        click.echo(json.dumps({**result.to_dict(), "comparison_id": kept}, indent=2, default=str))
+        kept_id = kept if isinstance(kept, int) else None
+        click.echo(json.dumps({**result.to_dict(), "comparison_id": kept_id}, indent=2, default=str))
     else:
         render(result, console())
-        click.echo(f"kept as comparison {kept} (farm jobs show {job_a} lists it)")
+        if isinstance(kept, int):
+            click.echo(f"kept as comparison {kept} (farm jobs show {job_a} lists it)")
+        else:
+            click.echo(f"not kept: {kept}", err=True)
     if html_path:
         from jobs.report.html import render_compare
 
@@ -72,6 +76,20 @@ def compare(
         click.echo(f"wrote {html_path}", err=True)
     if fail_on_slower and result.verdicts().get("slower"):
         sys.exit(1)
+
+
+def _keep(store, result, min_effect: float, alpha: float, *, one_job: bool) -> int | str:
+    """The comparison kept in the store (its id), or why not: compare is a reading command, and a
+    read-only store still answers it."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from jobs.report.ab import keep
+    from jobs.store import store_error
+
+    try:
+        return keep(store, result, min_effect=min_effect, alpha=alpha, one_job=one_job)
+    except SQLAlchemyError as err:
+        return str(store_error(err, store.url))
 
 
 @click.group("export")

@@ -145,9 +145,11 @@ def test_reading_commands_work_on_a_read_only_store():
             cmd = [*prefix, sys.executable, "-m", "jobs.cli", *args, "--db", str(db)]
             return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
 
-        for args in (["jobs", "list"], ["report", job], ["compare", job, job], ["baseline", "list"]):
+        for args in (["jobs", "list"], ["report", job], ["baseline", "list"], ["compare", job, job]):
             res = run(*args)
             assert res.returncode == 0, (args, res.stderr[-2000:])
+        # compare answers, and says in one line why its comparison is not kept
+        assert "not kept: the farm store" in res.stderr and "is read-only" in res.stderr  # (the last run)
         # writing is refused in one line naming the problem, and the file is unchanged
         before = db.read_bytes()
         res = run("baseline", "set", job, "--name", "main")
