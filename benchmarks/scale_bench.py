@@ -259,7 +259,7 @@ def table(rows: list[dict]) -> str:
         for r in rows:
             v = r["times"].get(name)
             text = _cell(v)
-            if isinstance(v, float) and v > TARGET_S and "pages" not in name and "site" not in name:
+            if isinstance(v, float) and v > TARGET_S and not name.startswith(("site", "queue")):
                 text = f"**{text}**"
             before = r.get("before", {}).get("times", {}).get(name)
             cells.append(text + (f" ({_cell(before)})" if before is not None else ""))
