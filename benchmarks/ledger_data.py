@@ -31,7 +31,7 @@ from sqlalchemy import Select, bindparam, case, func, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.store.db import ledger, usage_daily
-from gateway.store.ledger_daily import add_daily, daily_sums
+from gateway.store.ledger_daily import DailyUpsert, daily_sums
 from gateway.store.ledger_queries import USAGE_DIMENSIONS, UsageQuery
 from gateway.store.ledger_rows import LedgerInsert, clean_row
 
@@ -189,7 +189,7 @@ async def bulk_load(
     same values), in large batches: PostgreSQL (asyncpg) by COPY, SQLite by the writer's INSERTs in one
     transaction per batch; ``daily``: their sums added to the daily usage as the writer adds them (False:
     a schema from before revision 0005). Returns the number of rows."""
-    ins = LedgerInsert(engine)
+    ins, upsert = LedgerInsert(engine), DailyUpsert(engine.dialect)
     names = [name for name, _ in ins.defaults]
     n = 0
     while True:
@@ -205,7 +205,7 @@ async def bulk_load(
                 for sql, params in ins.statements(chunk):
                     await conn.exec_driver_sql(sql, params)
             if daily:
-                await add_daily(conn, daily_sums(clean))
+                await upsert.add(conn, daily_sums(clean))
         n += len(chunk)
 
 

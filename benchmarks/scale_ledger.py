@@ -261,17 +261,18 @@ async def _plan(read: Read, ctx: _Ctx, after: bool) -> str:
 def _writer_before_0005():
     """The ledger writer as it was before revision 0005: no daily usage."""
     import gateway.store.ledger as writer_module
+    from gateway.store.ledger_daily import DailyUpsert
 
-    saved = writer_module.add_daily, writer_module.daily_sums
+    saved = DailyUpsert.add, writer_module.daily_sums
 
-    async def nothing(_conn, _sums) -> None:
+    async def nothing(_self, _conn, _sums) -> None:
         return None
 
-    writer_module.add_daily, writer_module.daily_sums = nothing, lambda _rows: []
+    DailyUpsert.add, writer_module.daily_sums = nothing, lambda _rows: []
     try:
         yield
     finally:
-        writer_module.add_daily, writer_module.daily_sums = saved
+        DailyUpsert.add, writer_module.daily_sums = saved
 
 
 async def _write_rate(engine: AsyncEngine, team: Team, n: int, after: bool) -> float:

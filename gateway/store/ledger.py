@@ -32,7 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.core.record import LedgerRow
 from gateway.store.db import ledger
-from gateway.store.ledger_daily import add_daily, daily_sums
+from gateway.store.ledger_daily import DailyUpsert, daily_sums
 from gateway.store.ledger_rows import (
     COLUMNS,
     DATETIMES,
@@ -109,6 +109,7 @@ class LedgerWriter:
     ) -> None:
         self._engine = engine
         self._insert = LedgerInsert(engine) if LedgerInsert.supported(engine) else None
+        self._daily = DailyUpsert(engine.dialect)
         self._interval = interval_s
         self._batch_size = batch_size
         self._max_pending = max_pending_rows if max_pending_rows is not None else max(50 * batch_size, 20_000)
@@ -380,7 +381,7 @@ class LedgerWriter:
             else:
                 for sql, rows_params in self._insert.statements(params):
                     await conn.exec_driver_sql(sql, rows_params)
-            await add_daily(conn, sums)
+            await self._daily.add(conn, sums)
 
     # --- replay --------------------------------------------------------------------------------------
     async def _replay(self) -> None:

@@ -1,5 +1,5 @@
 """The ledger summed per UTC day and group (``gateway_usage_daily``, revision 0005), kept by its writer:
-each batch of rows it writes adds its sums to the day's groups in the same transaction (``add_daily``), so
+each batch of rows it writes adds its sums to the day's groups in the same transaction (``DailyUpsert``), so
 the sums are the ledger's whatever fails (a refused batch, split to find its bad rows, adds only what is
 written; a replayed spool adds only the rows the database lacked).
 
@@ -18,6 +18,7 @@ from typing import Any
 
 from sqlalchemy import case
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from gateway.store.db import usage_daily
@@ -106,16 +107,39 @@ def _upsert(dialect_name: str):
     return stmt.on_conflict_do_update(index_elements=list(KEY), set_=added)
 
 
-_UPSERTS: dict[str, Any] = {}
+class DailyUpsert:
+    """The upsert compiled once, when the writer is made (as gateway.store.ledger_rows.LedgerInsert is):
+    on a dialect with positional parameters (SQLite, asyncpg) each batch's sums go to the driver's
+    executemany as tuples, with the column types' bind processors applied here; elsewhere through the Core
+    statement."""
 
+    def __init__(self, dialect: Dialect) -> None:
+        self.statement = _upsert(dialect.name)
+        self.sql: str | None = None
+        if dialect.positional:
+            compiled = self.statement.compile(
+                dialect=dialect, column_keys=[c.name for c in usage_daily.columns]
+            )
+            self.sql = compiled.string
+            self.order = list(compiled.positiontup or ())
+            processors = [
+                usage_daily.c[name].type.dialect_impl(dialect).bind_processor(dialect) for name in self.order
+            ]
+            self.processors = [(i, p) for i, p in enumerate(processors) if p is not None]
 
-async def add_daily(conn: AsyncConnection, sums: list[dict]) -> None:
-    """Add ``sums`` (``daily_sums`` of the rows written) to their days' groups, within the caller's
-    transaction."""
-    if not sums:
-        return
-    name = conn.dialect.name
-    stmt = _UPSERTS.get(name)
-    if stmt is None:
-        stmt = _UPSERTS[name] = _upsert(name)
-    await conn.execute(stmt, sums)
+    async def add(self, conn: AsyncConnection, sums: list[dict]) -> None:
+        """Add ``sums`` (``daily_sums`` of the rows written) to their days' groups, within the caller's
+        transaction."""
+        if not sums:
+            return
+        if self.sql is None:
+            await conn.execute(self.statement, sums)
+            return
+        params = []
+        for group in sums:
+            values = [group[name] for name in self.order]
+            for i, process in self.processors:
+                if values[i] is not None:
+                    values[i] = process(values[i])
+            params.append(tuple(values))
+        await conn.exec_driver_sql(self.sql, params)
