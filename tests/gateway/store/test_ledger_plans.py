@@ -11,6 +11,7 @@ shows the planner choosing them itself at millions of rows)."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 from datetime import UTC, datetime, timedelta
 
@@ -152,6 +153,30 @@ async def test_daily_usage_is_the_ledgers_sums_through_refused_rows_and_a_replay
     assert again.replayed == len(rows) - team.rows // 2
     async with engine.connect() as conn:
         assert (await conn.execute(select(func.count()).select_from(ledger))).scalar() == len(rows)
+    await _check_against_ledger(engine, team)
+
+
+async def test_writers_of_several_processes_add_to_the_same_groups_exactly(engine, db_url):
+    """Four writers, each with its own engine (as four gateway processes), write rows of the same days and
+    groups at once: every group's sums are the ledger's (no lost update, no deadlock)."""
+    team = _team(days=2, per_day=400)
+    rows = list(team.rows_of(0, team.rows))
+    engines = [create_engine(db_url) for _ in range(4)]
+    try:
+
+        async def write(k: int) -> None:
+            writer = LedgerWriter(engines[k], batch_size=25)
+            for n, row in enumerate(rows[k::4]):
+                writer.submit(row)
+                if n % 25 == 24:
+                    await writer.flush()
+            await writer.flush()
+            assert writer.dropped == 0 and writer.failed_flushes == 0
+
+        await asyncio.gather(*(write(k) for k in range(4)))
+    finally:
+        for e in engines:
+            await e.dispose()
     await _check_against_ledger(engine, team)
 
 
