@@ -101,6 +101,11 @@ async def test_usage_by_session_within_a_task_and_the_top_sessions(start_gateway
     res = await run_cli("usage", "--config", cfg, "--by", "session", "--top", "1", "--task", "checklist")
     assert res.exit_code == 0, res.output
     assert "sess-a" in res.stdout and "sess-b" not in res.stdout and "date" not in res.stdout
+    # every session of the ledger is a week's by default (a year's listing costs its rows), said so
+    res = await run_cli("usage", "--config", cfg, "--by", "session")
+    assert res.exit_code == 0 and "sessions of the last 7d" in res.stderr and "sess-c" in res.stdout
+    res = await run_cli("usage", "--config", cfg, "--by", "session", "--since", "2000-01-01")
+    assert res.exit_code == 0 and "sessions of the last" not in res.stderr and "sess-c" in res.stdout
 
 
 async def test_top_without_by_is_one_line_and_exit_2(gateway, tmp_path):
