@@ -369,8 +369,8 @@ class LedgerWriter:
         transaction. A value its column cannot take, or that cannot be summed, is BadRow (the batch is
         split to find it)."""
         try:
-            sums = daily_sums(rows)
             params = None if self._insert is None else [self._insert.params(row) for row in rows]
+            sums = daily_sums(rows)
         except (ValueError, TypeError, AttributeError) as e:  # a value its column cannot take
             if len(rows) == 1:
                 raise BadRow(str(e)) from e

@@ -56,7 +56,11 @@ def daily_sums(rows: Iterable[dict]) -> list[dict]:
     for r in rows:
         ts, *group = _ROW_KEY(r)
         key = (ts.date() if ts.tzinfo is UTC or ts.tzinfo is None else utc_day(ts), *group)
-        a = acc.get(key)
+        try:
+            a = acc.get(key)
+        except TypeError:  # a group's value no column takes (a dict, a list): named, as the insert does
+            name, value = next((n, v) for n, v in zip(GROUP, group, strict=True) if v.__hash__ is None)
+            raise TypeError(f"column {name}: cannot store a {type(value).__name__}") from None
         if a is None:
             a = acc[key] = [0, 0, 0, 0, 0, 0.0, None, 0, 0, 0, 0]
         a[0] += 1

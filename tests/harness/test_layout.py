@@ -39,13 +39,12 @@ EXERCISED_BY: dict[str, tuple[str, ...]] = {
     "jobs/store/errors.py": ("tests/jobs/test_exit_codes.py", "tests/jobs/test_baseline_safety.py"),
     "jobs/store/finding_store.py": ("tests/jobs/test_store_judging.py", "tests/jobs/test_acceptance.py"),
     "jobs/store/records.py": ("tests/jobs/test_store_judging.py", "tests/jobs/test_drafts_review.py"),
-    "jobs/store/trial_store.py": ("tests/jobs/test_store.py",),
+    "jobs/store/page_reads.py": ("tests/jobs/test_site_incremental.py",),  # what a site rebuild reads
     "jobs/store/tables/base.py": ("tests/jobs/test_store_migrations.py",),  # every table against migrations
     "jobs/store/tables/baselines.py": ("tests/jobs/test_store_migrations.py",),
     "jobs/store/tables/drafts.py": ("tests/jobs/test_store_migrations.py",),
     "jobs/store/tables/findings.py": ("tests/jobs/test_store_migrations.py",),
     "jobs/store/tables/queue.py": ("tests/jobs/test_store_migrations.py", "tests/jobs/queue/test_queue.py"),
-    "jobs/store/tables/trials.py": ("tests/jobs/test_store_migrations.py",),
     "kernels/attention/profile.py": ("tests/kernels/attention/test_attention_gpu.py",),  # ncu, GPU only
     "kernels/fp8_gemm/profile_target.py": ("tests/kernels/fp8_gemm/test_fp8_gemm_gpu.py",),  # ncu, GPU only
     "kernels/measure/summary.py": (
@@ -55,6 +54,7 @@ EXERCISED_BY: dict[str, tuple[str, ...]] = {
     "kernels/paged_mla/flash_mla_adapter.py": ("tests/kernels/paged_mla/test_paged_mla_case.py",),
     "kernels/paged_mla/trace_bench.py": ("tests/kernels/paged_mla/test_paged_mla_trace.py",),
     "gateway/http/services.py": ("tests/gateway/http/test_pipeline.py",),  # the bundle the app hands down
+    "gateway/upstream/health.py": ("tests/gateway/upstream/test_routing_strategies.py",),  # via the router
     # the doctor's modules: test_doctor.py runs them through the package's public face, gateway.ops.doctor
     "gateway/ops/doctor/checks.py": ("tests/gateway/ops/test_doctor.py",),
     "gateway/ops/doctor/inputs.py": ("tests/gateway/ops/test_doctor.py",),
