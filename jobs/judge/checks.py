@@ -16,6 +16,7 @@ from jobs.spec.cards import Card, CardCheck
 from jobs.store import Environment, TrialRow
 from kernels.base import TrialStatus
 from kernels.hardware import limits_for
+from kernels.measure.stats import drift_of
 
 PASS, FAIL, AMBIGUOUS, SKIP = "pass", "fail", "ambiguous", "skip"
 DEFAULT_MAX_CV = 0.02  # the noise limit of a comparison when the card has no stability section
@@ -121,6 +122,14 @@ def contaminated(t: TrialRow) -> list[str]:
     return [f for f in t.stats.flags if f in CONTAMINATED]
 
 
+def _moved(c: Context, flags: dict[str, list[str]]) -> float | None:
+    """How far the drifting runs moved within themselves (the larger), None when a run was contended
+    (or nothing drifted): what jobs.judge.runs.prior_drift takes a contaminated run's drift to be."""
+    if not flags or any("contended" in f for f in flags.values()):
+        return None
+    return max(drift_of(c.samples(t.id)) for t in (c.baseline, c.trial) if t is not None and contaminated(t))
+
+
 def comparison(c: Context) -> tuple[RunComparison, dict[str, Any]] | str:
     """The run-level comparison of the trial with its baseline trial (one run each: the run-to-run
     drift is the prior of jobs.judge.runs), or why there is none."""
@@ -141,7 +150,7 @@ def comparison(c: Context) -> tuple[RunComparison, dict[str, Any]] | str:
         min_effect=c.card.max_slowdown(c.on_cpu),
         alpha=perf.alpha,
         max_cv=c.card.max_cv(c.on_cpu) or DEFAULT_MAX_CV,
-        prior=prior_drift(c.on_cpu, contaminated=bool(flags)),
+        prior=prior_drift(c.on_cpu, contaminated=bool(flags), moved=_moved(c, flags)),
     )
     numbers = {
         "contaminated": flags or None,

@@ -42,12 +42,20 @@ CONFIDENCE = 0.99
 _Z = {0.95: 1.959964, 0.99: 2.575829}
 
 
-CONTAMINATED_DRIFT = 0.25  # a run flagged drifting or contended: its median may be the machine's load
+CONTAMINATED_DRIFT = 0.25  # a run flagged contended: its median may be the machine's load
 
 
-def prior_drift(on_cpu: bool, contaminated: bool = False) -> float:
+def prior_drift(on_cpu: bool, contaminated: bool = False, moved: float | None = None) -> float:
+    """The run-to-run sd of a log median assumed when one run each is all there is. A contaminated run
+    (kernels.measure flags) tells less: one whose samples drifted (`moved`: how far, as |log| of its end
+    over its start, kernels.measure.timing.drift_of) is taken to drift between runs as much as it moved
+    within its own, at least the base; one whose process was starved of CPU (`moved` None) by
+    CONTAMINATED_DRIFT. (A flat 0.25 for a drift of 12% made a 2.2x slowdown ambiguous whenever a busy
+    neighbour nudged a run.)"""
     base = DRIFT_CPU if on_cpu else DRIFT_GPU
-    return max(base, CONTAMINATED_DRIFT) if contaminated else base
+    if not contaminated:
+        return base
+    return max(base, CONTAMINATED_DRIFT if moved is None else moved)
 
 
 def robust_cv(samples: Sequence[float]) -> float:

@@ -250,3 +250,15 @@ def detect_step(
     if t[best] < threshold or abs(shift) < min_shift:
         return None
     return Step(split, before, after, shift, float(t[best]))
+
+
+def drift_of(samples: list[int]) -> float:
+    """How far a run moved from its start to its end, as |log| of the ratio: the last third's median over
+    the first third's (from 6 samples on), else the last sample over the first; 0 for fewer than 3."""
+    n = len(samples)
+    if n < 3 or min(samples) <= 0:
+        return 0.0
+    if n < 6:
+        return abs(math.log(samples[-1] / samples[0]))
+    third = n // 3
+    return abs(math.log(float(np.median(samples[-third:])) / float(np.median(samples[:third]))))

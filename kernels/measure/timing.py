@@ -32,6 +32,7 @@ L2 window); kernels.validity judges it.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -45,7 +46,7 @@ from kernels.measure.cpu_share import RunQueue, Usage
 from kernels.measure.cuda_layer import CudaLayer, TorchCuda, flush_bytes
 from kernels.measure.outside import OutsideAudit
 from kernels.measure.policy import MeasurePolicy
-from kernels.measure.stats import detect_step
+from kernels.measure.stats import detect_step, drift_of
 from kernels.measure.stopping import StoppingRule
 from kernels.measure.summary import SampleStats, summarize
 
@@ -289,10 +290,8 @@ def drifts(samples: list[int]) -> bool:
     if n < 6:
         pairs = list(zip(samples, samples[1:], strict=False))
         monotone = all(b > a for a, b in pairs) or all(b < a for a, b in pairs)
-        return monotone and abs(samples[-1] - samples[0]) / min(samples[0], samples[-1]) > SHORT_RUN_DRIFT
-    third = n // 3
-    first, last = statistics.median(samples[:third]), statistics.median(samples[-third:])
-    return abs(last - first) / min(first, last) > DRIFT_LIMIT
+        return monotone and drift_of(samples) > math.log1p(SHORT_RUN_DRIFT)
+    return drift_of(samples) > math.log1p(DRIFT_LIMIT)
 
 
 # -- CUDA --------------------------------------------------------------------------------------------------

@@ -123,3 +123,22 @@ def test_a_change_measured_on_a_contended_timing_needs_more_to_be_called():
     assert out.outcome == "ambiguous" and out.numbers["contaminated"] == {"#2": ["contended"]}, out
     assert out.numbers["run_spread"] == CONTAMINATED_DRIFT
     assert regression(Context(GEMM, very, None, _trial(1), samples.__getitem__)).outcome == FAIL
+
+
+def test_a_drifting_run_is_allowed_the_drift_it_showed_not_a_flat_quarter():
+    """A run whose samples drifted (the `drift` flag) is taken to drift between runs as much as it moved
+    within itself: a 2.2x slowdown on a run that moved 15% stays a regression (a flat 25% made it
+    ambiguous whenever a neighbour nudged the run: a verdict that flipped with load), while a run that
+    moved 60% makes even 2.2x a suspect."""
+    rng = np.random.default_rng(7)
+    base = _run(rng, 100_000)
+    nudged = _run(rng, 210_000, n=300) + _run(rng, 240_000, n=300)  # its last third 14% above its first
+    swung = _run(rng, 160_000, n=300) + _run(rng, 300_000, n=300)  # 1.9x from start to end
+    samples = {1: base, 2: nudged, 3: swung}
+    for trial_id, want in ((2, FAIL), (3, "ambiguous")):
+        t = _trial(trial_id)
+        t.summary = {"flags": ["noisy", "drift"]}
+        out = regression(Context(GEMM, t, None, _trial(1), samples.__getitem__))
+        assert out.outcome == want, out
+        assert out.numbers["contaminated"] == {f"#{trial_id}": ["drift"]}
+    assert DRIFT_CPU < 0.15 < CONTAMINATED_DRIFT
