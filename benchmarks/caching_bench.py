@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import datetime
 import json
-import os
 import platform
 import re
 import tempfile
@@ -136,12 +135,10 @@ async def _replay(url: str, key: str) -> list[str]:
 
 async def _run(caching: str) -> tuple[float, list[str], dict[str, int]]:
     """One replay through a gateway with ``prompt_caching: caching``: the cost, the answers, the tokens."""
-    import yaml
-    from aiohttp import web
     from sqlalchemy import select
 
-    from gateway.config import load_settings
-    from gateway.http.app import GATEWAY, create_app
+    from benchmarks.gateway_bench import serve_in_process
+    from gateway.http.app import GATEWAY
     from gateway.store.db import create_engine, ledger
     from testkit.gateway.fake_upstream import FakeUpstream
     from testkit.gateway.prompt_cache import PromptCache, prompt_digest
@@ -151,16 +148,11 @@ async def _run(caching: str) -> tuple[float, list[str], dict[str, int]]:
     fake.reply = lambda body: f"Fixed the fp8 scale; the suite passes. (prompt {prompt_digest(body)})"
     await fake.start()
     tmp = Path(tempfile.mkdtemp(prefix="caching-bench-"))
-    (tmp / "gateway.yaml").write_text(yaml.safe_dump(_config(tmp, fake.base_url, caching)))
-    os.environ.setdefault("FARM_GATEWAY_SECRET", "bench-secret")
-    app = create_app(load_settings(tmp / "gateway.yaml"))
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    app, runner, port = await serve_in_process(_config(tmp, fake.base_url, caching), tmp)
     gw = app[GATEWAY]
     try:
         key, _ = await gw.keys.create("bench", "codex")
-        answers = await _replay(f"http://127.0.0.1:{runner.addresses[0][1]}/v1/responses", key)
+        answers = await _replay(f"http://127.0.0.1:{port}/v1/responses", key)
         await gw.ledger.flush()
         engine = create_engine(gw.settings.database_url)
         async with engine.connect() as conn:

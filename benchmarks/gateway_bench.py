@@ -89,6 +89,23 @@ def _config(tmp: Path, fake_port: int, gw_port: int, limits: dict) -> dict:
     }
 
 
+async def serve_in_process(cfg: dict, tmp: Path):
+    """The gateway of ``cfg`` (written to tmp/gateway.yaml) served in this process on 127.0.0.1, on a free
+    port: (its aiohttp app, runner, port). The caller cleans the runner up."""
+    from aiohttp import web
+
+    from gateway.config import load_settings
+    from gateway.http.app import create_app
+
+    (tmp / "gateway.yaml").write_text(yaml.safe_dump(cfg))
+    os.environ.setdefault("FARM_GATEWAY_SECRET", "bench-secret")
+    app = create_app(load_settings(tmp / "gateway.yaml"))
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return app, runner, runner.addresses[0][1]
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

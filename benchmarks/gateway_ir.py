@@ -43,13 +43,11 @@ PARTS = ("ledger", "account", "auth", "admit")
 async def _serve_and_count(mode: str, n: int, stream: bool, free: str | None) -> None:
     """The process valgrind runs: start everything, warm up, count ``n`` requests of ``mode``."""
     import aiohttp
-    import yaml
     from aiohttp import web
 
     from benchmarks import gateway_bench as gb
     from benchmarks.aiohttp_floor import make_app as make_floor
-    from gateway.config import load_settings
-    from gateway.http.app import GATEWAY, create_app
+    from gateway.http.app import GATEWAY
     from testkit.gateway.fake_upstream import FakeUpstream
 
     def counting(on: bool) -> None:
@@ -60,12 +58,7 @@ async def _serve_and_count(mode: str, n: int, stream: bool, free: str | None) ->
     await fake.start("127.0.0.1", 0)
     tmp = Path(tempfile.mkdtemp(prefix="gateway-ir-"))
     cfg = gb._config(tmp, fake.port, 0, {"max_concurrency": 256})
-    (tmp / "gateway.yaml").write_text(yaml.safe_dump(cfg))
-    os.environ.setdefault("FARM_GATEWAY_SECRET", "bench-secret")
-    app = create_app(load_settings(tmp / "gateway.yaml"))
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    app, runner, gw_port = await gb.serve_in_process(cfg, tmp)
     gw = app[GATEWAY]
     key, _ = await gw.keys.create("bench", "ir")
     gw.keys._cache_ttl = 1e9  # no time-driven work in the counted window (see the module docstring)
@@ -80,7 +73,7 @@ async def _serve_and_count(mode: str, n: int, stream: bool, free: str | None) ->
 
     port = {
         "direct": fake.port,
-        "gateway": runner.addresses[0][1],
+        "gateway": gw_port,
         "aiohttp": mini_runner.addresses[0][1],
     }[mode]
     url = f"http://127.0.0.1:{port}/v1/chat/completions"
