@@ -5,7 +5,7 @@ the numbers behind it, and the anomaly it amounts to (if any). See jobs.spec.car
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,12 +122,12 @@ def contaminated(t: TrialRow) -> list[str]:
     return [f for f in t.stats.flags if f in CONTAMINATED]
 
 
-def _moved(c: Context, flags: dict[str, list[str]]) -> float | None:
-    """How far the drifting runs moved within themselves (the larger), None when a run was contended
-    (or nothing drifted): what jobs.judge.runs.prior_drift takes a contaminated run's drift to be."""
-    if not flags or any("contended" in f for f in flags.values()):
-        return None
-    return max(drift_of(c.samples(t.id)) for t in (c.baseline, c.trial) if t is not None and contaminated(t))
+def load_allowance(c: Context, runs: Sequence[TrialRow | None]) -> float:
+    """How far load may have lifted the median of any of these runs: the largest drift among those
+    flagged `drift` (kernels.measure.stats.drift_of), 0 if none drifted (jobs.judge.runs.compare_runs)."""
+    return max(
+        (drift_of(c.samples(t.id)) for t in runs if t is not None and "drift" in t.stats.flags), default=0.0
+    )
 
 
 def comparison(c: Context) -> tuple[RunComparison, dict[str, Any]] | str:
@@ -139,8 +139,8 @@ def comparison(c: Context) -> tuple[RunComparison, dict[str, Any]] | str:
         return f"baseline trial #{c.baseline.id} is {c.baseline.status}"
     perf = c.card.performance
     assert perf is not None
-    # a run whose samples drifted or whose process was starved of CPU (kernels.measure flags) tells
-    # less about the point: its run-to-run drift is taken larger (jobs.judge.runs.CONTAMINATED_DRIFT)
+    # a run whose process was starved of CPU (kernels.measure's `contended`) tells less about the point:
+    # its run-to-run drift is taken larger; one whose samples drifted may read up to that drift slow
     flags = {f"#{t.id}": contaminated(t) for t in (c.baseline, c.trial) if contaminated(t)}
     base, base_dropped = c.timings(c.baseline.id)
     cand, cand_dropped = c.timings(c.trial.id)
@@ -150,7 +150,8 @@ def comparison(c: Context) -> tuple[RunComparison, dict[str, Any]] | str:
         min_effect=c.card.max_slowdown(c.on_cpu),
         alpha=perf.alpha,
         max_cv=c.card.max_cv(c.on_cpu) or DEFAULT_MAX_CV,
-        prior=prior_drift(c.on_cpu, contaminated=bool(flags), moved=_moved(c, flags)),
+        prior=prior_drift(c.on_cpu, contended=any("contended" in f for f in flags.values())),
+        inflated=(load_allowance(c, [c.baseline]), load_allowance(c, [c.trial])),
     )
     numbers = {
         "contaminated": flags or None,

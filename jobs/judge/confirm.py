@@ -29,7 +29,15 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from jobs.judge.baselines import digest
-from jobs.judge.checks import AMBIGUOUS, DEFAULT_MAX_CV, FAIL, Context, Outcome, verdict_outcome
+from jobs.judge.checks import (
+    AMBIGUOUS,
+    DEFAULT_MAX_CV,
+    FAIL,
+    Context,
+    Outcome,
+    load_allowance,
+    verdict_outcome,
+)
 from jobs.judge.runs import compare_runs, prior_drift
 from jobs.run.runner import RunOptions, kernels_commit, resume_job
 from jobs.spec.sweep import dump_spec, loads_spec
@@ -151,6 +159,7 @@ def _judge(store: Store, c: Context, a: list[TrialRow], b: list[TrialRow], confi
         max_cv=c.card.max_cv(c.on_cpu) or DEFAULT_MAX_CV,
         prior=prior_drift(c.on_cpu),
         paired=bool(a),
+        inflated=(load_allowance(c, a or [c.baseline]), load_allowance(c, b)),
     )
     if a:
         ratios = [_median(bs) / _median(as_) for as_, bs in zip(a_runs, b_runs, strict=True)]

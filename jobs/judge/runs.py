@@ -11,9 +11,13 @@ runs of unchanged code "significant" at p=1e-8. So the verdict is taken on run-l
   log ratios): pairing removes the drift the two sides share;
 - the run-to-run spread (standard deviation of a run's log median) is measured from the runs when a
   side has two or more, and never taken below a prior: `DRIFT_GPU` (2%) on a GPU, `DRIFT_CPU` (10%) on
-  a shared CPU, 25% when a run was flagged drifting or contended. With one run per side the prior is
-  all there is;
-- the interval is the ratio times exp(+-z * standard error), z for `CONFIDENCE`.
+  a shared CPU, 25% when a run was flagged contended (starved of CPU). With one run per side the prior
+  is all there is;
+- the interval is the ratio times exp(+-z * standard error), z for `CONFIDENCE`, widened on one side by
+  what load may have added to a run that showed it (`inflated`): a neighbour only ever adds time, and a
+  run whose samples drifted (the `drift` flag) has its median between its quiet and its loaded level, at
+  most its drift above the quiet one. So a drifting candidate lowers the interval's low end by its drift
+  (it may be less slow than it reads), a drifting baseline raises the high end by its own.
 
 Verdict ("slower" shown; "faster" is its mirror):
   slower     the within-run comparison says slower, the run-level ratio is at least 1 + min_effect (the
@@ -45,17 +49,12 @@ _Z = {0.95: 1.959964, 0.99: 2.575829}
 CONTAMINATED_DRIFT = 0.25  # a run flagged contended: its median may be the machine's load
 
 
-def prior_drift(on_cpu: bool, contaminated: bool = False, moved: float | None = None) -> float:
-    """The run-to-run sd of a log median assumed when one run each is all there is. A contaminated run
-    (kernels.measure flags) tells less: one whose samples drifted (`moved`: how far, as |log| of its end
-    over its start, kernels.measure.timing.drift_of) is taken to drift between runs as much as it moved
-    within its own, at least the base; one whose process was starved of CPU (`moved` None) by
-    CONTAMINATED_DRIFT. (A flat 0.25 for a drift of 12% made a 2.2x slowdown ambiguous whenever a busy
-    neighbour nudged a run.)"""
+def prior_drift(on_cpu: bool, contended: bool = False) -> float:
+    """The run-to-run sd of a log median assumed when one run each is all there is; a run whose process
+    was starved of CPU (the `contended` flag) tells less, by CONTAMINATED_DRIFT. (A run that drifted is
+    not given a larger sd: what load added to it is a one-sided allowance, see `compare_runs`.)"""
     base = DRIFT_CPU if on_cpu else DRIFT_GPU
-    if not contaminated:
-        return base
-    return max(base, CONTAMINATED_DRIFT if moved is None else moved)
+    return max(base, CONTAMINATED_DRIFT) if contended else base
 
 
 def robust_cv(samples: Sequence[float]) -> float:
@@ -81,6 +80,8 @@ class RunComparison:
     paired: bool
     spread: float  # the run-to-run sd of a log median used
     spread_source: str  # "measured" or "prior"
+    # what load may have added to each side's log median (baseline, candidate): their drift, 0 if none
+    inflated: tuple[float, float] = (0.0, 0.0)
 
     def to_dict(self) -> dict[str, Any]:
         """The within-run figures under their usual names (ratio, ci_low, p_value, ...), then the
@@ -99,6 +100,7 @@ class RunComparison:
             "paired_rounds": self.paired,
             "run_spread": self.spread,
             "run_spread_source": self.spread_source,
+            "run_load_allowance": list(self.inflated),
         }
 
     @classmethod
@@ -127,7 +129,15 @@ class RunComparison:
             paired=d.get("paired_rounds") is True,
             spread=finite_or_none(d.get("run_spread")) or 0.0,
             spread_source=str(d.get("run_spread_source") or "prior"),
+            inflated=_allowance(d.get("run_load_allowance")),
         )
+
+
+def _allowance(stored: Any) -> tuple[float, float]:
+    if isinstance(stored, list | tuple) and len(stored) == 2:
+        b, c = (finite_or_none(v) for v in stored)
+        return (b or 0.0, c or 0.0)
+    return (0.0, 0.0)
 
 
 def _log_medians(runs: Sequence[Sequence[float]]) -> np.ndarray:
@@ -144,9 +154,13 @@ def compare_runs(
     prior: float,
     paired: bool = False,
     confidence: float = CONFIDENCE,
+    inflated: tuple[float, float] = (0.0, 0.0),
 ) -> RunComparison:
     """Compare runs of raw samples (ns; lower is better). `paired`: baseline_runs[i] and
-    candidate_runs[i] were measured as round i, back to back on one worker."""
+    candidate_runs[i] were measured as round i, back to back on one worker. `inflated`: how much (|log|)
+    load may have added to the baseline's and the candidate's medians (the module docstring)."""
+    if min(inflated) < 0 or not all(math.isfinite(v) for v in inflated):
+        raise ValueError(f"inflated must be two finite allowances >= 0, not {inflated}")
     if not baseline_runs or not candidate_runs:
         raise ValueError("compare_runs needs at least one run on each side")
     if paired and len(baseline_runs) != len(candidate_runs):
@@ -158,7 +172,7 @@ def compare_runs(
     if any(len(r) < 3 for r in (*baseline_runs, *candidate_runs)) or within.ratio is None:
         return RunComparison(
             "ambiguous", f"a run has too few samples ({within.reason})", within, None, None, None, nb, nc,
-            paired, prior, "prior",
+            paired, prior, "prior", inflated,
         )  # fmt: skip
     lb, lc = _log_medians(baseline_runs), _log_medians(candidate_runs)
     if paired:
@@ -176,10 +190,13 @@ def compare_runs(
     spread = prior if measured is None else max(measured, prior)
     source = "measured" if measured is not None and measured > prior else "prior"
     half = _Z.get(confidence, 2.575829) * spread * math.sqrt(n_eff)
-    ratio, low, high = math.exp(shift), math.exp(shift - half), math.exp(shift + half)
+    ratio = math.exp(shift)
+    low, high = math.exp(shift - half - inflated[1]), math.exp(shift + half + inflated[0])
     noise = max(robust_cv(r) for r in (*baseline_runs, *candidate_runs))
-    verdict, reason = _decide(within, ratio, low, high, noise, min_effect, max_cv, spread, nb, nc, paired)
-    return RunComparison(verdict, reason, within, ratio, low, high, nb, nc, paired, spread, source)
+    verdict, reason = _decide(
+        within, ratio, low, high, noise, min_effect, max_cv, spread, nb, nc, paired, inflated
+    )
+    return RunComparison(verdict, reason, within, ratio, low, high, nb, nc, paired, spread, source, inflated)
 
 
 def _decide(
@@ -194,9 +211,12 @@ def _decide(
     nb: int,
     nc: int,
     paired: bool,
+    inflated: tuple[float, float],
 ) -> tuple[str, str]:
     runs = f"{nc} round(s) interleaved" if paired else f"{nb} baseline vs {nc} candidate run(s)"
     interval = f"run-level interval [{low:.3f}, {high:.3f}] over {runs}, run-to-run drift {spread:.1%}"
+    if any(inflated):
+        interval += f", load drift allowed {math.expm1(inflated[0]):.0%} / {math.expm1(inflated[1]):.0%}"
     effect = abs(ratio - 1.0)
     direction = "slower" if ratio > 1.0 else "faster"
     clear = low > 1.0 if direction == "slower" else high < 1.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -76,31 +77,59 @@ def _work(n: int = 60_000) -> int:
 @pytest.mark.skipif(not os.path.exists(SCHEDSTAT), reason="needs Linux's per-thread schedstat")
 def test_timing_on_a_core_shared_with_busy_processes_reads_the_level_of_an_unshared_one():
     """Two busy processes pinned to the timing core take two thirds of its wall time; the level (wall less
-    the run-queue wait) is the call's own time, as on the core alone, and the trial is not contaminated."""
+    the run-queue wait) is the call's own time, as on the core alone, and the trial is not contaminated.
+    Alone and shared are measured in interleaved rounds (the hogs stopped and continued between them) and
+    each compared at its best round: this machine's other tenants slow a round now and then by up to 50%
+    (seen: a burst of four samples at 1.6x), which no run-queue figure shows; one round each read that
+    burst as the correction failing."""
     core = min(os.sched_getaffinity(0))
     before = os.sched_getaffinity(0)
     policy = MeasurePolicy(warmup_ms=0, min_samples=20, max_samples=20, max_time_s=10)
     hogs: list[subprocess.Popen] = []
+    alone, shared = [], []
     try:
         os.sched_setaffinity(0, {core})
-        alone = measure(_work, policy, device="cpu")
         hogs = [
             subprocess.Popen(
                 [sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{core}}})\nwhile True: pass"]
             )
             for _ in range(2)
         ]
-        shared = measure(_work, policy, device="cpu")
+        for _round in range(3):
+            _signal(hogs, signal.SIGSTOP)
+            alone.append(measure(_work, policy, device="cpu"))
+            _signal(hogs, signal.SIGCONT)
+            shared.append(measure(_work, policy, device="cpu"))
     finally:
         os.sched_setaffinity(0, before)
         for hog in hogs:
             hog.kill()
             hog.wait()
-    assert alone.clocks["level"] == shared.clocks["level"] == "wall_less_run_queue"
+    assert {m.clocks["level"] for m in alone + shared} == {"wall_less_run_queue"}
+    best_alone = min(m.summary.median for m in alone)
+    best_shared = min(shared, key=lambda m: m.summary.median)
     # three processes on one core: this one got about a third of it, and its wall time grew that much
-    assert shared.clocks["core_share"] < 0.6 and shared.clocks["wall_median_ns"] > 1.6 * alone.summary.median
-    assert shared.summary.median < 1.3 * alone.summary.median, (shared.summary, alone.summary)
-    assert "contended" not in shared.flags
+    assert best_shared.clocks["core_share"] < 0.6 and best_shared.clocks["wall_median_ns"] > 1.6 * best_alone
+    assert best_shared.summary.median < 1.3 * best_alone, (
+        [m.summary for m in shared],
+        [m.summary for m in alone],
+    )
+    assert "contended" not in best_shared.flags
+
+
+def _signal(procs: list[subprocess.Popen], sig: int) -> None:
+    """Stop or continue the processes, returning once each has (a stopped process is off the run queue)."""
+    for p in procs:
+        os.kill(p.pid, sig)
+    want = "T" if sig == signal.SIGSTOP else None
+    for p in procs:
+        while want is not None and _state(p.pid) not in ("T", "t"):
+            os.sched_yield()
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
 
 
 def test_a_contended_trial_stored_ok_is_reported_as_a_noisy_anomaly(tmp_path):
