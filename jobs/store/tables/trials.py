@@ -51,7 +51,8 @@ class Job(Base):
     family: Mapped[str] = mapped_column(String(64))
     spec: Mapped[str] = mapped_column(Text)  # the spec as validated, YAML
     spec_hash: Mapped[str] = mapped_column(String(32), index=True)
-    status: Mapped[str] = mapped_column(String(16), default="created")  # created running completed ...
+    # created running completed ...; indexed: the queue reads its waiting jobs (migration 0011)
+    status: Mapped[str] = mapped_column(String(16), default="created", index=True)
     created_at: Mapped[datetime] = mapped_column(DateTime, default=now)
     started_at: Mapped[datetime | None] = mapped_column(DateTime)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime)
@@ -78,6 +79,9 @@ class TrialRow(Base):
         UniqueConstraint("job_id", "key", name="uq_trial_job_key"),
         # one point's series across jobs (jobs.history.series): family, backend, then the shape's key
         Index("ix_trials_series", "family", "backend", "shape_key"),
+        # a job's trials of a status in grid order (migration 0011): the first pending trial a pool
+        # claims, a job's pending and status counts (jobs.queue.queue, `farm jobs list`)
+        Index("ix_trials_job_status_seq", "job_id", "status", "seq"),
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
