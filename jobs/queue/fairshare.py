@@ -17,6 +17,12 @@ Order, for a worker of GPU type T (None: an untyped cluster):
    yields to today's light one, and under steady contention usage, and so shares, converge to the weights.
 5. Inside an owner, its jobs share its workers job by job: the job holding fewest workers, then the one
    that has waited longest, then the lower id.
+6. Best fit, on a worker of a GPU type: when steps 4-5 chose a job that runs anywhere, the job steps 4-5
+   would choose among those of the same priority that need this worker (a GPU type or memory it has)
+   takes it instead, provided its owner, with this worker, holds at most its target share plus the
+   policy's `best_fit` (5 points by default). The job that runs anywhere takes the next worker of another
+   type; without this, jobs that run anywhere fill the scarce type while the jobs that need it wait, and
+   their owners fall below their share (issue 47). Never across priorities, never before an aged job.
 """
 
 from __future__ import annotations
@@ -71,6 +77,11 @@ def fits(job: JobState, gpu_type: str | None, policy: Policy) -> bool:
         memory = policy.memory_gb(gpu_type)
         return memory is not None and memory >= job.min_memory_gb
     return True
+
+
+def bound(job: JobState) -> bool:
+    """Whether the job names the GPU it needs (a type or a memory): it runs on some workers only."""
+    return job.gpu_type is not None or job.min_memory_gb is not None
 
 
 def project_of(job: JobState, policy: Policy) -> str:
@@ -130,10 +141,27 @@ class Plan:
             return min(aged, key=lambda j: (-j.waited(self.now_s), j.job_id))
         top = max(j.priority for j in ready)
         ready = [j for j in ready if j.priority == top]
+        chosen = self._fair(ready)
+        if gpu_type is None or bound(chosen) or self.policy.best_fit <= 0:
+            return chosen
+        needing = {j.owner for j in ready if bound(j)}
+        better = self._fair([j for j in ready if j.owner in needing]) if needing else None
+        return better if better is not None and self._may_exceed(better.owner) else chosen
+
+    def _fair(self, ready: Sequence[JobState]) -> JobState:
+        """Steps 4 and 5 of the order among `ready` (jobs of one priority)."""
         project = min({self.project[j.owner] for j in ready}, key=self._project_need)
         owner = min({j.owner for j in ready if self.project[j.owner] == project}, key=self._owner_need)
         mine = [j for j in ready if j.owner == owner]
         return min(mine, key=lambda j: (j.running, -j.waited(self.now_s), j.job_id))
+
+    def _may_exceed(self, owner: str) -> bool:
+        """Best fit (step 6): whether the owner, given one more worker, stays within `best_fit` of its
+        target share. The workers counted: those running now and this one (a busy pool, where placement
+        matters; with workers idle the estimate is smaller and best fit more careful)."""
+        workers = sum(j.running for j in self.jobs) + 1
+        share = (self.running_owner(owner) + 1) / workers
+        return share <= self.targets.get(owner, 0.0) + self.policy.best_fit
 
     def _project_need(self, project: str) -> tuple[float, float, str]:
         target = self.project_targets.get(project, 0.0) or 1e-12
@@ -282,26 +310,101 @@ def target_workers(plan: Plan, workers: int | Mapping[str | None, int]) -> dict[
     """Workers each owner should hold now, as the policy means it: whole workers handed out one at a
     time, the highest priority with work first, then the owner furthest below its target share
     ((held + 1) / target), each owner never given more than its jobs can use (trials waiting + running)
-    nor a worker of a GPU type its jobs cannot run on; a job that runs anywhere takes the type with the
-    most room left after what the jobs needing that type still want. `workers`: a count (untyped) or per
-    GPU type."""
+    nor a worker of a GPU type its jobs cannot run on. Where the workers sit is free to change as they
+    are handed out (an augmenting path, _Placement): a job that runs anywhere moves to another type so
+    that one that needs this type can have it. The result is the max-min fair split (by target share)
+    of what the jobs can use. `workers`: a count (untyped) or per GPU type."""
     room = dict(workers) if isinstance(workers, Mapping) else {None: workers}
-    need = [
-        [j.owner, j.priority, [t for t in room if fits(j, t, plan.policy)], j.queued + j.running]
-        for j in plan.jobs
-        if j.queued + j.running > 0
-    ]
+    placing = _Placement(room)
+    for j in plan.jobs:
+        if j.queued + j.running > 0:
+            placing.want(
+                (j.owner, j.priority), tuple(t for t in room if fits(j, t, plan.policy)), j.queued + j.running
+            )
     held: dict[str, float] = {o: 0.0 for o in plan.targets}
-    while True:
-        open_ = [n for n in need if n[3] > 0 and any(room[t] > 0 for t in n[2])]
-        if not open_:
-            return held
-        top = max(n[1] for n in open_)
-        tier = [n for n in open_ if n[1] == top]
-        owner = min({n[0] for n in tier}, key=lambda o: ((held[o] + 1) / (plan.targets.get(o) or 1e-12), o))
-        job = min((n for n in tier if n[0] == owner), key=lambda n: len(n[2]))  # the most constrained first
-        wanted = {t: sum(n[3] for n in open_ if n[2] == [t]) for t in room}
-        gpu = max((t for t in job[2] if room[t] > 0), key=lambda t: (room[t] - wanted[t], str(t)))
-        room[gpu] -= 1
-        job[3] -= 1
-        held[owner] = held.get(owner, 0.0) + 1.0
+    for tier in sorted({p for _, p in placing.owners}, reverse=True):
+        open_ = {o for o, p in placing.owners if p == tier}
+        while open_:
+            owner = min(open_, key=lambda o: ((held.get(o, 0.0) + 1) / (plan.targets.get(o) or 1e-12), o))
+            if placing.add((owner, tier)):
+                held[owner] = held.get(owner, 0.0) + 1.0
+            else:
+                open_.discard(owner)
+    return held
+
+
+_START = object()
+
+
+@dataclass(frozen=True)
+class _Hand:
+    """A group reached through its owner: `group` (reached through a type) hands it its place."""
+
+    group: tuple
+
+
+class _Placement:
+    """Workers placed on groups of jobs (one owner's, at one priority, that run on the same GPU types),
+    each group at most its demand, each type at most its workers: a transportation problem grown one
+    worker at a time by augmenting paths (a group takes a type with room, or a type where another group
+    can move one of its workers to a type it also runs on, and so on)."""
+
+    def __init__(self, room: Mapping[str | None, int]) -> None:
+        self.room = dict(room)  # workers not placed, per type
+        self.demand: dict[tuple[tuple[str, int], tuple], int] = defaultdict(int)
+        self.flow: dict[tuple[tuple[str, int], tuple], dict[str | None, int]] = {}
+        self.owners: set[tuple[str, int]] = set()
+
+    def want(self, who: tuple[str, int], types: tuple, n: int) -> None:
+        if types:
+            self.demand[(who, types)] += n
+            self.flow.setdefault((who, types), dict.fromkeys(types, 0))
+            self.owners.add(who)
+
+    def add(self, who: tuple[str, int]) -> bool:
+        """Place one more worker for `who`; False when no placement can. A breadth-first search for an
+        augmenting path: a group reached through a type gives up its worker of that type and either
+        takes one of another type it runs on or hands its place to a group of the same owner."""
+        via: dict[tuple, object] = {g: _START for g in self.flow if g[0] == who and self._spare(g)}
+        by: dict[str | None, tuple] = {}  # type -> the group that takes a worker of it
+        frontier = list(via)
+        while frontier:
+            reached = []
+            for group in frontier:
+                if via[group] is not _START and not isinstance(via[group], _Hand):
+                    for sibling in self.flow:  # its owner's other jobs take its place
+                        if sibling[0] == group[0] and sibling not in via and self._spare(sibling):
+                            via[sibling] = _Hand(group)
+                            reached.append(sibling)
+                for t in group[1]:
+                    if t in by:
+                        continue
+                    by[t] = group
+                    if self.room[t] > 0:
+                        self._shift(t, by, via)
+                        return True
+                    for other, f in self.flow.items():
+                        if f.get(t, 0) > 0 and other not in via:
+                            via[other] = t
+                            reached.append(other)
+            frontier = reached
+        return False
+
+    def _spare(self, group: tuple) -> bool:
+        return sum(self.flow[group].values()) < self.demand[group]
+
+    def _shift(self, t: str | None, by: Mapping[str | None, tuple], via: Mapping[tuple, object]) -> None:
+        """Walk the path back from type `t` (which has room): each group on it takes a worker of the type
+        it reached, and gives up one of the type it was reached through (itself or, handed on, the
+        group of its owner that reached it)."""
+        self.room[t] -= 1
+        while True:
+            group = by[t]
+            self.flow[group][t] += 1
+            back = via[group]
+            if back is _START:
+                return
+            if isinstance(back, _Hand):
+                group, back = back.group, via[back.group]
+            t = back  # type: ignore[assignment]
+            self.flow[group][t] -= 1

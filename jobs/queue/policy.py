@@ -12,14 +12,16 @@ projects:
   kernels: {weight: 3, owners: [ana, bo], quota: {workers: 6}}
 default_quota: {workers: null, queued: null}   # every owner not named above
 preempt: {enabled: false, min_run: 2m, again_after: 10m}
+best_fit: 0.05           # a worker goes to a job that needs its GPU type before one that runs anywhere,
+                         # while that job's owner stays within 5 points of its share (0: off)
 gpu_memory_gb: {H100: 80, H200: 141}           # added to the built-in table
 ```
 
 Unknown keys and bad values are errors naming the file, the field and the value (jobs.spec.validation).
 A pool without a config shares equally among owners, forgets with a half-life of a day, serves a job that
-has waited an hour first, never preempts. The policy travels as a plain dict (`to_dict`/`from_dict`): the
-pool writes it to its row in the store (farm_pools.policy), where `farm jobs list`, `farm pool status`
-and `farm submit` read what the live pool serves by.
+has waited an hour first, never preempts, places best fit within 5 points. The policy travels as a plain
+dict (`to_dict`/`from_dict`): the pool writes it to its row in the store (farm_pools.policy), where
+`farm jobs list`, `farm pool status` and `farm submit` read what the live pool serves by.
 """
 
 from __future__ import annotations
@@ -97,6 +99,9 @@ class Policy(_Strict):
     projects: dict[str, ProjectConfig] = Field(default_factory=dict)
     default_quota: Quota = Field(default_factory=Quota)
     preempt: Preemption = Field(default_factory=Preemption)
+    best_fit: float = Field(
+        0.05, ge=0, le=1, description="share of all workers a GPU-bound job's owner may go over its target"
+    )
     gpu_memory_gb: dict[str, float] = Field(default_factory=dict)
 
     @field_validator("half_life", "max_wait", mode="before")
