@@ -13,17 +13,14 @@ import plotly.graph_objects as go
 
 from jobs.report import figures
 from jobs.report.plotting import figure_view
+from jobs.report.recent import recent_history
 from jobs.report.rows import Row, Speedup, baseline_for, build_rows, family_view, label, num, speedup_ci
 from jobs.report.verdict import VerdictView, verdict_view
-from jobs.report.views import FigureView, Table, spark
+from jobs.report.views import FigureView, Table
 from jobs.store import Store
 from kernels.base import NOT_FAILED, TrialStatus
 
 FAST_P = (0.0, 0.1, 0.5)  # the fast_p thresholds shown
-HISTORY_JOBS = 20  # how many recent jobs a point's history in a job's report shows
-# ... found among the family's newest RECENT_JOBS x HISTORY_JOBS jobs up to the job (several specs of one
-# family interleave), not in its whole history: a report's cost does not grow with the store
-RECENT_JOBS = 4
 
 
 @dataclass
@@ -127,37 +124,6 @@ def speedup_summary(items: list[Speedup]) -> Table | None:
         out.append([name, len(mine), f"{geo:.3f}x", *(f"{f:.0%}" for f in fast)])
     head = ["backend / config", "shapes", "geomean speedup"] + [f"fast_{p:g}" for p in FAST_P]
     return Table(head, out)
-
-
-def recent_history(store: Store, job_id: int, family: str, last: int = HISTORY_JOBS) -> Table | None:
-    """For each point of the job that earlier jobs also measured: its median over the last `last` jobs
-    (of the family's newest RECENT_JOBS x `last` up to this one; a sparkline, this job the last dot) and
-    the change from the previous job (with what changed in the environment between them, when a
-    performance component did)."""
-    from jobs.history.series import Selection, collect
-
-    rows = []
-    recent = frozenset(store.recent_jobs(family, job_id, RECENT_JOBS * last))
-    for series in collect(store, Selection(family=family, jobs=recent), detect=False):
-        at = next((i for i, p in enumerate(series.points) if p.job_id == job_id), None)
-        if at is None or at == 0:
-            continue
-        window = series.points[max(0, at - last + 1) : at + 1]
-        prev, this = window[-2], window[-1]
-        cells = [
-            series.key.label,
-            len(window),
-            spark([p.median_ns for p in window], marks=(len(window) - 1,)),
-            f"{this.median_ns / 1e6:.4f}",
-            f"{this.median_ns / prev.median_ns - 1:+.1%} (job {prev.job_id})"
-            + "".join(f"; environment changed: {m.text}" for m in series.marks if m.index == at),
-        ]
-        rows.append((this.trial_id, cells))
-    if not rows:
-        return None
-    rows.sort(key=lambda r: r[0])
-    head = ["point", "jobs", f"median, last {last} jobs (red: this job)", "median ms", "vs previous job"]
-    return Table(head, [cells for _, cells in rows], left=1)
 
 
 def anomalies_table(store: Store, job_id: int) -> Table | None:

@@ -17,10 +17,12 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from jobs.report.rows import Row, build_rows, family_view, fmt_point, speedup_ci
 from jobs.report.rows import num as _num
 from jobs.report.rows import sig as _sig
+from jobs.report.text_table import Cell, TextTable, styled
 from jobs.store import Store
 from kernels.base import NOT_FAILED, TrialStatus
 from kernels.measure.cpu_share import LEVELS
@@ -38,10 +40,10 @@ __all__ = [
 ]
 
 
-def _styled_status(status: str) -> str:
+def _styled_status(status: str) -> Cell:
     if status == TrialStatus.OK:
         return status
-    return f"[dim]{status}[/dim]" if status in NOT_FAILED else f"[red]{status}[/red]"
+    return styled(status, "dim" if status in NOT_FAILED else "red")
 
 
 def _value(v: Any, fmt: str) -> str:
@@ -85,15 +87,17 @@ def render_terminal(store: Store, job_id: int, console: Console | None = None) -
     cols += [label for _key, label, _fmt in extra] + ["correct", "node"]
     if not console.is_terminal:  # a file or a pipe: wide enough that no column is cut
         console.width = max(console.width, 14 * len(cols) + 20)
-    for shape in dict.fromkeys(r.shape for r in rows):
-        table = Table(
-            title=f"shape {shape}" + (f" ({dtypes[0]})" if len(dtypes) == 1 else ""), title_justify="left"
-        )
-        for col in cols:
-            table.add_column(
-                col, justify="left" if col in ("backend", "config", "dtype", "status") else "right"
-            )
-        for r in (r for r in rows if r.shape == shape):
+    right = set(cols) - {"backend", "config", "dtype", "status"}
+    # one pass over the rows (a job of 250 shapes is not read 250 times), tables drawn by TextTable
+    by_shape: dict[str, list[Row]] = {}
+    for r in rows:
+        by_shape.setdefault(r.shape, []).append(r)
+    correct = {True: styled("pass", "green"), False: styled("FAIL", "red"), None: "-"}
+    for shape, mine in by_shape.items():
+        title = f"shape {shape}" + (f" ({dtypes[0]})" if len(dtypes) == 1 else "")
+        table = TextTable(cols, right, title=title)
+        for r in mine:
+            stop = r.stop_reason or "-"
             values = {
                 "backend": r.backend + (" (base)" if r.baseline else ""),
                 "config": r.config,
@@ -102,11 +106,11 @@ def render_terminal(store: Store, job_id: int, console: Console | None = None) -
                 "median ms": _num(r.median_ms, ".4f"),
                 "spread": _num(r.spread_pct, ".1f") + ("%" if r.spread_pct is not None else ""),
                 "n": _num(r.n, "d"),
-                "stop": (r.stop_reason or "-") + (f" [yellow]{r.flags}[/yellow]" if r.flags else ""),
+                "stop": Text.assemble(stop, (f" {r.flags}", "yellow")) if r.flags else stop,
                 "speedup": _num(r.speedup, ".2f") + ("x" if r.speedup is not None else ""),
                 "TFLOPS": _sig(r.tflops),
                 "GB/s": _sig(r.gbps),
-                "correct": {True: "[green]pass[/green]", False: "[red]FAIL[/red]", None: "-"}[r.correct],
+                "correct": correct[r.correct],
                 "node": r.node or "-",
                 **{label: _value(r.extra.get(key), fmt) for key, label, fmt in extra},
             }

@@ -1,0 +1,164 @@
+"""A job's report's recent history: for each of its points that earlier jobs also measured, the point's
+median over the last HISTORY_JOBS jobs (a sparkline, this job the last dot) and the change from the
+previous job, with what changed in the environment between them when a performance component did.
+
+The points are the series `farm history` draws (jobs.history.series: the same point keys, the first of a
+point's trials in a job, commit order), read from the family's newest RECENT_JOBS x HISTORY_JOBS jobs up
+to this one (several specs of a family interleave), not its whole history: a report's cost does not grow
+with the store. Only what the table shows is read: a trial's id, job, median and environment, each
+distinct shape, config and environment decoded once (jobs.history.series.collect decodes every trial's
+summary, 0.1 ms a trial: 2 s for a job of 500 points among 80 jobs).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import String, cast, func, select, tuple_
+
+from jobs.history.series import HistoryPoint, PointKey, _key, environment_marks
+from jobs.report.views import Table, spark
+from jobs.store import Environment, Job, Store, TrialRow
+from kernels.base import TrialStatus
+
+HISTORY_JOBS = 20  # how many recent jobs a point's history in a job's report shows
+RECENT_JOBS = 4  # ... found among the family's newest RECENT_JOBS x HISTORY_JOBS jobs up to the job
+
+
+@dataclass(frozen=True)
+class _Point:
+    """What _key reads of a trial."""
+
+    family: str
+    backend: str
+    shape: dict[str, Any]
+    config: dict[str, Any]
+    dtype: str
+
+
+def _series_of_job(store: Store, job_id: int) -> list[tuple[str, str, str]]:
+    """(family, backend, shape key) of the job's timed trials: the series its points are on."""
+    q = select(TrialRow.family, TrialRow.backend, TrialRow.shape_key).where(
+        TrialRow.job_id == job_id, TrialRow.status == TrialStatus.OK, TrialRow.median_ns.is_not(None)
+    )
+    with store.engine.connect() as conn:
+        return sorted(set(map(tuple, conn.execute(q))))
+
+
+def _environments(store: Store, ids: set[int]) -> dict[int, Environment]:
+    """One object per environment (a series compares consecutive points' environments by identity)."""
+    if not ids:
+        return {}
+    from sqlalchemy.orm import Session
+
+    with Session(store.engine) as s:
+        return {e.id: e for e in s.scalars(select(Environment).where(Environment.id.in_(sorted(ids))))}
+
+
+def recent_series(
+    store: Store, job_id: int, family: str, jobs: Iterable[int], last: int = HISTORY_JOBS
+) -> dict[PointKey, list[HistoryPoint]]:
+    """The series (point key -> its last `last` points, in commit order) of `jobs`' trials on the job's
+    series (`jobs`: none after the job)."""
+    series = _series_of_job(store, job_id)
+    if not series:
+        return {}
+    config = cast(TrialRow.config, String)
+    # each trial's rank among the newest jobs of its point (or of a finer group: a point key is a function
+    # of these columns): only the last `last` jobs of each are read
+    newest = func.dense_rank().over(
+        partition_by=(TrialRow.backend, TrialRow.shape_key, TrialRow.dtype, config, TrialRow.environment_id),
+        order_by=(Job.created_at.desc(), Job.id.desc()),
+    )
+    ranked = (
+        select(
+            TrialRow.id,
+            TrialRow.job_id,
+            TrialRow.backend,
+            cast(TrialRow.shape, String).label("shape"),
+            config.label("config"),
+            TrialRow.dtype,
+            TrialRow.median_ns,
+            TrialRow.environment_id,
+            Job.git_commit,
+            Job.created_at,
+            TrialRow.seq,
+            newest.label("newest"),
+        )
+        .join(Job, Job.id == TrialRow.job_id)
+        .where(
+            TrialRow.job_id.in_(sorted(set(jobs))),
+            TrialRow.status == TrialStatus.OK,
+            TrialRow.median_ns.is_not(None),
+            tuple_(TrialRow.family, TrialRow.backend, TrialRow.shape_key).in_(series),
+        )
+        .subquery()
+    )
+    c = ranked.c
+    q = (
+        select(
+            c.id, c.job_id, c.backend, c.shape, c.config, c.dtype, c.median_ns, c.environment_id, c.git_commit
+        )
+        .where(c.newest <= last)
+        .order_by(c.created_at, c.job_id, c.seq)
+    )
+    with store.engine.connect() as conn:
+        rows = conn.execute(q).all()
+    envs = _environments(store, {r[7] for r in rows if r[7] is not None})
+    keys: dict[tuple, PointKey] = {}
+    out: dict[PointKey, list[HistoryPoint]] = {}
+    for trial, job, backend, shape, config, dtype, median, env_id, commit in rows:
+        raw = (backend, shape, config, dtype, env_id)
+        key = keys.get(raw)
+        if key is None:
+            point = _Point(family, backend, json.loads(shape), json.loads(config), dtype)
+            key = keys[raw] = _key(point, envs.get(env_id))  # type: ignore[arg-type]
+        points = out.setdefault(key, [])
+        if points and points[-1].job_id == job:
+            continue  # the same point twice in one job (it differs only in variant keys): the first counts
+        env = envs.get(env_id)
+        points.append(
+            HistoryPoint(
+                job_id=job,
+                job_name="",
+                commit=commit,
+                created_at=None,  # type: ignore[arg-type]
+                trial_id=trial,
+                median_ns=float(median),
+                p10_ns=None,
+                p90_ns=None,
+                iqr_ns=None,
+                n=None,
+                env=env.data if env is not None else None,
+            )
+        )
+    return out
+
+
+def recent_history(store: Store, job_id: int, family: str, last: int = HISTORY_JOBS) -> Table | None:
+    """The table of the job's points that earlier jobs also measured (see the module's docstring)."""
+    rows = []
+    recent = store.recent_jobs(family, job_id, RECENT_JOBS * last)
+    for key, points in recent_series(store, job_id, family, recent, last).items():
+        at = next((i for i, p in enumerate(points) if p.job_id == job_id), None)
+        if at is None or at == 0:
+            continue
+        window = points[max(0, at - last + 1) : at + 1]
+        prev, this = window[-2], window[-1]
+        cells = [
+            key.label,
+            len(window),
+            spark([p.median_ns for p in window], marks=(len(window) - 1,)),
+            f"{this.median_ns / 1e6:.4f}",
+            f"{this.median_ns / prev.median_ns - 1:+.1%} (job {prev.job_id})"
+            + "".join(f"; environment changed: {m.text}" for m in environment_marks(window[-2:])),
+        ]
+        rows.append((this.trial_id, cells))
+    if not rows:
+        return None
+    rows.sort(key=lambda r: r[0])
+    head = ["point", "jobs", f"median, last {last} jobs (red: this job)", "median ms", "vs previous job"]
+    return Table(head, [cells for _, cells in rows], left=1)
