@@ -14,10 +14,9 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 
-from jobs.report.plotting import log_ticks
+from jobs.report.plotting import PlainFigure, hline, log_ticks
 from jobs.report.rows import Row, Speedup, point_text
 from jobs.report.rows import label as row_label
-from jobs.store import Store
 from kernels.base import TrialStatus
 from kernels.hardware import limits_for
 
@@ -95,61 +94,70 @@ def heatmaps(rows: list[Row]) -> list[tuple[str, go.Figure]]:
     return out
 
 
-def speedup_figure(items: list[Speedup], against: str = "the baseline") -> go.Figure | None:
+def speedup_figure(items: list[Speedup], against: str = "the baseline") -> PlainFigure | None:
+    """The speedups with their intervals, a trace per label (a PlainFigure: a stored baseline's are a
+    trace per trial)."""
     if not items:
         return None
-    fig = go.Figure()
-    for label in dict.fromkeys(s.label for s in items):
-        mine = [s for s in items if s.label == label]
-        fig.add_scatter(
-            name=label,
-            mode="markers",
-            x=[s.shape for s in mine],
-            y=[s.speedup for s in mine],
-            error_y={
+    by_label: dict[str, list[Speedup]] = {}
+    for s in items:
+        by_label.setdefault(s.label, []).append(s)
+    traces = [
+        {
+            "type": "scatter",
+            "name": label,
+            "mode": "markers",
+            "x": [s.shape for s in mine],
+            "y": [s.speedup for s in mine],
+            "error_y": {
                 "type": "data",
                 "symmetric": False,
                 "array": [max(s.high - s.speedup, 0) for s in mine],
                 "arrayminus": [max(s.speedup - s.low, 0) for s in mine],
             },
-            marker={"size": 10},
-        )
-    fig.add_hline(y=1.0, line_dash="dash", annotation_text="baseline")
-    fig.update_layout(
-        title=f"Speedup over {against} (95% bootstrap interval; below 1: slower), log axis",
-        yaxis={"type": "log", "title": "baseline median / median"},
-        xaxis={"title": "shape"},
-    )
-    return fig
+            "marker": {"size": 10},
+        }
+        for label, mine in by_label.items()
+    ]
+    line, note = hline(1.0, "baseline")
+    layout = {
+        "shapes": [line],
+        "annotations": [note],
+        "title": {"text": f"Speedup over {against} (95% bootstrap interval; below 1: slower), log axis"},
+        "yaxis": {"type": "log", "title": {"text": "baseline median / median"}},
+        "xaxis": {"title": {"text": "shape"}},
+    }
+    return PlainFigure(traces, layout)
 
 
-def samples_figure(store: Store, job_id: int, rows: list[Row]) -> go.Figure | None:
-    trials = {t.seq: t for t in store.trials(job_id)}
-    kept = store.kept_samples_of(trials[r.trial].id for r in rows if r.median_ms)
-    fig = go.Figure()
+def samples_figure(rows: list[Row], ids: dict[int, int], kept: dict[int, list[int]]) -> PlainFigure | None:
+    """Every timed trial's kept samples as a box (`ids`: a row's trial seq -> its trial id, `kept`: trial
+    id -> its kept samples)."""
+    boxes = []
     for r in rows:
-        if not r.median_ms:
-            continue
-        samples = kept[trials[r.trial].id]
+        samples = kept.get(ids[r.trial]) if r.median_ms else None
         if not samples:
             continue
-        fig.add_box(
-            name=f"#{r.trial} {row_label(r)} | {r.shape}",
-            y=[v / 1e6 for v in samples],
-            boxpoints="all",
-            jitter=0.4,
-            pointpos=0,
-            marker={"size": 4},
+        boxes.append(
+            {
+                "type": "box",
+                "name": f"#{r.trial} {row_label(r)} | {r.shape}",
+                "y": [v / 1e6 for v in samples],
+                "boxpoints": "all",
+                "jitter": 0.4,
+                "pointpos": 0,
+                "marker": {"size": 4},
+            }
         )
-    if not fig.data:
+    if not boxes:
         return None
-    fig.update_layout(
-        title="Every trial's samples (ms), log axis",
-        yaxis={"type": "log", "title": "time (ms)"},
-        showlegend=False,
-        xaxis={"tickangle": -30, "automargin": True},
-    )
-    return fig
+    layout = {
+        "title": {"text": "Every trial's samples (ms), log axis"},
+        "yaxis": {"type": "log", "title": {"text": "time (ms)"}},
+        "showlegend": False,
+        "xaxis": {"tickangle": -30, "automargin": True},
+    }
+    return PlainFigure(boxes, layout)
 
 
 def roofline_figure(rows: list[Row], device: str | None) -> go.Figure | None:

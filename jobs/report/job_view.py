@@ -7,17 +7,18 @@ configs with their reason, each point's recent history, the anomalies and the tr
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import plotly.graph_objects as go
 
 from jobs.report import figures
-from jobs.report.plotting import figure_view
+from jobs.report.plotting import PlainFigure, figure_view
 from jobs.report.recent import recent_history
 from jobs.report.rows import Row, Speedup, baseline_for, build_rows, family_view, label, num, speedup_ci
 from jobs.report.verdict import VerdictView, verdict_view
 from jobs.report.views import FigureView, Table
-from jobs.store import Store
+from jobs.store import Store, TrialRow
 from kernels.base import NOT_FAILED, TrialStatus
 
 FAST_P = (0.0, 0.1, 0.5)  # the fast_p thresholds shown
@@ -50,10 +51,50 @@ class JobView:
     trials: Table | None = None
 
 
-def speedups(store: Store, job_id: int, rows: list[Row]) -> list[Speedup]:
+@dataclass
+class JobReads:
+    """What a job's page reads of the store, each once: its trials (by seq) and the kept samples of the
+    trials its speedups and figures use (the job's timed trials in one read, a baseline job's matched
+    trials in one more)."""
+
+    store: Store
+    job_id: int
+    trials: list[TrialRow]
+    samples: dict[int, list[int]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, store: Store, job_id: int) -> JobReads:
+        reads = cls(store, job_id, store.trials(job_id))
+        reads.kept(t.id for t in reads.trials if t.status == TrialStatus.OK and t.median_ns)
+        return reads
+
+    def ids(self) -> dict[int, int]:
+        """A trial's seq (a row's `trial`) -> its id."""
+        return {t.seq: t.id for t in self.trials}
+
+    def kept(self, trial_ids: Iterable[int]) -> dict[int, list[int]]:
+        """The kept samples of these trials (and of those read before), read once each."""
+        missing = set(trial_ids) - set(self.samples)
+        if missing:
+            self.samples.update(self.store.kept_samples_of(missing))
+        return self.samples
+
+
+def _speedups(reads: JobReads, pairs: list[tuple[str, str, int, int]]) -> list[Speedup]:
+    """(shape, label, baseline trial id, trial id) -> the speedups with their intervals."""
+    samples = reads.kept(i for _s, _l, a, b in pairs for i in (a, b))
+    out = []
+    for shape, name, a, b in pairs:
+        ratio = speedup_ci(reads.store, a, b, samples)
+        if ratio is not None:
+            out.append(Speedup(shape, name, *ratio))
+    return out
+
+
+def speedups(reads: JobReads, rows: list[Row]) -> list[Speedup]:
     """Each timed non-baseline trial against the baseline on its shape (same config when the baseline
     has it), with a 95% bootstrap interval over both trials' kept samples."""
-    trials = {t.seq: t for t in store.trials(job_id)}
+    ids = reads.ids()
     base: dict[tuple[str, str], dict[str, int]] = {}
     for r in rows:
         if r.baseline and r.status == TrialStatus.OK and r.median_ms:
@@ -64,52 +105,41 @@ def speedups(store: Store, job_id: int, rows: list[Row]) -> list[Speedup]:
             continue
         ref = baseline_for(base.get((r.shape, r.dtype), {}), r.config)
         if ref is not None:
-            pairs.append((r, trials[ref].id, trials[r.trial].id))
-    samples = store.kept_samples_of(i for _r, a, b in pairs for i in (a, b))
-    out = []
-    for r, a, b in pairs:
-        ratio = speedup_ci(store, a, b, samples)
-        if ratio is not None:
-            out.append(Speedup(r.shape, label(r), *ratio))
-    return out
+            pairs.append((r.shape, label(r), ids[ref], ids[r.trial]))
+    return _speedups(reads, pairs)
 
 
 def stored_baseline(store: Store, job_id: int) -> tuple[str, int, dict[int, int]] | None:
     """The stored baseline (`farm baseline set`) the job is judged against: the one `farm accept` used
     when its failures name a baseline job, else the newest one matching the job's points. Returns
     (name, its job, trial id of the job -> the matching baseline trial id), or None."""
-    from jobs.judge import baselines
+    from jobs.judge.baselines import point_key
 
     used = {(f.evidence or {}).get("baseline_job") for f in store.failures(job_id=job_id)}
     family = store.get_job(job_id).family
     named = [b for b, _ in store.list_baselines() if b.job_id in used and b.family == family]
-    base = named[0] if named else baselines.resolve(store, job_id)
-    if base is None:
+    # one read: the named baseline's matches, else the newest baseline that matches (baselines.resolve)
+    judging = store.judging(job_id, key=point_key, baseline=named[0].name if named else None, samples=False)
+    if judging is None or judging.baseline is None:
         return None
-    found = baselines.matches(store, base, job_id)
-    return (base.name, base.job_id, found) if found else None
+    found = {tid: t.id for tid, t in judging.matches.items()}
+    return (judging.baseline.name, judging.baseline.job_id, found) if found else None
 
 
-def baseline_job_speedups(store: Store, job_id: int, rows: list[Row]) -> tuple[str, list[Speedup]]:
+def baseline_job_speedups(reads: JobReads, rows: list[Row]) -> tuple[str, list[Speedup]]:
     """Each timed trial against its point in the stored baseline's job: how a regression `farm accept`
     caught shows (below 1). Returns (the baseline's description, the speedups); none without a baseline."""
-    found = stored_baseline(store, job_id)
+    found = stored_baseline(reads.store, reads.job_id)
     if found is None:
         return "", []
     name, base_job, matched = found
-    by_seq = {t.seq: t for t in store.trials(job_id)}
-    pairs = []
-    for r in rows:
-        t = by_seq[r.trial]
-        if r.status == TrialStatus.OK and r.median_ms and t.id in matched:
-            pairs.append((r, matched[t.id], t.id))
-    samples = store.kept_samples_of(i for _r, a, b in pairs for i in (a, b))
-    out = []
-    for r, a, b in pairs:
-        ratio = speedup_ci(store, a, b, samples)
-        if ratio is not None:
-            out.append(Speedup(r.shape, f"#{r.trial} {label(r)}", *ratio))
-    return f"baseline {name} (job {base_job})", out
+    ids = reads.ids()
+    pairs = [
+        (r.shape, f"#{r.trial} {label(r)}", matched[ids[r.trial]], ids[r.trial])
+        for r in rows
+        if r.status == TrialStatus.OK and r.median_ms and ids[r.trial] in matched
+    ]
+    return f"baseline {name} (job {base_job})", _speedups(reads, pairs)
 
 
 def speedup_summary(items: list[Speedup]) -> Table | None:
@@ -169,16 +199,18 @@ def trials_table(rows: list[Row]) -> Table:
 
 
 def job_figures(
-    store: Store, job_id: int, family: str, rows: list[Row], items: list[Speedup], device: str | None
+    reads: JobReads, family: str, rows: list[Row], items: list[Speedup], device: str | None
 ) -> list[FigureView]:
     """The job's figures in their order, each placed (those without data left out)."""
-    trials = store.trials(job_id)
-    figs: list[tuple[str, go.Figure | None, int | None]] = [("time", figures.time_per_shape(rows), None)]
+    trials = reads.trials
+    figs: list[tuple[str, go.Figure | PlainFigure | None, int | None]] = [
+        ("time", figures.time_per_shape(rows), None)
+    ]
     figs += [(f"heatmap-{b}", f, 150 + 45 * len(f.data[0].y)) for b, f in figures.heatmaps(rows)]
     figs.append(("speedup", figures.speedup_figure(items, "the baseline backend"), None))
-    against, stored = baseline_job_speedups(store, job_id, rows)
+    against, stored = baseline_job_speedups(reads, rows)
     figs.append(("speedup-stored-baseline", figures.speedup_figure(stored, against), None))
-    figs.append(("samples", figures.samples_figure(store, job_id, rows), 520))
+    figs.append(("samples", figures.samples_figure(rows, reads.ids(), reads.samples), 520))
     figs.append(("roofline", figures.roofline_figure(rows, device), 520))
     figs += [(f"series-{i}", f, None) for i, f in enumerate(figures.timeseries_figures(trials))]
     scaling = family_view(family)[1]
@@ -190,10 +222,11 @@ def job_view(store: Store, job_id: int) -> JobView:
     job = store.get_job(job_id)
     if job is None:
         raise LookupError(f"no job {job_id} in {store.url}")
-    rows = build_rows(store, job_id)
+    reads = JobReads.of(store, job_id)
+    rows = build_rows(store, job_id, reads.trials)
     envs = store.environments(job_id)
     device = next((e.device_name for e in envs if e.device_kind == "gpu"), None)
-    items = speedups(store, job_id, rows)
+    items = speedups(reads, rows)
     return JobView(
         id=job.id,
         name=job.name,
@@ -204,7 +237,7 @@ def job_view(store: Store, job_id: int) -> JobView:
         envs=[Environment(e.host, e.device_name, e.device_kind) for e in envs],
         verdict=verdict_view(store, job_id),
         speedups=speedup_summary(items),
-        figures=job_figures(store, job_id, job.family, rows, items, device),
+        figures=job_figures(reads, job.family, rows, items, device),
         pruned=pruned_table(rows),
         history=recent_history(store, job_id, job.family),
         anomalies=anomalies_table(store, job_id),

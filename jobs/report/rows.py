@@ -155,10 +155,10 @@ def _row(t: Any, base: dict[tuple[str, str], dict[str, float]], extra_keys: list
     )
 
 
-def build_rows(store: Store, job_id: int) -> list[Row]:
+def build_rows(store: Store, job_id: int, trials: list[Any] | None = None) -> list[Row]:
     """One row per trial of the job, in its order; the speedup over the baseline backend on the same shape
-    and dtype (same config when the baseline has it)."""
-    trials = store.trials(job_id)
+    and dtype (same config when the baseline has it). `trials`: the job's, when read already."""
+    trials = store.trials(job_id) if trials is None else trials
     extra_keys = [key for key, _label, _fmt in family_view(trials[0].family)[0]] if trials else []
     base = _baselines(trials)
     return [_row(t, base, extra_keys) for t in trials]
