@@ -84,19 +84,28 @@ class TextTable:
             else (frame.mid_left, frame.mid_vertical, frame.mid_right)
         )
         cells = [_lines(console, cell, w) for cell, w in zip(row, widths, strict=True)]
+        right_aligned = [h in self.right for h in self.headers]
         for n in range(max(len(c) for c in cells)):
-            yield Segment(left)
+            # the line's unstyled text gathered into one segment: a segment per cell and pad cost as much
+            # as the table's layout
+            text = [left]
             for i, (lines, w) in enumerate(zip(cells, widths, strict=True)):
-                yield Segment(" " if not i else f" {mid} ")
+                text.append(" " if not i else f" {mid} ")
                 segments, used = lines[n] if n < len(lines) else ([], 0)
-                pad = Segment(" " * (w - used))
-                if self.headers[i] in self.right:
-                    yield pad
-                    yield from segments
-                else:
-                    yield from segments
-                    yield pad
-            yield Segment(" " + right)
+                pad = " " * (w - used)
+                if right_aligned[i]:
+                    text.append(pad)
+                for seg in segments:
+                    if seg.style is None:
+                        text.append(seg.text)
+                    else:
+                        yield Segment("".join(text))
+                        yield seg
+                        text = []
+                if not right_aligned[i]:
+                    text.append(pad)
+            text.append(" " + right)
+            yield Segment("".join(text))
             yield Segment.line()
 
 
