@@ -12,7 +12,9 @@ Order, for a worker of GPU type T (None: an untyped cluster):
    waiting first: nothing waits forever.
 3. Otherwise the highest priority goes first (a CI job at 10 takes the next free worker).
 4. Among equal priorities, the project, then inside it the owner, furthest below its target share:
-   the smallest (workers it holds + 1) / target. Targets follow the weights, lowered by past use (Slurm's
+   the smallest (workers it holds + 1) / target; a project counted without its owners whose waiting
+   trials all need another GPU type (their unmet share is no claim of the others on this worker).
+   Targets follow the weights, lowered by past use (Slurm's
    classic fair-share factor 2^(-usage share / weight share), at each level): yesterday's heavy user
    yields to today's light one, and under steady contention usage, and so shares, converge to the weights.
 5. Inside an owner, its jobs share its workers job by job: the job holding fewest workers, then the one
@@ -141,16 +143,24 @@ class Plan:
             return min(aged, key=lambda j: (-j.waited(self.now_s), j.job_id))
         top = max(j.priority for j in ready)
         ready = [j for j in ready if j.priority == top]
-        chosen = self._fair(ready)
+        away = self._elsewhere(gpu_type)
+        chosen = self._fair(ready, away)
         if gpu_type is None or bound(chosen) or self.policy.best_fit <= 0:
             return chosen
         needing = {j.owner for j in ready if bound(j)}
-        better = self._fair([j for j in ready if j.owner in needing]) if needing else None
+        better = self._fair([j for j in ready if j.owner in needing], away) if needing else None
         return better if better is not None and self._may_exceed(better.owner) else chosen
 
-    def _fair(self, ready: Sequence[JobState]) -> JobState:
+    def _elsewhere(self, gpu_type: str | None) -> frozenset[str]:
+        """Owners with trials waiting, none of which fits a worker of `gpu_type`: what they hold and
+        their target are not their project's claim on this worker (step 4)."""
+        waiting = {j.owner for j in self.jobs if j.queued > 0}
+        fitting = {j.owner for j in self.jobs if j.queued > 0 and fits(j, gpu_type, self.policy)}
+        return frozenset(waiting - fitting)
+
+    def _fair(self, ready: Sequence[JobState], away: frozenset[str] = frozenset()) -> JobState:
         """Steps 4 and 5 of the order among `ready` (jobs of one priority)."""
-        project = min({self.project[j.owner] for j in ready}, key=self._project_need)
+        project = min({self.project[j.owner] for j in ready}, key=lambda p: self._project_need(p, away))
         owner = min({j.owner for j in ready if self.project[j.owner] == project}, key=self._owner_need)
         mine = [j for j in ready if j.owner == owner]
         return min(mine, key=lambda j: (j.running, -j.waited(self.now_s), j.job_id))
@@ -163,9 +173,12 @@ class Plan:
         share = (self.running_owner(owner) + 1) / workers
         return share <= self.targets.get(owner, 0.0) + self.policy.best_fit
 
-    def _project_need(self, project: str) -> tuple[float, float, str]:
-        target = self.project_targets.get(project, 0.0) or 1e-12
-        return (self.running_project(project) + 1) / target, self._usage_of(project), project
+    def _project_need(self, project: str, away: frozenset[str] = frozenset()) -> tuple[float, float, str]:
+        """(held + 1) / target of the project, without its owners `away` (their workers and targets)."""
+        gone = {o for o in away if self.project.get(o) == project}
+        target = self.project_targets.get(project, 0.0) - sum(self.targets.get(o, 0.0) for o in gone)
+        held = self.running_project(project) - sum(self.running_owner(o) for o in gone)
+        return (held + 1) / (target if target > 1e-12 else 1e-12), self._usage_of(project), project
 
     def _owner_need(self, owner: str) -> tuple[float, float, str]:
         target = self.targets.get(owner, 0.0) or 1e-12
@@ -206,10 +219,11 @@ class Plan:
         target than the waiting one would be with that worker; past `min_run`, not stopped within
         `again_after`; never one whose job can run on fewer of the pool's `gpu_types` than the waiting
         one (a trial that needs this type does not yield to one that could run elsewhere). The one that
-        ran least (least work lost)."""
+        ran least (least work lost). None while the waiting job has waited less than `patience` (a worker
+        of a busy pool frees within seconds; a stopped trial has lost at least `min_run`)."""
         rule = self.policy.preempt
         waiting = self.pick(gpu_type)
-        if not rule.enabled or waiting is None:
+        if not rule.enabled or waiting is None or waiting.waited(self.now_s) < rule.patience:
             return None
         by_id = {j.job_id: j for j in self.jobs}
         aged = waiting.waited(self.now_s) >= self.policy.max_wait

@@ -11,7 +11,7 @@ owners:
 projects:
   kernels: {weight: 3, owners: [ana, bo], quota: {workers: 6}}
 default_quota: {workers: null, queued: null}   # every owner not named above
-preempt: {enabled: false, min_run: 2m, again_after: 10m}
+preempt: {enabled: false, min_run: 2m, again_after: 10m, patience: 15s}
 best_fit: 0.05           # a worker goes to a job that needs its GPU type before one that runs anywhere,
                          # while that job's owner stays within 5 points of its share (0: off)
 gpu_memory_gb: {H100: 80, H200: 141}           # added to the built-in table
@@ -85,8 +85,11 @@ class Preemption(_Strict):
     enabled: bool = False
     min_run: float = Field(120.0, ge=0, description="a trial runs this long before it may be stopped")
     again_after: float = Field(600.0, ge=0, description="a stopped trial is not stopped again this soon")
+    patience: float = Field(
+        15.0, ge=0, description="a job waits this long for a worker to free before it stops a trial"
+    )
 
-    @field_validator("min_run", "again_after", mode="before")
+    @field_validator("min_run", "again_after", "patience", mode="before")
     @classmethod
     def _duration(cls, v: Any) -> float:
         return seconds(v)

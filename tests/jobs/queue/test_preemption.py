@@ -61,7 +61,9 @@ def test_a_preempted_trial_is_requeued_unchanged_and_written_exactly_once(ray_lo
     watcher = _when_both_long_trials_run(
         store_url, lambda s: ci.append(Queue(s).submit(loads_spec(CI), priority=10, owner="ci"))
     )
-    policy = Policy.from_dict({"preempt": {"enabled": True, "min_run": 0, "again_after": "1h"}})
+    policy = Policy.from_dict(
+        {"preempt": {"enabled": True, "min_run": 0, "again_after": "1h", "patience": 0}}
+    )
     run = RunOptions(gpus=2, show_progress=False, echo=lambda _m: None, oversubscribe=True)
     assert serve(store, PoolOptions(run=run, idle_exit_s=0.5, policy=policy)) == 2
     watcher.join(10)
