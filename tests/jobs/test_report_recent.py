@@ -5,6 +5,7 @@ last jobs, on SQLite and PostgreSQL."""
 from __future__ import annotations
 
 import pytest
+from test_query_plans import BIG, _captured, _plan_scans, pg_store  # noqa: F401 (a fixture)
 
 from jobs.history.series import Selection, collect
 from jobs.report.recent import RECENT_JOBS, recent_history, recent_series
@@ -85,3 +86,26 @@ def test_the_table_is_the_series_table_from_each_points_last_jobs(store_url):
         assert len(series) == 8  # noop n=0,1; spin ms=1,2,3 x n=0,1 that ran up to job 6
     finally:
         store.close()
+
+
+def test_the_reads_stay_on_the_trials_indexes(pg_store):  # noqa: F811 (the fixture)
+    """On PostgreSQL (two nights of the synthetic team, test_query_plans' store) every statement of the
+    recent history that reads trials uses an index of a job's trials or of a series, none scans trials
+    whole; with those indexes dropped the check fails."""
+    job = max(j.id for j, _counts in pg_store.list_jobs(limit=10) if j.name == "gemm-nightly")
+    seen = _captured(pg_store, lambda: recent_history(pg_store, job, "gemm"))
+    reads = [(s, p) for s, p in seen if "FROM trials" in s]
+    assert len(reads) == 2, seen  # the job's series, then the points of their last jobs
+    indexes = {"uq_trial_job_key", "ix_trials_job_id", "ix_trials_job_status_seq", "ix_trials_series"}
+    drop = [
+        "DROP INDEX ix_trials_series",
+        "ALTER TABLE trials DROP CONSTRAINT uq_trial_job_key",
+        "DROP INDEX ix_trials_job_id",
+        "DROP INDEX IF EXISTS ix_trials_job_status_seq",
+    ]
+    for statement, parameters in reads:
+        scans = _plan_scans(pg_store, statement, parameters)
+        assert {i for _k, _r, i in scans if i} & indexes, scans
+        assert not [r for k, r, _i in scans if k == "Seq Scan" and r in BIG], scans
+        dropped = _plan_scans(pg_store, statement, parameters, drop=tuple(drop))
+        assert [r for k, r, _i in dropped if k == "Seq Scan" and r == "trials"], dropped
