@@ -26,6 +26,9 @@ DEFAULT_P_VALUE = 0.01
 DEFAULT_PERMUTATIONS = 199
 DEFAULT_MIN_SIZE = 3  # fewest points on either side of a split
 DEFAULT_SEED = 20140101
+TIE = 1e-9  # relative: two statistics this close are one (summed in another order)
+FIRST_BATCH = 8  # orderings scored at once in a permutation test, doubling while it goes on
+BATCH_CELLS = 1 << 20  # at most this many values in one batch of orderings
 
 
 @dataclass(frozen=True)
@@ -41,41 +44,101 @@ class ChangePoint:
         return self.after / self.before - 1 if self.before else float("inf")
 
 
+def _prepared(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(v, rank, rowsum) of a segment: its values less their minimum (the distances unchanged, the sums
+    small), each value's rank (ties in order of position) and its sum of distances to every value."""
+    v = x - x.min()
+    order = np.argsort(v, kind="stable")
+    rank = np.empty(len(v), dtype=np.int64)
+    rank[order] = np.arange(len(v))
+    s = v[order]
+    before = np.concatenate(([0.0], np.cumsum(s)))  # before[j]: the sum of the j smallest
+    j = np.arange(len(v))
+    rowsum = np.empty(len(v))
+    rowsum[order] = s * j - before[j] + (before[-1] - before[j + 1]) - s * (len(v) - 1 - j)
+    return v, rank, rowsum
+
+
+def _earlier(v: np.ndarray, rank: np.ndarray) -> np.ndarray:
+    """For each row b and position t, sum_{i<t} |v[b,i] - v[b,t]|, in O(n log^2 n) a row: every pair
+    i < t meets at one level of a bottom-up merge (the level at which i is in the left half and t in the
+    right half of one block), where t's earlier smaller values are counted and summed by a search in the
+    left half's sorted ranks. |v_i - v_t| summed over i < t is v_t (2 c - t) + (sum_{i<t} v_i) - 2 s, with
+    c of them smaller than v_t, summing to s."""
+    rows, n = v.shape
+    t = np.arange(n)
+    count = np.zeros((rows, n))
+    below = np.zeros((rows, n))
+    row = np.arange(rows)[:, None]
+    half = 1
+    while half < n:
+        right = (t // half) % 2 == 1
+        blocks = -(-n // (2 * half))
+        group = row * blocks + t[None, :] // (2 * half)  # one block of one row
+        left_keys = (group[:, ~right] * n + rank[:, ~right]).ravel()
+        order = np.argsort(left_keys, kind="stable")
+        keys = left_keys[order]
+        sums = np.concatenate(([0.0], np.cumsum(v[:, ~right].ravel()[order])))
+        at = np.searchsorted(keys, (group[:, right] * n + rank[:, right]).ravel())
+        start = np.searchsorted(keys, (group[:, right] * n).ravel())
+        count[:, right] += (at - start).reshape(rows, -1)
+        below[:, right] += (sums[at] - sums[start]).reshape(rows, -1)
+        half *= 2
+    return v * (2 * count - t) + (np.cumsum(v, axis=1) - v) - 2 * below
+
+
+def _scores(v: np.ndarray, rank: np.ndarray, rowsum: np.ndarray, min_size: int) -> np.ndarray:
+    """Q(tau) of every split (columns: tau = min_size .. n - min_size) of every row (an ordering of one
+    segment: v, rank and rowsum its values, ranks and row sums in that order). With R[i] the cumulated
+    row sums and W[t] the sum over the pairs i < k < t (cumulated `_earlier`), a split at tau has
+      sum d[:tau, tau:] = R[tau-1] - 2 W[tau],  sum d[:tau, :tau] = 2 W[tau],
+      sum d[tau:, tau:] = R[n-1] - 2 R[tau-1] + 2 W[tau]."""
+    n = v.shape[1]
+    r = np.cumsum(rowsum, axis=1)
+    w2 = 2 * np.cumsum(_earlier(v, rank), axis=1)  # w2[:, t - 1] = 2 W[t]
+    tau = np.arange(min_size, n - min_size + 1)
+    m, k = tau, n - tau
+    between = r[:, tau - 1] - w2[:, tau - 1]
+    within_x = w2[:, tau - 1]
+    within_y = r[:, n - 1 : n] - 2 * r[:, tau - 1] + w2[:, tau - 1]
+    # the square blocks count each pair twice: their sum / (m (m-1)) is 1/C(m,2) sum_{i<k}
+    return m * k / (m + k) * (2 * (between / (m * k)) - within_x / (m * (m - 1)) - within_y / (k * (k - 1)))
+
+
 def _best_split(x: np.ndarray, min_size: int) -> tuple[int, float]:
     """(tau, Q) of the best split of x, tau counted from the start of x; (-1, 0) if it is too short."""
     n = len(x)
     if n < 2 * min_size:
         return -1, 0.0
-    d = np.abs(x[:, None] - x[None, :])
-    # Every split at once (issue 46: a year's series is hundreds of points, and each of the permutations
-    # searches every split): with R[i] = sum d[:i+1, :] (cumulated row sums) and W[t] the sum over the
-    # pairs i < k < t (cumulated column sums of the upper triangle), a split at tau has
-    #   sum d[:tau, tau:] = R[tau-1] - 2 W[tau],  sum d[:tau, :tau] = 2 W[tau],
-    #   sum d[tau:, tau:] = R[n-1] - 2 R[tau-1] + 2 W[tau].
-    r = np.cumsum(d.sum(axis=1))
-    w2 = 2 * np.cumsum(np.triu(d, 1).sum(axis=0))  # w2[t - 1] = 2 W[t]
-    tau = np.arange(min_size, n - min_size + 1)
-    m, k = tau, n - tau
-    between = r[tau - 1] - w2[tau - 1]
-    within_x = w2[tau - 1]
-    within_y = r[n - 1] - 2 * r[tau - 1] + w2[tau - 1]
-    # the square blocks count each pair twice: their sum / (m (m-1)) is 1/C(m,2) sum_{i<k}
-    q = m * k / (m + k) * (2 * (between / (m * k)) - within_x / (m * (m - 1)) - within_y / (k * (k - 1)))
+    v, rank, rowsum = _prepared(x)
+    q = _scores(v[None, :], rank[None, :], rowsum[None, :], min_size)[0]
     best = int(np.argmax(q))  # the first of equal maxima, as a scan from the left keeps
-    return int(tau[best]), float(q[best])
+    return best + min_size, float(q[best])
 
 
 def _significance(
     x: np.ndarray, q: float, min_size: int, permutations: int, rng: np.random.Generator, p_value: float
 ) -> float:
-    """The permutation test's p of the split; it stops as soon as p must exceed `p_value` (the split
-    does not stand, and the search ends there: a series without a change costs a few permutations, not
-    all of them). A split that stands gets its exact p."""
-    reached = 0
-    for _ in range(permutations):
-        reached += _best_split(rng.permutation(x), min_size)[1] >= q
-        if (1 + reached) / (1 + permutations) > p_value:
-            break
+    """The permutation test's p of the split, p = (1 + #{Q_perm >= Q}) / (1 + permutations), a Q_perm
+    within TIE (relative) of Q counting as equal (the same arrangement's statistic summed in another
+    order). The orderings are drawn one by one from `rng` as `rng.permutation(x)` draws them and scored
+    a batch at a time (the distances of a segment reused: every ordering's row sums are its values' own,
+    and the pairs before each point cost log^2 n, not n); the test stops at the first ordering after
+    which p must exceed `p_value` (the split does not stand, and the search ends there: a series without
+    a change costs a few orderings, not all of them), so p is what the test one ordering at a time gives.
+    A split that stands gets its exact p."""
+    v, rank, rowsum = _prepared(x)
+    reach = q - TIE * abs(q)
+    reached, done, batch = 0, 0, FIRST_BATCH
+    while done < permutations:
+        take = min(batch, permutations - done, max(1, BATCH_CELLS // len(x)))
+        order = np.stack([rng.permutation(len(x)) for _ in range(take)])
+        best = _scores(v[order], rank[order], rowsum[order], min_size).max(axis=1)
+        hits = np.cumsum(best >= reach) + reached
+        over = np.flatnonzero((1 + hits) / (1 + permutations) > p_value)
+        if len(over):
+            return (1 + int(hits[over[0]])) / (1 + permutations)
+        reached, done, batch = int(hits[-1]), done + take, batch * 2
     return (1 + reached) / (1 + permutations)
 
 
@@ -98,10 +161,13 @@ def e_divisive(
     rng = np.random.default_rng(seed)
     cuts = [0, len(x)]  # segment boundaries
     found: dict[int, float] = {}
+    splits: dict[tuple[int, int], tuple[int, float]] = {}  # each segment's best split, found once
     while True:
         candidates = []
         for start, end in zip(cuts, cuts[1:], strict=False):
-            tau, q = _best_split(x[start:end], min_size)
+            if (start, end) not in splits:
+                splits[start, end] = _best_split(x[start:end], min_size)
+            tau, q = splits[start, end]
             if tau > 0:
                 candidates.append((q, start, end, start + tau))
         if not candidates:
