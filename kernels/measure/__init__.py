@@ -23,7 +23,7 @@ _WHERE = {
     "kernels.measure.timing": ("Measurement", "measure"),
 }  # fmt: skip
 # What the modules above import inside a function, only when it is called (stats: SciPy's stats, for
-# compare_samples); load_all imports them too.
+# compare_samples' exact rank test of a side of 8 samples or fewer); load_all imports them too.
 _IMPORTED_ON_USE = ("scipy.stats",)
 _MODULE_OF = {name: module for module, names in _WHERE.items() for name in names}
 
