@@ -26,6 +26,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from cluster.shipping import PackedSource
+from jobs.queue.claims import WAITING, Progress, first_trials, progress, waiting_jobs
 from jobs.queue.fairshare import JobState, Plan, decayed
 from jobs.queue.policy import Policy
 from jobs.spec.sweep import SweepSpec, dump_spec
@@ -44,7 +45,6 @@ from jobs.store import (
     now,
 )
 
-WAITING = ("queued", "running")  # the statuses of a job the pool serves
 POOL_STALE_S = 30.0  # a pool not seen for this long is gone: its claims are void
 
 
@@ -160,31 +160,60 @@ class Queue:
     def claim(self, pool: str, gpu_type: str | None = None) -> Claimed | None:
         """Take the next trial for a free worker of `gpu_type` of `pool` (see the module docstring for
         the order), or None when no job has a pending trial nobody has taken that it may run now."""
+        got = self.claim_many(pool, gpu_type, 1)
+        return got[0] if got else None
+
+    def claim_many(
+        self, pool: str, gpu_type: str | None = None, n: int = 1, *, logged: bool = False
+    ) -> list[Claimed]:
+        """Take the next `n` trials for free workers of `gpu_type` (fewer when fewer may run now), in the
+        order `n` claims one after another would take them, in one transaction: the queue read once, the
+        picks made on it (fairshare's Plan.take counts each one before the next), each chosen job's
+        trials read in grid order, the claims inserted at once. `logged`: each trial's "taken" line goes
+        in the job's log in the same transaction."""
         policy = self.current_policy()
-        for _ in range(8):  # another pool took the trial between the read and the insert: look again
+        for _ in range(8):  # another pool took a trial between the read and the insert: look again
             try:
                 with Session(self.engine, expire_on_commit=False) as s, s.begin():
                     at = now()
-                    jobs, usage = self._state(s, at, policy, counts=_counts_matter(policy))
-                    chosen = Plan(jobs, usage, policy, seconds_of(at)).pick(gpu_type)
-                    if chosen is None:
-                        return None
-                    found = s.execute(_first_trial(chosen.job_id)).first()
-                    if found is None:
-                        return None
-                    trial, job, digest = found
-                    s.execute(insert(TrialClaim).values(trial_id=trial.id, job_id=job.id, pool=pool))
-                    s.execute(update(QueuedJob).where(QueuedJob.job_id == job.id).values(last_taken_at=at))
-                    if job.status == "queued":
-                        s.execute(
-                            update(Job)
-                            .where(Job.id == job.id, Job.status == "queued")
-                            .values(status="running", started_at=func.coalesce(Job.started_at, now()))
-                        )
+                    jobs, usage = self._state(s, at, policy, cap=None if _counts_matter(policy) else n)
+                    plan = Plan(jobs, usage, policy, seconds_of(at))
+                    picks = _picks(plan, gpu_type, n)
+                    got = self._take(s, pool, picks, at, logged)
             except IntegrityError:
                 continue
-            return Claimed(trial, job, digest, chosen.owner, chosen.waited(seconds_of(at)))
-        return None
+            return got
+        return []
+
+    def _take(
+        self, s: Session, pool: str, picks: list[JobState], at: datetime, logged: bool
+    ) -> list[Claimed]:
+        """Claim the trials of `picks` (one per pick, a job's in grid order); what was taken."""
+        wanted: dict[int, list[JobState]] = {}
+        for job in picks:
+            wanted.setdefault(job.job_id, []).append(job)
+        found = {job_id: first_trials(s, job_id, len(js)) for job_id, js in wanted.items()}
+        out: list[Claimed] = []
+        for job_id, js in wanted.items():
+            out += [Claimed(t, job, digest, j.owner, j.waited(seconds_of(at)))
+                    for j, (t, job, digest) in zip(js, found[job_id], strict=False)]  # fmt: skip
+        if not out:
+            return out
+        s.execute(
+            insert(TrialClaim), [{"trial_id": c.trial.id, "job_id": c.job.id, "pool": pool} for c in out]
+        )
+        taken = sorted({c.job.id for c in out})
+        s.execute(update(QueuedJob).where(QueuedJob.job_id.in_(taken)).values(last_taken_at=at))
+        if any(c.job.status == "queued" for c in out):
+            s.execute(
+                update(Job)
+                .where(Job.id.in_(taken), Job.status == "queued")
+                .values(status="running", started_at=func.coalesce(Job.started_at, now()))
+            )
+        if logged:
+            lines = [{"job_id": c.job.id, "line": f"trial #{c.trial.seq} taken by {pool}"} for c in out]
+            s.execute(insert(JobEvent), lines)
+        return out
 
     def state(self, policy: Policy | None = None) -> tuple[list[JobState], dict[str, float], float]:
         """The queue as fairshare sees it now: the waiting and running jobs, each owner's decayed usage,
@@ -202,54 +231,24 @@ class Queue:
 
     @staticmethod
     def _state(
-        s: Session, at: datetime, policy: Policy, *, counts: bool = True
+        s: Session, at: datetime, policy: Policy, *, cap: int | None = None
     ) -> tuple[list[JobState], dict[str, float]]:
-        """`counts`: each job's waiting trials counted (what `farm jobs list` and queued-trial quotas
-        need); False: 1 for a job with a trial waiting, else 0 (enough for the order, and cheaper on a
-        large queue: the first waiting trial of each job is looked up, not every one counted)."""
-        rows = list(
-            s.scalars(select(QueuedJob).join(Job, Job.id == QueuedJob.job_id).where(Job.status.in_(WAITING)))
-        )
-        ids = [q.job_id for q in rows]
-        running = dict(
-            s.execute(
-                select(TrialClaim.job_id, func.count())
-                .join(TrialRow, TrialRow.id == TrialClaim.trial_id)
-                .where(TrialClaim.job_id.in_(ids), TrialRow.status == PENDING)
-                .group_by(TrialClaim.job_id)
-            ).all()
-        )
-        if counts:
-            pending = dict(
-                s.execute(
-                    select(TrialRow.job_id, func.count())
-                    .where(TrialRow.job_id.in_(ids), TrialRow.status == PENDING)
-                    .group_by(TrialRow.job_id)
-                ).all()
-            )
-        else:
-            claimed = exists().where(TrialClaim.trial_id == TrialRow.id)
-            waiting = exists().where(
-                TrialRow.job_id == QueuedJob.job_id, TrialRow.status == PENDING, ~claimed
-            )
-            has = s.scalars(select(QueuedJob.job_id).where(QueuedJob.job_id.in_(ids), waiting))
-            pending = {j: running.get(j, 0) + 1 for j in has} | {
-                j: n for j, n in running.items() if j not in ids
-            }
+        """`cap`: each job's waiting trials counted up to this many (enough for `cap` picks, and flat in
+        a large job); None: every one counted (what `farm jobs list` and queued-trial quotas need)."""
         jobs = [
             JobState(
-                q.job_id,
-                q.owner,
-                q.priority,
-                seconds_of(q.submitted_at),
-                queued=pending.get(q.job_id, 0) - running.get(q.job_id, 0),
-                running=running.get(q.job_id, 0),
-                last_taken_s=seconds_of(q.last_taken_at) if q.last_taken_at else None,
-                project=q.project,
-                gpu_type=q.gpu_type,
-                min_memory_gb=q.min_gpu_memory_gb,
+                w.entry.job_id,
+                w.entry.owner,
+                w.entry.priority,
+                seconds_of(w.entry.submitted_at),
+                queued=w.waiting,
+                running=w.running,
+                last_taken_s=seconds_of(w.entry.last_taken_at) if w.entry.last_taken_at else None,
+                project=w.entry.project,
+                gpu_type=w.entry.gpu_type,
+                min_memory_gb=w.entry.min_gpu_memory_gb,
             )  # fmt: skip
-            for q in rows
+            for w in waiting_jobs(s, cap)
         ]
         usage = {
             u.owner: decayed(u.usage_s, (at - u.at).total_seconds(), policy.half_life)
@@ -421,51 +420,59 @@ class Queue:
                 .where(TrialRow.status != PENDING)
             )
             s.execute(delete(TrialClaim).where(TrialClaim.trial_id.in_(written)))
-            for job_id in sorted(job_ids):
-                if s.scalar(_count(job_id, PENDING)) == 0:
-                    changed = s.execute(
-                        update(Job)
-                        .where(Job.id == job_id, Job.status.in_(WAITING))
-                        .values(status="completed", finished_at=now())
-                    ).rowcount
-                    if changed:
-                        done.append(job_id)
-                        s.add(JobEvent(job_id=job_id, line="completed"))  # with the status: one commit
+            if not job_ids:
+                return done
+            # the jobs among them with a pending trial left: one probe per job on (job_id, status, seq)
+            left = set(s.scalars(select(Job.id).where(Job.id.in_(sorted(job_ids)), _has_pending())))
+            for job_id in sorted(set(job_ids) - left):
+                changed = s.execute(
+                    update(Job)
+                    .where(Job.id == job_id, Job.status.in_(WAITING))
+                    .values(status="completed", finished_at=now())
+                ).rowcount
+                if changed:
+                    done.append(job_id)
+                    s.add(JobEvent(job_id=job_id, line="completed"))  # with the status: one commit
         return done
 
     # ---- what farm jobs list shows -----------------------------------------------------------------
     def lines(self) -> list[QueueLine]:
         """Queued and running jobs in the order they are served, with progress, an ETA and, for a job
-        that no free worker would take, why (a quota, a GPU type the pools lack)."""
+        that no free worker would take, why (a quota, a GPU type the pools lack). A fixed number of
+        statements, whatever the number of jobs (the queue's state, their rows, their progress)."""
         served = self.served()
         plan = self.plan(served.policy)
         types = list(served.gpu_types) or [None]
-        places = plan.places(types)
+        places = _places(plan, types)
         states = {j.job_id: j for j in plan.jobs}
         with Session(self.engine, expire_on_commit=False) as s:
             rows = s.execute(
                 select(Job, QueuedJob)
                 .join(QueuedJob, QueuedJob.job_id == Job.id)
-                .where(Job.status.in_(WAITING))
+                .where(Job.status.in_(WAITING), Job.id.in_(list(states)))
             ).all()
-            rows.sort(key=lambda r: (not states[r[0].id].running, places.get(r[0].id, len(places) + 1),
-                                     -r[1].priority, r[1].submitted_at, r[0].id))  # fmt: skip
-            out, place = [], 0
-            for job, q in rows:
-                state = states[job.id]
-                total = s.scalar(select(func.count()).where(TrialRow.job_id == job.id)) or 0
-                left, taken = state.queued + state.running, state.running
-                if taken == 0:
-                    place += 1
-                out.append(
-                    QueueLine(job, q.priority, q.owner, None if taken else place, total, total - left, taken,
-                              _eta(s, job, left, taken), plan.reason(state, types), plan.project[q.owner])
-                )  # fmt: skip
-            return out
+            paces = progress(s, list(states))
+        rows.sort(key=lambda r: (not states[r[0].id].running, places.get(r[0].id, len(places) + 1),
+                                 -r[1].priority, r[1].submitted_at, r[0].id))  # fmt: skip
+        out, place = [], 0
+        for job, q in rows:
+            state, pace = states[job.id], paces.get(job.id, Progress(0, 0, None, None))
+            left, taken = state.queued + state.running, state.running
+            if taken == 0:
+                place += 1
+            out.append(
+                QueueLine(job, q.priority, q.owner, None if taken else place, pace.total, pace.total - left,
+                          taken, pace.eta_s(left, taken), plan.reason(state, types), plan.project[q.owner])
+            )  # fmt: skip
+        return out
 
 
 def _count(job_id: int, status: str):
     return select(func.count()).where(TrialRow.job_id == job_id, TrialRow.status == status)
+
+
+def _has_pending():
+    return exists().where(TrialRow.job_id == Job.id, TrialRow.status == PENDING)
 
 
 def _counts_matter(policy: Policy) -> bool:
@@ -475,29 +482,31 @@ def _counts_matter(policy: Policy) -> bool:
     return any(q.queued is not None for q in quotas)
 
 
-def _first_trial(job_id: int):
-    """The job's first pending trial in grid order that no pool has taken, with its job and source."""
-    claimed = exists().where(TrialClaim.trial_id == TrialRow.id)
-    return (
-        select(TrialRow, Job, QueuedJob.source_digest)
-        .join(Job, Job.id == TrialRow.job_id)
-        .join(QueuedJob, QueuedJob.job_id == Job.id)
-        .where(TrialRow.job_id == job_id, TrialRow.status == PENDING, ~claimed)
-        .order_by(TrialRow.seq)
-        .limit(1)
-    )
+def _picks(plan: Plan, gpu_type: str | None, n: int) -> list[JobState]:
+    """The jobs `n` free workers of `gpu_type` take, one after another (each counted before the next)."""
+    out: list[JobState] = []
+    while len(out) < n and (job := plan.pick(gpu_type)) is not None:
+        out.append(job)
+        plan.take(job)
+    return out
 
 
-def _eta(s: Session, job: Job, left: int, taken: int) -> float | None:
-    """Seconds to the end at the pace of the job's finished trials, with as many at once as run now."""
-    if not left:
-        return 0.0
-    first, last, n = s.execute(
-        select(func.min(TrialRow.started_at), func.max(TrialRow.finished_at), func.count()).where(
-            TrialRow.job_id == job.id, TrialRow.status != PENDING, TrialRow.started_at.is_not(None)
-        )
-    ).one()
-    if not n or first is None or last is None or not taken:
-        return None
-    per_trial = max((last - first).total_seconds(), 0.0) / n
-    return per_trial * left / taken
+PLACES_LIMIT = 10_000  # fairshare.Plan.places' own: the longest line simulated
+
+
+def _places(plan: Plan, types: list[str | None]) -> dict[int, int]:
+    """`plan.places(types)`, simulated only as far as it takes to place every job that can be placed
+    (the line's first picks: the same places), not to its 10,000th trial on every `farm jobs list`: a
+    line of as many picks as jobs waiting first, doubled while a job that may still be placed has none
+    (one behind a larger job's trials, or held by a queued-trials quota a pick may release)."""
+    placeable = {
+        j.job_id
+        for j in plan.jobs
+        if j.queued > 0 and (j.job_id in plan.held or plan.reason(j, types) is None)
+    }
+    limit = max(1, len(placeable))
+    while True:
+        found = plan.places(types, limit=limit)
+        if placeable <= set(found) or limit >= PLACES_LIMIT:
+            return found
+        limit = min(2 * limit, PLACES_LIMIT)

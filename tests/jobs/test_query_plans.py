@@ -103,6 +103,12 @@ class Known:
     fingerprint: str
 
 
+# a job's trials: the indexes that lead with the job (migration 0011)
+JOB_TRIALS = frozenset({"uq_trial_job_key", "ix_trials_job_status_seq"})
+DROP_JOB_TRIALS = (
+    "ALTER TABLE trials DROP CONSTRAINT uq_trial_job_key",
+    "DROP INDEX ix_trials_job_status_seq",
+)
 CASES = [
     Case(
         "history of one series",
@@ -117,15 +123,15 @@ CASES = [
         "a job's trials",
         lambda st, k: st.trials(k.job),
         "trials",
-        frozenset({"uq_trial_job_key", "ix_trials_job_id"}),
-        ("ALTER TABLE trials DROP CONSTRAINT uq_trial_job_key", "DROP INDEX ix_trials_job_id"),
+        JOB_TRIALS,
+        DROP_JOB_TRIALS,
     ),
     Case(
         "farm jobs list (trial counts)",
         lambda st, _k: st.list_jobs(limit=5),
         "trials",
-        frozenset({"uq_trial_job_key", "ix_trials_job_id"}),
-        ("ALTER TABLE trials DROP CONSTRAINT uq_trial_job_key", "DROP INDEX ix_trials_job_id"),
+        JOB_TRIALS,
+        DROP_JOB_TRIALS,
     ),
     Case(
         "failures by fingerprint",

@@ -100,7 +100,7 @@ def test_the_reads_stay_on_the_trials_indexes(pg_store):  # noqa: F811 (the fixt
     drop = [
         "DROP INDEX ix_trials_series",
         "ALTER TABLE trials DROP CONSTRAINT uq_trial_job_key",
-        "DROP INDEX ix_trials_job_id",
+        "DROP INDEX IF EXISTS ix_trials_job_id",  # gone since migration 0011
         "DROP INDEX IF EXISTS ix_trials_job_status_seq",
     ]
     for statement, parameters in reads:

@@ -81,6 +81,8 @@ def _old_style(path: Path) -> None:
         conn.execute(text("DROP INDEX ix_baseline_trials_trial_id"))
         conn.execute(text("DROP INDEX ix_trials_job_status_seq"))  # added by a later release (0011)
         conn.execute(text("DROP INDEX ix_jobs_status"))
+        conn.execute(text("CREATE INDEX ix_trials_status ON trials (status)"))  # dropped by 0011
+        conn.execute(text("CREATE INDEX ix_trials_job_id ON trials (job_id)"))  # dropped by 0011
         conn.execute(text("ALTER TABLE trials DROP COLUMN shape_key"))
         conn.execute(text("ALTER TABLE trials DROP COLUMN gpu_type"))  # added by a later release (0008)
         job = {"name": "old", "family": "probe", "spec": "{}", "spec_hash": "h" * 32, "status": "completed"}

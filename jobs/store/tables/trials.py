@@ -84,7 +84,8 @@ class TrialRow(Base):
         Index("ix_trials_job_status_seq", "job_id", "status", "seq"),
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    # no index of its own: uq_trial_job_key and ix_trials_job_status_seq lead with it (migration 0011)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     key: Mapped[str] = mapped_column(String(32))
     seq: Mapped[int] = mapped_column(Integer)  # position in the expanded grid
     family: Mapped[str] = mapped_column(String(64))
@@ -94,7 +95,8 @@ class TrialRow(Base):
     shape_key: Mapped[str | None] = mapped_column(String(32))  # shape_key(shape), set when created
     config: Mapped[dict] = mapped_column(JSON)
     dtype: Mapped[str] = mapped_column(String(32))
-    status: Mapped[str] = mapped_column(String(16), default=PENDING, index=True)
+    # no index of its own: every read by status names the job too (ix_trials_job_status_seq, 0011)
+    status: Mapped[str] = mapped_column(String(16), default=PENDING)
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     node: Mapped[str | None] = mapped_column(String(255))
     worker: Mapped[str | None] = mapped_column(String(64))

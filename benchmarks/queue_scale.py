@@ -1,0 +1,176 @@
+"""`python -m benchmarks queue-scale`: the queue at a team's scale on PostgreSQL (issue 46).
+
+Two parts, on a throwaway PostgreSQL server started as the tests start theirs (tests/pgserver.py):
+
+- **store**: a store grown to a fraction of the team's year (benchmarks/scale_store.py), then trials
+  taken through the queue one at a time as a pool takes them (`Queue.claim`, the result written with
+  `Store.record_results`, `Queue.finish`) while the queue holds 1, 8, 32 and 96 waiting jobs of 400
+  trials; per depth: the median ms per trial, the statements per trial, and `farm jobs list` (through
+  the CLI in this process) with that queue. Flat means the store's part of a trial does not grow with
+  the queue or the store.
+- **ray** (`--ray-trials N`): one job of N trials of the probe family's no-op backend on `--workers`
+  logical workers of a `ray.cluster_utils` cluster, served by `farm pool serve`'s loop
+  (jobs.queue.pool.serve) from the queue on PostgreSQL. The store time per trial is the time the pool's
+  process spent in statements on the store (SQLAlchemy's cursor events) over the trials written, per
+  tenth of the job (start, middle, end: flat or not), and `farm jobs list` is timed while it runs.
+  Bounded by `--ray-budget-s`: the figures say how many of the N trials ran.
+
+    python -m benchmarks queue-scale --size 1/64 --trials 200
+    python -m benchmarks queue-scale --size 1/64 --trials 0 --ray-trials 100000 --workers 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import statistics
+import sys
+import time
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event
+
+REPO = Path(__file__).resolve().parents[1]
+DEPTHS = (1, 8, 32, 96)
+
+
+class StoreClock:
+    """Statements sent on an engine and the seconds they took (cursor events): what `reset` returns."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine, self.n, self.s = engine, 0, 0.0
+        self._started: dict[int, float] = {}
+        event.listen(engine, "before_cursor_execute", self._before)
+        event.listen(engine, "after_cursor_execute", self._after)
+
+    def _before(self, conn, cursor, statement, parameters, context, executemany) -> None:  # noqa: ARG002
+        self._started[id(cursor)] = time.perf_counter()
+
+    def _after(self, conn, cursor, statement, parameters, context, executemany) -> None:  # noqa: ARG002
+        began = self._started.pop(id(cursor), None)
+        if began is not None:
+            self.n += 1
+            self.s += time.perf_counter() - began
+
+    def reset(self) -> tuple[int, float]:
+        out, self.n, self.s = (self.n, self.s), 0, 0.0
+        return out
+
+    def close(self) -> None:
+        event.remove(self.engine, "before_cursor_execute", self._before)
+        event.remove(self.engine, "after_cursor_execute", self._after)
+
+
+def pg_store(size: str):
+    """A store on a new PostgreSQL server grown to `size` of the team's year."""
+    from benchmarks import scale_store
+    from jobs.store import Store
+
+    sys.path.insert(0, str(REPO / "tests"))  # pgserver, as pytest finds it
+    from pgserver import start_server
+
+    server = start_server()
+    atexit.register(server.stop)
+    store = Store(server.url(server.create_database("queue")))
+    start = time.perf_counter()
+    scale_store.build(store, scale_store.days_of(Fraction(size)))
+    print(f"store at {size}: built in {time.perf_counter() - start:.0f} s", flush=True)
+    return store
+
+
+def jobs_list_s(url: str, repeat: int = 3) -> float:
+    """`farm jobs list` through the CLI in this process: the median of `repeat` runs after a first."""
+    from click.testing import CliRunner
+
+    from jobs.cli import main
+
+    times = []
+    for _ in range(repeat + 1):
+        start = time.perf_counter()
+        res = CliRunner().invoke(main, ["jobs", "list", "--db", url])
+        times.append(time.perf_counter() - start)
+        if res.exit_code != 0:
+            raise RuntimeError(f"farm jobs list: exit {res.exit_code}: {res.output[-2000:]}")
+    return statistics.median(times[1:])
+
+
+def _serve_once(queue: Any, store: Any, results: Any, batch: int) -> list[int]:
+    """Claim (one trial, or `batch` at once as a pool with that many free workers does), write, finish;
+    the trials taken."""
+    claimed = queue.claim_many("scale-pool", None, batch)
+    if claimed:
+        store.record_results([results(c.trial.id) for c in claimed])
+        queue.finish({c.job.id for c in claimed})
+    return claimed
+
+
+def store_part(store: Any, depths: tuple[int, ...], trials: int, batch: int) -> dict[str, float]:
+    """Per depth: ms per trial (claim + write + finish, one trial at a time, then `batch` at a time),
+    statements per trial, and `farm jobs list` in seconds."""
+    from benchmarks import scale_queue, scale_store
+    from jobs.queue.queue import Queue
+    from jobs.spec.sweep import loads_spec
+    from jobs.store.results import result_of
+
+    queue, spec = Queue(store), loads_spec(scale_queue.SPEC)
+    samples = [100_000 + i for i in range(100)]
+
+    def results(trial_id: int) -> Any:
+        return result_of(trial_id, samples, environment=scale_store.ENV)
+
+    clock = StoreClock(store.engine)
+    out: dict[str, float] = {}
+    waiting: list[int] = []
+    for depth in depths:
+        while len(waiting) < depth:
+            waiting.append(queue.submit(spec, owner=f"owner{len(waiting) % 4}"))
+        for size, label in ((1, "one at a time"), (batch, f"{batch} at a time")):
+            times, statements, db_ms = [], [], []
+            for _ in range(max(1, trials // size)):
+                clock.reset()
+                start = time.perf_counter()
+                got = _serve_once(queue, store, results, size)
+                if not got:
+                    break
+                times.append((time.perf_counter() - start) / len(got))
+                n, s = clock.reset()
+                statements.append(n / len(got))
+                db_ms.append(1e3 * s / len(got))
+            if times:
+                out[f"ms per trial, {label}, {depth} jobs waiting"] = 1e3 * statistics.median(times)
+                out[f"of which in statements, {label}, {depth} jobs waiting"] = statistics.median(db_ms)
+                out[f"statements per trial, {label}, {depth} jobs waiting"] = statistics.median(statements)
+        out[f"farm jobs list s, {depth} jobs waiting"] = jobs_list_s(store.url)
+        print({k: round(v, 3) for k, v in out.items() if k.endswith(f" {depth} jobs waiting")}, flush=True)
+    clock.close()
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks queue-scale", description=__doc__.splitlines()[0])
+    ap.add_argument("--size", default="1/64", help="the store's size, a fraction of the team's year")
+    ap.add_argument("--depths", default=",".join(map(str, DEPTHS)), help="jobs waiting, comma-separated")
+    ap.add_argument("--trials", type=int, default=200, help="trials timed per depth (0: no store part)")
+    ap.add_argument("--batch", type=int, default=32, help="trials claimed at once in the batched timing")
+    ap.add_argument("--ray-trials", type=int, default=0, help="trials of the job the ray part serves")
+    ap.add_argument("--workers", type=int, default=64, help="logical workers of the ray part's cluster")
+    ap.add_argument("--ray-budget-s", type=float, default=1200.0, help="the ray part stops after this")
+    opts = ap.parse_args(list(argv or []))
+    store = pg_store(opts.size)
+    out: dict[str, Any] = {"size": opts.size}
+    if opts.trials:
+        out["store"] = store_part(
+            store, tuple(int(d) for d in opts.depths.split(",")), opts.trials, opts.batch
+        )
+    if opts.ray_trials:
+        from benchmarks.queue_scale_ray import ray_part
+
+        out["ray"] = ray_part(store, opts.ray_trials, opts.workers, opts.ray_budget_s)
+    store.close()
+    return out
+
+
+if __name__ == "__main__":
+    print(main(sys.argv[1:]))

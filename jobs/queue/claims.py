@@ -1,0 +1,114 @@
+"""The queue's statements on the store, each a bounded read on an index (issue 46: a pool's claims and
+`farm jobs list` stay flat as the queue and the store grow; their PostgreSQL plans are checked in
+tests/jobs/test_query_plans.py):
+
+- `waiting_jobs`: every queued or running job (jobs.status, indexed) with its trials running (its claims
+  on pending trials) and waiting (pending, not claimed: counted up to a cap, on trials (job_id, status,
+  seq)), in one statement;
+- `first_trials`: a job's first `n` waiting trials in grid order, read along (job_id, status, seq), rows a
+  concurrent claim holds skipped on PostgreSQL (FOR UPDATE SKIP LOCKED: two pools claiming at once take
+  different trials instead of colliding on one and trying again);
+- `progress`: every listed job's trial count and the pace of its finished trials, one grouped statement
+  for all of them (not two per job).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import case, exists, func, select
+from sqlalchemy.orm import Session
+
+from jobs.store import PENDING, Job, QueuedJob, TrialClaim, TrialRow
+
+WAITING = ("queued", "running")  # the statuses of a job the pool serves
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A queued or running job as the queue's order reads it."""
+
+    entry: QueuedJob
+    running: int  # trials claimed and not yet written
+    waiting: int  # pending trials nobody has claimed (up to the cap it was read with)
+
+
+def _unclaimed():
+    return ~exists().where(TrialClaim.trial_id == TrialRow.id)
+
+
+def waiting_jobs(s: Session, cap: int | None) -> list[Waiting]:
+    """The queued and running jobs, each with its trials running and waiting; `cap`: count a job's
+    waiting trials only up to this many (None: all of them, what a queued-trials quota needs)."""
+    running = (
+        select(func.count())
+        .select_from(TrialClaim)
+        .join(TrialRow, TrialRow.id == TrialClaim.trial_id)
+        .where(TrialClaim.job_id == QueuedJob.job_id, TrialRow.status == PENDING)
+        .scalar_subquery()
+    )
+    mine = select(TrialRow.id).where(TrialRow.job_id == QueuedJob.job_id, TrialRow.status == PENDING)
+    mine = mine.where(_unclaimed()).correlate(QueuedJob)
+    if cap is not None:
+        mine = mine.limit(cap)
+    waiting = select(func.count()).select_from(mine.subquery()).scalar_subquery()
+    q = (
+        select(QueuedJob, running, waiting)
+        .join(Job, Job.id == QueuedJob.job_id)
+        .where(Job.status.in_(WAITING))
+        .order_by(QueuedJob.job_id)
+    )
+    return [Waiting(entry, int(r), int(w)) for entry, r, w in s.execute(q).all()]
+
+
+def first_trials(s: Session, job_id: int, n: int) -> list[tuple[TrialRow, Job, str | None]]:
+    """The job's first `n` pending trials in grid order that no pool has claimed, with their job and its
+    shipped kernel source's digest."""
+    q = (
+        select(TrialRow, Job, QueuedJob.source_digest)
+        .join(Job, Job.id == TrialRow.job_id)
+        .join(QueuedJob, QueuedJob.job_id == TrialRow.job_id)
+        .where(TrialRow.job_id == job_id, TrialRow.status == PENDING, _unclaimed())
+        .order_by(TrialRow.seq)
+        .limit(n)
+        .with_for_update(of=TrialRow, skip_locked=True)  # PostgreSQL; SQLite writes one at a time
+    )
+    return [(t, j, digest) for t, j, digest in s.execute(q).all()]
+
+
+@dataclass(frozen=True)
+class Progress:
+    total: int  # trials of the job
+    done: int  # trials written that had started (the pace's sample)
+    first_started: datetime | None
+    last_finished: datetime | None
+
+    def eta_s(self, left: int, taken: int) -> float | None:
+        """Seconds to the end at the pace of the finished trials, with as many at once as run now."""
+        if not left:
+            return 0.0
+        if not self.done or self.first_started is None or self.last_finished is None or not taken:
+            return None
+        per_trial = max((self.last_finished - self.first_started).total_seconds(), 0.0) / self.done
+        return per_trial * left / taken
+
+
+def progress(s: Session, job_ids: Sequence[int]) -> dict[int, Progress]:
+    """Each job's progress, in one grouped statement (a job without trials is left out)."""
+    if not job_ids:
+        return {}
+    paced = (TrialRow.status != PENDING) & TrialRow.started_at.is_not(None)
+    q = (
+        select(
+            TrialRow.job_id,
+            func.count(),
+            func.count(case((paced, 1))),
+            func.min(case((paced, TrialRow.started_at))),
+            func.max(case((paced, TrialRow.finished_at))),
+        )
+        .where(TrialRow.job_id.in_(sorted(job_ids)))
+        .group_by(TrialRow.job_id)
+    )
+    return {job_id: Progress(*rest) for job_id, *rest in s.execute(q).all()}

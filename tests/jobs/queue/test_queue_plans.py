@@ -1,0 +1,155 @@
+"""The queue's statements stay on their indexes and in number (issue 46): a pool's claim (the waiting jobs
+with their trials running and waiting, a job's first trials in grid order), `Queue.finish`'s probe for a
+pending trial, and `farm jobs list`'s progress of the listed jobs, checked by EXPLAIN on PostgreSQL as
+tests/jobs/test_query_plans.py checks the farm's reads (the same helpers: each plan made with
+`enable_seqscan = off`, every index named must be used and no big table scanned whole, and with the
+indexes dropped in a rolled-back transaction the check must fail). And `farm jobs list` sends as many
+statements for 12 queued jobs as for 2: no statement per job.
+
+The store: two nights of the synthetic team (40 finished jobs, 20,000 trials) and 6 queued jobs of 400
+trials by 3 owners, left unanalyzed after they were submitted, as a team's store is right after a burst
+of submissions (its statistics say that almost no trial is pending)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+from click.testing import CliRunner
+from sqlalchemy import event
+
+from benchmarks import scale_queue
+from benchmarks import scale_store as ss
+from jobs.cli import main
+from jobs.queue.policy import Policy
+from jobs.queue.queue import Queue
+from jobs.spec.sweep import loads_spec
+from jobs.store import Store
+from tests.jobs.test_query_plans import BIG, DROP_JOB_TRIALS, JOB_TRIALS, _captured, _plan_scans
+
+SPEC = """
+name: {name}
+family: probe
+backends: [{{name: noop, baseline: true}}]
+shapes: {{grid: {{n: {grid}}}}}
+"""
+
+
+@pytest.fixture(scope="module")
+def queue_store(postgres):
+    store = Store(postgres.url(postgres.create_database("queueplans")))
+    ss.build(store, 2, pools=ss.make_pools(store, draws=1))
+    with store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql("ANALYZE")
+    queue = Queue(store, Policy())
+    spec = loads_spec(scale_queue.SPEC)
+    jobs = [queue.submit(spec, owner=f"owner{i % 3}") for i in range(6)]
+    queue.claim_many("plans-pool", None, 8)  # a few trials running, as a pool leaves them
+    yield store, jobs
+    store.close()
+
+
+@dataclass(frozen=True)
+class QueueCase:
+    name: str
+    read: Callable[[Store, list[int]], object]
+    marker: str  # the statement of `read` that contains this is the one checked
+    indexes: frozenset[str]  # it must use every one of these ...
+    any_of: frozenset[str]  # ... and one of these (empty: no such choice)
+    drop: tuple[str, ...]  # the DDL that removes them
+
+    def problems(self, scans: list) -> list[str]:
+        used = {index for _kind, _rel, index in scans if index}
+        out = [f"{index} not used" for index in sorted(self.indexes - used)]
+        if self.any_of and not used & self.any_of:
+            out.append(f"none of {sorted(self.any_of)} used")
+        return out + [f"sequential scan of {r}" for k, r, _i in scans if k == "Seq Scan" and r in BIG]
+
+
+CASES = [
+    QueueCase(
+        "claim: the waiting jobs, their trials running and waiting",
+        lambda st, _jobs: Queue(st, Policy()).claim_many("plans-pool", None, 2),
+        "FROM job_queue JOIN jobs",
+        frozenset({"ix_jobs_status", "ix_trials_job_status_seq"}),
+        frozenset(),
+        ("DROP INDEX ix_jobs_status", "DROP INDEX ix_trials_job_status_seq"),
+    ),
+    QueueCase(
+        "claim: a job's first trials in grid order",
+        lambda st, _jobs: Queue(st, Policy()).claim_many("plans-pool", None, 2),
+        "FOR UPDATE OF trials SKIP LOCKED",
+        frozenset({"ix_trials_job_status_seq"}),
+        frozenset(),
+        ("DROP INDEX ix_trials_job_status_seq",),
+    ),
+    QueueCase(
+        "finish: which jobs have a pending trial left",
+        lambda st, jobs: Queue(st, Policy()).finish(set(jobs)),
+        "EXISTS (SELECT",
+        frozenset({"ix_trials_job_status_seq"}),
+        frozenset(),
+        ("DROP INDEX ix_trials_job_status_seq",),
+    ),
+    QueueCase(
+        "farm jobs list: the queued jobs' progress",
+        lambda st, _jobs: Queue(st, Policy()).lines(),
+        "GROUP BY trials.job_id",
+        frozenset(),
+        JOB_TRIALS,
+        DROP_JOB_TRIALS,
+    ),
+]
+
+
+def _statement(store: Store, jobs: list[int], case: QueueCase) -> tuple[str, object]:
+    found = [(s, p) for s, p in _captured(store, lambda: case.read(store, jobs)) if case.marker in s]
+    assert found, f"{case.name}: no statement with {case.marker!r}"
+    return found[0]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_a_queue_statement_uses_its_indexes_and_fails_without_them(queue_store, case):
+    store, jobs = queue_store
+    statement, parameters = _statement(store, jobs, case)
+    scans = _plan_scans(store, statement, parameters)
+    assert case.problems(scans) == [], (case.name, scans)
+    dropped = _plan_scans(store, statement, parameters, drop=case.drop)
+    assert case.problems(dropped), (case.name, dropped)  # the check fails without the indexes
+
+
+def _statements_of_jobs_list(url: str) -> int:
+    store = Store(url)
+    sent: list[str] = []
+
+    def count(conn, cursor, statement, parameters, context, executemany):  # noqa: ARG001
+        sent.append(statement)
+
+    event.listen(store.engine, "before_cursor_execute", count)
+    try:
+        lines = Queue(store).lines()
+    finally:
+        event.remove(store.engine, "before_cursor_execute", count)
+        store.close()
+    assert lines, "the queue is listed"
+    return len(sent)
+
+
+def test_farm_jobs_list_sends_as_many_statements_for_12_queued_jobs_as_for_2(store_url):
+    store = Store(store_url)
+    queue = Queue(store)
+    jobs = [queue.submit(loads_spec(SPEC.format(name=f"j{i}", grid=list(range(5)))), owner=f"o{i % 3}")
+            for i in range(12)]  # fmt: skip
+    for job in jobs[2:]:
+        queue.cancel(job)  # the queue holds 2
+    queue.claim("p")  # one running, one waiting
+    few = _statements_of_jobs_list(store_url)
+    for job in jobs[2:]:  # the same 10 back in the queue
+        store.set_job_status(job, "queued")
+    many = _statements_of_jobs_list(store_url)
+    assert (few, many) == (few, few), f"{few} statements for 2 queued jobs, {many} for 12"
+    res = CliRunner().invoke(main, ["jobs", "list", "--db", store_url])
+    assert res.exit_code == 0, res.output
+    assert all(f" {job} " in res.output for job in jobs), res.output  # the 12 listed
+    store.close()
