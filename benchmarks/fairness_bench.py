@@ -156,7 +156,7 @@ class Day:
         coming = next(arrivals, None)
         while coming is not None or self.heap:
             ends = self.heap[0][0] if self.heap else float("inf")
-            at = min(ends, coming.at_s if coming is not None else float("inf"))
+            at = min(ends, coming.at_s if coming is not None else float("inf"), self._wake())
             self._integrate(at)
             self._age(at)
             while self.heap and self.heap[0][0] <= at:
@@ -173,6 +173,15 @@ class Day:
                     self._dispatch()
             self._aim()
         return self.out
+
+    def _wake(self) -> float:
+        """The next moment a waiting job passes preemption's patience or max_wait: the pool looks again
+        every few seconds, so preemption may act then, not only at the next arrival or trial end."""
+        if not self.policy.preempt.enabled:
+            return float("inf")
+        marks = (self.policy.preempt.patience, self.policy.max_wait)
+        since = [max(j.last_taken or 0.0, j.sub.at_s) for j in self.jobs.values() if j.state().queued > 0]
+        return min((t + m for t in since for m in marks if t + m > self.now), default=float("inf"))
 
     def _plan(self) -> Plan:
         live = [j.state() for j in self.jobs.values() if j.done < len(j.sub.trials_s)]

@@ -13,8 +13,8 @@ Order, for a worker of GPU type T (None: an untyped cluster):
 3. Otherwise the highest priority goes first (a CI job at 10 takes the next free worker).
 4. Among equal priorities, the project, then inside it the owner, furthest below its target share:
    the smallest (workers it holds + 1) / target; a project counted without its owners whose waiting
-   trials all need another GPU type (their unmet share is no claim of the others on this worker).
-   Targets follow the weights, lowered by past use (Slurm's
+   trials this worker does not take now (another GPU type, a lower priority, a quota): their unmet share
+   is no claim of the others on this worker. Targets follow the weights, lowered by past use (Slurm's
    classic fair-share factor 2^(-usage share / weight share), at each level): yesterday's heavy user
    yields to today's light one, and under steady contention usage, and so shares, converge to the weights.
 5. Inside an owner, its jobs share its workers job by job: the job holding fewest workers, then the one
@@ -143,7 +143,7 @@ class Plan:
             return min(aged, key=lambda j: (-j.waited(self.now_s), j.job_id))
         top = max(j.priority for j in ready)
         ready = [j for j in ready if j.priority == top]
-        away = self._elsewhere(gpu_type)
+        away = self._elsewhere(ready)
         chosen = self._fair(ready, away)
         if gpu_type is None or bound(chosen) or self.policy.best_fit <= 0:
             return chosen
@@ -151,12 +151,11 @@ class Plan:
         better = self._fair([j for j in ready if j.owner in needing], away) if needing else None
         return better if better is not None and self._may_exceed(better.owner) else chosen
 
-    def _elsewhere(self, gpu_type: str | None) -> frozenset[str]:
-        """Owners with trials waiting, none of which fits a worker of `gpu_type`: what they hold and
-        their target are not their project's claim on this worker (step 4)."""
-        waiting = {j.owner for j in self.jobs if j.queued > 0}
-        fitting = {j.owner for j in self.jobs if j.queued > 0 and fits(j, gpu_type, self.policy)}
-        return frozenset(waiting - fitting)
+    def _elsewhere(self, ready: Sequence[JobState]) -> frozenset[str]:
+        """Owners with trials waiting, none of which this worker takes now (another GPU type, a lower
+        priority, a quota): what they hold and their target are not their project's claim on it."""
+        here = {j.owner for j in ready}
+        return frozenset(j.owner for j in self.jobs if j.queued > 0 and j.owner not in here)
 
     def _fair(self, ready: Sequence[JobState], away: frozenset[str] = frozenset()) -> JobState:
         """Steps 4 and 5 of the order among `ready` (jobs of one priority)."""
@@ -215,8 +214,9 @@ class Plan:
         self, running: Sequence[RunningTrial], gpu_type: str | None, gpu_types: Sequence[str | None] = ()
     ) -> RunningTrial | None:
         """A running trial on a worker of `gpu_type` that the job next in line for that type has more
-        right to (jobs.queue.policy.Preemption): of a lower-priority job, or of an owner further over its
-        target than the waiting one would be with that worker; past `min_run`, not stopped within
+        right to (jobs.queue.policy.Preemption): for a job past `max_wait` any other owner's, else of a
+        lower-priority job, or of an owner further over its target than the waiting one would be with
+        that worker; past `min_run`, not stopped within
         `again_after`; never one whose job can run on fewer of the pool's `gpu_types` than the waiting
         one (a trial that needs this type does not yield to one that could run elsewhere). The one that
         ran least (least work lost). None while the waiting job has waited less than `patience` (a worker
@@ -242,7 +242,7 @@ class Plan:
                 return False
             if t.preempted_s is not None and self.now_s - t.preempted_s < rule.again_after:
                 return False
-            if job.priority != waiting.priority:
+            if aged or job.priority != waiting.priority:
                 return job.priority < waiting.priority or aged
             return self.running_owner(job.owner) / (self.targets.get(job.owner) or 1e-12) > need
 

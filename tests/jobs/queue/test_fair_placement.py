@@ -158,3 +158,15 @@ def test_a_simulated_day_keeps_shares_with_best_fit_and_misses_without(seed):
 
     assert worst(0.0) > 5.0
     assert worst(0.05) <= 5.0
+
+
+def test_a_job_past_max_wait_stops_another_owners_trial_of_its_priority():
+    """bo's job has waited max_wait with every worker busy with ana's (ana within her share): with
+    preemption on, the pool stops one of ana's trials then, so nothing waits longer than max_wait for a
+    worker; a minute earlier, nothing is stopped."""
+    policy = Policy.from_dict({"max_wait": "1h", "preempt": {"enabled": True, "min_run": "2m"}})
+    ana = job(1, "ana", running=1, queued=5, submitted_s=0.0, last_taken_s=3000.0)
+    running = [RunningTrial(11, 1, None, started_s=3000.0)]
+    bo = job(2, "bo", submitted_s=100.0)
+    assert Plan([ana, bo], {}, policy, 3640.0).pick_victim(running, None) is None
+    assert Plan([ana, bo], {}, policy, 3700.0).pick_victim(running, None).trial_id == 11
