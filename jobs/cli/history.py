@@ -13,6 +13,8 @@ from jobs.cli.common import console, db_option, parse_point, store_for
 from jobs.history.series import Selection, Series, collect, min_jobs
 from jobs.judge.environment import changed_text
 
+DEFAULT_LAST = 100  # jobs `farm history` shows unless --last or --all: a year of a nightly spec is 1,825
+
 
 def _fmt(v: float | None, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
@@ -78,6 +80,14 @@ def render_series(series: Series, out_console: Console) -> None:
 @click.option("--dtype", default=None)
 @click.option("--spec", default=None, help="only jobs of this spec name (all its points)")
 @click.option("--json", "as_json", is_flag=True, help="print the series and change points as JSON")
+@click.option(
+    "--last",
+    type=click.IntRange(min=1),
+    default=None,
+    help=f"only the newest N jobs that ran the selected points (default {DEFAULT_LAST}); "
+    "the change points are found in them",
+)
+@click.option("--all", "every", is_flag=True, help="every job that ran the selected points (a year: seconds)")
 def history(
     db: str | None,
     family: str | None,
@@ -87,10 +97,17 @@ def history(
     dtype: str | None,
     spec: str | None,
     as_json: bool,
+    last: int | None,
+    every: bool,
 ) -> None:
-    """Median and spread per job in commit order; change points (E-divisive means) with their size."""
+    """Median and spread per job in commit order; change points (E-divisive means) with their size.
+
+    The newest 100 jobs that ran the selected points, unless --last N or --all: the change points are
+    found in what is shown."""
     if not (family or spec):
         raise click.UsageError("name a --family (with --backend/--shape/--config to narrow) or a --spec")
+    if every and last is not None:
+        raise click.UsageError("--all and --last: name one")
     try:
         selection = Selection(
             family=family,
@@ -99,6 +116,7 @@ def history(
             config=parse_point(config, "--config"),
             dtype=dtype,
             spec=spec,
+            last=None if every else last or DEFAULT_LAST,
         )
     except ValueError as err:
         raise click.UsageError(str(err)) from None
@@ -115,3 +133,7 @@ def history(
     out_console = console()
     for series in found:
         render_series(series, out_console)
+    if selection.last is not None:
+        out_console.print(
+            f"  (the newest {selection.last} jobs that ran these points: --last N or --all for more)"
+        )

@@ -29,6 +29,7 @@ a mark carries its changes (`Change.environment`): "environment changed there", 
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -36,7 +37,7 @@ from datetime import datetime
 from functools import cache
 from typing import Any
 
-from sqlalchemy import Row, Select, select, tuple_
+from sqlalchemy import Row, Select, String, cast, select, tuple_
 from sqlalchemy.orm import Session
 
 from jobs.history.changepoints import ChangePoint, e_divisive
@@ -204,6 +205,7 @@ class Selection:
     jobs: frozenset[int] | None = None  # only these jobs' trials (a report's recent history)
     # only these (family, backend, shape key) series (the kernel pages a site rebuild touches)
     series: frozenset[tuple[str, str, str | None]] | None = None
+    last: int | None = None  # only the newest this many jobs that ran the selected points (None: all)
 
     def matches(self, key: PointKey) -> bool:
         return (
@@ -226,17 +228,41 @@ def _key(t: Row, env: Environment | None) -> PointKey:
     )
 
 
-# What a point of a series needs of its trial and its job: no metrics, correctness, memory or resources.
+@dataclass(frozen=True)
+class _Point:
+    """What _key reads of a trial."""
+
+    family: str
+    backend: str
+    shape: dict[str, Any]
+    config: dict[str, Any]
+    dtype: str
+
+
+def _point_key(keys: dict[tuple, PointKey], t: Row, env: Environment | None) -> PointKey:
+    """The point key of a row whose shape and config are their stored JSON text: each distinct
+    (family, backend, shape, config, dtype, environment) decoded and keyed once, in `keys` (a family's
+    year is a million trials of a thousand points)."""
+    raw = (t.family, t.backend, t.shape, t.config, t.dtype, t.environment_id)
+    key = keys.get(raw)
+    if key is None:
+        point = _Point(t.family, t.backend, json.loads(t.shape), json.loads(t.config), t.dtype)
+        key = keys[raw] = _key(point, env)  # type: ignore[arg-type]  # what _key reads of a trial
+    return key
+
+
+# What a point of a series needs of its trial and its job: no metrics, correctness, memory or resources;
+# JSON as its stored text (the shape and config decoded once a point, the summary once a trial).
 _COLUMNS = (
     TrialRow.id,
     TrialRow.job_id,
     TrialRow.family,
     TrialRow.backend,
-    TrialRow.shape,
-    TrialRow.config,
+    cast(TrialRow.shape, String).label("shape"),
+    cast(TrialRow.config, String).label("config"),
     TrialRow.dtype,
     TrialRow.median_ns,
-    TrialRow.summary,
+    cast(TrialRow.summary, String).label("summary"),
     TrialRow.environment_id,
     Job.name.label("job_name"),
     Job.git_commit,
@@ -254,6 +280,14 @@ def series_query(selection: Selection) -> Select:
         .where(TrialRow.status == TrialStatus.OK, TrialRow.median_ns.is_not(None))
         .order_by(Job.created_at, Job.id, TrialRow.seq)
     )
+    q = _selected(q, selection)
+    if selection.last is not None:
+        q = q.where(TrialRow.job_id.in_(_newest_jobs(selection)))
+    return q
+
+
+def _selected(q: Select, selection: Selection) -> Select:
+    """`q` (of trials joined to their jobs) narrowed to what the database filters of `selection`."""
     if selection.family is not None:
         q = q.where(TrialRow.family == selection.family)
     if selection.backend is not None:
@@ -272,6 +306,26 @@ def series_query(selection: Selection) -> Select:
     return q
 
 
+def _newest_jobs(selection: Selection) -> Select:
+    """The ids of the newest `selection.last` jobs that ran the selected points: a family's or a spec's
+    newest jobs from the jobs table (a family's year is a million trials, its jobs a few thousand);
+    narrower, the newest jobs among the selected trials' (one series': by its indexed key)."""
+    newest = (Job.created_at.desc(), Job.id.desc())
+    narrower = (selection.backend, selection.shape, selection.dtype, selection.jobs, selection.series)
+    if all(v is None for v in narrower):
+        q = select(Job.id)
+        if selection.family is not None:
+            q = q.where(Job.family == selection.family)
+        if selection.spec is not None:
+            q = q.where(Job.name == selection.spec)
+        return q.order_by(*newest).limit(selection.last)
+    ran = (
+        select(TrialRow.job_id).join(Job, Job.id == TrialRow.job_id).where(TrialRow.status == TrialStatus.OK)
+    )
+    ran = _selected(ran, selection).group_by(TrialRow.job_id, Job.created_at, Job.id)
+    return ran.order_by(*newest).limit(selection.last)
+
+
 def _environments(s: Session, ids: set[int]) -> dict[int, Environment]:
     """The environments the points ran in, each read once (one object per environment: a series compares
     consecutive points' environments by identity first)."""
@@ -285,18 +339,19 @@ def collect(store: Store, selection: Selection | None = None, *, detect: bool = 
     environments they ran in), with its change points when `detect`."""
     selection = selection or Selection()
     by_key: dict[PointKey, Series] = {}
+    keys: dict[tuple, PointKey] = {}
     with Session(store.engine, expire_on_commit=False) as s:
         rows = s.execute(series_query(selection)).all()
         envs = _environments(s, {r.environment_id for r in rows if r.environment_id is not None})
     for t in rows:
         env = envs.get(t.environment_id) if t.environment_id is not None else None
-        key = _key(t, env)
+        key = _point_key(keys, t, env)
         if not selection.matches(key):
             continue
         series = by_key.setdefault(key, Series(key))
         if series.points and series.points[-1].job_id == t.job_id:
             continue  # the same point twice in one job (it differs only in variant keys): the first counts
-        stats = Summary.from_stored(t.summary)
+        stats = Summary.from_stored(json.loads(t.summary) if t.summary else None)
         series.points.append(
             HistoryPoint(
                 job_id=t.job_id,

@@ -8,7 +8,8 @@ dtypes, specs, environments and failed trials."""
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+import json
+from dataclasses import dataclass, field, replace
 
 import pytest
 from sqlalchemy import event, select
@@ -169,3 +170,54 @@ def test_one_series_reads_only_its_own_trials(history_store):
     assert "trials.shape_key = " in series_sql
     for unread in ("trials.metrics", "trials.correctness", "trials.memory", "trials.resources"):
         assert unread not in series_sql
+
+
+def _newest(store: Store, jobs: set[int], last: int) -> set[int]:
+    """The newest `last` of `jobs`, in the order the series take them (created, then id)."""
+    with Session(store.engine) as s:
+        order = [j for (j,) in s.execute(select(Job.id).order_by(Job.created_at.desc(), Job.id.desc()))]
+    return set([j for j in order if j in jobs][:last])
+
+
+@pytest.mark.parametrize("last", [1, 2, 5])
+@pytest.mark.parametrize("selection", SELECTIONS[:-1], ids=repr)
+def test_the_newest_jobs_are_the_old_reads_newest(history_store, selection, last):
+    """`last`: each series' points of the newest `last` jobs that ran a selected point (the config, matched
+    in Python, aside); the rest of the old read's series as they were."""
+    window = replace(selection, last=last)
+    found = {s.key: [p.trial_id for p in s.points] for s in collect(history_store, window)}
+    ran = _old_collect(history_store, replace(selection, config=None))
+    trial_job = {t.id: t.job_id for t in _trials(history_store)}
+    jobs = _newest(history_store, {trial_job[t] for ids in ran.values() for t in ids}, last)
+    expected = {
+        k: [t for t in ids if trial_job[t] in jobs]
+        for k, ids in _old_collect(history_store, selection).items()
+    }
+    assert found == {k: v for k, v in expected.items() if v}
+    if ran:
+        assert 0 < len({trial_job[t] for ids in found.values() for t in ids}) <= last
+
+
+def _trials(store: Store) -> list[TrialRow]:
+    with Session(store.engine) as s:
+        return list(s.scalars(select(TrialRow)))
+
+
+def test_farm_history_shows_the_newest_jobs_unless_told_all(history_store):
+    from click.testing import CliRunner
+
+    from jobs.cli import main
+
+    db = ["--db", history_store.url]
+    point = ["--family", "probe", "--backend", "wait", "--shape", "n=64", *db]
+    run = CliRunner().invoke
+    every = json.loads(run(main, ["history", *point, "--json", "--all"]).output)
+    two = json.loads(run(main, ["history", *point, "--json", "--last", "2"]).output)
+    default = json.loads(run(main, ["history", *point, "--json"]).output)
+    assert default == every and max(len(s["jobs"]) for s in every) > 2  # fewer jobs than the default 100
+    newest = sorted({j["job"] for s in every for j in s["jobs"]})[-2:]
+    assert sorted({j["job"] for s in two for j in s["jobs"]}) == newest
+    assert "the newest 100 jobs" in run(main, ["history", *point]).output
+    for bad, says in ((["--last", "0"], "--last"), (["--all", "--last", "3"], "--all and --last")):
+        res = run(main, ["history", *point, *bad])
+        assert res.exit_code == 2 and says in res.output
