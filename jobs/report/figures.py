@@ -237,50 +237,80 @@ def scaling_figures(trials: list[Any], scaling: tuple[tuple[str, str], ...]) -> 
     return out
 
 
-def history_figure(series: Any) -> go.Figure:
+def history_figure(series: Any) -> PlainFigure:
     """A jobs.history.series.Series: median per job (p10..p90 band) in commit order, the level change
     detection reads (with its standard error; contended points crossed), change points marked at the level
-    after them, environment changes (a performance component) as dotted lines named at the top."""
+    after them, environment changes (a performance component) as dotted lines named at the top. A
+    PlainFigure (what go.Figure's add_scatter, add_vline and add_annotation make, without their checks: a
+    site's thousands of kernel pages took 40 ms each to build them)."""
     pts = series.points
     x = [f"#{p.job_id} {(p.commit or '?')[:8]}" for p in pts]
-    fig = go.Figure()
     # the band: an invisible line at p90, then p10 filled up to it
     hidden = {"name": "p90", "showlegend": False, "hoverinfo": "skip"}
     band = {"name": "p10..p90", "fill": "tonexty", "fillcolor": "rgba(54,108,204,0.2)"}
-    for edge, style in (("p90_ns", hidden), ("p10_ns", band)):
-        y = [(getattr(p, edge) or p.median_ns) / 1e6 for p in pts]
-        fig.add_scatter(x=x, y=y, mode="lines", line={"width": 0}, **style)
-    fig.add_scatter(name="median", x=x, y=[p.median_ns / 1e6 for p in pts], mode="lines+markers")
+    traces: list[dict[str, Any]] = [
+        {"type": "scatter", "x": x, "y": [(getattr(p, edge) or p.median_ns) / 1e6 for p in pts],
+         "mode": "lines", "line": {"width": 0}, **style}
+        for edge, style in (("p90_ns", hidden), ("p10_ns", band))
+    ]  # fmt: skip
+    traces.append(
+        {
+            "type": "scatter",
+            "name": "median",
+            "x": x,
+            "y": [p.median_ns / 1e6 for p in pts],
+            "mode": "lines+markers",
+        }
+    )
     # what change detection reads: the level with its standard error; contended points as crosses
-    fig.add_scatter(
-        name="level (x: contended, not used)",
-        x=x,
-        y=[p.level_ns / 1e6 for p in pts],
-        mode="markers",
-        marker={"symbol": ["x" if p.contended else "circle" for p in pts], "size": 8, "color": "#2a7d2a"},
-        error_y={"type": "data", "array": [(p.uncertainty_ns or 0) / 1e6 for p in pts], "visible": True},
+    traces.append(
+        {
+            "type": "scatter",
+            "name": "level (x: contended, not used)",
+            "x": x,
+            "y": [p.level_ns / 1e6 for p in pts],
+            "mode": "markers",
+            "marker": {
+                "symbol": ["x" if p.contended else "circle" for p in pts],
+                "size": 8,
+                "color": "#2a7d2a",
+            },
+            "error_y": {
+                "type": "data",
+                "array": [(p.uncertainty_ns or 0) / 1e6 for p in pts],
+                "visible": True,
+            },
+        }
     )
+    shapes: list[dict[str, Any]] = []
+    notes: list[dict[str, Any]] = []
     for c in series.changes:
-        fig.add_vline(x=c.index - 0.5, line_dash="dash", line_color="#b00020")
-        fig.add_annotation(
-            x=x[c.index],
-            y=c.after_ns / 1e6,
-            text=f"{c.magnitude:+.1%}",
-            showarrow=True,
-            font={"color": "#b00020"},
-        )
+        shapes.append(_vline(c.index - 0.5, "dash", "#b00020"))
+        notes.append(
+            {"x": x[c.index], "y": c.after_ns / 1e6, "text": f"{c.magnitude:+.1%}", "showarrow": True,
+             "font": {"color": "#b00020"}}
+        )  # fmt: skip
     for m in series.marks:
-        fig.add_vline(x=m.index - 0.5, line_dash="dot", line_color="#6a3d9a")
+        shapes.append(_vline(m.index - 0.5, "dot", "#6a3d9a"))
         text = m.text if len(m.text) <= 60 else m.text[:57] + "..."
-        fig.add_annotation(
-            x=x[m.index], y=1, yref="paper", text=f"env: {text}", showarrow=False, font={"color": "#6a3d9a"}
-        )
-    fig.update_layout(
-        title=f"{series.key.label} on {series.key.env}: median per job (commit order)",
-        yaxis={"type": "log", "title": "median time (ms)"},
-        xaxis={"title": "job / commit", "type": "category"},
-    )
-    return fig
+        notes.append(
+            {"x": x[m.index], "y": 1, "yref": "paper", "text": f"env: {text}", "showarrow": False,
+             "font": {"color": "#6a3d9a"}}
+        )  # fmt: skip
+    layout: dict[str, Any] = {
+        "title": {"text": f"{series.key.label} on {series.key.env}: median per job (commit order)"},
+        "yaxis": {"type": "log", "title": {"text": "median time (ms)"}},
+        "xaxis": {"title": {"text": "job / commit"}, "type": "category"},
+    }
+    if shapes:
+        layout["shapes"], layout["annotations"] = shapes, notes
+    return PlainFigure(traces, layout)
+
+
+def _vline(at: float, dash: str, color: str) -> dict[str, Any]:
+    """A vertical line across the plot at `at`, as go.Figure.add_vline(at, line_dash, line_color) makes it."""
+    return {"type": "line", "x0": at, "x1": at, "xref": "x", "y0": 0, "y1": 1, "yref": "y domain",
+            "line": {"color": color, "dash": dash}}  # fmt: skip
 
 
 def compare_shape(row: Any) -> str:
