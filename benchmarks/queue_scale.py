@@ -93,7 +93,7 @@ def jobs_list_s(url: str, repeat: int = 3) -> float:
         times.append(time.perf_counter() - start)
         if res.exit_code != 0:
             raise RuntimeError(f"farm jobs list: exit {res.exit_code}: {res.output[-2000:]}")
-    return statistics.median(times[1:])
+    return statistics.median(times[1:] or times)
 
 
 def _serve_once(queue: Any, store: Any, results: Any, batch: int) -> list[int]:
@@ -151,6 +151,7 @@ def store_part(store: Any, depths: tuple[int, ...], trials: int, batch: int) -> 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m benchmarks queue-scale", description=__doc__.splitlines()[0])
     ap.add_argument("--size", default="1/64", help="the store's size, a fraction of the team's year")
+    ap.add_argument("--url", default=None, help="an existing store instead of a new one grown to --size")
     ap.add_argument("--depths", default=",".join(map(str, DEPTHS)), help="jobs waiting, comma-separated")
     ap.add_argument("--trials", type=int, default=200, help="trials timed per depth (0: no store part)")
     ap.add_argument("--batch", type=int, default=32, help="trials claimed at once in the batched timing")
@@ -158,7 +159,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--workers", type=int, default=64, help="logical workers of the ray part's cluster")
     ap.add_argument("--ray-budget-s", type=float, default=1200.0, help="the ray part stops after this")
     opts = ap.parse_args(list(argv or []))
-    store = pg_store(opts.size)
+    if opts.url:
+        from jobs.store import Store
+
+        store = Store(opts.url)
+    else:
+        store = pg_store(opts.size)
     out: dict[str, Any] = {"size": opts.size}
     if opts.trials:
         out["store"] = store_part(

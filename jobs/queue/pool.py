@@ -29,7 +29,7 @@ from jobs.queue import notify
 from jobs.queue.fairshare import JobState, RunningTrial, fits
 from jobs.queue.policy import Policy
 from jobs.queue.pool_metrics import PoolMetrics
-from jobs.queue.queue import Queue
+from jobs.queue.queue import Claimed, Queue
 from jobs.run.progress import ProgressView
 from jobs.run.runner import RunOptions, _StoreListener, connect
 from jobs.spec.sweep import SweepSpec, loads_spec
@@ -77,6 +77,9 @@ class _Source:
         self._specs: dict[int, SweepSpec] = {}
         self.run = RunOptions()  # the pool's (its echo, --gpus, --oversubscribe)
         self.metrics: PoolMetrics | None = None
+        self.room: dict[str | None, int] = {}  # workers free per GPU type at the dispatcher's last turn
+        self.held: dict[str | None, list[Claimed]] = {}  # claimed, not yet handed to the dispatcher
+        self.lines: list[tuple[int, str]] = []  # job-log lines not yet written
 
     def __iter__(self) -> _Source:
         return self
@@ -90,19 +93,26 @@ class _Source:
         raise StopIteration
 
     def take(self, gpu_type: str | None) -> WorkItem | None:
-        """The next trial for a free worker of `gpu_type` (cluster.dispatch asks per slot), or None."""
-        got = self.queue.claim(self.pool, gpu_type)
-        if got is None:
-            return None
+        """The next trial for a free worker of `gpu_type` (cluster.dispatch asks per slot), or None. The
+        queue is asked once for as many trials as the pool had workers of that type free at its last
+        turn (`room`): one transaction for all of them, each trial's "taken" line in it; the dispatcher's
+        next asks in the same turn are answered from those."""
+        held = self.held.setdefault(gpu_type, [])
+        if not held:
+            n = max(1, self.room.pop(gpu_type, 0))
+            for got in self.queue.claim_many(self.pool, gpu_type, n, logged=True):
+                self.job_of[got.trial.id] = got.job.id
+                self.owner_of[got.job.id] = got.owner
+                held.append(got)
+        return self._item(held.pop(0), gpu_type) if held else None
+
+    def _item(self, got: Claimed, gpu_type: str | None) -> WorkItem:
         t, job = got.trial, got.job
         spec = self._specs.get(job.id)
         if spec is None:
             spec = self._specs[job.id] = loads_spec(job.spec, source=f"job {job.id} spec")
-        self.job_of[t.id] = job.id
-        self.owner_of[job.id] = got.owner
         if self.metrics is not None:
             self.metrics.waited(got.owner, got.waited_s)
-        self.queue.log(job.id, f"trial #{t.seq} taken by {self.pool}")
         request = TrialRequest(t.family, t.backend, t.shape, t.config, t.dtype, policy=spec.measure)
         label = f"job {job.id} " + trial_label(t.backend, t.shape, t.config, t.dtype, seq=t.seq)
         source = got.source_digest if got.source_digest != self.own_source else None
@@ -113,6 +123,23 @@ class _Source:
             t.id, request, label, attempts=t.attempt,
             timeout_s=spec.timeout_s or self.default_timeout_s, source=source, gpu_types=types,
         )  # fmt: skip
+
+    def unheld(self, jobs: set[int]) -> list[int]:
+        """Forget the claimed trials of these jobs not yet handed to a worker; their ids."""
+        out = []
+        for gpu_type, held in self.held.items():
+            out += [c.trial.id for c in held if c.job.id in jobs]
+            self.held[gpu_type] = [c for c in held if c.job.id not in jobs]
+        return out
+
+    def note(self, job_id: int, line: str) -> None:
+        """A line for the job's log, written with the others at the pool's next turn (`write_lines`)."""
+        self.lines.append((job_id, line))
+
+    def write_lines(self) -> None:
+        if self.lines:
+            self.queue.log_many(self.lines)
+            self.lines = []
 
     def used(self, trial_id: int, seconds: float) -> None:
         """A worker spent `seconds` on the trial: its job's owner is charged (at the next `charge`)."""
@@ -158,7 +185,7 @@ def serve(store: Store, options: PoolOptions | None = None) -> int:
     def observe(result: TrialResult, worker: dict) -> None:
         job_id = source.job_of.get(result.trial_id)
         if job_id is not None:
-            queue.log(job_id, _finished_line(result))
+            source.note(job_id, _finished_line(result))
             if result.started_at and result.finished_at:
                 source.used(result.trial_id, (result.finished_at - result.started_at).total_seconds())
         if run.observer is not None:
@@ -191,7 +218,9 @@ def serve(store: Store, options: PoolOptions | None = None) -> int:
         if time.monotonic() - last_follow >= FOLLOW_S:
             _follow(d, plan, source, pool)
             last_follow = time.monotonic()
+        source.room = _room(d)
         listener.flush()
+        source.write_lines()
         source.charge()
         completed += _finish(queue, source, options)
         _cancel(d, queue, source, pool, options)
@@ -215,6 +244,7 @@ def serve(store: Store, options: PoolOptions | None = None) -> int:
         if own_metrics:
             source.metrics.close()
         listener.flush()
+        source.write_lines()
         source.charge()
         completed += _finish(queue, source, options)
         dispatcher.shutdown()
@@ -251,6 +281,15 @@ def _metrics(options: PoolOptions, queue: Queue) -> tuple[PoolMetrics | None, bo
     return metrics, True
 
 
+def _room(d: Dispatcher) -> dict[str | None, int]:
+    """Workers ready with nothing in flight, per GPU type: the trials the next turn will ask for."""
+    out: dict[str | None, int] = {}
+    for slot in d.snapshot().slots:
+        if slot.ready and not slot.retired and not slot.in_flight:
+            out[slot.gpu_type] = out.get(slot.gpu_type, 0) + 1
+    return out
+
+
 def _load(d: Dispatcher, source: _Source) -> dict[str, dict]:
     """What the pool's workers run now, per GPU type: workers ready and the owners of their trials."""
     out: dict[str, dict] = {}
@@ -270,7 +309,7 @@ def _cancel(d: Dispatcher, queue: Queue, source: _Source, pool: str, options: Po
     gone = queue.cancelled(set(source.job_of.values()))
     if gone:
         dropped = d.drop(lambda item: source.job_of.get(item.trial_id) in gone)
-        queue.release([item.trial_id for item in dropped])
+        queue.release([item.trial_id for item in dropped] + source.unheld(gone))
         source.job_of = {t: j for t, j in source.job_of.items() if j not in gone}  # done with them
         for job_id in gone:
             tell(queue, job_id, options)

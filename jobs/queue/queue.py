@@ -16,6 +16,7 @@ from __future__ import annotations
 import getpass
 import os
 import socket
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -189,14 +190,13 @@ class Queue:
         self, s: Session, pool: str, picks: list[JobState], at: datetime, logged: bool
     ) -> list[Claimed]:
         """Claim the trials of `picks` (one per pick, a job's in grid order); what was taken."""
-        wanted: dict[int, list[JobState]] = {}
-        for job in picks:
-            wanted.setdefault(job.job_id, []).append(job)
-        found = {job_id: first_trials(s, job_id, len(js)) for job_id, js in wanted.items()}
+        wanted = Counter(job.job_id for job in picks)
+        found = {job_id: first_trials(s, job_id, n) for job_id, n in wanted.items()}
         out: list[Claimed] = []
-        for job_id, js in wanted.items():
-            out += [Claimed(t, job, digest, j.owner, j.waited(seconds_of(at)))
-                    for j, (t, job, digest) in zip(js, found[job_id], strict=False)]  # fmt: skip
+        for j in picks:  # in the order picked; a job with fewer trials than picks gives what it has
+            if found[j.job_id]:
+                t, job, digest = found[j.job_id].pop(0)
+                out.append(Claimed(t, job, digest, j.owner, j.waited(seconds_of(at))))
         if not out:
             return out
         s.execute(
@@ -320,8 +320,15 @@ class Queue:
 
     # ---- what happened ------------------------------------------------------------------------------
     def log(self, job_id: int, line: str) -> None:
-        with Session(self.engine) as s, s.begin():
-            s.add(JobEvent(job_id=job_id, line=line))
+        self.log_many([(job_id, line)])
+
+    def log_many(self, lines: list[tuple[int, str]]) -> None:
+        """Lines for jobs' logs, in this order, in one statement."""
+        if lines:
+            with self.engine.begin() as conn:
+                conn.execute(
+                    insert(JobEvent), [{"job_id": j, "line": line, "at": now()} for j, line in lines]
+                )
 
     def events(self, job_id: int, after: int = 0) -> list[JobEvent]:
         """The job's lines after the one of id `after`, oldest first."""
