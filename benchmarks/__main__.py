@@ -32,6 +32,7 @@ BENCHES = {
     "caching": "benchmarks.caching_bench",  # a Codex session with and without cache breakpoints (issue 48)
     "routing": "benchmarks.routing_bench",  # share on a 3x slower deployment, strategy latency (issue 48)
     "fairness": "benchmarks.fairness_bench",  # a day of a team against the pool's fair share (issue 47)
+    "queue-scale": "benchmarks.queue_scale",  # store ms a trial, jobs list; PostgreSQL (issue 46)
     "gpu-check": "benchmarks.gpu_check",  # GPU hosts only (make gpu-check); not in the default run
 }
 
