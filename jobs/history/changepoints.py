@@ -27,8 +27,9 @@ DEFAULT_PERMUTATIONS = 199
 DEFAULT_MIN_SIZE = 3  # fewest points on either side of a split
 DEFAULT_SEED = 20140101
 TIE = 1e-9  # relative: two statistics this close are one (summed in another order)
-FIRST_BATCH = 8  # orderings scored at once in a permutation test, doubling while it goes on
+FIRST_BATCH = 4  # orderings scored at once in a permutation test, doubling while it goes on
 BATCH_CELLS = 1 << 20  # at most this many values in one batch of orderings
+SHORT = 96  # segments up to this long are scored from their distances (see _earlier)
 
 
 @dataclass(frozen=True)
@@ -64,8 +65,12 @@ def _earlier(v: np.ndarray, rank: np.ndarray) -> np.ndarray:
     i < t meets at one level of a bottom-up merge (the level at which i is in the left half and t in the
     right half of one block), where t's earlier smaller values are counted and summed by a search in the
     left half's sorted ranks. |v_i - v_t| summed over i < t is v_t (2 c - t) + (sum_{i<t} v_i) - 2 s, with
-    c of them smaller than v_t, summing to s."""
+    c of them smaller than v_t, summing to s. Up to SHORT points, the distances themselves (fewer numpy
+    calls: a nightly team's month is 150 points)."""
     rows, n = v.shape
+    if n <= SHORT:
+        lower = np.arange(n)[None, :] < np.arange(n)[:, None]  # [t, i]: i < t
+        return (np.abs(v[:, :, None] - v[:, None, :]) * lower).sum(axis=2)
     t = np.arange(n)
     count = np.zeros((rows, n))
     below = np.zeros((rows, n))

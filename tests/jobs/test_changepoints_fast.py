@@ -64,14 +64,19 @@ def test_the_best_split_is_the_definitions(n):
     assert tau == max(qs, key=lambda t: (qs[t], -t)) and q == pytest.approx(qs[tau], rel=1e-9)
 
 
-def test_every_orderings_score_is_the_definitions():
-    """The batch of orderings (rows), each row's best Q as its own series' best split."""
-    x = np.random.default_rng(3).normal(0, 1, 37)
-    x[20:] += 1
+@pytest.mark.parametrize("n", [37, cp.SHORT, cp.SHORT + 1, 150])
+def test_every_orderings_score_is_the_definitions(n):
+    """The batch of orderings (rows), each row's best Q as its own series' best split: from the distances
+    (up to SHORT points) and from the merge's counts (longer)."""
+    x = np.random.default_rng(n).normal(0, 1, n)
+    x[n // 2 :] += 1
     v, rank, rowsum = cp._prepared(x)
     orders = np.stack([np.random.default_rng(i).permutation(len(x)) for i in range(5)])
     best = cp._scores(v[orders], rank[orders], rowsum[orders], 3).max(axis=1)
     assert best == pytest.approx([_plain_split(x[o], 3)[1] for o in orders], rel=1e-9)
+    assert cp._earlier(v[orders], rank[orders]) == pytest.approx(
+        np.array([[np.abs(x[o][:t] - x[o][t]).sum() for t in range(n)] for o in orders]), rel=1e-9, abs=1e-9
+    )
 
 
 def _series(seed: int, n: int, steps: tuple[float, ...], levels: int | None) -> np.ndarray:
