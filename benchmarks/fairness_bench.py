@@ -4,14 +4,19 @@ simulated trial times on a virtual clock (no real sleeps, no Ray, no store).
 
 The team (issue 47): four owners in three projects and CI, mixed priorities (0, 5, and CI's 10), jobs
 that need an H200 or 100 GB and jobs that run anywhere, on 8 H100 and 8 H200 workers, about 10^4 trials
-over 24 hours. Usage is charged as trials end and decays with the policy's half-life; preemption is on.
+over 24 hours. Usage is charged as trials end and decays with the policy's half-life; preemption is on
+(the simulated pool looks again when a waiting job passes preemption's patience or max_wait, as the
+pool's loop does every few seconds).
 
 Reported: each owner's share of the workers against its target over every hour it has work (the target:
-the policy's target shares water-filled by what each owner can use at each moment, fairshare.
-target_workers), the longest wait of a job for its first worker, CI's start delay against one trial's
-time, preemptions and the worker time they wasted, and that every trial completed exactly once.
+the policy's target shares split max-min fairly over what each owner's jobs can use at each moment,
+fairshare.target_workers), the longest wait of a job for its first worker, CI's start delay against one
+trial's time, preemptions and the worker time they wasted, and that every trial completed exactly once.
 Targets: share within 5 points of target per hour, no first wait over max_wait, waste under 2%, CI within
-one (median) trial's time. A table goes to benchmarks/results/fairness-<host>-<date>.md.
+one (median) trial's time. The reported day (seed 47, 24 h), then other draws (`--seeds`, default 1-20)
+at each length (`--hours`, default 24 and 8), each with every owner-hour's deviation, then what a claim
+costs with 64 jobs waiting on SQLite and PostgreSQL (benchmarks.fairness_claims; `--claims 0` skips it).
+The text goes to benchmarks/results/fairness-seeds-<host>-<date>.md.
 """
 
 from __future__ import annotations
@@ -335,38 +340,76 @@ def table(fig: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def other_days(seeds: range, hours: int, policy: Policy) -> tuple[list[dict], str]:
-    """Other draws of the day, one line each: how robust the figures of the reported one are."""
-    rows = ["", f"Other draws of the day ({hours} h):", "",
-            "| seed | trials | owner-hours within 5 pts | worst gap (pts) | longest first wait | CI start "
-            "| preemption waste |", "|---|---|---|---|---|---|---|"]  # fmt: skip
-    figs = []
-    for seed in seeds:
-        f = figures(Day(team_day(seed, hours), policy, WORKERS, hours).run(), policy)
-        figs.append(f | {"seed": seed})
-        owners = f["owners"].values()
-        within = f"{sum(o['hours_within_5pct'] for o in owners)}/{sum(o['hours_with_work'] for o in owners)}"
-        worst = max(o["worst_gap_pts"] for o in owners)
-        cells = [seed, f["trials"], within, worst, f"{f['longest_first_wait_s']:.0f} s",
-                 f"{f['ci_longest_start_s']:.0f} s", f"{f['wasted_pct']}%"]  # fmt: skip
-        rows.append("| " + " | ".join(str(c) for c in cells) + " |")
-    return figs, "\n".join(rows) + "\n"
+def deviations(out: Outcome) -> str:
+    """Every owner-hour: the owner's share minus its target, in points of all workers (signed; `.`: no
+    work that hour), as a markdown table."""
+    cap = out.workers * HOUR
+    head = "| owner | " + " | ".join(str(h) for h in range(out.hours)) + " |"
+    rows = [head, "|---" * (out.hours + 1) + "|"]
+    for owner in sorted(out.held):
+        work = out.has_work.get(owner, set())
+        cells = [f"{100 * (out.held[owner][h] - out.target[owner][h]) / cap:+.1f}" if h in work else "."
+                 for h in range(out.hours)]  # fmt: skip
+        rows.append(f"| {owner} | " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
+def days(seeds: list[int], hours: list[int], policy: Policy) -> tuple[list[dict], str]:
+    """Each draw of the day (seed) at each length: one summary line each, then every owner-hour's
+    deviation per day."""
+    rows = ["", "| hours | seed | trials | owner-hours within 5 pts | worst gap (pts) | longest first wait "
+            "(max_wait) | CI longest start / median trial | preemptions | waste | every trial once |",
+            "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    grids, figs = [], []
+    for length in hours:
+        for seed in seeds:
+            out = Day(team_day(seed, length), policy, WORKERS, length).run()
+            f = figures(out, policy) | {"seed": seed, "hours": length}
+            figs.append(f)
+            owners = f["owners"].values()
+            within = (
+                f"{sum(o['hours_within_5pct'] for o in owners)}/{sum(o['hours_with_work'] for o in owners)}"
+            )
+            worst = max(o["worst_gap_pts"] for o in owners)
+            ci = f"{f['ci_longest_start_s']:.0f} s / {f['median_trial_s']:.0f} s"
+            cells = [length, seed, f["trials"], within, worst,
+                     f"{f['longest_first_wait_s']:.0f} s ({f['max_wait_s']:.0f} s)", ci, f["preemptions"],
+                     f"{f['wasted_pct']}%", f["every_trial_once"]]  # fmt: skip
+            rows.append("| " + " | ".join(str(c) for c in cells) + " |")
+            grids += [
+                "",
+                f"Seed {seed}, {length} h: share minus target per hour (points)",
+                "",
+                deviations(out),
+            ]
+    return figs, "\n".join(rows) + "\n" + "\n".join(grids)
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m benchmarks fairness")
-    parser.add_argument("--seed", type=int, default=47)
-    parser.add_argument("--hours", type=int, default=24)
-    parser.add_argument("--others", type=int, default=5, help="also run seeds 1..N and list them")
+    parser.add_argument("--seed", type=int, default=47, help="the reported day")
+    parser.add_argument("--seeds", type=_ints, default=list(range(1, 21)), help="other draws, e.g. 1,2,3")
+    parser.add_argument("--hours", type=_ints, default=[24, 8], help="day lengths for the draws")
+    parser.add_argument("--claims", type=int, default=200, help="claims timed per store (0: none)")
+    parser.add_argument("--no-postgres", action="store_true", help="time claims on SQLite only")
     args = parser.parse_args(argv or [])
     policy = Policy.from_dict(POLICY)
-    fig = figures(Day(team_day(args.seed, args.hours), policy, WORKERS, args.hours).run(), policy)
-    others, lines = other_days(range(1, args.others + 1), args.hours, policy)
-    fig["other_days"] = others
-    text = table(fig) + lines
+    fig = figures(Day(team_day(args.seed, 24), policy, WORKERS, 24).run(), policy)
+    fig["days"], text = days(args.seeds, args.hours, policy)
+    command = " ".join(["python -m benchmarks fairness", *(argv or [])])
+    text = f"Command: `{command}`\n\n" + table(fig) + "\nOther draws of the day:\n" + text
+    if args.claims:
+        from benchmarks.fairness_claims import lines, on_both_stores
+
+        fig["claim_cost"] = on_both_stores(policy, args.claims, postgres=not args.no_postgres)
+        text += lines(fig["claim_cost"])
     print(text, end="")
     stamp = datetime.datetime.now().strftime("%Y%m%d")
-    path = Path(__file__).parent / "results" / f"fairness-{platform.node()}-{stamp}.md"
+    path = Path(__file__).parent / "results" / f"fairness-seeds-{platform.node()}-{stamp}.md"
     path.parent.mkdir(exist_ok=True)
     path.write_text(text)
     print(f"(table written to {path})")
