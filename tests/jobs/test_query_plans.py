@@ -1,7 +1,7 @@
 """The farm's hot reads stay on their indexes (issue 46), checked on PostgreSQL (the session's server,
-tests/pgserver.py) by EXPLAIN of the statements the code itself sends: `farm history` of one series, a
-job's trials, `farm jobs list`'s trial counts, the failure bank by fingerprint, the judge's read of a
-baseline's points and trials, and a trial's samples.
+tests/pgserver.py) by EXPLAIN of the statements the code itself sends: `farm history` of one series (all
+of it, and its newest jobs), a job's trials, `farm jobs list`'s trial counts, the failure bank by
+fingerprint, the judge's read of a baseline's points and trials, and a trial's samples.
 
 How the check can fail: the store holds two nights of the synthetic team (benchmarks/scale_store.py: 40
 jobs, 20,000 trials), too few rows for the planner to prefer an index on its own costs, so each plan is
@@ -114,6 +114,15 @@ CASES = [
         "history of one series",
         lambda st, _k: collect(
             st, Selection(family="gemm", backend="torch_bf16", shape={"m": 64, "n": 256, "k": 256})
+        ),
+        "trials",
+        frozenset({"ix_trials_series"}),
+        ("DROP INDEX ix_trials_series",),
+    ),
+    Case(
+        "history of one series, its newest jobs (farm history's default)",
+        lambda st, _k: collect(
+            st, Selection(family="gemm", backend="torch_bf16", shape={"m": 64, "n": 256, "k": 256}, last=100)
         ),
         "trials",
         frozenset({"ix_trials_series"}),
