@@ -25,6 +25,7 @@ from gateway.http.server import GatewayRunner
 from gateway.store.db import create_engine, ledger, upgrade_schema
 from testkit.gateway.fake_upstream import FakeUpstream
 from tests.gateway.serving import ServedGateway
+from tests.gateway.shared_redis import REDIS_TIMEOUT_S
 
 SECRET = "test-secret-0123456789"
 
@@ -74,6 +75,7 @@ def make_settings(fake: FakeUpstream, db_path: Path, **overrides) -> GatewaySett
         "retry": {"backoff_base_s": 0.01, "backoff_cap_s": 0.05, "jitter_s": 0.0, "max_total_wait_s": 5},
         "ledger_flush_interval_s": 0.05,
         "key_cache_ttl_s": 0,
+        "redis_timeout_s": REDIS_TIMEOUT_S,
     }
     data.update(overrides)
     return GatewaySettings(**data)

@@ -101,8 +101,9 @@ class ServeProcess:
         except OSError:
             return "(no log)"
 
-    async def ready(self, s: aiohttp.ClientSession, timeout: float = 30, *, degraded: bool = True) -> None:
-        """Until /readyz answers 200 (``degraded``: "ready" or "degraded"; else "ready" only)."""
+    async def ready(self, s: aiohttp.ClientSession, timeout: float = 120, *, degraded: bool = True) -> None:
+        """Until /readyz answers 200 (``degraded``: "ready" or "degraded"; else "ready" only). The deadline
+        only ends a start that will not come: two workers took over 30 s on this machine at load 25."""
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:

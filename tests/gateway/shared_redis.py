@@ -13,8 +13,14 @@ from gateway.config import GatewaySettings
 from gateway.limits.redis import SharedLimits
 from gateway.redis.state import SharedState
 
+# How long a test's gateway waits for Redis before counting it down (the product's default is 0.5 s). A test
+# about a hung Redis sets its own; every other test must not see Redis "down" because this shared machine
+# left its event loop unscheduled for half a second (seen: a test of shared tpm read a local 1/N share).
+REDIS_TIMEOUT_S = 5.0
+
 
 def settings(url: str, prefix: str, projects: dict | None = None, **overrides) -> GatewaySettings:
+    overrides.setdefault("redis_timeout_s", REDIS_TIMEOUT_S)
     return GatewaySettings(
         providers={"oa": {"kind": "openai", "base_url": "http://127.0.0.1:9"}},
         models={"m": {"provider": "oa", "upstream_model": "m"}},

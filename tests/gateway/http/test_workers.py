@@ -20,6 +20,7 @@ import yaml
 
 from testkit.gateway.fake_upstream import FakeUpstream
 from tests.gateway.serving import ROOT, ServeProcess, create_key
+from tests.gateway.shared_redis import REDIS_TIMEOUT_S
 
 SECRET = "workers-secret-0123456789abcdef"
 MSGS = [{"role": "user", "content": "hi"}]
@@ -45,7 +46,11 @@ def _config(tmp_path: Path, upstream: str, redis_url: str | None, name: str = "g
         "uvloop": False,
     }
     if redis_url:
-        cfg |= {"redis_url": redis_url, "redis_key_prefix": f"w{uuid.uuid4().hex[:12]}"}
+        cfg |= {
+            "redis_url": redis_url,
+            "redis_key_prefix": f"w{uuid.uuid4().hex[:12]}",
+            "redis_timeout_s": REDIS_TIMEOUT_S,
+        }
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path

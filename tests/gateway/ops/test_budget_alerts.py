@@ -24,6 +24,7 @@ from gateway.config import load_settings
 from gateway.ops.alerting import prometheus_config, write_configs
 from testkit.gateway.fake_upstream import FakeUpstream
 from tests.gateway.serving import ROOT, ServeProcess, create_key, free_port
+from tests.gateway.shared_redis import REDIS_TIMEOUT_S
 from tests.observability.promkit import Prometheus
 
 pytestmark = [pytest.mark.slow, pytest.mark.service("prometheus"), pytest.mark.service("alertmanager")]
@@ -133,6 +134,7 @@ def _gateway_config(tmp: Path, upstream: str, redis_url: str, webhook: str) -> P
         "retry": {"max_retries": 0},
         "redis_url": redis_url,
         "redis_key_prefix": f"a{uuid.uuid4().hex[:12]}",
+        "redis_timeout_s": REDIS_TIMEOUT_S,
         "alerting": {"slack_webhook_url": webhook},
         "uvloop": False,
     }  # fmt: skip

@@ -20,6 +20,7 @@ from pg import DB_BACKENDS
 
 from testkit.gateway.fake_upstream import FakeUpstream, Fault
 from tests.gateway.serving import ROOT, ServeProcess, create_key
+from tests.gateway.shared_redis import REDIS_TIMEOUT_S
 
 SECRET = "shared-secret-0123456789abcdef"
 LEASE_S = 1.0
@@ -54,6 +55,7 @@ async def test_two_processes_share_the_concurrency_cap_and_a_killed_one_frees_it
             "redis_url": redis_server.url,
             "redis_key_prefix": f"p{uuid.uuid4().hex[:12]}",
             "redis_lease_s": LEASE_S,
+            "redis_timeout_s": REDIS_TIMEOUT_S,
         }
         cfg_path = tmp_path / "gateway.yaml"
         cfg_path.write_text(yaml.safe_dump(cfg))
