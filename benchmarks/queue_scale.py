@@ -41,6 +41,7 @@ class StoreClock:
 
     def __init__(self, engine: Any) -> None:
         self.engine, self.n, self.s = engine, 0, 0.0
+        self.kinds: dict[str, list] = {}  # a statement's first words -> [count, seconds], never reset
         self._started: dict[int, float] = {}
         event.listen(engine, "before_cursor_execute", self._before)
         event.listen(engine, "after_cursor_execute", self._after)
@@ -51,8 +52,17 @@ class StoreClock:
     def _after(self, conn, cursor, statement, parameters, context, executemany) -> None:  # noqa: ARG002
         began = self._started.pop(id(cursor), None)
         if began is not None:
+            took = time.perf_counter() - began
             self.n += 1
-            self.s += time.perf_counter() - began
+            self.s += took
+            kind = self.kinds.setdefault(" ".join(statement.split()[:4])[:60], [0, 0.0])
+            kind[0] += 1
+            kind[1] += took
+
+    def top(self, n: int = 6) -> dict[str, tuple[int, float]]:
+        """The statements that took longest in all, with how many were sent and their seconds."""
+        ranked = sorted(self.kinds.items(), key=lambda kv: -kv[1][1])[:n]
+        return {k: (c, round(s, 3)) for k, (c, s) in ranked}
 
     def reset(self) -> tuple[int, float]:
         out, self.n, self.s = (self.n, self.s), 0, 0.0

@@ -2,14 +2,18 @@
 trials served from the queue on PostgreSQL by the pool's own loop (jobs.queue.pool.serve) on logical
 workers of a `ray.cluster_utils` cluster (nodes of 16 logical GPUs each), in this process.
 
-Every `--window-s` seconds it reads how many trials the pool has written and the time the pool spent in
+Every 10 s (a window) it reads how many trials the pool has written and the time the pool spent in
 statements on the store meanwhile (queue_scale.StoreClock on the pool's engine: claims, results, logs,
-beats, finishes); every fourth window it times `farm jobs list` (its own engine, not counted). It stops
-when the job completes or after `budget_s`, and says how many of the trials ran.
+beats, finishes); every fourth window it times `farm jobs list` (its own engine, not counted); every
+sixth it vacuums and analyzes the store's queue and trial tables as autovacuum would on a team's server
+(the server the tests start, and so this one, runs without autovacuum; without it a pending trial's
+index range keeps the entries of every trial written since, and a claim reads through them). It stops
+when the job completes or `budget_s` after its first trial was written, and says how many ran.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import threading
 import time
@@ -24,9 +28,30 @@ measure: {{warmup_ms: 0, min_samples: 1, max_samples: 1, max_time_s: 0.05}}
 timeout_s: 60
 """
 NODE_GPUS = 16
+VACUUM_EVERY = 6  # windows: autovacuum's default naptime (60 s), as a team's server runs it
+
+
+def _vacuum(store: Any) -> None:
+    """What autovacuum does on a team's server (the server tests/pgserver.py starts runs without it):
+    the queue's tables and the trials vacuumed and analyzed, on a connection of its own (its time is not
+    the pool's)."""
+    from sqlalchemy import create_engine
+
+    engine = create_engine(store.url, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql(
+                "VACUUM (ANALYZE) trial_claims, job_queue, jobs, job_events, trials, samples"
+            )
+    finally:
+        engine.dispose()
 
 
 def _cluster(workers: int) -> Any:
+    """A throwaway cluster on this machine, as the multi-node tests make theirs (tests/conftest.py: no
+    token between its own processes, no usage report)."""
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     from ray.cluster_utils import Cluster
 
     nodes = max(1, -(-workers // NODE_GPUS))
@@ -82,25 +107,37 @@ def ray_part(store: Any, trials: int, workers: int, budget_s: float, window_s: f
                      oversubscribe=True, observer=observed, ready_wait_s=600.0)  # fmt: skip
     options = PoolOptions(run=run, idle_exit_s=5.0)
     clock = StoreClock(store.engine)
-    pool = threading.Thread(target=serve, args=(store, options), daemon=True)
-    started = time.perf_counter()
-    pool.start()
     rows: list[dict] = []
     lists: list[float] = []
-    try:
-        while pool.is_alive() and time.perf_counter() - started < budget_s:
+    started = time.perf_counter()
+    first: list[float | None] = [None]  # when the first trial was written: the budget counts from there
+
+    def watch() -> None:  # the pool runs in the main thread (Ray's driver); this one watches it
+        while not options.stop.is_set():
             before, at = written[0], time.perf_counter()
             clock.reset()
-            options.stop.wait(window_s)
+            if options.stop.wait(window_s):
+                return
             n, s = clock.reset()
             rows.append({"trials": written[0] - before, "store_s": s, "statements": n,
                          "wall_s": time.perf_counter() - at})  # fmt: skip
             if written[0] and len(rows) % 4 == 0:
                 lists.append(jobs_list_s(store.url, repeat=0))
             print(f"ray: {written[0]:,} of {trials:,} trials written; last window {rows[-1]}", flush=True)
+            if written[0] and first[0] is None:
+                first[0] = time.perf_counter()
+            if len(rows) % VACUUM_EVERY == 0:
+                _vacuum(store)
+            if written[0] >= trials or time.perf_counter() - (first[0] or started) >= budget_s:
+                options.stop.set()
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        serve(store, options)
     finally:
         options.stop.set()
-        pool.join(300)
+        watcher.join(60)
         clock.close()
         session.disconnect()
         cluster.shutdown()
@@ -110,6 +147,8 @@ def ray_part(store: Any, trials: int, workers: int, budget_s: float, window_s: f
         "job status": store.get_job(job).status,
         "workers": workers,
         "seconds": time.perf_counter() - started,
+        "seconds from the first trial written": time.perf_counter() - (first[0] or started),
+        "statements that took longest (count, s)": clock.top(),
         **_windows(rows),
     }
     if lists:
