@@ -3,8 +3,9 @@
 Each command runs in this process through the CLI (click's CliRunner: parsing, the store's reads, the
 rendering; not the interpreter's start, which is the same at every size), once, then `repeat` more times
 when the first took under 3 s; the figure is the median of those. The modules the commands import when
-they run (WARM: SciPy, Plotly, the report's and the history's) are imported before the first: a first
-run over 3 s was the figure, and the first command timed paid 1-3 s of imports the others did not.
+they run (WARM: SciPy, Plotly, the report's and the history's, and the kernel families of the store's
+jobs, torch with them) are imported before the first: a first run over 3 s was the figure, and the first
+command timed paid 1-5 s of imports the others did not.
 `accept` is the judge's read (`Store.judging` of the job with its baseline and samples), what `farm
 accept` waits on before judging.
 
@@ -95,36 +96,58 @@ def commands(db: str, work: Path) -> dict[str, Callable[[], object]]:
     }
 
 
-def timed(run: Callable[[], object], repeat: int) -> float:
-    start = time.perf_counter()
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}  # cpu: this process's, not the database's
+
+
+def timed(run: Callable[[], object], repeat: int, clock: Callable[[], float] = time.perf_counter) -> float:
+    start = clock()
     run()
-    first = time.perf_counter() - start
+    first = clock() - start
     if first >= 3 or repeat <= 0:
         return first
     times = []
     for _ in range(repeat):
-        start = time.perf_counter()
+        start = clock()
         run()
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
     return statistics.median(times)
 
 
-def warm() -> None:
-    """Import WARM's modules (see the module's docstring)."""
+def warm(db: str) -> None:
+    """Import WARM's modules and the kernel families of the jobs in `db` (see the module's docstring)."""
     import importlib
+
+    from sqlalchemy import select
+
+    from jobs.store import Job, Store
+    from kernels.registry import get_family
 
     for name in WARM:
         try:
             importlib.import_module(name)
         except ImportError:
             pass
+    store = Store(db, create=False)
+    try:
+        with store.engine.connect() as conn:
+            families = list(conn.scalars(select(Job.family).distinct()))
+    finally:
+        store.close()
+    for family in families:
+        try:
+            get_family(family)
+        except Exception:  # noqa: BLE001 - a family no longer installed: the report renders without it
+            pass
 
 
-def time_all(db: str, repeat: int = 3, only: list[str] | None = None) -> dict[str, float]:
-    warm()
+def time_all(
+    db: str, repeat: int = 3, only: list[str] | None = None, clock: str = "wall"
+) -> dict[str, float]:
+    warm(db)
+    tick = CLOCKS[clock]
     with tempfile.TemporaryDirectory(prefix="kf-scale-") as tmp:
         found = commands(db, Path(tmp))
-        return {name: timed(run, repeat) for name, run in found.items() if not only or name in only}
+        return {name: timed(run, repeat, tick) for name, run in found.items() if not only or name in only}
 
 
 def _old_schema() -> None:
@@ -142,11 +165,15 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--old-schema", action="store_true")
     ap.add_argument("--only", default=None, help="command names, separated by ';'")
+    ap.add_argument(
+        "--clock", choices=sorted(CLOCKS), default="wall", help="cpu: this process's CPU time (a busy host's"
+        " share of a core left out; the database server's time too)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     if args.old_schema:
         _old_schema()
     only = args.only.split(";") if args.only else None
-    Path(args.out).write_text(json.dumps(time_all(args.db, args.repeat, only)))
+    Path(args.out).write_text(json.dumps(time_all(args.db, args.repeat, only, args.clock)))
     return 0
 
 
