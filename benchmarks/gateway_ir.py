@@ -58,6 +58,9 @@ async def _serve_and_count(mode: str, n: int, stream: bool, free: str | None) ->
     await fake.start("127.0.0.1", 0)
     tmp = Path(tempfile.mkdtemp(prefix="gateway-ir-"))
     cfg = gb._config(tmp, fake.port, 0, {"max_concurrency": 256})
+    # under valgrind (about 50x slower) on a loaded host, the database's first answer can take over the
+    # default 10 s: the start is not counted, so it may take what it needs
+    cfg["database_connect_timeout_s"] = 300
     app, runner, gw_port = await gb.serve_in_process(cfg, tmp)
     gw = app[GATEWAY]
     key, _ = await gw.keys.create("bench", "ir")

@@ -129,6 +129,13 @@ class KeyInfo:
     def usable(self, now: datetime) -> bool:
         return self.state(now) in ("active", "rotating")
 
+    def usable_at(self, clock: Clock) -> bool:
+        """``usable(clock())``, the clock read only for a key that expires (the request path's key, each
+        request: a key without an expiry needs no time)."""
+        if self.revoked_at is not None:
+            return False
+        return self.expires_at is None or clock() < self.expires_at
+
 
 def _row_to_info(row) -> KeyInfo:
     return KeyInfo(
@@ -313,7 +320,7 @@ class KeyStore:
                     raise  # a key not verified lately: a 503 with Retry-After
                 self.stale_served += 1
                 info = cached[0]  # the last known good
-                return info if info.usable(self._clock()) else None
+                return info if info.usable_at(self._clock) else None
             if loaded is None:
                 return None
             info, row_hash = loaded
@@ -321,7 +328,7 @@ class KeyStore:
                 return None
             if generation == self._generation:
                 self._cache[tag] = (info, mono)
-        return info if info.usable(self._clock()) else None
+        return info if info.usable_at(self._clock) else None
 
     def _unavailable(self, why: str) -> StoreUnavailable:
         return StoreUnavailable(

@@ -369,7 +369,7 @@ class LedgerWriter:
         transaction. A value its column cannot take, or that cannot be summed, is BadRow (the batch is
         split to find it)."""
         try:
-            params = None if self._insert is None else [self._insert.params(row) for row in rows]
+            params = None if self._insert is None else self._insert.params_many(rows)
             sums = daily_sums(rows)
         except (ValueError, TypeError, AttributeError) as e:  # a value its column cannot take
             if len(rows) == 1:

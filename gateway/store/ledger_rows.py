@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import math
 import operator
+import sys
 from collections.abc import Callable
 from datetime import datetime
-from itertools import compress, repeat
+from itertools import chain, compress, repeat
 from typing import Any
 
 from sqlalchemy import DateTime, Float, Integer, String
@@ -29,23 +30,38 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from gateway.core.record import LedgerRow
 from gateway.core.usage import MAX_TOKENS_PER_REQUEST
 from gateway.store.db import ledger
+from gateway.store.ledger_binds import Convert, column_converter
+
+
+def column_key(name: str) -> str:
+    """A column's name as a row's key: a plain interned str. SQLAlchemy's names are ``quoted_name`` (a str
+    subclass): every dict lookup with one compared the characters (about 25k instructions a row on the
+    request path, in ``clean_row`` and the spool line); an interned str is the very object of the row's
+    literal keys (gateway.core.record.Record.row), found by identity."""
+    return sys.intern(str.__str__(name))
+
 
 # the row's shape: the ledger table's columns, in its order (the spool header's too)
-COLUMNS = tuple(c.name for c in ledger.columns)
+COLUMNS = tuple(column_key(c.name) for c in ledger.columns)
 _COLUMNS = frozenset(COLUMNS)
 # every column, as a row that leaves it out gets it (the column's scalar default, else None)
 DEFAULTS = {
-    c.name: c.default.arg if c.default is not None and c.default.is_scalar else None for c in ledger.columns
+    column_key(c.name): c.default.arg if c.default is not None and c.default.is_scalar else None
+    for c in ledger.columns
 }
 row_values = operator.itemgetter(*COLUMNS)  # a clean row's values in the spool header's order
-DATETIMES = tuple(c.name for c in ledger.columns if isinstance(c.type, DateTime))
+DATETIMES = tuple(column_key(c.name) for c in ledger.columns if isinstance(c.type, DateTime))
 
 # cleaning at the edge
 _INT_MIN, _INT_MAX = -(2**31), 2**31 - 1  # PostgreSQL INTEGER; SQLite takes more, but not every database
 _TOKENS = ("input_tokens", "output_tokens")
-_STRINGS = tuple((c.name, c.type.length or 1 << 20) for c in ledger.columns if isinstance(c.type, String))
-_INTS = tuple(c.name for c in ledger.columns if isinstance(c.type, Integer) and c.name not in _TOKENS)
-_FLOATS = tuple((c.name, c.nullable) for c in ledger.columns if isinstance(c.type, Float))
+_STRINGS = tuple(
+    (column_key(c.name), c.type.length or 1 << 20) for c in ledger.columns if isinstance(c.type, String)
+)
+_INTS = tuple(
+    column_key(c.name) for c in ledger.columns if isinstance(c.type, Integer) and c.name not in _TOKENS
+)
+_FLOATS = tuple((column_key(c.name), c.nullable) for c in ledger.columns if isinstance(c.type, Float))
 # surrogates: U+DC80..U+DCFF are bytes that were not UTF-8 (surrogateescape); the rest are lone ones
 _LONE, _ESCAPED, _ESCAPED_END, _LONE_END = "\ud800", "\udc80", "\udcff", "\udfff"
 
@@ -86,6 +102,24 @@ def _tokens(v: Any) -> tuple[int, bool]:
     return v, False
 
 
+_string_values = operator.itemgetter(*(name for name, _ in _STRINGS))
+_STRING_LENGTHS = tuple(n for _, n in _STRINGS)
+
+
+def _strings_plain(values: tuple) -> bool:
+    """Whether a row's string columns need no cleaning, checked all at once (the common row: ASCII
+    without NUL, each within its column's length): a few C calls where the loop over the columns made
+    sixteen rounds of Python. False (the loop decides) for anything else, a value no str included."""
+    texts = [v or "" for v in values]
+    try:
+        joined = "".join(texts)
+    except TypeError:  # a value of another kind: the loop leaves it for the writer to refuse
+        return False
+    return (
+        joined.isascii() and "\x00" not in joined and all(map(operator.le, map(len, texts), _STRING_LENGTHS))
+    )
+
+
 def clean_row(row: LedgerRow | dict, *, owned: bool = False) -> dict:
     """A copy of ``row`` that every database takes: every ledger column and only those (a missing one
     gets its default); strings valid UTF-8 without NUL, cut to their column's length; token counts within
@@ -100,10 +134,11 @@ def clean_row(row: LedgerRow | dict, *, owned: bool = False) -> dict:
         if len(out) != len(DEFAULTS):
             for k in [k for k in out if k not in _COLUMNS]:
                 del out[k]
-    for name, n in _STRINGS:
-        v = out[name]
-        if v.__class__ is str and (len(v) > n or not v.isascii() or "\x00" in v):
-            out[name] = clean_text(v, n)
+    if not _strings_plain(_string_values(out)):
+        for name, n in _STRINGS:
+            v = out[name]
+            if v.__class__ is str and (len(v) > n or not v.isascii() or "\x00" in v):
+                out[name] = clean_text(v, n)
     for name in _TOKENS:
         v = out[name]
         if v.__class__ is not int or v < 0 or v > MAX_TOKENS_PER_REQUEST:
@@ -138,10 +173,11 @@ class LedgerInsert:
         names = [c.name for c in ledger.columns]
         compiled = ledger.insert().compile(dialect=dialect, column_keys=names)
         self.sql = compiled.string
-        order = list(compiled.positiontup or ())
+        order = [column_key(name) for name in compiled.positiontup or ()]
         assert sorted(order) == sorted(names), (order, names)
         self.defaults: list[tuple[str, Any]] = []  # (column, value when the row has none), in order
         self.processors: list[tuple[int, Callable[[Any], Any]]] = []  # (position, bind processor)
+        self.converters: list[tuple[int, Convert]] = []  # (position, the processor a column at a time)
         native: set[type] = set()  # value types the driver binds itself (asyncpg: datetime)
         for i, name in enumerate(order):
             col = ledger.c[name]
@@ -150,6 +186,7 @@ class LedgerInsert:
             process = col.type.dialect_impl(dialect).bind_processor(dialect)
             if process is not None:
                 self.processors.append((i, process))
+                self.converters.append((i, column_converter(col.type, process, dialect.name)))
             elif isinstance(col.type, DateTime):  # no processor: the driver takes the datetime as it is
                 native.add(datetime)
         self._in_order = operator.itemgetter(*order)
@@ -201,6 +238,22 @@ class LedgerInsert:
             marks = ", ".join("?" * sum(keep))
             found = self._by_pattern[nulls] = (f"INSERT INTO {self._table} ({names}) VALUES ({marks})", keep)
         return found
+
+    def params_many(self, rows: list[dict]) -> list[tuple]:
+        """``params`` of each row, converted a column at a time (gateway.store.ledger_binds); a batch with
+        a row that lacks a column, or a value no driver could bind, goes row by row (whose ValueError names
+        the column)."""
+        if not rows:
+            return []
+        try:
+            cols: list[Any] = list(zip(*map(self._in_order, rows), strict=True))
+        except KeyError:
+            return [self.params(row) for row in rows]
+        for i, convert in self.converters:
+            cols[i] = convert(cols[i])
+        if not self._plain.issuperset(map(type, chain.from_iterable(cols))):
+            return [self.params(row) for row in rows]
+        return list(zip(*cols, strict=True))
 
     def params(self, row: dict) -> tuple:
         """The row's parameters in order; ValueError names a value no driver could bind."""

@@ -42,3 +42,27 @@ async def test_a_burst_on_a_cold_cache_queries_the_store_once_and_revocation_sti
         assert await keys.authenticate(other) is not None
     finally:
         await engine.dispose()
+
+
+def test_a_key_is_usable_at_a_clock_as_at_its_time_and_reads_it_only_when_it_expires():
+    """``usable_at(clock)`` (the request path's) answers as ``usable(clock())`` for every state of a key,
+    and reads no time for a key without an expiry."""
+    from datetime import UTC, datetime, timedelta
+
+    from gateway.store.keys import KeyInfo
+
+    now = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
+    reads: list[int] = []
+
+    def clock() -> datetime:
+        reads.append(1)
+        return now
+
+    for expires in (None, now - timedelta(seconds=1), now, now + timedelta(seconds=1)):
+        for revoked in (None, now - timedelta(days=1)):
+            for rotated in (None, "k2"):
+                info = KeyInfo("k1", "p", "n", now - timedelta(days=2), expires, revoked, rotated)
+                reads.clear()
+                assert info.usable_at(clock) is info.usable(now), (expires, revoked, rotated)
+                if expires is None:
+                    assert reads == []
