@@ -46,6 +46,7 @@ class FarmSettings(BaseSettings):
     gateway_url: str = DEFAULT_GATEWAY_URL  # with or without /v1
     gateway_key: str | None = Field(None, repr=False)
     gateway_model: str | None = None  # None: the project's first model
+    gateway_session: str | None = None  # the agent session the drafts' model calls are counted under
 
     def __init__(self, **values: Any) -> None:
         try:

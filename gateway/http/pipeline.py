@@ -119,6 +119,12 @@ def header(request: web.Request, name: str) -> str | None:
     return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
+def session_header(request: web.Request) -> str | None:
+    """The agent session a request belongs to: Claude Code's ``X-Claude-Code-Session-Id``, else the
+    ``session-id`` header (Codex, or any client: the farm's drafts send it), as clean text; None without."""
+    return header(request, "X-Claude-Code-Session-Id") or header(request, "session-id")
+
+
 async def read_body(request: web.Request) -> bytes:
     """The request body. aiohttp's own refusals (a body over ``client_max_size``, a body that does not
     match its ``Content-Encoding``) become client errors instead of internal ones."""

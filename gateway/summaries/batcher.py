@@ -2,7 +2,8 @@
 compressed anomalies in, fixed-format drafts out.
 
 A caller (the farm, with a project key) sends ``{"task": "checklist"|"log_summary", "model"?: ...,
-"anomalies": [AnomalyIn, ...]}``. Requests of the same project, task and model that arrive within
+"anomalies": [AnomalyIn, ...]}``. Requests of the same project, task, model and agent session (the
+request's ``session-id`` or ``X-Claude-Code-Session-Id`` header, as on the proxy) that arrive within
 ``summaries.window_ms`` are gathered into one model call (sooner when ``max_items`` anomalies are
 waiting); equal anomalies from several callers are sent once. No model call carries more than
 ``max_items`` anomalies: a request with more is split, in its own order, into chunks of at most
@@ -31,10 +32,10 @@ Answers are cached by content hash of (project, task, model, the whole set of an
 same set never costs a project a second model call, including while the first is still in flight;
 projects never share answers. Only complete answers are cached: an answer with a gap goes to the callers
 waiting for it and is then dropped, so the same request asks the model again. Every model call (repairs
-included, the offline drafter too) is one ledger row on endpoint ``summaries`` with the task and
-``batch_size`` (the anomalies sent). A model whose provider is ``local``, or whose provider's API key
-variable is unset, is served by the offline drafter (it covers every anomaly) and the answer says ``"offline":
-true``.
+included, the offline drafter too) is one ledger row on endpoint ``summaries`` with the task, the agent
+session of its requests and ``batch_size`` (the anomalies sent). A model whose provider is ``local``, or
+whose provider's API key variable is unset, is served by the offline drafter (it covers every anomaly) and
+the answer says ``"offline": true``.
 
 With ``redis_url`` (gateway.redis.channels) the cache and the coalescing span every process sharing that
 Redis: a set's complete answer is also kept there, and the first process to take the set's lock makes the
@@ -126,9 +127,27 @@ class _Batch:
     task: str
     model: str
     key_id: str
+    session_id: str | None  # the agent session of its requests (batches are per session), None: none
     sets: list[_Pending] = field(default_factory=list)
     items: dict[str, AnomalyIn] = field(default_factory=dict)  # content hash -> anomaly, deduplicated
     timer: asyncio.TimerHandle | None = None
+
+
+@dataclass(frozen=True)
+class _Caller:
+    """Who asks for a set: the project and its key, the task, the model, the agent session (or None)."""
+
+    project: str
+    task: str
+    model: str
+    key_id: str
+    session_id: str | None
+
+    @property
+    def batch_key(self) -> tuple[str, ...]:
+        """The open batch a chunk of this caller joins: one model call is one project's, task's, model's
+        and agent session's."""
+        return (self.project, self.task, self.model, self.session_id or "")
 
 
 class ModelCalls(Protocol):
@@ -165,10 +184,18 @@ class SummaryBatcher:
         self._shared_tasks: set[asyncio.Future[SetAnswer]] = set()  # coalescing across processes
 
     async def answer(
-        self, project: str, task: str, model: str, key_id: str, hashes: dict[str, AnomalyIn]
+        self,
+        project: str,
+        task: str,
+        model: str,
+        key_id: str,
+        hashes: dict[str, AnomalyIn],
+        session_id: str | None = None,
     ) -> tuple[SetAnswer, bool]:
         """The drafts for one request's anomaly set (content hash -> anomaly), and whether they came from
-        the cache."""
+        the cache. ``session_id``: the request's agent session; the model calls made for it are rows of
+        that session (requests of several sessions are batched apart, so each call's row has one)."""
+        who = _Caller(project, task, model, key_id, session_id)
         # The project is part of the key: another project's answer was paid from its limits, budget and
         # ledger, so it is never handed out across projects (cached or in flight).
         set_key = _digest([project, task, model, sorted(hashes)])
@@ -176,23 +203,21 @@ class SummaryBatcher:
             self._cache.move_to_end(set_key)
             return self._cache[set_key], True
         if self.shared is not None and self.shared.up:
-            return await self._shared_answer(project, task, model, key_id, set_key, hashes)
+            return await self._shared_answer(who, set_key, hashes)
         fut = self._in_flight.get(set_key)
         if fut is None:
-            fut = self._enqueue(project, task, model, key_id, set_key, hashes)
+            fut = self._enqueue(who, set_key, hashes)
         return await asyncio.shield(fut), False
 
     # --- the window ------------------------------------------------------------------------------
-    def _enqueue(
-        self, project: str, task: str, model: str, key_id: str, set_key: str, hashes: dict[str, AnomalyIn]
-    ) -> asyncio.Future[SetAnswer]:
+    def _enqueue(self, who: _Caller, set_key: str, hashes: dict[str, AnomalyIn]) -> asyncio.Future[SetAnswer]:
         """The set's future answer (in flight from now on); its chunks (<= ``max_items``) join batches."""
         fut: asyncio.Future[SetAnswer] = asyncio.get_running_loop().create_future()
         fut.add_done_callback(_consume_exception)
         self._in_flight[set_key] = fut
         order, step = list(hashes), self.cfg.max_items
         parts = [
-            self._add((project, task, model), key_id, set_key, {h: hashes[h] for h in order[i : i + step]})
+            self._add(who, set_key, {h: hashes[h] for h in order[i : i + step]})
             for i in range(0, len(order), step)
         ]
         left = len(parts)
@@ -207,10 +232,10 @@ class SummaryBatcher:
             part.add_done_callback(part_done)
         return fut
 
-    def _add(
-        self, bkey: tuple[str, str, str], key_id: str, set_key: str, hashes: dict[str, AnomalyIn]
-    ) -> asyncio.Future[SetAnswer]:
-        """One chunk of a set into the open batch of ``bkey``; the future of the chunk's answer."""
+    def _add(self, who: _Caller, set_key: str, hashes: dict[str, AnomalyIn]) -> asyncio.Future[SetAnswer]:
+        """One chunk of a set into the open batch of its caller's project, task, model and session; the
+        future of the chunk's answer."""
+        bkey = who.batch_key
         loop = asyncio.get_running_loop()
         part: asyncio.Future[SetAnswer] = loop.create_future()
         part.add_done_callback(_consume_exception)
@@ -222,7 +247,7 @@ class SummaryBatcher:
             self._flush(bkey)  # the chunk would overfill the batch (or it holds a chunk of this set): send it
             batch = None
         if batch is None:
-            batch = _Batch(*bkey, key_id)
+            batch = _Batch(who.project, who.task, who.model, who.key_id, who.session_id)
             self._open[bkey] = batch
             batch.timer = loop.call_later(self.cfg.window_ms / 1000, self._flush, bkey)
         batch.sets.append(_Pending(set_key, hashes, part))
@@ -283,7 +308,7 @@ class SummaryBatcher:
                 self._cache.popitem(last=False)
         return answer
 
-    def _flush(self, bkey: tuple[str, str, str]) -> None:
+    def _flush(self, bkey: tuple[str, ...]) -> None:
         batch = self._open.pop(bkey, None)
         if batch is None:
             return
@@ -305,7 +330,7 @@ class SummaryBatcher:
 
     # --- across processes (gateway.redis.channels) -----------------------------------------------------
     async def _shared_answer(
-        self, project: str, task: str, model: str, key_id: str, set_key: str, hashes: dict[str, AnomalyIn]
+        self, who: _Caller, set_key: str, hashes: dict[str, AnomalyIn]
     ) -> tuple[SetAnswer, bool]:
         """The set's answer and whether it was cached: from Redis' cache, or from the one model call for
         the set among all processes (this one's, or another's that this one waits for)."""
@@ -325,7 +350,7 @@ class SummaryBatcher:
                 return answer, True
             fut = self._in_flight.get(set_key)  # another request of this process may have begun meanwhile
             if fut is None:
-                fut = asyncio.ensure_future(self._coalesce(project, task, model, key_id, set_key, hashes))
+                fut = asyncio.ensure_future(self._coalesce(who, set_key, hashes))
                 fut.add_done_callback(_consume_exception)
                 self._in_flight[set_key] = fut
                 self._shared_tasks.add(fut)
@@ -338,9 +363,7 @@ class SummaryBatcher:
                 fut.add_done_callback(done)
         return await asyncio.shield(fut), False
 
-    async def _coalesce(
-        self, project: str, task: str, model: str, key_id: str, set_key: str, hashes: dict[str, AnomalyIn]
-    ) -> SetAnswer:
+    async def _coalesce(self, who: _Caller, set_key: str, hashes: dict[str, AnomalyIn]) -> SetAnswer:
         """Take the set's lock and make the call here (storing the outcome for the waiting processes), or
         wait for the process that holds it. Redis failing on the way: the call is made here."""
         from gateway.redis.errors import SharedUnavailable
@@ -350,14 +373,14 @@ class SummaryBatcher:
         try:
             kind, value = await shared.summaries.claim(set_key)
         except SharedUnavailable:
-            return await asyncio.shield(self._enqueue(project, task, model, key_id, set_key, hashes))
+            return await asyncio.shield(self._enqueue(who, set_key, hashes))
         if kind == "answer":
             answer = _decode_outcome(value)
             self._remember(set_key, answer)
             return answer
         token = value
         try:
-            answer = await asyncio.shield(self._enqueue(project, task, model, key_id, set_key, hashes))
+            answer = await asyncio.shield(self._enqueue(who, set_key, hashes))
         except GatewayError as e:
             await shared.summaries.done(set_key, token, _encode_error(e), complete=False)
             raise
@@ -496,7 +519,7 @@ class SummaryBatcher:
 
     def _record(self, batch: _Batch, provider: str, upstream_model: str) -> Record:
         rec = Record("summaries")
-        rec.project, rec.key_id = batch.project, batch.key_id
+        rec.project, rec.key_id, rec.session_id = batch.project, batch.key_id, batch.session_id
         rec.public_model = rec.model_label = batch.model
         rec.upstream_model, rec.provider = upstream_model, provider
         rec.tag(self.settings.projects[batch.project], batch.task)

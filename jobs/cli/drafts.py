@@ -155,14 +155,15 @@ def drafts_promote(draft_id: int, card_path: Path, db: str | None) -> None:
 
 
 ACCOUNT_COLUMNS = (  # (heading, AccountRow field or property) of the table and the CSV's first columns
-    ("date", "date"), ("task", "task"), ("model", "model"), ("key", "key"), ("calls", "calls"),
+    ("date", "date"), ("task", "task"), ("model", "model"), ("key", "key"), ("session", "session"),
+    ("calls", "calls"),
     ("input", "input_tokens"), ("output", "output_tokens"), ("total", "total_tokens"), ("cost $", "cost_usd"),
     ("retries", "retries"), ("429s", "rate_limited"), ("retry wait s", "retry_wait_ms"),
     ("conclusion", "conclusion"), ("source", "source"),
 )  # fmt: skip
 
 
-TEXT_COLUMNS = {"date", "task", "model", "key", "conclusion", "source"}
+TEXT_COLUMNS = {"date", "task", "model", "key", "session", "conclusion", "source"}
 
 
 def _account_cell(name: str, value: object) -> str:
@@ -183,8 +184,8 @@ def _account_cell(name: str, value: object) -> str:
 )
 @db_option
 def drafts_account(job_id: int | None, since: str | None, fmt: str, db: str | None) -> None:
-    """The token account: per date, task, model and gateway key, the calls the draft runs made, their
-    tokens, cost, retries, upstream 429s and retry wait (from the gateway's ledger, asked with
+    """The token account: per date, task, model, gateway key and agent session, the calls the draft runs
+    made, their tokens, cost, retries, upstream 429s and retry wait (from the gateway's ledger, asked with
     FARM_GATEWAY_KEY), and the conclusion of the drafts they produced ("pass 5/6, 1 awaiting the
     profiler"). Offline drafts are model "offline" with no tokens; when the gateway cannot be read, the
     farm's own counts are shown, marked farm-side."""
@@ -235,7 +236,8 @@ def drafts_account(job_id: int | None, since: str | None, fmt: str, db: str | No
         "",
         "",
         "",
-        *(escape(_account_cell(f, getattr(total, f))) for _, f in ACCOUNT_COLUMNS[4:-1]),
+        "",
+        *(escape(_account_cell(f, getattr(total, f))) for _, f in ACCOUNT_COLUMNS[5:-1]),
         "",
     )
     console().print(table)

@@ -1,9 +1,9 @@
 """The token account of the drafts (issue 33): what each drafting cost, next to what came of its drafts.
 
-One row per date, task, model and gateway key: the model calls the draft runs made, their input, output and
-total tokens, cost, retries, upstream 429s and the time waited on retries (all read from the gateway's
-ledger), the output cap they asked for, the compression the farm achieved before sending, and the
-conclusion of the drafts those calls produced.
+One row per date, task, model, gateway key and agent session: the model calls the draft runs made, their
+input, output and total tokens, cost, retries, upstream 429s and the time waited on retries (all read from
+the gateway's ledger), the output cap they asked for, the compression the farm achieved before sending, and
+the conclusion of the drafts those calls produced.
 
 **Where the numbers come from.** A draft run keeps the gateway request ids of the model calls that served it
 (``draft_runs.batch["request_ids"]``, jobs.drafts.client). The farm sends them, with its project key
@@ -15,6 +15,10 @@ so the account's totals are the ledger's for the same ids. A run drafted by the 
 made no call: it is a row of model ``offline``, key ``-``, zero tokens. When the gateway cannot be read (no
 key set, unreachable, refused) or does not know a run's ids, the run's own token counts (its share, as the
 summaries reply gave it) are shown instead, marked ``farm-side``, and ``Account.note`` says why.
+
+**The agent session** of a row is the one its calls' ledger rows name (the ``session-id`` the drafts client
+sent, ``FARM_GATEWAY_SESSION``; the gateway batches the requests of one session into a model call, so a call
+has one): "" when they name none, or the row is farm-side or offline; "mixed" in a rollup over several.
 
 **The conclusion** of a row's drafts (jobs.drafts.review's states): ``pass A/N`` where A drafts were accepted
 out of the N the row's runs produced, then the others: ``awaiting the profiler`` (needs_profiler),
@@ -72,6 +76,7 @@ class AccountRow:
     key: str  # the gateway key id; "-": no key (offline); "?": not known (farm-side)
     project: str  # the key's project; "-" / "?" as for key
     source: str  # gateway | farm-side | offline (mixed, after a rollup of several)
+    session: str = ""  # the agent session of its calls (the ledger's); "": none known; mixed: several
     jobs: list[int] = field(default_factory=list)
     runs: int = 0
     calls: int = 0
@@ -114,6 +119,8 @@ class AccountRow:
         self.jobs = sorted(set(self.jobs) | set(other.jobs))
         if other.source != self.source:
             self.source = "mixed"
+        if other.session != self.session:
+            self.session = "mixed"
 
     def as_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -137,12 +144,18 @@ class Account:
         if not self.rows:
             return _empty("total")
         return dataclasses.replace(
-            rollup(self.rows, lambda _r: ())[0], date="total", task="", model="", key="", project=""
+            rollup(self.rows, lambda _r: ())[0],
+            date="total",
+            task="",
+            model="",
+            key="",
+            project="",
+            session="",
         )
 
     def as_dict(self) -> dict[str, Any]:
         totals = self.totals().as_dict()
-        for name in ("date", "task", "model", "key", "project", "source"):
+        for name in ("date", "task", "model", "key", "project", "source", "session"):
             totals.pop(name)
         return {
             "rows": [r.as_dict() for r in self.rows],
@@ -268,6 +281,7 @@ def _row(
         key=key,
         project=project,
         source=source,
+        session=(ref["session_id"] or "") if ref is not None and source == GATEWAY else "",
         jobs=[run.job_id],
         runs=1,
         anomalies=run.anomalies,
@@ -349,8 +363,8 @@ def build_account(
             row.calls = len(mine)
             row.input_tokens, row.output_tokens = run.input_tokens, run.output_tokens
         rows.append(row)
-    grouped = rollup(rows, lambda r: (r.date, r.task, r.model, r.key))
-    grouped.sort(key=lambda r: (r.date, r.task, r.model, r.key))
+    grouped = rollup(rows, lambda r: (r.date, r.task, r.model, r.key, r.session))
+    grouped.sort(key=lambda r: (r.date, r.task, r.model, r.key, r.session))
     counted = [rid for rid in ids if rid in usage] if read else ids
     return Account(grouped, note, counted, sorted(unknown))
 

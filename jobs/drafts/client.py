@@ -39,6 +39,7 @@ class GatewayTarget:
     api_key: str
     model: str | None = None  # None: the project's first model
     timeout_s: float = 180.0
+    session: str | None = None  # the agent session the model calls are counted under (``session-id``)
 
     @property
     def root(self) -> str:
@@ -47,11 +48,17 @@ class GatewayTarget:
 
     @classmethod
     def from_settings(cls, settings: FarmSettings | None = None) -> GatewayTarget | None:
-        """FARM_GATEWAY_URL / FARM_GATEWAY_KEY (and FARM_GATEWAY_MODEL); None when the key is unset."""
+        """FARM_GATEWAY_URL / FARM_GATEWAY_KEY (and FARM_GATEWAY_MODEL, FARM_GATEWAY_SESSION); None when
+        the key is unset."""
         settings = settings or FarmSettings.load()
         if not settings.gateway_key:
             return None
-        return cls(settings.gateway_url, settings.gateway_key, settings.gateway_model)
+        return cls(
+            settings.gateway_url,
+            settings.gateway_key,
+            settings.gateway_model,
+            session=settings.gateway_session,
+        )
 
 
 class DraftsError(RuntimeError):
@@ -72,14 +79,15 @@ class DraftOutcome:
 
 
 def post_json(target: GatewayTarget, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    """POST ``body`` to the gateway's ``path`` with the project key, through the openai SDK (retries
-    429/5xx with backoff); the answer's JSON, or DraftsError saying what the gateway said or that it is
-    unreachable."""
+    """POST ``body`` to the gateway's ``path`` with the project key (and the target's agent session as
+    ``session-id``), through the openai SDK (retries 429/5xx with backoff); the answer's JSON, or
+    DraftsError saying what the gateway said or that it is unreachable."""
     import openai
 
+    headers = {"session-id": target.session} if target.session else {}
     with openai.OpenAI(base_url=target.root, api_key=target.api_key, timeout=target.timeout_s) as client:
         try:
-            text = client.post(path, cast_to=str, body=body)
+            text = client.post(path, cast_to=str, body=body, options={"headers": headers})
         except openai.APIStatusError as e:
             raise DraftsError(f"gateway answered HTTP {e.status_code}: {e.message}") from None
         except openai.APIConnectionError as e:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import dataclasses
 import io
 import json
 
@@ -215,6 +216,41 @@ async def test_the_account_through_the_gateway_equals_the_ledger(store, live, mo
     monkeypatch.setenv("FARM_GATEWAY_URL", "http://127.0.0.1:9/v1")
     acct = await asyncio.to_thread(build_account, store)
     assert acct.note and "unreachable" in acct.note and acct.sources == {"farm-side"}
+
+
+async def test_the_account_shows_the_agent_session_of_each_draft_run(store, live, monkeypatch):
+    """A drafting made within an agent session (FARM_GATEWAY_SESSION, or the target's) sends it as
+    ``session-id``; the gateway's model calls for it are rows of that session, and the account's row says
+    so: runs of two sessions are two rows, each with its own calls."""
+    fake, target, _other, db_url = live
+    fake.reply = model_reply
+    monkeypatch.setenv("FARM_GATEWAY_URL", target.base_url)
+    monkeypatch.setenv("FARM_GATEWAY_KEY", target.api_key)
+    monkeypatch.setenv("FARM_GATEWAY_SESSION", "sess-1")
+    first = seed_job(store)
+    log = realistic_log(50_000)
+    await asyncio.to_thread(draft_job, store, first, logs=lambda _t: log)  # the target from the settings
+    second = seed_job(store)
+    other_log = realistic_log(50_000, seed=1)
+    mine = dataclasses.replace(target, session="sess-2")
+    again = await asyncio.to_thread(draft_job, store, second, target=mine, logs=lambda _t: other_log)
+    assert again.reply["cached"] is False
+
+    code, out, err = await asyncio.to_thread(farm, "drafts", "account", "--db", store.url, "--format", "json")
+    assert code == 0 and err == "", err
+    rows = json.loads(out)["rows"]
+    assert [(r["session"], r["jobs"]) for r in rows] == [("sess-1", [first]), ("sess-2", [second])]
+    engine = create_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            sessions = dict(conn.execute(select(ledger.c.request_id, ledger.c.session_id)).all())
+    finally:
+        engine.dispose()
+    runs = [store.drafts(first)[0], store.drafts(second)[0]]
+    for run, session in zip(runs, ("sess-1", "sess-2"), strict=True):
+        assert {sessions[i] for i in run.batch["request_ids"]} == {session}
+    code, out, _ = await asyncio.to_thread(farm, "drafts", "account", "--db", store.url)
+    assert code == 0 and "sess-1" in out and "sess-2" in out
 
 
 def test_the_account_counts_the_runs_of_jobs_measured_in_another_environment(store, monkeypatch):

@@ -39,7 +39,7 @@ from gateway.errors import (
     error_response,
     upstream_error_is_shaped,
 )
-from gateway.http.pipeline import Pipeline, dump_json, header, parse_json_object, read_body
+from gateway.http.pipeline import Pipeline, dump_json, header, parse_json_object, read_body, session_header
 from gateway.http.targets import UPSTREAM_FORMAT, TargetRequests, check_model, translation_of, upstream_error
 from gateway.summaries.schema import SUMMARIES_PATH
 from gateway.translate import (
@@ -134,7 +134,7 @@ class Proxy:
         pipeline = self.pipeline
         _info, project = await pipeline.authenticate(request, rec)
         rec.tag(project, header(request, "X-Farm-Task"))
-        rec.session_id = header(request, "X-Claude-Code-Session-Id") or header(request, "session-id")
+        rec.session_id = session_header(request)
         headers = forward_headers(request, ep)
 
         raw = await read_body(request)

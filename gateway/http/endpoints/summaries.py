@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from gateway.core.usage import Api, answer_usage, estimate_tokens
 from gateway.errors import BadRequest, PayloadTooLarge
-from gateway.http.pipeline import Pipeline, dump_json, parse_json_object, read_body
+from gateway.http.pipeline import Pipeline, dump_json, parse_json_object, read_body, session_header
 from gateway.http.targets import UPSTREAM_PATH, TargetRequests, check_model, upstream_error
 from gateway.summaries.batcher import UNCOVERED, SetAnswer, SummaryBatcher
 from gateway.summaries.schema import AnomalyIn, SummaryRequest
@@ -60,7 +60,9 @@ class SummariesEndpoint:
             h = a.content_hash()
             hashes.setdefault(h, a)
             ids_by_hash.setdefault(h, []).append(a.id)
-        answer, cached = await self.batcher.answer(info.project, req.task, model, info.id, hashes)
+        answer, cached = await self.batcher.answer(
+            info.project, req.task, model, info.id, hashes, session_header(request)
+        )
         return web.json_response(_reply(answer, ids_by_hash, cached))
 
 

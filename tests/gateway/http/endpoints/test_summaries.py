@@ -58,9 +58,9 @@ def model_reply(body: dict) -> str:
     )
 
 
-async def post(gw, body: dict, project: str = "alpha") -> tuple[int, dict]:
+async def post(gw, body: dict, project: str = "alpha", headers: dict | None = None) -> tuple[int, dict]:
     async with aiohttp.ClientSession() as s:
-        headers = {"Authorization": f"Bearer {gw.keys[project]}"}
+        headers = {"Authorization": f"Bearer {gw.keys[project]}", **(headers or {})}
         async with s.post(gw.url + SUMMARIES_PATH, json=body, headers=headers) as r:
             return r.status, await r.json()
 
@@ -89,6 +89,30 @@ async def test_concurrent_callers_share_one_model_call_and_get_their_own_drafts(
     assert len(rows) == 1
     assert rows[0]["task"] == "checklist" and rows[0]["batch_size"] == 3 and rows[0]["status"] == "ok"
     assert rows[0]["input_tokens"] == fake.usage_log[0][2]
+
+
+async def test_model_calls_carry_the_agent_session_of_their_requests(start_gateway, fake):
+    """A request's session header (``session-id``, or Claude Code's) reaches the ledger rows of the model
+    calls that serve it: requests of one session share a call, those of another session or of none get
+    their own, so each row names the one session that asked."""
+    fake.reply = model_reply
+    gw = await start_gateway(summaries={"window_ms": 400, "max_items": 50})
+    calls = [
+        ([anomaly(1)], {"session-id": "sess-a"}),
+        ([anomaly(2)], {"session-id": "sess-a"}),
+        ([anomaly(3)], {"X-Claude-Code-Session-Id": "sess-b"}),
+        ([anomaly(4)], None),
+    ]
+    results = await asyncio.gather(
+        *(post(gw, {"task": "checklist", "model": "gpt-fake", "anomalies": a}, headers=h) for a, h in calls)
+    )
+    assert [status for status, _ in results] == [200] * 4
+    assert fake.requests == 3  # sess-a's two requests in one call; sess-b and no session apart
+    sessions = {r["request_id"]: r["session_id"] for r in await summary_rows(gw)}
+    assert len(sessions) == 3
+    served = [data["batch"]["request_ids"] for _, data in results]
+    assert served[0] == served[1] and results[0][1]["batch"]["requests"] == 2
+    assert [[sessions[i] for i in ids] for ids in served] == [["sess-a"], ["sess-a"], ["sess-b"], [None]]
 
 
 async def test_window_flushes_a_lone_caller_and_equal_anomalies_are_sent_once(start_gateway, fake):
