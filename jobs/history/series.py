@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import cache
 from typing import Any
@@ -280,10 +280,22 @@ def series_query(selection: Selection) -> Select:
         .where(TrialRow.status == TrialStatus.OK, TrialRow.median_ns.is_not(None))
         .order_by(Job.created_at, Job.id, TrialRow.seq)
     )
+    if selection.last is not None and _whole_jobs(selection):
+        # a family's newest jobs: their trials by the job's index (with the family in the statement, the
+        # planner walks the family's whole series index: a year's million trials); the family is matched
+        # after, as the config is
+        newest = TrialRow.job_id.in_(_newest_jobs(selection))
+        return _selected(q, replace(selection, family=None)).where(newest)
     q = _selected(q, selection)
     if selection.last is not None:
         q = q.where(TrialRow.job_id.in_(_newest_jobs(selection)))
     return q
+
+
+def _whole_jobs(selection: Selection) -> bool:
+    """Whether the selection is a family's or a spec's every point (its jobs' whole trials)."""
+    narrower = (selection.backend, selection.shape, selection.dtype, selection.jobs, selection.series)
+    return all(v is None for v in narrower)
 
 
 def _selected(q: Select, selection: Selection) -> Select:
@@ -311,8 +323,7 @@ def _newest_jobs(selection: Selection) -> Select:
     newest jobs from the jobs table (a family's year is a million trials, its jobs a few thousand);
     narrower, the newest jobs among the selected trials' (one series': by its indexed key)."""
     newest = (Job.created_at.desc(), Job.id.desc())
-    narrower = (selection.backend, selection.shape, selection.dtype, selection.jobs, selection.series)
-    if all(v is None for v in narrower):
+    if _whole_jobs(selection):
         q = select(Job.id)
         if selection.family is not None:
             q = q.where(Job.family == selection.family)
