@@ -4,10 +4,26 @@ and `farm history` over all of its points (change-point detection included).
 The store is the all-real one: 30 sweeps of the history probe spec through the runner on local Ray, a
 real 20% slowdown (the probe's `_slowdown` knob) from job 20 on (about 2 minutes on 2 cores); the
 change points found are printed and checked against the "Done when" of issue 20 (one at job 20, within
-5 points of +20%, none elsewhere). `--written` builds the store through the Store API instead (seconds)."""
+5 points of +20%, none elsewhere). `--written` builds the store through the Store API instead (seconds).
+
+`--store PATH` instead times them on a store of benchmarks/scale_store.py's team (issue 46; see
+benchmarks/results/history-site-*.md): `farm history` of one series and of the gemm family (`--json`),
+as shown by default (the newest jobs) and with `--all`, and, with `--site`, `farm site` into a folder
+that holds the site of the store as it was after one more night (as `python -m benchmarks scale --site`
+times it), on a copy of the store. Run as a script with PYTHONPATH at another checkout (a `git
+worktree` of an earlier commit, its store at that commit's schema) it times that checkout's code; there,
+without `--all`, the plain commands are every job's.
+
+    .venv/bin/python -m benchmarks site --store /tmp/1_64.db --site --repeat 2
+    PYTHONPATH=/tmp/before .venv/bin/python benchmarks/site_bench.py --store /tmp/1_64-0010.db --site
+"""
 
 from __future__ import annotations
 
+import argparse
+import json
+import sqlite3
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -22,8 +38,112 @@ from testkit.kernels import faults
 faults.enable()  # the injected faults its specs use: a FARM_PLUGINS module, for Ray and subprocesses too
 
 
+SERIES = ["--family", "gemm", "--backend", "torch_bf16", "--shape", "m=64,n=256,k=256"]
+
+
+def _timed(run, repeat: int) -> tuple[float, float]:
+    """(wall, CPU) seconds of this process: the median of `repeat` runs after a first (a first over 3 s is
+    the figure). The CPU time is what other processes on a shared machine disturb least."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    run()
+    first = (time.perf_counter() - wall, time.process_time() - cpu)
+    if first[0] >= 3:
+        return first
+    times = []
+    for _ in range(repeat):
+        wall, cpu = time.perf_counter(), time.process_time()
+        run()
+        times.append((time.perf_counter() - wall, time.process_time() - cpu))
+    return statistics.median(t[0] for t in times), statistics.median(t[1] for t in times)
+
+
+def _cli(args: list[str]):
+    from click.testing import CliRunner
+
+    from jobs.cli import main
+
+    def run() -> None:
+        res = CliRunner().invoke(main, args)
+        if res.exit_code != 0:
+            raise RuntimeError(f"farm {' '.join(args)}: exit {res.exit_code}: {res.output[-2000:]}")
+
+    return run
+
+
+def _night(db: Path, work: Path) -> dict[str, float]:
+    """`farm site` after one more night into a folder that held the site of the store as it was (its
+    manifest as a build leaves it; benchmarks/scale_bench.py's `_site`), on a copy of the store."""
+    from benchmarks import scale_store
+    from jobs.report import site
+
+    copy = work / "farm.db"
+    src, dst = sqlite3.connect(db), sqlite3.connect(copy)
+    with dst:
+        src.backup(dst)
+    src.close()
+    dst.close()
+    store = Store(str(copy), create=False)
+    out = work / "site"
+    (out / "jobs").mkdir(parents=True, exist_ok=True)
+    wall, cpu = time.perf_counter(), time.process_time()
+    kernels = {s.key.slug: site._index_row(s) for s in collect(store)}  # noqa: SLF001 - the build's own rows
+    manifest = {"version": site.MANIFEST_VERSION, "jobs": {str(j): v for j, v in store.job_stamps().items()}}
+    (out / site.MANIFEST).write_text(json.dumps(manifest | {"kernels": kernels}))
+    primed = (time.perf_counter() - wall, time.process_time() - cpu)
+    scale_store.build(store, 1, pools=scale_store.make_pools(store))
+    wall, cpu = time.perf_counter(), time.process_time()
+    night = site.build_site(store, out)
+    store.close()
+    index = "site: every series read and detected (a full build's index)"
+    return {
+        index: primed[0],
+        f"{index} [cpu]": primed[1],
+        "site (after one more night)": time.perf_counter() - wall,
+        "site (after one more night) [cpu]": time.process_time() - cpu,
+        "site pages rewritten after the night": night.pages,
+    }
+
+
+def at_scale(db: Path, repeat: int, with_site: bool) -> dict[str, float]:
+    """The history commands (and the site after a night) on a scale store; seconds."""
+    from jobs.history.series import Selection
+
+    windowed = "last" in Selection.__dataclass_fields__  # this checkout shows the newest jobs by default
+    d = ["--db", str(db)]
+    family = ["--family", "gemm", "--json"]
+    runs = {"history (one series)": SERIES, "history (a family: gemm, --json)": family}
+    out: dict[str, float] = {}
+    _cli(["history", *SERIES, *d])()  # the imports a first command pays (torch, the kernel families)
+    for name, args in runs.items():
+        if windowed:
+            out |= _shown(name, _timed(_cli(["history", *args, *d]), repeat))
+        every = _cli(["history", *args, *d] + (["--all"] if windowed else []))
+        out |= _shown(f"{name} --all", _timed(every, repeat))
+    if with_site:
+        with tempfile.TemporaryDirectory(prefix="kf-site-") as tmp:
+            night = _night(db, Path(tmp))
+        for name, v in night.items():
+            print(f"{name}: {v:.3f}" if isinstance(v, float) else f"{name}: {v}", flush=True)
+        out |= night
+    return out
+
+
+def _shown(name: str, figures: tuple[float, float]) -> dict[str, float]:
+    """A command's (wall, CPU) seconds as they are kept, printed as they come."""
+    print(f"{name}: {figures[0]:.3f} s ({figures[1]:.3f} s CPU)", flush=True)
+    return {name: figures[0], f"{name} [cpu]": figures[1]}
+
+
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    written = "--written" in (argv or [])
+    argv = list(argv or [])
+    if "--store" in argv:
+        ap = argparse.ArgumentParser(prog="python -m benchmarks site")
+        ap.add_argument("--store", type=Path, required=True)
+        ap.add_argument("--site", action="store_true")
+        ap.add_argument("--repeat", type=int, default=2)
+        opts = ap.parse_args(argv)
+        return at_scale(opts.store, opts.repeat, opts.site)
+    written = "--written" in argv
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(str(Path(tmp) / "farm.db"))
         start = time.perf_counter()
