@@ -260,7 +260,7 @@ def test_the_history_page_marks_the_environment_change(store):
     page = _kernel_page(series)
     assert "Environment changes" in page and f"job {jobs[8]} (commit c9): torch 2.12.0 -&gt; 2.13.0" in page
     assert "environment changed there: torch 2.12.0 -&gt; 2.13.0" in page
-    notes = [a.text for a in history_figure(series).layout.annotations]
+    notes = [a["text"] for a in history_figure(series).layout.get("annotations", [])]
     assert "env: torch 2.12.0 -> 2.13.0, triton 3.6.0 -> 3.7.1" in notes
 
 

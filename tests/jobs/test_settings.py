@@ -48,6 +48,7 @@ def test_each_variable_is_read_from_the_environment(monkeypatch):
         "FARM_GATEWAY_URL": "http://gw:8787/v1",
         "FARM_GATEWAY_KEY": " kf_abc ",
         "FARM_GATEWAY_MODEL": "gpt-fake",
+        "FARM_GATEWAY_SESSION": " claude-1 ",
     }
     assert set(given) == set(VARIABLES)  # a new field gets a line here
     for k, v in given.items():
@@ -58,6 +59,7 @@ def test_each_variable_is_read_from_the_environment(monkeypatch):
     assert (s.metrics_port, s.metrics_addr, s.metrics_push_s) == (9464, "0.0.0.0", 2.5)
     assert s.metrics_pushgateway == "http://127.0.0.1:9091"
     assert (s.gateway_url, s.gateway_key, s.gateway_model) == ("http://gw:8787/v1", "kf_abc", "gpt-fake")
+    assert s.gateway_session == "claude-1" and GatewayTarget.from_settings(s).session == "claude-1"
     assert "kf_abc" not in repr(s)
     assert FarmSettings.load({}) == FarmSettings.load({"FARM_GPUS": ""})  # a mapping alone, empty = unset
 
