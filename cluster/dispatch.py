@@ -44,6 +44,9 @@ class WorkItem:
     timeout_s: float | None = None  # its job's limit when jobs of several specs share the workers (a pool)
     source: str | None = None  # the digest of the shipped kernels/ it runs on (None: the cluster's own)
     gpu_types: frozenset[str | None] | None = None  # the GPU types of the workers it may run on (None: any)
+    # the GPU type whose free worker the queue gave it to (a pool's claim; None: no type in particular): a
+    # worker of that type takes it first, one of another type only when the queue has nothing for its own
+    claimed_for: str | None = None
 
 
 @dataclass
@@ -350,7 +353,7 @@ class Dispatcher:
         depth = self.opt.pipeline if self._queued() >= 2 * max(1, len(ready)) else 1
         for slot in ready:
             while len(slot.inflight) < depth:
-                if not any(_fits(item, slot) for item in self.queue):
+                if not any(_meant_for(item, slot) for item in self.queue):
                     self._refill_for(slot)  # a source that is asked per trial (a pool's queue) is asked now
                 if not any(_fits(item, slot) for item in self.queue):
                     break
@@ -420,26 +423,30 @@ class Dispatcher:
             and not self.queue[0].solo
             and slot.name not in self.queue[0].avoid
             and self.queue[0].source == first.source
-            and _fits(self.queue[0], slot)
+            and _meant_for(self.queue[0], slot)
             and _kind(self.queue[0]) == kind
         ):
             batch.append(self.queue.popleft())
         return batch
 
     def _take_for(self, slot: _Slot) -> WorkItem:
-        """The first queued trial of the slot's source it has not died on; else the first of its source."""
-        first = None
+        """The first queued trial of the slot's source that the queue gave to a worker of the slot's GPU
+        type (_meant_for) and the slot has not died on; else the first such of another type; else the
+        first of its source."""
+        first = other = None
         for i, item in enumerate(self.queue):
             if item.source != slot.source or not _fits(item, slot):
                 continue
             if slot.name not in item.avoid:
-                del self.queue[i]
-                return item
-            if first is None:
-                first = i
+                if _meant_for(item, slot):
+                    del self.queue[i]
+                    return item
+                other = i if other is None else other
+            first = i if first is None else first
         assert first is not None, "a slot takes trials of its own source only"
-        item = self.queue[first]
-        del self.queue[first]
+        at = other if other is not None else first
+        item = self.queue[at]
+        del self.queue[at]
         return item
 
     def _next_deadline(self) -> float:
@@ -566,6 +573,13 @@ class Dispatcher:
 def _fits(item: WorkItem, slot: _Slot) -> bool:
     """Whether the slot's GPU type is one the trial may run on."""
     return item.gpu_types is None or slot.gpu_type in item.gpu_types
+
+
+def _meant_for(item: WorkItem, slot: _Slot) -> bool:
+    """Whether the slot may run the trial and the queue gave it to no other GPU type's worker: a trial a
+    pool claimed for a free H100 waits for an H100 while the queue has trials of its own for a free H200
+    (its best fit: jobs.queue.fairshare); an H200 runs it only when the queue has none."""
+    return _fits(item, slot) and item.claimed_for in (None, slot.gpu_type)
 
 
 def _kind(item: WorkItem) -> tuple[str, str]:

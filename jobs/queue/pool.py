@@ -122,6 +122,7 @@ class _Source:
         return WorkItem(
             t.id, request, label, attempts=t.attempt,
             timeout_s=spec.timeout_s or self.default_timeout_s, source=source, gpu_types=types,
+            claimed_for=gpu_type,
         )  # fmt: skip
 
     def unheld(self, jobs: set[int]) -> list[int]:
