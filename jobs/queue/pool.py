@@ -213,7 +213,8 @@ def serve(store: Store, options: PoolOptions | None = None) -> int:
 
     def tick(d: Dispatcher) -> None:
         nonlocal completed, last_beat, last_follow
-        if time.monotonic() - last_beat >= BEAT_S:
+        beat = time.monotonic() - last_beat >= BEAT_S
+        if beat:
             queue.beat(pool, _load(d, source))
             last_beat = time.monotonic()
         if time.monotonic() - last_follow >= FOLLOW_S:
@@ -221,9 +222,11 @@ def serve(store: Store, options: PoolOptions | None = None) -> int:
             last_follow = time.monotonic()
         source.room = _room(d)
         listener.flush()
+        wrote = bool(source.lines)  # a result came since the last turn: a job may have ended
         source.write_lines()
         source.charge()
-        completed += _finish(queue, source, options)
+        if wrote or beat:  # and at each beat: another pool serving the same job may have written its last
+            completed += _finish(queue, source, options)
         _cancel(d, queue, source, pool, options)
         _preempt(d, queue, source, pool)
         if options.stop.is_set():
