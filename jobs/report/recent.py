@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import String, cast, func, select, tuple_
+from sqlalchemy import String, cast, func, select
 
 from jobs.history.series import HistoryPoint, PointKey, _key, environment_marks
 from jobs.report.views import Table, spark
@@ -86,6 +86,8 @@ def recent_series(
             Job.git_commit,
             Job.created_at,
             TrialRow.seq,
+            TrialRow.family,
+            TrialRow.shape_key,
             newest.label("newest"),
         )
         .join(Job, Job.id == TrialRow.job_id)
@@ -93,14 +95,20 @@ def recent_series(
             TrialRow.job_id.in_(sorted(set(jobs))),
             TrialRow.status == TrialStatus.OK,
             TrialRow.median_ns.is_not(None),
-            tuple_(TrialRow.family, TrialRow.backend, TrialRow.shape_key).in_(series),
+            # the series as one value: one IN that PostgreSQL hashes (a tuple IN is an OR of a term per
+            # series, tried on each of the jobs' trials: 0.35-0.55 s of 500 series); the exact series
+            # kept below (a name with a "/" in it could match another)
+            (TrialRow.family + "/" + TrialRow.backend + "/" + TrialRow.shape_key).in_(
+                sorted({"/".join(s) for s in series})
+            ),
         )
         .subquery()
     )
     c = ranked.c
     q = (
         select(
-            c.id, c.job_id, c.backend, c.shape, c.config, c.dtype, c.median_ns, c.environment_id, c.git_commit
+            *(c.id, c.job_id, c.backend, c.shape, c.config, c.dtype, c.median_ns, c.environment_id),
+            *(c.git_commit, c.family, c.shape_key),
         )
         .where(c.newest <= last)
         .order_by(c.created_at, c.job_id, c.seq)
@@ -110,7 +118,10 @@ def recent_series(
     envs = _environments(store, {r[7] for r in rows if r[7] is not None})
     keys: dict[tuple, PointKey] = {}
     out: dict[PointKey, list[HistoryPoint]] = {}
-    for trial, job, backend, shape, config, dtype, median, env_id, commit in rows:
+    wanted = set(series)
+    for trial, job, backend, shape, config, dtype, median, env_id, commit, fam, shape_key in rows:
+        if (fam, backend, shape_key) not in wanted:
+            continue
         raw = (backend, shape, config, dtype, env_id)
         key = keys.get(raw)
         if key is None:
