@@ -26,8 +26,9 @@ def report(job_id: int, db: str | None, fmt: str, html_path: Path | None, output
             writable_output(path)
     store = store_for(db, create=False)
     require_job(store, job_id)
+    reads = rep.JobReads(store, job_id)  # the table and the page from one read of the job's trials
     if fmt == "table":
-        rep.render_terminal(store, job_id, console())
+        rep.render_terminal(store, job_id, console(), reads)
     else:
         text = rep.to_json(store, job_id) if fmt == "json" else rep.to_csv(store, job_id)
         if output:
@@ -36,5 +37,5 @@ def report(job_id: int, db: str | None, fmt: str, html_path: Path | None, output
         else:
             click.echo(text, nl=False)
     if html_path:
-        html_path.write_text(rep.render_html(store, job_id))
+        html_path.write_text(rep.render_html(store, job_id, reads))
         echo(f"wrote {html_path}")

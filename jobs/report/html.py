@@ -23,7 +23,7 @@ from typing import Any
 from jobs.report.figures import compare_ratio_figure, compare_shape, compare_time_figure
 from jobs.report.job_view import job_view
 from jobs.report.plotting import figure_view
-from jobs.report.rows import num
+from jobs.report.rows import JobReads, num
 from jobs.report.templating import render_page
 from jobs.report.verdict import verdict_html
 from jobs.report.views import Link, Table
@@ -32,9 +32,16 @@ from jobs.store import Store
 __all__ = ["render_compare", "render_job", "verdict_html"]
 
 
-def render_job(store: Store, job_id: int, plotly_src: str | None = None, nav: tuple[Link, ...] = ()) -> str:
-    """The job's report as one page; `nav`: links above it (the site's index)."""
-    job = job_view(store, job_id)
+def render_job(
+    store: Store,
+    job_id: int,
+    plotly_src: str | None = None,
+    nav: tuple[Link, ...] = (),
+    reads: JobReads | None = None,
+) -> str:
+    """The job's report as one page; `nav`: links above it (the site's index); `reads`: what was read of
+    the job already (jobs.report.rows.JobReads: the terminal table's)."""
+    job = job_view(store, job_id, reads)
     return render_page("job.html.j2", f"KernelFarm job {job_id}", plotly_src, nav=nav, job=job)
 
 

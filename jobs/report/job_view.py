@@ -7,7 +7,6 @@ configs with their reason, each point's recent history, the anomalies and the tr
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import plotly.graph_objects as go
@@ -15,10 +14,10 @@ import plotly.graph_objects as go
 from jobs.report import figures
 from jobs.report.plotting import PlainFigure, figure_view
 from jobs.report.recent import recent_history
-from jobs.report.rows import Row, Speedup, baseline_for, build_rows, family_view, label, num, speedup_ci
+from jobs.report.rows import JobReads, Row, Speedup, baseline_for, family_view, label, num, speedup_ci
 from jobs.report.verdict import VerdictView, verdict_view
 from jobs.report.views import FigureView, Table
-from jobs.store import Store, TrialRow
+from jobs.store import Store
 from kernels.base import NOT_FAILED, TrialStatus
 
 FAST_P = (0.0, 0.1, 0.5)  # the fast_p thresholds shown
@@ -51,35 +50,6 @@ class JobView:
     trials: Table | None = None
 
 
-@dataclass
-class JobReads:
-    """What a job's page reads of the store, each once: its trials (by seq) and the kept samples of the
-    trials its speedups and figures use (the job's timed trials in one read, a baseline job's matched
-    trials in one more)."""
-
-    store: Store
-    job_id: int
-    trials: list[TrialRow]
-    samples: dict[int, list[int]] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, store: Store, job_id: int) -> JobReads:
-        reads = cls(store, job_id, store.trials(job_id))
-        reads.kept(t.id for t in reads.trials if t.status == TrialStatus.OK and t.median_ns)
-        return reads
-
-    def ids(self) -> dict[int, int]:
-        """A trial's seq (a row's `trial`) -> its id."""
-        return {t.seq: t.id for t in self.trials}
-
-    def kept(self, trial_ids: Iterable[int]) -> dict[int, list[int]]:
-        """The kept samples of these trials (and of those read before), read once each."""
-        missing = set(trial_ids) - set(self.samples)
-        if missing:
-            self.samples.update(self.store.kept_samples_of(missing))
-        return self.samples
-
-
 def _speedups(reads: JobReads, pairs: list[tuple[str, str, int, int]]) -> list[Speedup]:
     """(shape, label, baseline trial id, trial id) -> the speedups with their intervals."""
     samples = reads.kept(i for _s, _l, a, b in pairs for i in (a, b))
@@ -109,27 +79,28 @@ def speedups(reads: JobReads, rows: list[Row]) -> list[Speedup]:
     return _speedups(reads, pairs)
 
 
-def stored_baseline(store: Store, job_id: int) -> tuple[str, int, dict[int, int]] | None:
+def stored_baseline(reads: JobReads) -> tuple[str, int, dict[int, int]] | None:
     """The stored baseline (`farm baseline set`) the job is judged against: the one `farm accept` used
     when its failures name a baseline job, else the newest one matching the job's points. Returns
     (name, its job, trial id of the job -> the matching baseline trial id), or None."""
     from jobs.judge.baselines import point_key
 
-    used = {(f.evidence or {}).get("baseline_job") for f in store.failures(job_id=job_id)}
-    family = store.get_job(job_id).family
-    named = [b for b, _ in store.list_baselines() if b.job_id in used and b.family == family]
-    # one read: the named baseline's matches, else the newest baseline that matches (baselines.resolve)
-    judging = store.judging(job_id, key=point_key, baseline=named[0].name if named else None, samples=False)
-    if judging is None or judging.baseline is None:
-        return None
-    found = {tid: t.id for tid, t in judging.matches.items()}
-    return (judging.baseline.name, judging.baseline.job_id, found) if found else None
+    store, job = reads.store, reads.job
+    used = {(f.evidence or {}).get("baseline_job") for f in store.failures(job_id=reads.job_id)} - {None}
+    named = (
+        [b for b, _ in store.list_baselines() if b.job_id in used and b.family == job.family] if used else []
+    )
+    # the named baseline's matches, else the newest baseline that matches (as Store.judging finds it)
+    found, matched = store.baseline_matches(
+        job, reads.trials, reads.environments, key=point_key, baseline=named[0].name if named else None
+    )
+    return (found.name, found.job_id, matched) if found is not None and matched else None
 
 
 def baseline_job_speedups(reads: JobReads, rows: list[Row]) -> tuple[str, list[Speedup]]:
     """Each timed trial against its point in the stored baseline's job: how a regression `farm accept`
     caught shows (below 1). Returns (the baseline's description, the speedups); none without a baseline."""
-    found = stored_baseline(reads.store, reads.job_id)
+    found = stored_baseline(reads)
     if found is None:
         return "", []
     name, base_job, matched = found
@@ -218,13 +189,15 @@ def job_figures(
     return [figure_view(fig, f"plot-{name}", height) for name, fig, height in figs if fig is not None]
 
 
-def job_view(store: Store, job_id: int) -> JobView:
-    job = store.get_job(job_id)
+def job_view(store: Store, job_id: int, reads: JobReads | None = None) -> JobView:
+    """The job's page; `reads`: what was read of it already (the terminal table's)."""
+    reads = reads or JobReads(store, job_id)
+    job = reads.job
     if job is None:
         raise LookupError(f"no job {job_id} in {store.url}")
-    reads = JobReads.of(store, job_id)
-    rows = build_rows(store, job_id, reads.trials)
-    envs = store.environments(job_id)
+    reads.timed()  # the job's timed trials' samples in one read: the speedups' and the samples figure's
+    rows = reads.rows
+    envs = reads.environments
     device = next((e.device_name for e in envs if e.device_kind == "gpu"), None)
     items = speedups(reads, rows)
     return JobView(
@@ -235,7 +208,7 @@ def job_view(store: Store, job_id: int) -> JobView:
         commit=job.git_commit or "unknown commit",
         timing="GPU timings" if device else "CPU timings (not GPU numbers)",
         envs=[Environment(e.host, e.device_name, e.device_kind) for e in envs],
-        verdict=verdict_view(store, job_id),
+        verdict=verdict_view(store, job_id, reads.trials),
         speedups=speedup_summary(items),
         figures=job_figures(reads, job.family, rows, items, device),
         pruned=pruned_table(rows),

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from jobs.report.rows import Row, build_rows, family_view, fmt_point, speedup_ci
+from jobs.report.rows import JobReads, Row, build_rows, family_view, fmt_point, speedup_ci
 from jobs.report.rows import num as _num
 from jobs.report.rows import sig as _sig
 from jobs.report.text_table import Cell, TextTable, styled
@@ -29,6 +29,7 @@ from kernels.measure.cpu_share import LEVELS
 
 # Row, build_rows and speedup_ci live in jobs.report.rows (the view the HTML pages share); named here too
 __all__ = [
+    "JobReads",
     "Row",
     "build_rows",
     "render_html",
@@ -55,15 +56,20 @@ def _value(v: Any, fmt: str) -> str:
         return str(v)
 
 
-def render_terminal(store: Store, job_id: int, console: Console | None = None) -> None:
+def render_terminal(
+    store: Store, job_id: int, console: Console | None = None, reads: JobReads | None = None
+) -> None:
+    """The job's table per shape; `reads`: what is read of the job, shared with its page (`farm report
+    JOB --html`: the trials read and their rows built once)."""
     console = console or Console()
     if not console.is_terminal:
         console.width = max(console.width, 140)
-    job = store.get_job(job_id)
+    reads = reads or JobReads(store, job_id)
+    job = reads.job
     if job is None:
         raise LookupError(f"no job {job_id} in {store.url}")
-    rows = build_rows(store, job_id)
-    envs = store.environments(job_id)
+    rows = reads.rows
+    envs = reads.environments
     console.print(
         f"[bold]job {job.id}[/bold] {job.name} ({job.family}) status {job.status}, "
         f"kernels {job.git_commit or 'unknown commit'}"
@@ -151,11 +157,12 @@ def to_csv(store: Store, job_id: int) -> str:
 # ---- HTML ------------------------------------------------------------------------------------------
 
 
-def render_html(store: Store, job_id: int) -> str:
-    """The job's interactive report, one self-contained file (jobs.report.html)."""
+def render_html(store: Store, job_id: int, reads: JobReads | None = None) -> str:
+    """The job's interactive report, one self-contained file (jobs.report.html); `reads`: what was read
+    of the job already (render_terminal's)."""
     from jobs.report.html import render_job
 
-    return render_job(store, job_id)
+    return render_job(store, job_id, reads=reads)
 
 
 # ---- the compact summary a sweep ends with ------------------------------------------------------------

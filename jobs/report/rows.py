@@ -9,10 +9,12 @@ assembles) both read this module; neither imports the other's internals.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
-from jobs.store import Store
+from jobs.store import Environment, Job, Store, TrialRow
 from kernels.base import TrialStatus
 from kernels.registry import get_family
 
@@ -162,6 +164,49 @@ def build_rows(store: Store, job_id: int, trials: list[Any] | None = None) -> li
     extra_keys = [key for key, _label, _fmt in family_view(trials[0].family)[0]] if trials else []
     base = _baselines(trials)
     return [_row(t, base, extra_keys) for t in trials]
+
+
+@dataclass
+class JobReads:
+    """What a job's reports read of the store, each once and when first used: the job, its trials (by
+    seq), their rows (build_rows), the environments they ran in, and the kept samples of the trials the
+    speedups and figures use (the job's timed trials in one read, a baseline job's matched trials in one
+    more). `farm report JOB --html` prints the table and writes the page from one JobReads."""
+
+    store: Store
+    job_id: int
+    samples: dict[int, list[int]] = field(default_factory=dict)
+
+    @cached_property
+    def job(self) -> Job | None:
+        return self.store.get_job(self.job_id)
+
+    @cached_property
+    def trials(self) -> list[TrialRow]:
+        return self.store.trials(self.job_id)
+
+    @cached_property
+    def rows(self) -> list[Row]:
+        return build_rows(self.store, self.job_id, self.trials)
+
+    @cached_property
+    def environments(self) -> list[Environment]:
+        return self.store.environments(self.job_id)
+
+    def ids(self) -> dict[int, int]:
+        """A trial's seq (a row's `trial`) -> its id."""
+        return {t.seq: t.id for t in self.trials}
+
+    def kept(self, trial_ids: Iterable[int]) -> dict[int, list[int]]:
+        """The kept samples of these trials (and of those read before), read once each."""
+        missing = set(trial_ids) - set(self.samples)
+        if missing:
+            self.samples.update(self.store.kept_samples_of(missing))
+        return self.samples
+
+    def timed(self) -> dict[int, list[int]]:
+        """The kept samples of the job's timed trials (and of those read before)."""
+        return self.kept(t.id for t in self.trials if t.status == TrialStatus.OK and t.median_ns)
 
 
 def speedup_ci(

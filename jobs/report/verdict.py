@@ -50,26 +50,32 @@ def _undecided(anomaly: Any) -> str | None:
     return check
 
 
-def _judged(store: Store, job_id: int, failures: list[Any], anomalies: list[Any]) -> list[Judged]:
-    """The failure bank's entries of the job, then the undecided assertions not in it."""
+def _judged(
+    store: Store, job_id: int, failures: list[Any], anomalies: list[Any], trials: list[Any] | None
+) -> list[Judged]:
+    """The failure bank's entries of the job, then the undecided assertions not in it (`trials`: the
+    job's, when read already)."""
     from jobs.judge.acceptance import trial_label
 
     banked = {(f.trial_id, f.assertion) for f in failures}
     judged = [Judged(f.outcome, f.assertion, f.label, f.message) for f in failures]
-    trials = {t.id: t for t in store.trials(job_id)} if anomalies else {}
+    if anomalies and trials is None:
+        trials = store.trials(job_id)
+    by_id = {t.id: t for t in trials or ()}
     for a in anomalies:
         check = _undecided(a)
         if check is None or (a.trial_id, check) in banked:
             continue
-        t = trials.get(a.trial_id)
+        t = by_id.get(a.trial_id)
         judged.append(Judged("ambiguous", check, trial_label(t) if t else "-", a.message))
     return judged
 
 
-def verdict_view(store: Store, job_id: int) -> VerdictView:
+def verdict_view(store: Store, job_id: int, trials: list[Any] | None = None) -> VerdictView:
+    """The verdict box of the job (`trials`: the job's, when read already)."""
     failures = store.failures(job_id=job_id)
     anomalies = store.anomalies(job_id)
-    judged = _judged(store, job_id, failures, anomalies)
+    judged = _judged(store, job_id, failures, anomalies, trials)
     n_fail = sum(j.outcome == "fail" for j in judged)
     counts = f"{n_fail} failed, {len(judged) - n_fail} ambiguous"
     if failures:  # a failure bank entry: the verdict was fail (ambiguous ones too under --ambiguous fail)

@@ -12,7 +12,7 @@ the trial and its environment's class): the store keeps the keys, the judge says
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from sqlalchemy import select
@@ -66,14 +66,8 @@ class JudgingStore:
             used = select(TrialRow.environment_id).where(TrialRow.job_id == job_id)
             envs = {e.id: e for e in s.scalars(select(Environment).where(Environment.id.in_(used)))}
             out = Judging(job, trials, envs)
-            keys = {t.id: key(t, out.env_of(t)) for t in trials}
-            matched: dict[int, int] = {}  # the job's trial id -> the baseline trial id of its point
-            for candidate in [named] if named is not None else _family_baselines(s, job):
-                points = _points(s, candidate)
-                found = {t.id: points[keys[t.id]] for t in trials if points.get(keys[t.id], t.id) != t.id}
-                if found or baseline is not None:
-                    out.baseline, matched = candidate, found
-                    break
+            # the job's trial id -> the baseline trial id of its point
+            out.baseline, matched = _matched(s, job, trials, out.env_of, key, named)
             rows = {r.id: r for r in _trials(s, set(matched.values()))}
             out.matches = {tid: rows[bid] for tid, bid in matched.items() if bid in rows}
             theirs = {r.environment_id for r in rows.values() if r.environment_id is not None} - set(envs)
@@ -84,6 +78,51 @@ class JudgingStore:
             if samples:
                 out.samples = _kept_samples(s, job_id, list(rows.values()), trials)
             return out
+
+    def baseline_matches(
+        self,
+        job: Job,
+        trials: list[TrialRow],
+        environments: Iterable[Environment],
+        *,
+        key: PointKey,
+        baseline: str | None = None,
+    ) -> tuple[Baseline | None, dict[int, int]]:
+        """The baseline `judging` finds for the job and the job's trial id -> its matched baseline
+        trial's id (those still stored), from the job's trials and their environments as read already
+        (a job's report): the baseline's points and its matched trials' ids are read, not its trials."""
+        envs = {e.id: e for e in environments}
+
+        def env_of(t: TrialRow) -> Environment | None:
+            return envs.get(t.environment_id) if t.environment_id is not None else None
+
+        with Session(self.engine) as s:
+            named = _named(s, baseline) if baseline is not None else None
+            found, matched = _matched(s, job, trials, env_of, key, named)
+            if matched:
+                ids = set(matched.values())
+                stored = set(s.scalars(select(TrialRow.id).where(TrialRow.id.in_(ids))))
+                matched = {t: b for t, b in matched.items() if b in stored}
+            return found, matched
+
+
+def _matched(
+    s: Session,
+    job: Job,
+    trials: list[TrialRow],
+    env_of: Callable[[TrialRow], Environment | None],
+    key: PointKey,
+    named: Baseline | None,
+) -> tuple[Baseline | None, dict[int, int]]:
+    """The baseline the job is judged against (the named one, else the newest of its family with a point
+    of the job) and the job's trial id -> the baseline trial id of its point."""
+    keys = {t.id: key(t, env_of(t)) for t in trials}
+    for candidate in [named] if named is not None else _family_baselines(s, job):
+        points = _points(s, candidate)
+        found = {t.id: points[keys[t.id]] for t in trials if points.get(keys[t.id], t.id) != t.id}
+        if found or named is not None:
+            return candidate, found
+    return None, {}
 
 
 def _named(s: Session, name: str) -> Baseline:

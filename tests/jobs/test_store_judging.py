@@ -59,6 +59,28 @@ def test_the_newest_matching_baseline_its_trials_and_the_kept_samples_in_one_rea
     assert baselines.resolve(store, job).name == "new" and baselines.matches(store, named.baseline, job)
 
 
+def test_the_baseline_matches_of_trials_read_already_are_judgings(store):
+    """Store.baseline_matches (a job's report: its trials and environments read already) finds the
+    baseline and the matched baseline trials judging() finds, named or not, and none without one."""
+    job0 = _job(store, [5, 6, 7])
+    trials, envs = store.trials(job0), store.environments(job0)
+    assert store.baseline_matches(store.get_job(job0), trials, envs, key=baselines.point_key) == (None, {})
+    old, new = _job(store, [10, 11, 12]), _job(store, [20, 21, 22])
+    baselines.set_from_job(store, old, "old")
+    baselines.set_from_job(store, new, "new")
+    job = _job(store, [30, 31, 32])
+    trials, envs = store.trials(job), store.environments(job)
+    for name in (None, "old", "new"):
+        judging = store.judging(job, key=baselines.point_key, baseline=name, samples=False)
+        found, matched = store.baseline_matches(
+            store.get_job(job), trials, envs, key=baselines.point_key, baseline=name
+        )
+        assert found.name == judging.baseline.name == (name or "new")
+        assert matched == {t: b.id for t, b in judging.matches.items()} and len(matched) == 2
+    with pytest.raises(LookupError, match="no baseline named 'gone'"):
+        store.baseline_matches(store.get_job(job), trials, envs, key=baselines.point_key, baseline="gone")
+
+
 def test_an_unknown_baseline_is_named_and_a_missing_job_is_none(store):
     job = _job(store, [1, 2, 3])
     baselines.set_from_job(store, job, "main")
