@@ -5,9 +5,12 @@ tests/jobs/test_query_plans.py):
 - `waiting_jobs`: every queued or running job (jobs.status, indexed) with its trials running (its claims
   on pending trials) and waiting (pending, not claimed: counted up to a cap, on trials (job_id, status,
   seq)), in one statement;
-- `first_trials`: a job's first `n` waiting trials in grid order, read along (job_id, status, seq), rows a
-  concurrent claim holds skipped on PostgreSQL (FOR UPDATE SKIP LOCKED: two pools claiming at once take
-  different trials instead of colliding on one and trying again);
+- `claim_first`: a job's first `n` waiting trials in grid order, read along (job_id, status, seq), and
+  claimed. On PostgreSQL one statement locks them (rows a concurrent claim holds skipped: FOR UPDATE SKIP
+  LOCKED, two pools claiming at once take different trials instead of colliding on one and trying
+  again), inserts their claims and returns them; on SQLite (one writer at a time) a read and one insert.
+  The job's row comes without its spec (a 10^5-trial grid's is over 1 MB: read with each of a batch's
+  rows it was 70% of a 64-worker pool's time in the store); `Queue.spec` reads it;
 - `progress`: every listed job's trial count and the pace of its finished trials, one grouped statement
   for all of them (not two per job).
 """
@@ -18,8 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import case, exists, func, select
-from sqlalchemy.orm import Session
+from sqlalchemy import case, exists, func, insert, literal, select
+from sqlalchemy.orm import Session, defer
 
 from jobs.store import PENDING, Job, QueuedJob, TrialClaim, TrialRow
 
@@ -63,19 +66,32 @@ def waiting_jobs(s: Session, cap: int | None) -> list[Waiting]:
     return [Waiting(entry, int(r), int(w)) for entry, r, w in s.execute(q).all()]
 
 
-def first_trials(s: Session, job_id: int, n: int) -> list[tuple[TrialRow, Job, str | None]]:
-    """The job's first `n` pending trials in grid order that no pool has claimed, with their job and its
-    shipped kernel source's digest."""
-    q = (
+def claim_first(
+    s: Session, job_id: int, n: int, pool: str, at: datetime
+) -> list[tuple[TrialRow, Job, str | None]]:
+    """Claim the job's first `n` pending trials in grid order that no pool has claimed, for `pool`; each
+    with its job (without the spec) and its shipped kernel source's digest, in grid order."""
+    waiting = (TrialRow.job_id == job_id, TrialRow.status == PENDING, _unclaimed())
+    rows = (
         select(TrialRow, Job, QueuedJob.source_digest)
         .join(Job, Job.id == TrialRow.job_id)
         .join(QueuedJob, QueuedJob.job_id == TrialRow.job_id)
-        .where(TrialRow.job_id == job_id, TrialRow.status == PENDING, _unclaimed())
+        .options(defer(Job.spec))
         .order_by(TrialRow.seq)
-        .limit(n)
-        .with_for_update(of=TrialRow, skip_locked=True)  # PostgreSQL; SQLite writes one at a time
     )
-    return [(t, j, digest) for t, j, digest in s.execute(q).all()]
+    columns = ["trial_id", "job_id", "pool", "claimed_at"]
+    if s.get_bind().dialect.name == "postgresql":  # lock, claim and read in one statement
+        first = select(TrialRow.id, TrialRow.job_id).where(*waiting).order_by(TrialRow.seq).limit(n)
+        picked = first.with_for_update(of=TrialRow, skip_locked=True).cte("picked")
+        claims = select(picked.c.id, picked.c.job_id, literal(pool), literal(at))
+        claimed = insert(TrialClaim).from_select(columns, claims).returning(TrialClaim.trial_id)
+        claimed = claimed.cte("claimed")
+        return [(t, j, d) for t, j, d in s.execute(rows.where(TrialRow.id.in_(select(claimed.c.trial_id))))]
+    found = [(t, j, d) for t, j, d in s.execute(rows.where(*waiting).limit(n))]
+    if found:  # one statement for all of them; a concurrent claim of one fails it (IntegrityError)
+        values = [{"trial_id": t.id, "job_id": job_id, "pool": pool, "claimed_at": at} for t, _, _ in found]
+        s.execute(insert(TrialClaim).values(values))
+    return found
 
 
 @dataclass(frozen=True)

@@ -110,7 +110,7 @@ class _Source:
         t, job = got.trial, got.job
         spec = self._specs.get(job.id)
         if spec is None:
-            spec = self._specs[job.id] = loads_spec(job.spec, source=f"job {job.id} spec")
+            spec = self._specs[job.id] = loads_spec(self.queue.spec(job.id), source=f"job {job.id} spec")
         if self.metrics is not None:
             self.metrics.waited(got.owner, got.waited_s)
         request = TrialRequest(t.family, t.backend, t.shape, t.config, t.dtype, policy=spec.measure)

@@ -27,7 +27,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from cluster.shipping import PackedSource
-from jobs.queue.claims import WAITING, Progress, first_trials, progress, waiting_jobs
+from jobs.queue.claims import WAITING, Progress, claim_first, progress, waiting_jobs
 from jobs.queue.fairshare import JobState, Plan, decayed
 from jobs.queue.policy import Policy
 from jobs.spec.sweep import SweepSpec, dump_spec
@@ -52,7 +52,7 @@ POOL_STALE_S = 30.0  # a pool not seen for this long is gone: its claims are voi
 @dataclass(frozen=True)
 class Claimed:
     trial: TrialRow
-    job: Job
+    job: Job  # without its spec (a large grid's is megabytes): Queue.spec reads it
     source_digest: str | None = None  # the kernels/ shipped with the job (None: the pool's own)
     owner: str = ""  # who is charged for the worker's time
     waited_s: float = 0.0  # how long its job had waited for a worker
@@ -152,6 +152,14 @@ class Queue:
         except IntegrityError:  # another submitter stored the same content first
             pass
 
+    def spec(self, job_id: int) -> str:
+        """The job's spec as submitted (YAML), what a claimed trial's job is read without."""
+        with Session(self.engine) as s:
+            found = s.scalar(select(Job.spec).where(Job.id == job_id))
+        if found is None:
+            raise LookupError(f"job {job_id} is not in the store")
+        return found
+
     def source_archive(self, digest: str) -> bytes | None:
         """The packed kernels/ of that digest, or None when the store has none."""
         with Session(self.engine) as s:
@@ -170,8 +178,8 @@ class Queue:
         """Take the next `n` trials for free workers of `gpu_type` (fewer when fewer may run now), in the
         order `n` claims one after another would take them, in one transaction: the queue read once, the
         picks made on it (fairshare's Plan.take counts each one before the next), each chosen job's
-        trials read in grid order, the claims inserted at once. `logged`: each trial's "taken" line goes
-        in the job's log in the same transaction."""
+        first trials claimed in grid order (on PostgreSQL one statement per job: claims.claim_first).
+        `logged`: each trial's "taken" line goes in the job's log in the same transaction."""
         policy = self.current_policy()
         for _ in range(8):  # another pool took a trial between the read and the insert: look again
             try:
@@ -191,7 +199,7 @@ class Queue:
     ) -> list[Claimed]:
         """Claim the trials of `picks` (one per pick, a job's in grid order); what was taken."""
         wanted = Counter(job.job_id for job in picks)
-        found = {job_id: first_trials(s, job_id, n) for job_id, n in wanted.items()}
+        found = {job_id: claim_first(s, job_id, n, pool, at) for job_id, n in wanted.items()}
         out: list[Claimed] = []
         for j in picks:  # in the order picked; a job with fewer trials than picks gives what it has
             if found[j.job_id]:
@@ -199,9 +207,6 @@ class Queue:
                 out.append(Claimed(t, job, digest, j.owner, j.waited(seconds_of(at))))
         if not out:
             return out
-        s.execute(
-            insert(TrialClaim), [{"trial_id": c.trial.id, "job_id": c.job.id, "pool": pool} for c in out]
-        )
         taken = sorted({c.job.id for c in out})
         s.execute(update(QueuedJob).where(QueuedJob.job_id.in_(taken)).values(last_taken_at=at))
         if any(c.job.status == "queued" for c in out):

@@ -5,7 +5,10 @@ is in its job's log when asked for."""
 
 from __future__ import annotations
 
+import re
 import threading
+
+from sqlalchemy import event
 
 from jobs.queue.queue import Queue
 from jobs.spec.sweep import loads_spec
@@ -78,3 +81,24 @@ def test_each_trial_taken_in_a_logged_batch_has_its_line(tmp_path):
     for c in taken:
         assert f"trial #{c.trial.seq} taken by pool-x" in [e.line for e in q.events(c.job.id)]
     assert [e.line for e in q.events(1)] == ["queued by ana at priority 0"]  # not taken: no line
+
+
+def test_a_claim_reads_its_job_without_the_spec_and_queue_spec_gives_it(store_url):
+    """A 10^5-trial grid's spec is over 1 MB: read with each trial of a batch it was most of a pool's
+    time in the store (issue 46). The claim reads the job's row without it; `Queue.spec` reads it."""
+    q = Queue(Store(store_url))
+    job = q.submit(spec("wide", 300))
+    sent: list[str] = []
+
+    def record(conn, cursor, statement, parameters, context, executemany):  # noqa: ARG001
+        sent.append(statement)
+
+    event.listen(q.engine, "before_cursor_execute", record)
+    try:
+        taken = q.claim_many("p", None, 20)
+    finally:
+        event.remove(q.engine, "before_cursor_execute", record)
+    assert [c.trial.seq for c in taken] == list(range(20))
+    assert [s for s in sent if re.search(r"\bjobs\.spec\b", s)] == []  # spec_hash is read, not spec
+    assert loads_spec(q.spec(job)).name == "wide"
+    q.store.close()

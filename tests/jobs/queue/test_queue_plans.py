@@ -103,8 +103,25 @@ CASES = [
 ]
 
 
+def _sent(store: Store, read: Callable[[], object]) -> list[tuple[str, object]]:
+    """The statements `read` sends that read rows: SELECTs (tests/jobs/test_query_plans.py's `_captured`)
+    and a claim's WITH (its trials locked, claimed and read in one statement)."""
+    seen: list[tuple[str, object]] = []
+
+    def record(conn, cursor, statement, parameters, context, executemany):  # noqa: ARG001
+        if statement.lstrip().upper().startswith("WITH"):
+            seen.append((statement, parameters))
+
+    event.listen(store.engine, "before_cursor_execute", record)
+    try:
+        selects = _captured(store, read)
+    finally:
+        event.remove(store.engine, "before_cursor_execute", record)
+    return seen + selects
+
+
 def _statement(store: Store, jobs: list[int], case: QueueCase) -> tuple[str, object]:
-    found = [(s, p) for s, p in _captured(store, lambda: case.read(store, jobs)) if case.marker in s]
+    found = [(s, p) for s, p in _sent(store, lambda: case.read(store, jobs)) if case.marker in s]
     assert found, f"{case.name}: no statement with {case.marker!r}"
     return found[0]
 
