@@ -31,14 +31,18 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import cache
 from typing import Any
 
-from sqlalchemy import Row, Select, String, cast, select, tuple_
+from sqlalchemy import Connection, Float, Integer, Row, Select, String, cast, select, tuple_
+from sqlalchemy.exc import CompileError
+from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.functions import FunctionElement
 
 from jobs.history.changepoints import ChangePoint, e_divisive
 from jobs.judge.baselines import env_class, point_config
@@ -239,20 +243,79 @@ class _Point:
     dtype: str
 
 
-def _point_key(keys: dict[tuple, PointKey], t: Row, env: Environment | None) -> PointKey:
-    """The point key of a row whose shape and config are their stored JSON text: each distinct
-    (family, backend, shape, config, dtype, environment) decoded and keyed once, in `keys` (a family's
-    year is a million trials of a thousand points)."""
-    raw = (t.family, t.backend, t.shape, t.config, t.dtype, t.environment_id)
+def _point_key(keys: dict[tuple, PointKey], raw: tuple, envs: dict[int, Environment]) -> PointKey:
+    """The point key of a trial's (family, backend, shape, config, dtype, environment id), its shape and
+    config their stored JSON text: each distinct one decoded and keyed once, in `keys` (a family's year is
+    a million trials of a thousand points)."""
     key = keys.get(raw)
     if key is None:
-        point = _Point(t.family, t.backend, json.loads(t.shape), json.loads(t.config), t.dtype)
+        family, backend, shape, config, dtype, env_id = raw
+        point = _Point(family, backend, json.loads(shape), json.loads(config), dtype)
+        env = envs.get(env_id) if env_id is not None else None
         key = keys[raw] = _key(point, env)  # type: ignore[arg-type]  # what _key reads of a trial
     return key
 
 
-# What a point of a series needs of its trial and its job: no metrics, correctness, memory or resources;
-# JSON as its stored text (the shape and config decoded once a point, the summary once a trial).
+class _SummaryValue(FunctionElement):
+    """One value of a trial's stored summary (JSON), read by the database: a number (`kind` "number"),
+    a count (a non-negative integer: "count") or a list (its JSON text: "list"); NULL where the summary
+    holds none or a value of another type, as Summary.from_stored reads it as absent. A point reads five
+    of the summary's twenty values: the database picks them out, not json.loads in Python. "unread": the
+    summary's text where the database cannot read it as JSON (SQLite's json functions take no NaN or
+    Infinity, which Python writes), NULL elsewhere: that trial's values are read in Python."""
+
+    inherit_cache = True
+    name = "summary_value"
+
+    def __init__(self, key: str, kind: str) -> None:
+        if kind not in ("number", "count", "list", "unread") or not key.isidentifier():
+            raise ValueError(f"no summary value {key!r} of kind {kind!r}")
+        self.key, self.kind = key, kind
+        self.type = Float() if kind == "number" else Integer() if kind == "count" else String()
+        super().__init__(TrialRow.summary)
+
+    @property
+    def _static_cache_key(self):  # the key and kind are part of the statement
+        return (type(self), self.key, self.kind)
+
+
+@compiles(_SummaryValue, "sqlite")
+def _summary_value_sqlite(element: _SummaryValue, compiler, **kw) -> str:
+    col = compiler.process(element.clauses.clauses[0], **kw)
+    if element.kind == "unread":
+        return f"CASE WHEN json_valid({col}) THEN NULL ELSE {col} END"
+    path = f"'$.{element.key}'"
+    kind = f"json_type({col}, {path})"
+    value = f"json_extract({col}, {path})"
+    test = {
+        "number": f"{kind} IN ('integer', 'real') AND abs({value}) <= {sys.float_info.max!r}",  # not 1e999
+        "count": f"{kind} = 'integer' AND {value} >= 0",
+        "list": f"{kind} = 'array'",
+    }[element.kind]
+    return f"CASE WHEN json_valid({col}) THEN CASE WHEN {test} THEN {value} END END"
+
+
+@compiles(_SummaryValue, "postgresql")
+def _summary_value_postgresql(element: _SummaryValue, compiler, **kw) -> str:
+    col = compiler.process(element.clauses.clauses[0], **kw)
+    kind = f"json_typeof({col} -> '{element.key}')"
+    text = f"({col} ->> '{element.key}')"
+    return {  # PostgreSQL's json is valid JSON: no NaN or Infinity
+        "number": f"CASE WHEN {kind} = 'number' THEN CAST({text} AS DOUBLE PRECISION) END",
+        "count": f"CASE WHEN {kind} = 'number' AND {text} ~ '^[0-9]{{1,18}}$' THEN CAST({text} AS BIGINT) END",  # noqa: E501
+        "list": f"CASE WHEN {kind} = 'array' THEN {text} END",
+        "unread": "NULL",
+    }[element.kind]
+
+
+@compiles(_SummaryValue)
+def _summary_value_other(element: _SummaryValue, compiler, **kw) -> str:
+    raise CompileError(f"a summary value is read on SQLite and PostgreSQL only, not {compiler.dialect.name}")
+
+
+# What a point of a series needs of its trial: no metrics, correctness, memory or resources; the shape and
+# config as their stored JSON text (decoded once a point), of the summary only the values a point keeps
+# (`_SummaryValue`). Its job's name, commit and date are read once a job (`_jobs_of`), not once a trial.
 _COLUMNS = (
     TrialRow.id,
     TrialRow.job_id,
@@ -262,12 +325,28 @@ _COLUMNS = (
     cast(TrialRow.config, String).label("config"),
     TrialRow.dtype,
     TrialRow.median_ns,
-    cast(TrialRow.summary, String).label("summary"),
     TrialRow.environment_id,
-    Job.name.label("job_name"),
-    Job.git_commit,
-    Job.created_at,
+    _SummaryValue("p10", "number").label("p10"),
+    _SummaryValue("p90", "number").label("p90"),
+    _SummaryValue("iqr", "number").label("iqr"),
+    _SummaryValue("mad", "number").label("mad"),
+    _SummaryValue("n", "count").label("n"),
+    _SummaryValue("flags", "list").label("flags"),
+    _SummaryValue("summary", "unread").label("unread"),
 )
+
+
+def _flags(text: str | None) -> tuple[str, ...]:
+    """A summary's flags (their JSON list as the database gives it): its strings."""
+    if text is None or text == "[]":
+        return ()
+    return tuple(f for f in json.loads(text) if isinstance(f, str))
+
+
+def _unread(text: str) -> tuple[float | None, float | None, float | None, float | None, int, tuple[str, ...]]:
+    """(p10, p90, iqr, mad, n, flags) of a summary the database could not read (its JSON text)."""
+    d = Summary.from_stored(json.loads(text))
+    return d.p10, d.p90, d.iqr, d.mad, d.n, d.flags
 
 
 def series_query(selection: Selection) -> Select:
@@ -345,40 +424,57 @@ def _environments(s: Session, ids: set[int]) -> dict[int, Environment]:
     return {e.id: e for e in s.scalars(select(Environment).where(Environment.id.in_(ids)))}
 
 
+def _jobs_of(conn: Connection, ids: set[int]) -> dict[int, Row]:
+    """(name, git_commit, created_at) of each job in `ids`, read once a job, a thousand ids a statement."""
+    ordered = sorted(ids)
+    out: dict[int, Row] = {}
+    for start in range(0, len(ordered), 1000):
+        q = select(Job.id, Job.name, Job.git_commit, Job.created_at).where(
+            Job.id.in_(ordered[start : start + 1000])
+        )
+        out.update((r.id, r) for r in conn.execute(q))
+    return out
+
+
 def collect(store: Store, selection: Selection | None = None, *, detect: bool = True) -> list[Series]:
-    """Every selected point's series (one query, reading only the selected points' trials, and the
-    environments they ran in), with its change points when `detect`."""
+    """Every selected point's series (one query, reading only the selected points' trials, then their
+    jobs and the environments they ran in), with its change points when `detect`."""
     selection = selection or Selection()
     by_key: dict[PointKey, Series] = {}
     keys: dict[tuple, PointKey] = {}
+    with store.engine.connect() as conn:
+        rows = conn.execute(series_query(selection)).all()
+        jobs = _jobs_of(conn, {r.job_id for r in rows})
     with Session(store.engine, expire_on_commit=False) as s:
-        rows = s.execute(series_query(selection)).all()
         envs = _environments(s, {r.environment_id for r in rows if r.environment_id is not None})
-    for t in rows:
-        env = envs.get(t.environment_id) if t.environment_id is not None else None
-        key = _point_key(keys, t, env)
+    for tid, job_id, fam, backend, shape, config, dtype, median, env_id, *stats, flags, unread in rows:
+        key = _point_key(keys, (fam, backend, shape, config, dtype, env_id), envs)
         if not selection.matches(key):
             continue
-        series = by_key.setdefault(key, Series(key))
-        if series.points and series.points[-1].job_id == t.job_id:
+        series = by_key.get(key)
+        if series is None:
+            series = by_key[key] = Series(key)
+        elif series.points[-1].job_id == job_id:
             continue  # the same point twice in one job (it differs only in variant keys): the first counts
-        stats = Summary.from_stored(json.loads(t.summary) if t.summary else None)
+        job = jobs[job_id]
+        p10, p90, iqr, mad, n, flags = _unread(unread) if unread else (*stats, _flags(flags))
+        env = envs.get(env_id) if env_id is not None else None
         series.points.append(
             HistoryPoint(
-                job_id=t.job_id,
-                job_name=t.job_name,
-                commit=t.git_commit,
-                created_at=t.created_at,
-                trial_id=t.id,
-                median_ns=float(t.median_ns),
-                p10_ns=stats.p10,
-                p90_ns=stats.p90,
-                iqr_ns=stats.iqr,
-                n=stats.n,
-                mad_ns=stats.mad,
-                flags=stats.flags,
-                env=env.data if env is not None else None,
-            )
+                job_id,
+                job.name,
+                job.git_commit,
+                job.created_at,
+                tid,
+                float(median),
+                p10,
+                p90,
+                iqr,
+                n or 0,
+                mad,
+                flags,
+                env.data if env is not None else None,
+            )  # fmt: skip
         )
     out = list(by_key.values())
     for series in out:

@@ -221,3 +221,55 @@ def test_farm_history_shows_the_newest_jobs_unless_told_all(history_store):
     for bad, says in ((["--last", "0"], "--last"), (["--all", "--last", "3"], "--all and --last")):
         res = run(main, ["history", *point, *bad])
         assert res.exit_code == 2 and says in res.output
+
+
+# Summaries as a writer might have stored them (JSON text): the database reads each point's p10, p90,
+# iqr, mad, n and flags out of them (jobs.history.series._SummaryValue), as Summary.from_stored does.
+STORED_SUMMARIES = [
+    '{"n": 100, "median": 2, "p10": 1.5, "p90": 3, "iqr": 0.25, "mad": 0.1, "flags": ["contended"]}',
+    '{"n": true, "p10": "1.5", "p90": null, "iqr": false, "mad": [1], "flags": []}',  # wrong types: absent
+    '{"n": -3, "p10": 1e308, "p90": -2.5e-300, "flags": [1, "drift", null, {"a": 1}]}',
+    '{"n": 7.0, "mad": 2, "clocks": {"sm": 1410}, "step": null}',  # a count written as a float: none
+    "null",  # no summary: n 0, no statistic
+    "{}",
+    '{"n": 0, "p10": 0, "iqr": 0.0, "flags": ["throttled", "noisy"]}',
+]
+NOT_JSON = '{"n": 5, "p10": NaN, "p90": 2.0, "mad": Infinity, "flags": ["throttled"]}'  # Python writes these
+
+
+def test_a_points_statistics_are_read_as_the_stored_summary_reads(store_url):
+    """Every stored summary's values as Summary.from_stored reads them (a value of the wrong type or not
+    finite absent, no summary n 0), on SQLite and PostgreSQL; on SQLite also a summary with NaN and
+    Infinity, which its json functions cannot read (read in Python)."""
+    from sqlalchemy import text
+
+    from kernels.base import Summary
+
+    store = Store(store_url)
+    sqlite = store.engine.dialect.name == "sqlite"
+    stored = STORED_SUMMARIES + ([NOT_JSON] if sqlite else [])
+    trials = []
+    for i in range(-(-len(stored) // 2)):  # probe-b: two trials a job
+        job = spec_job(store, SPECS["probe-b"], git_commit=f"c{i}")
+        store.record_results([result_of(t.id, [1000, 1010, 1020]) for t in store.trials(job)])
+        trials += [t.id for t in store.trials(job)]
+    value = ":s" if sqlite else "CAST(:s AS json)"
+    with store.engine.begin() as conn:
+        for tid, summary in zip(trials, stored, strict=False):
+            conn.execute(
+                text(f"UPDATE trials SET summary = {value} WHERE id = :id"), {"s": summary, "id": tid}
+            )
+    points = {p.trial_id: p for s in collect(store, Selection(family="probe")) for p in s.points}
+    store.close()
+    for tid, summary in zip(trials, stored, strict=False):
+        want = Summary.from_stored(json.loads(summary))
+        p = points[tid]
+        assert (p.p10_ns, p.p90_ns, p.iqr_ns, p.mad_ns, p.n, p.flags) == (
+            want.p10,
+            want.p90,
+            want.iqr,
+            want.mad,
+            want.n,
+            want.flags,
+        ), summary
+    assert points[trials[0]].contended and points[trials[2]].flags == ("drift",)
