@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import String, cast, func, select
+from sqlalchemy import String, cast, select
 
 from jobs.history.series import HistoryPoint, PointKey, _key, environment_marks
 from jobs.report.views import Table, spark
@@ -66,62 +66,45 @@ def recent_series(
     series = _series_of_job(store, job_id)
     if not series:
         return {}
-    config = cast(TrialRow.config, String)
-    # each trial's rank among the newest jobs of its point (or of a finer group: a point key is a function
-    # of these columns): only the last `last` jobs of each are read
-    newest = func.dense_rank().over(
-        partition_by=(TrialRow.backend, TrialRow.shape_key, TrialRow.dtype, config, TrialRow.environment_id),
-        order_by=(Job.created_at.desc(), Job.id.desc()),
-    )
-    ranked = (
-        select(
-            TrialRow.id,
-            TrialRow.job_id,
-            TrialRow.backend,
-            cast(TrialRow.shape, String).label("shape"),
-            config.label("config"),
-            TrialRow.dtype,
-            TrialRow.median_ns,
-            TrialRow.environment_id,
-            Job.git_commit,
-            Job.created_at,
-            TrialRow.seq,
-            TrialRow.family,
-            TrialRow.shape_key,
-            newest.label("newest"),
-        )
-        .join(Job, Job.id == TrialRow.job_id)
-        .where(
-            TrialRow.job_id.in_(sorted(set(jobs))),
-            TrialRow.status == TrialStatus.OK,
-            TrialRow.median_ns.is_not(None),
-            # the series as one value: one IN that PostgreSQL hashes (a tuple IN is an OR of a term per
-            # series, tried on each of the jobs' trials: 0.35-0.55 s of 500 series); the exact series
-            # kept below (a name with a "/" in it could match another)
-            (TrialRow.family + "/" + TrialRow.backend + "/" + TrialRow.shape_key).in_(
-                sorted({"/".join(s) for s in series})
-            ),
-        )
-        .subquery()
-    )
-    c = ranked.c
-    q = (
-        select(
-            *(c.id, c.job_id, c.backend, c.shape, c.config, c.dtype, c.median_ns, c.environment_id),
-            *(c.git_commit, c.family, c.shape_key),
-        )
-        .where(c.newest <= last)
-        .order_by(c.created_at, c.job_id, c.seq)
+    ids = sorted(set(jobs))
+    q = select(
+        *(TrialRow.id, TrialRow.job_id, TrialRow.family, TrialRow.backend, TrialRow.shape_key),
+        *(cast(TrialRow.shape, String), cast(TrialRow.config, String), TrialRow.dtype),
+        *(TrialRow.median_ns, TrialRow.environment_id, TrialRow.seq),
+    ).where(
+        TrialRow.job_id.in_(ids),
+        TrialRow.status == TrialStatus.OK,
+        TrialRow.median_ns.is_not(None),
+        # the series as one value: one IN that PostgreSQL hashes (a tuple IN is an OR of a term per series,
+        # tried on each of the jobs' trials: 0.35-0.55 s of 500 series); the exact series kept below (a
+        # name with a "/" in it could match another)
+        (TrialRow.family + "/" + TrialRow.backend + "/" + TrialRow.shape_key).in_(
+            sorted({"/".join(s) for s in series})
+        ),
     )
     with store.engine.connect() as conn:
-        rows = conn.execute(q).all()
-    envs = _environments(store, {r[7] for r in rows if r[7] is not None})
+        found = conn.execute(select(Job.id, Job.created_at, Job.git_commit).where(Job.id.in_(ids))).all()
+        read = conn.execute(q).all()
+    order = {job: (created, job) for job, created, _commit in found}  # commit order
+    commits = {job: commit for job, _created, commit in found}
+    wanted = set(series)
+    timed = sorted((r for r in read if tuple(r[2:5]) in wanted), key=lambda r: (order[r[1]], r[10]))
+    # each point's last `last` jobs (or a finer group's: a point key is a function of these columns),
+    # counted from the newest: rows of one job are next to each other in this order
+    rows = []
+    counted: dict[tuple, tuple[int, int]] = {}  # group -> (the job counted last, how many jobs)
+    for r in reversed(timed):
+        group = (r[3], r[4], r[7], r[6], r[9])  # backend, shape key, dtype, config, environment
+        job, n = counted.get(group, (-1, 0))
+        if job != r[1]:
+            counted[group] = job, n = r[1], n + 1
+        if n <= last:
+            rows.append(r)
+    rows.reverse()
+    envs = _environments(store, {r[9] for r in rows if r[9] is not None})
     keys: dict[tuple, PointKey] = {}
     out: dict[PointKey, list[HistoryPoint]] = {}
-    wanted = set(series)
-    for trial, job, backend, shape, config, dtype, median, env_id, commit, fam, shape_key in rows:
-        if (fam, backend, shape_key) not in wanted:
-            continue
+    for trial, job, _family, backend, _shape_key, shape, config, dtype, median, env_id, _seq in rows:
         raw = (backend, shape, config, dtype, env_id)
         key = keys.get(raw)
         if key is None:
@@ -135,7 +118,7 @@ def recent_series(
             HistoryPoint(
                 job_id=job,
                 job_name="",
-                commit=commit,
+                commit=commits[job],
                 created_at=None,  # type: ignore[arg-type]
                 trial_id=trial,
                 median_ns=float(median),
