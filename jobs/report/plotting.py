@@ -86,8 +86,12 @@ def log_ticks(lo: float, hi: float) -> tuple[list[float], list[str]]:
 def _positive(values: Any) -> list[float]:
     out = []
     for v in values if values is not None else ():
-        if isinstance(v, int | float | np.number) and not isinstance(v, bool) and math.isfinite(v) and v > 0:
-            out.append(float(v))
+        if type(v) is float:  # most values (a samples figure's 50,000): the checks below in one comparison
+            if 0 < v < math.inf:
+                out.append(v)
+        elif isinstance(v, int | float | np.number) and not isinstance(v, bool):
+            if math.isfinite(v) and v > 0:
+                out.append(float(v))
     return out
 
 

@@ -391,3 +391,17 @@ def test_verdict_box_follows_each_acceptance_outcome(tmp_path, store):
             continue
         assert acc.verdict == {"fail": "fail", "ambiguous": "warn"}[cls]
         assert box.startswith(f'<p class="verdict {cls}">{text}'), box
+
+
+def test_the_values_a_log_axis_spans_are_the_positive_finite_numbers():
+    """plotting._positive (what a log axis' ticks span): a float's fast path keeps what the general checks
+    keep (not 0, a negative, NaN or infinity), and numpy numbers and ints as floats; no bool, str, None."""
+    import numpy as np
+
+    from jobs.report.plotting import _positive
+
+    values = [2.5, 0.0, -0.0, -1.5, math.nan, math.inf, -math.inf, 1e-300, 3, True, "4", None,
+              np.float64(5.5), np.float64(math.nan), np.int64(6), np.float32(0.25), False, 0]  # fmt: skip
+    assert _positive(values) == [2.5, 1e-300, 3.0, 5.5, 6.0, 0.25]
+    assert all(type(v) is float for v in _positive(values))
+    assert _positive(None) == []
