@@ -77,3 +77,49 @@ def test_job_page_shows_each_points_recent_history(site):
     assert len(steps) == 2 and all(abs(v - 20) <= 5 for v in steps), steps
     later = (out / "jobs" / f"{built.job_ids[-1]}.html").read_text()
     assert later.count('<svg class="spark"') == 2 and "(job " in later
+
+
+def _jobs_listing(series):
+    """A kernel page's table of its jobs as the generic Table the pages' macro rendered (before issue 46)."""
+    from jobs.report.views import Link, Table
+
+    changes = {c.job_id: c for c in series.changes}
+    marks = {m.job_id: m.text for m in series.marks}
+    rows = []
+    for p in series.points:
+        c = changes.get(p.job_id)
+        rows.append(
+            [
+                Link(f"../jobs/{p.job_id}.html", str(p.job_id)),
+                p.commit or "-",
+                p.created_at.strftime("%Y-%m-%d %H:%M"),
+                f"{p.median_ns / 1e6:.4f}",
+                f"{p.spread_pct:.1f}%" if p.spread_pct is not None else "-",
+                f"{c.magnitude:+.1%}" if c else "",
+                marks.get(p.job_id, ""),
+            ]
+        )
+    head = ["job", "commit", "created", "median ms", "spread", "change", "environment"]
+    return Table(head, rows, left=3)
+
+
+@pytest.mark.parametrize("marks", [True, False])
+def test_a_kernel_pages_jobs_table_is_the_macros_table(marks):
+    """The kernel page writes its jobs table as one string (issue 46): the same markup the pages' table
+    macro makes of the same rows, escaped the same (a commit and an environment change with <, & and ')."""
+    from dataclasses import replace
+
+    from test_history_figure import _series
+
+    from jobs.history.series import EnvMark
+    from jobs.judge.environment import Difference
+    from jobs.report.site import _jobs_table
+    from jobs.report.templating import environment
+
+    series = _series(marks)
+    series.points[1] = replace(series.points[1], commit="<b>&'x", iqr_ns=None)
+    if marks:
+        series.marks.append(EnvMark(12, None, 2, [Difference("torch", "<2.1 & 'a'>", "2.2")]))
+    macro = environment().from_string('{% from "_macros.html.j2" import table %}{{ table(t) }}')
+    assert str(_jobs_table(series)) == macro.render(t=_jobs_listing(series))
+    assert "&lt;b&gt;&amp;&#x27;x" in _jobs_table(series)
