@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import groupby
+from operator import itemgetter
 from typing import Any
 
 from sqlalchemy import String, cast, select
@@ -76,19 +78,23 @@ def recent_series(
         TrialRow.status == TrialStatus.OK,
         TrialRow.median_ns.is_not(None),
         # the series as one value: one IN that PostgreSQL hashes (a tuple IN is an OR of a term per series,
-        # tried on each of the jobs' trials: 0.35-0.55 s of 500 series); the exact series kept below (a
-        # name with a "/" in it could match another)
+        # tried on each of the jobs' trials: 0.35-0.55 s of 500 series); exact unless a family or backend
+        # name has a "/" in it (then the exact series are kept below)
         (TrialRow.family + "/" + TrialRow.backend + "/" + TrialRow.shape_key).in_(
             sorted({"/".join(s) for s in series})
         ),
     )
     with store.engine.connect() as conn:
         found = conn.execute(select(Job.id, Job.created_at, Job.git_commit).where(Job.id.in_(ids))).all()
-        read = conn.execute(q).all()
+        # a job's rows in grid order (SQLite reads them so off the job's index; no sort of its own)
+        read = conn.execute(q.order_by(TrialRow.job_id, TrialRow.seq)).all()
     order = {job: (created, job) for job, created, _commit in found}  # commit order
     commits = {job: commit for job, _created, commit in found}
-    wanted = set(series)
-    timed = sorted((r for r in read if tuple(r[2:5]) in wanted), key=lambda r: (order[r[1]], r[10]))
+    blocks = {job: list(rows) for job, rows in groupby(read, key=itemgetter(1))}
+    timed = [r for job in sorted(blocks, key=order.__getitem__) for r in blocks[job]]
+    if any("/" in f + b for f, b, _k in series):  # the names the statement matched may be another series'
+        wanted = set(series)
+        timed = [r for r in timed if (r[2], r[3], r[4]) in wanted]
     # each point's last `last` jobs (or a finer group's: a point key is a function of these columns),
     # counted from the newest: rows of one job are next to each other in this order
     rows = []
@@ -102,18 +108,18 @@ def recent_series(
             rows.append(r)
     rows.reverse()
     envs = _environments(store, {r[9] for r in rows if r[9] is not None})
-    keys: dict[tuple, PointKey] = {}
+    env_data = {i: e.data for i, e in envs.items()}
+    lists: dict[tuple, list[HistoryPoint]] = {}  # a row's columns -> its point key's points
     out: dict[PointKey, list[HistoryPoint]] = {}
     for trial, job, _family, backend, _shape_key, shape, config, dtype, median, env_id, _seq in rows:
         raw = (backend, shape, config, dtype, env_id)
-        key = keys.get(raw)
-        if key is None:
+        points = lists.get(raw)
+        if points is None:
             point = _Point(family, backend, json.loads(shape), json.loads(config), dtype)
-            key = keys[raw] = _key(point, envs.get(env_id))  # type: ignore[arg-type]
-        points = out.setdefault(key, [])
+            key = _key(point, envs.get(env_id))  # type: ignore[arg-type]
+            points = lists[raw] = out.setdefault(key, [])
         if points and points[-1].job_id == job:
             continue  # the same point twice in one job (it differs only in variant keys): the first counts
-        env = envs.get(env_id)
         points.append(
             HistoryPoint(
                 job_id=job,
@@ -126,7 +132,7 @@ def recent_series(
                 p90_ns=None,
                 iqr_ns=None,
                 n=None,
-                env=env.data if env is not None else None,
+                env=env_data.get(env_id),
             )
         )
     return out
