@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from jobs.cli.common import console, db_option, parse_point, store_for
-from jobs.history.series import Selection, Series, collect, min_jobs
+from jobs.history.series import Selection, Series, collect, min_jobs, series_json
 from jobs.judge.environment import changed_text
 
 DEFAULT_LAST = 100  # jobs `farm history` shows unless --last or --all: a year of a nightly spec is 1,825
@@ -128,7 +126,7 @@ def history(
     if not found:
         raise click.ClickException("no finished trial matches that selection")
     if as_json:
-        click.echo(json.dumps([s.to_dict() for s in found], indent=2, default=str))
+        click.echo(series_json(found))
         return
     out_console = console()
     for series in found:

@@ -196,6 +196,27 @@ class Series:
         }
 
 
+def series_json(found: list[Series]) -> str:
+    """The series as `farm history --json` prints them: a JSON list of `Series.to_dict()`, indented, each
+    job of a series on a line of its own. Made by the json module's C encoder a value at a time (its
+    `indent` is pure Python: 1,000 series of 30 points took 0.6 s)."""
+
+    def value(v: Any) -> str:
+        return json.dumps(v, default=str)
+
+    out = []
+    for s in found:
+        fields = []
+        for name, v in s.to_dict().items():
+            if name == "jobs" and v:
+                v = "[\n      " + ",\n      ".join(map(value, v)) + "\n    ]"
+            else:
+                v = value(v)
+            fields.append(f"    {value(name)}: {v}")
+        out.append("  {\n" + ",\n".join(fields) + "\n  }")
+    return "[\n" + ",\n".join(out) + "\n]" if out else "[]"
+
+
 @dataclass(frozen=True)
 class Selection:
     """Which points: any field left None matches every value. `spec` is a job (spec) name."""
