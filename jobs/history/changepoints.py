@@ -18,6 +18,8 @@ the medians of the segments on either side, minus one (+0.20: 20% slower when x 
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -147,6 +149,91 @@ def _significance(
     return (1 + reached) / (1 + permutations)
 
 
+def _checked(values: Sequence[float] | np.ndarray, min_size: int) -> np.ndarray:
+    if min_size < 2:
+        raise ValueError(f"min_size must be at least 2 (got {min_size})")
+    x = np.asarray(values, dtype=float)
+    if x.ndim != 1:
+        raise ValueError(f"values must be one series (got shape {x.shape})")
+    if not np.all(np.isfinite(x)):
+        raise ValueError("values must all be finite")
+    return x
+
+
+def _best_rows(v: np.ndarray, rank: np.ndarray, rowsum: np.ndarray, min_size: int) -> np.ndarray:
+    """The best Q of every row (`_scores`' rows), at most BATCH_CELLS distances' worth of rows at once."""
+    n = v.shape[1]
+    step = max(1, BATCH_CELLS // (n * n if n <= SHORT else n))
+    parts = [
+        _scores(v[i : i + step], rank[i : i + step], rowsum[i : i + step], min_size).max(axis=1)
+        for i in range(0, len(v), step)
+    ]
+    return np.concatenate(parts)
+
+
+def _first_tests_stop(
+    v: np.ndarray, rank: np.ndarray, rowsum: np.ndarray, q: np.ndarray, min_size: int, permutations: int,
+    p_value: float, seed: int,
+) -> np.ndarray:  # fmt: skip
+    """For segments of one length (rows of v, rank and rowsum as `_prepared` makes them, q their best
+    splits' Q), whether the permutation test of each best split stops with p > p_value: each segment's
+    orderings drawn from its own generator of `seed` and scored in the batches `_significance` scores
+    them in, all segments' batch in one numpy call; the same hits, so the same verdict, as
+    `_significance` with a fresh generator."""
+    rows, n = v.shape
+    rngs = [np.random.default_rng(seed) for _ in range(rows)]
+    reach = q - TIE * np.abs(q)
+    reached = np.zeros(rows, dtype=np.int64)
+    stopped = np.zeros(rows, dtype=bool)
+    pending = np.arange(rows)
+    done, batch = 0, FIRST_BATCH
+    while done < permutations and len(pending):
+        take = min(batch, permutations - done, max(1, BATCH_CELLS // n))
+        order = np.stack([rngs[r].permutation(n) for r in pending for _ in range(take)])
+        src = np.repeat(pending, take)[:, None]
+        best = _best_rows(v[src, order], rank[src, order], rowsum[src, order], min_size)
+        hits = (
+            np.cumsum(best.reshape(len(pending), take) >= reach[pending, None], axis=1)
+            + reached[pending, None]
+        )
+        over = ((1 + hits) / (1 + permutations) > p_value).any(axis=1)
+        stopped[pending[over]] = True
+        reached[pending] = hits[:, -1]
+        pending = pending[~over]
+        done, batch = done + take, batch * 2
+    return stopped
+
+
+def e_divisive_many(
+    series: Sequence[Sequence[float] | np.ndarray],
+    *,
+    p_value: float = DEFAULT_P_VALUE,
+    permutations: int = DEFAULT_PERMUTATIONS,
+    min_size: int = DEFAULT_MIN_SIZE,
+    seed: int = DEFAULT_SEED,
+) -> list[list[ChangePoint]]:
+    """`[e_divisive(x) for x in series]`, the same change points, with the first step of each search (the
+    best split of the whole series and its permutation test) taken for all series of one length together:
+    a numpy call a batch of all of them, not one a series (a family's 1,000 series of 30 points took 0.4
+    ms each, mostly numpy's overhead a call). A series whose first split does not stand has no change
+    point (e_divisive's search ends there); a series whose does is searched by e_divisive."""
+    xs = [_checked(x, min_size) for x in series]
+    settings = {"p_value": p_value, "permutations": permutations, "min_size": min_size, "seed": seed}
+    out: list[list[ChangePoint]] = [[] for _ in xs]
+    by_length: dict[int, list[int]] = defaultdict(list)
+    for i, x in enumerate(xs):
+        if len(x) >= 2 * min_size:  # a shorter one has no split
+            by_length[len(x)].append(i)
+    for ids in by_length.values():
+        v, rank, rowsum = (np.stack(part) for part in zip(*(_prepared(xs[i]) for i in ids), strict=True))
+        q = _best_rows(v, rank, rowsum, min_size)
+        stopped = _first_tests_stop(v, rank, rowsum, q, min_size, permutations, p_value, seed)
+        for i, stop in zip(ids, stopped, strict=True):
+            if not stop:
+                out[i] = e_divisive(xs[i], **settings)
+    return out
+
+
 def e_divisive(
     values: list[float] | np.ndarray,
     *,
@@ -156,13 +243,7 @@ def e_divisive(
     seed: int = DEFAULT_SEED,
 ) -> list[ChangePoint]:
     """The significant change points of `values`, in order of index."""
-    if min_size < 2:
-        raise ValueError(f"min_size must be at least 2 (got {min_size})")
-    x = np.asarray(values, dtype=float)
-    if x.ndim != 1:
-        raise ValueError(f"values must be one series (got shape {x.shape})")
-    if not np.all(np.isfinite(x)):
-        raise ValueError("values must all be finite")
+    x = _checked(values, min_size)
     rng = np.random.default_rng(seed)
     cuts = [0, len(x)]  # segment boundaries
     found: dict[int, float] = {}

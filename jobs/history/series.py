@@ -44,7 +44,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.functions import FunctionElement
 
-from jobs.history.changepoints import ChangePoint, e_divisive
+from jobs.history.changepoints import ChangePoint, e_divisive, e_divisive_many
 from jobs.judge.baselines import env_class, point_config
 from jobs.judge.environment import Difference, changed_text, changes, performance
 from jobs.store import Environment, Job, Store, TrialRow
@@ -500,8 +500,9 @@ def collect(store: Store, selection: Selection | None = None, *, detect: bool = 
     out = list(by_key.values())
     for series in out:
         series.marks = environment_marks(series.points)
-        if detect:
-            series.changes = changes_of(series.points)
+    if detect:
+        for series, found in zip(out, changes_of_many([s.points for s in out]), strict=True):
+            series.changes = found
     return out
 
 
@@ -527,9 +528,23 @@ def changes_of(points: list[HistoryPoint]) -> list[Change]:
     the first job between them whose level is nearer the new level than the old (the clean one after, if
     none is); one that moves the level less than MIN_CHANGE is none. A change at a job whose environment
     changed (a performance component) names the change."""
-    clean = [p for p in points if not p.contended]
-    used = clean if len(clean) >= min_jobs() else points
-    found: list[ChangePoint] = e_divisive([p.level_ns for p in used]) if len(used) >= 6 else []
+    return changes_of_many([points])[0]
+
+
+def changes_of_many(many: list[list[HistoryPoint]]) -> list[list[Change]]:
+    """`changes_of` of each series, the searches' first steps taken together (e_divisive_many)."""
+    used = []
+    for points in many:
+        clean = [p for p in points if not p.contended]
+        used.append(clean if len(clean) >= min_jobs() else points)
+    found = e_divisive_many([[p.level_ns for p in u] for u in used])
+    return [_attributed(p, u, f) for p, u, f in zip(many, used, found, strict=True)]
+
+
+def _attributed(
+    points: list[HistoryPoint], used: list[HistoryPoint], found: list[ChangePoint]
+) -> list[Change]:
+    """The change points `found` in the levels of `used` (of `points`), each on its job (changes_of)."""
     out = []
     for c in found:
         if abs(c.magnitude) < MIN_CHANGE:

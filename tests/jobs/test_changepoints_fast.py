@@ -121,3 +121,29 @@ def test_random_series_give_the_plain_searchs_decisions(seed):
     p_value = float(rng.choice([0.01, 0.05]))
     got = [(c.index, c.p_value) for c in e_divisive(x, p_value=p_value, permutations=99)]
     assert got == _plain(x, p_value=p_value, permutations=99)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_many_series_at_once_give_each_series_own_change_points(seed):
+    """e_divisive_many (the first step of every series' search taken together, issue 46) gives what
+    e_divisive gives each series: series of several lengths (too short for a split, short, over SHORT),
+    without a change, with one or two, with ties, in one call."""
+    rng = np.random.default_rng(seed)
+    series = []
+    for n in (4, 5, 6, 7, 12, 30, 30, 30, 41, cp.SHORT + 9):
+        for kind in range(6):
+            x = 100 + rng.normal(0, 2, n)
+            if kind in (1, 2):
+                x[n // 2 :] += 15 * kind  # one step
+            if kind == 3:
+                x[n // 3 :] += 10
+                x[2 * n // 3 :] -= 25  # two
+            if kind == 4:
+                x = rng.integers(0, 3, n).astype(float)  # few distinct values
+            series.append(list(x))
+    many = cp.e_divisive_many(series)
+    assert many == [e_divisive(x) for x in series]
+    assert sum(bool(found) for found in many) >= 10  # not only series without a change
+    assert cp.e_divisive_many([]) == []
+    with pytest.raises(ValueError, match="finite"):
+        cp.e_divisive_many([[1.0] * 8, [1.0, float("inf")] * 4])
