@@ -5,12 +5,13 @@ tests/jobs/test_query_plans.py):
 - `waiting_jobs`: every queued or running job (jobs.status, indexed) with its trials running (its claims
   on pending trials) and waiting (pending, not claimed: counted up to a cap, on trials (job_id, status,
   seq)), in one statement;
-- `claim_first`: a job's first `n` waiting trials in grid order, read along (job_id, status, seq), and
-  claimed. On PostgreSQL one statement locks them (rows a concurrent claim holds skipped: FOR UPDATE SKIP
-  LOCKED, two pools claiming at once take different trials instead of colliding on one and trying
-  again), inserts their claims and returns them; on SQLite (one writer at a time) a read and one insert.
-  The job's row comes without its spec (a 10^5-trial grid's is over 1 MB: read with each of a batch's
-  rows it was 70% of a 64-worker pool's time in the store); `Queue.spec` reads it;
+- `claim_first`: each picked job's first `n` waiting trials in grid order, read along (job_id, status,
+  seq), and claimed. On PostgreSQL one statement for every job of a batch locks them (rows a concurrent
+  claim holds skipped: FOR UPDATE SKIP LOCKED, two pools claiming at once take different trials instead
+  of colliding on one and trying again), inserts their claims and returns them; on SQLite (one writer at
+  a time) a read per job and one insert. The job's row comes without its spec (a 10^5-trial grid's is
+  over 1 MB: read with each of a batch's rows it was 70% of a 64-worker pool's time in the store);
+  `Queue.spec` reads it;
 - `claimed_status`: a claim's trial's status, probed by the trial's id for each of the few claims;
 - `progress`: every listed job's trial count and the pace of its finished trials, one grouped statement
   for all of them (not two per job).
@@ -18,11 +19,11 @@ tests/jobs/test_query_plans.py):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import case, exists, func, insert, literal, select
+from sqlalchemy import Integer, case, column, exists, func, insert, literal, select, true, values
 from sqlalchemy.orm import Session, defer
 
 from jobs.store import PENDING, Job, QueuedJob, TrialClaim, TrialRow
@@ -75,11 +76,14 @@ def waiting_jobs(s: Session, cap: int | None) -> list[Waiting]:
 
 
 def claim_first(
-    s: Session, job_id: int, n: int, pool: str, at: datetime
-) -> list[tuple[TrialRow, Job, str | None]]:
-    """Claim the job's first `n` pending trials in grid order that no pool has claimed, for `pool`; each
-    with its job (without the spec) and its shipped kernel source's digest, in grid order."""
-    waiting = (TrialRow.job_id == job_id, TrialRow.status == PENDING, _unclaimed())
+    s: Session, wanted: Mapping[int, int], pool: str, at: datetime
+) -> dict[int, list[tuple[TrialRow, Job, str | None]]]:
+    """Claim each wanted job's first `n` pending trials in grid order that no pool has claimed (job ->
+    n), for `pool`: job -> its trials claimed, each with its job (without the spec) and its shipped
+    kernel source's digest, in grid order."""
+    out: dict[int, list[tuple[TrialRow, Job, str | None]]] = {job_id: [] for job_id in wanted}
+    if not wanted:
+        return out
     rows = (
         select(TrialRow, Job, QueuedJob.source_digest)
         .join(Job, Job.id == TrialRow.job_id)
@@ -88,18 +92,39 @@ def claim_first(
         .order_by(TrialRow.seq)
     )
     columns = ["trial_id", "job_id", "pool", "claimed_at"]
-    if s.get_bind().dialect.name == "postgresql":  # lock, claim and read in one statement
-        first = select(TrialRow.id, TrialRow.job_id).where(*waiting).order_by(TrialRow.seq).limit(n)
-        picked = first.with_for_update(of=TrialRow, skip_locked=True).cte("picked")
+    if s.get_bind().dialect.name == "postgresql":  # lock, claim and read them all in one statement
+        jobs = values(column("job_id", Integer), column("n", Integer), name="wanted")
+        jobs = jobs.data(sorted(wanted.items()))
+        first = (
+            select(TrialRow.id, TrialRow.job_id)
+            .where(*_waiting(jobs.c.job_id))
+            .order_by(TrialRow.seq)
+            .limit(jobs.c.n)
+            .with_for_update(of=TrialRow, skip_locked=True)
+            .lateral("first")
+        )
+        picked = select(first.c.id, first.c.job_id).select_from(jobs).join(first, true()).cte("picked")
         claims = select(picked.c.id, picked.c.job_id, literal(pool), literal(at))
         claimed = insert(TrialClaim).from_select(columns, claims).returning(TrialClaim.trial_id)
-        claimed = claimed.cte("claimed")
-        return [(t, j, d) for t, j, d in s.execute(rows.where(TrialRow.id.in_(select(claimed.c.trial_id))))]
-    found = [(t, j, d) for t, j, d in s.execute(rows.where(*waiting).limit(n))]
-    if found:  # one statement for all of them; a concurrent claim of one fails it (IntegrityError)
-        values = [{"trial_id": t.id, "job_id": job_id, "pool": pool, "claimed_at": at} for t, _, _ in found]
-        s.execute(insert(TrialClaim).values(values))
-    return found
+        ids = select(claimed.cte("claimed").c.trial_id)
+        for t, j, d in s.execute(rows.where(TrialRow.id.in_(ids))):
+            out[t.job_id].append((t, j, d))
+        return out
+    for job_id, n in wanted.items():  # SQLite: one writer at a time
+        out[job_id] = [(t, j, d) for t, j, d in s.execute(rows.where(*_waiting(job_id)).limit(n))]
+    values_ = [
+        {"trial_id": t.id, "job_id": t.job_id, "pool": pool, "claimed_at": at}
+        for found in out.values()
+        for t, _, _ in found
+    ]
+    if values_:  # one statement for all of them; a concurrent claim of one fails it (IntegrityError)
+        s.execute(insert(TrialClaim).values(values_))
+    return out
+
+
+def _waiting(job_id):
+    """A job's pending trials that no pool has claimed (`job_id`: a value or a column)."""
+    return (TrialRow.job_id == job_id, TrialRow.status == PENDING, _unclaimed())
 
 
 @dataclass(frozen=True)

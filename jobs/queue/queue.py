@@ -178,7 +178,7 @@ class Queue:
         """Take the next `n` trials for free workers of `gpu_type` (fewer when fewer may run now), in the
         order `n` claims one after another would take them, in one transaction: the queue read once, the
         picks made on it (fairshare's Plan.take counts each one before the next), each chosen job's
-        first trials claimed in grid order (on PostgreSQL one statement per job: claims.claim_first).
+        first trials claimed in grid order (on PostgreSQL one statement for all: claims.claim_first).
         `logged`: each trial's "taken" line goes in the job's log in the same transaction."""
         policy = self.current_policy()
         for _ in range(8):  # another pool took a trial between the read and the insert: look again
@@ -199,7 +199,7 @@ class Queue:
     ) -> list[Claimed]:
         """Claim the trials of `picks` (one per pick, a job's in grid order); what was taken."""
         wanted = Counter(job.job_id for job in picks)
-        found = {job_id: claim_first(s, job_id, n, pool, at) for job_id, n in wanted.items()}
+        found = claim_first(s, wanted, pool, at)
         out: list[Claimed] = []
         for j in picks:  # in the order picked; a job with fewer trials than picks gives what it has
             if found[j.job_id]:

@@ -102,3 +102,29 @@ def test_a_claim_reads_its_job_without_the_spec_and_queue_spec_gives_it(store_ur
     assert [s for s in sent if re.search(r"\bjobs\.spec\b", s)] == []  # spec_hash is read, not spec
     assert loads_spec(q.spec(job)).name == "wide"
     q.store.close()
+
+
+def test_a_batch_over_several_jobs_on_postgresql_is_claimed_in_one_statement(postgres):
+    """The picks of a batch spread over jobs by fair share: their trials are locked, claimed and read in
+    one statement (not one per job), and they are the trials claims one after another take."""
+    one = _queue(postgres.url(postgres.create_database("one")))
+    batch = _queue(postgres.url(postgres.create_database("batch")))
+    singles = [one.claim("p") for _ in range(12)]
+    sent: list[str] = []
+
+    def record(conn, cursor, statement, parameters, context, executemany):  # noqa: ARG001
+        sent.append(statement)
+
+    event.listen(batch.engine, "before_cursor_execute", record)
+    try:
+        taken = batch.claim_many("p", None, 12)
+    finally:
+        event.remove(batch.engine, "before_cursor_execute", record)
+    assert [(c.job.id, c.trial.seq, c.owner) for c in taken] == [
+        (c.job.id, c.trial.seq, c.owner) for c in singles
+    ]
+    assert len({c.job.id for c in taken}) > 1
+    assert len([s for s in sent if "INSERT INTO trial_claims" in s]) == 1
+    assert len([s for s in sent if "FOR UPDATE" in s]) == 1
+    one.store.close()
+    batch.store.close()
