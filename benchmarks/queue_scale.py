@@ -13,7 +13,13 @@ Two parts, on a throwaway PostgreSQL server started as the tests start theirs (t
   (jobs.queue.pool.serve) from the queue on PostgreSQL. The store time per trial is the time the pool's
   process spent in statements on the store (SQLAlchemy's cursor events) over the trials written, per
   tenth of the job (start, middle, end: flat or not), and `farm jobs list` is timed while it runs.
-  Bounded by `--ray-budget-s`: the figures say how many of the N trials ran.
+  Bounded by `--ray-budget-s`: the figures say how many of the N trials ran. What the server's backends
+  were doing is sampled meanwhile (pg_stat_activity: running, or waiting on a lock, the disk, ...).
+
+Both parts report the server's own time per statement beside the client's (pg_stat_statements, loaded
+into the benchmark's server at its start): calls and mean ms of the statements that took most, and the
+server's ms and executions per trial (an executemany of n rows is n executions there, one statement for
+the client). On a shared host the client's ms move 2-5x with the load; the server's are steadier.
 
     python -m benchmarks queue-scale --size 1/64 --trials 200
     python -m benchmarks queue-scale --size 1/64 --trials 0 --ray-trials 100000 --workers 64
@@ -55,7 +61,7 @@ class StoreClock:
             took = time.perf_counter() - began
             self.n += 1
             self.s += took
-            kind = self.kinds.setdefault(" ".join(statement.split()[:4])[:60], [0, 0.0])
+            kind = self.kinds.setdefault(_kind(statement), [0, 0.0])
             kind[0] += 1
             kind[1] += took
 
@@ -73,16 +79,145 @@ class StoreClock:
         event.remove(self.engine, "after_cursor_execute", self._after)
 
 
+class ServerClock:
+    """The server's own time per statement (pg_stat_statements, where the server loads it): what the
+    database spent executing, without the client's waits (its GIL, its share of the cores), so steadier
+    than the client's clock on a busy host. `read` gives each statement's calls and milliseconds since
+    the last `reset`; without the extension both do nothing and `read` gives {}."""
+
+    def __init__(self, url: str) -> None:
+        from sqlalchemy import create_engine
+
+        self.engine = create_engine(url, isolation_level="AUTOCOMMIT")
+        try:
+            with self.engine.connect() as conn:
+                conn.exec_driver_sql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+                conn.exec_driver_sql("SELECT pg_stat_statements_reset()")
+            self.on = True
+        except Exception:  # noqa: BLE001 - not preloaded, or not PostgreSQL: no server times
+            self.on = False
+
+    def reset(self) -> None:
+        if self.on:
+            with self.engine.connect() as conn:
+                conn.exec_driver_sql("SELECT pg_stat_statements_reset()")
+
+    def read(self) -> dict[str, tuple[int, float]]:
+        """Statement (its first words) -> (calls, server ms in all), since the last reset."""
+        if not self.on:
+            return {}
+        q = (
+            "SELECT query, calls, total_exec_time FROM pg_stat_statements "
+            "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+            "AND query NOT LIKE '%%pg_stat_statements%%' AND query NOT ILIKE 'VACUUM%%'"
+        )
+        out: dict[str, tuple[int, float]] = {}
+        with self.engine.connect() as conn:
+            for query, calls, ms in conn.exec_driver_sql(q):
+                key = _kind(query)
+                n, t = out.get(key, (0, 0.0))
+                out[key] = (n + int(calls), t + float(ms))
+        return out
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+class WaitSampler:
+    """What the server's backends on the store's database are doing, sampled every `every_s` on a
+    connection of its own (pg_stat_activity): per statement, how often it was seen active and on what it
+    waited (no wait event: running, or waiting for a core). Rows locked show as Lock:transactionid or
+    Lock:tuple, the disk as IO:..., the server's own queues as LWLock:..."""
+
+    def __init__(self, url: str, every_s: float = 0.2) -> None:
+        import threading
+
+        from sqlalchemy import create_engine
+
+        self.engine = create_engine(url, isolation_level="AUTOCOMMIT")
+        self.every_s, self.samples = every_s, 0
+        self.seen: dict[str, dict[str, int]] = {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> WaitSampler:
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        q = (
+            "SELECT query, coalesce(wait_event_type || ':' || wait_event, 'CPU') FROM pg_stat_activity "
+            "WHERE datname = current_database() AND state = 'active' AND pid <> pg_backend_pid()"
+        )
+        try:
+            with self.engine.connect() as conn:
+                while not self.stop.wait(self.every_s):
+                    self.samples += 1
+                    for query, wait in conn.exec_driver_sql(q):
+                        per = self.seen.setdefault(_kind(query or ""), {})
+                        per[wait] = per.get(wait, 0) + 1
+        except Exception as e:  # noqa: BLE001 - not PostgreSQL, or the server went: no more samples
+            self.seen.setdefault("(sampling stopped)", {})[type(e).__name__] = 1
+
+    def close(self) -> dict[str, dict[str, int]]:
+        """Stop; each statement's samples active, by wait (the most seen first)."""
+        self.stop.set()
+        self.thread.join(10)
+        self.engine.dispose()
+        ranked = sorted(self.seen.items(), key=lambda kv: -sum(kv[1].values()))
+        return {"samples": {"taken": self.samples}} | {
+            k: dict(sorted(v.items(), key=lambda kv: -kv[1])) for k, v in ranked[:8]
+        }
+
+
+def _kind(statement: str) -> str:
+    """A statement's name in the figures: its first words, and what a SELECT ... FOR UPDATE locks."""
+    words = statement.split()
+    kind = " ".join(words[:4])[:60]
+    if "SKIP LOCKED" in statement:
+        kind += " ... SKIP LOCKED"
+    return kind
+
+
+def per_trial(server: dict[str, tuple[int, float]], trials: int, top: int = 5) -> dict[str, Any]:
+    """Server ms per trial in all, and the statements that took most of it (calls, mean ms)."""
+    if not server or not trials:
+        return {}
+    ranked = sorted(server.items(), key=lambda kv: -kv[1][1])[:top]
+    return {
+        "server ms per trial": sum(ms for _, ms in server.values()) / trials,
+        "server statements per trial": sum(n for n, _ in server.values()) / trials,
+        "server: calls, mean ms": {k: (n, round(ms / max(n, 1), 3)) for k, (n, ms) in ranked},
+    }
+
+
+def _preload_stat_statements(server: Any) -> None:
+    """Restart the test server with pg_stat_statements loaded (pg_ctl restart keeps its options)."""
+    import psycopg
+
+    with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
+        conn.execute("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'")
+    log = str(server.root / "server.log")  # as start_server: the server writes there, not to our pipe
+    server._check(
+        "restart", "pg_ctl", "-D", str(server.data), "-l", log, "-w", "-t", "60", "-m", "fast", "restart"
+    )
+
+
 def pg_store(size: str):
     """A store on a new PostgreSQL server grown to `size` of the team's year."""
     from benchmarks import scale_store
     from jobs.store import Store
 
     sys.path.insert(0, str(REPO / "tests"))  # pgserver, as pytest finds it
-    from pgserver import start_server
+    import psycopg
+    from pgserver import Unavailable, start_server
 
     server = start_server()
     atexit.register(server.stop)
+    try:
+        _preload_stat_statements(server)
+    except (Unavailable, OSError, psycopg.Error) as e:
+        print(f"no server-side times: {e}", flush=True)
     store = Store(server.url(server.create_database("queue")))
     start = time.perf_counter()
     scale_store.build(store, scale_store.days_of(Fraction(size)))
@@ -130,14 +265,15 @@ def store_part(store: Any, depths: tuple[int, ...], trials: int, batch: int) -> 
     def results(trial_id: int) -> Any:
         return result_of(trial_id, samples, environment=scale_store.ENV)
 
-    clock = StoreClock(store.engine)
-    out: dict[str, float] = {}
+    clock, server = StoreClock(store.engine), ServerClock(store.url)
+    out: dict[str, Any] = {}
     waiting: list[int] = []
     for depth in depths:
         while len(waiting) < depth:
             waiting.append(queue.submit(spec, owner=f"owner{len(waiting) % 4}"))
         for size, label in ((1, "one at a time"), (batch, f"{batch} at a time")):
-            times, statements, db_ms = [], [], []
+            times, statements, db_ms, taken = [], [], [], 0
+            server.reset()
             for _ in range(max(1, trials // size)):
                 clock.reset()
                 start = time.perf_counter()
@@ -145,6 +281,7 @@ def store_part(store: Any, depths: tuple[int, ...], trials: int, batch: int) -> 
                 if not got:
                     break
                 times.append((time.perf_counter() - start) / len(got))
+                taken += len(got)
                 n, s = clock.reset()
                 statements.append(n / len(got))
                 db_ms.append(1e3 * s / len(got))
@@ -152,10 +289,17 @@ def store_part(store: Any, depths: tuple[int, ...], trials: int, batch: int) -> 
                 out[f"ms per trial, {label}, {depth} jobs waiting"] = 1e3 * statistics.median(times)
                 out[f"of which in statements, {label}, {depth} jobs waiting"] = statistics.median(db_ms)
                 out[f"statements per trial, {label}, {depth} jobs waiting"] = statistics.median(statements)
+                for k, v in per_trial(server.read(), taken).items():
+                    out[f"{k}, {label}, {depth} jobs waiting"] = v
         out[f"farm jobs list s, {depth} jobs waiting"] = jobs_list_s(store.url)
-        print({k: round(v, 3) for k, v in out.items() if k.endswith(f" {depth} jobs waiting")}, flush=True)
+        print({k: _round(v) for k, v in out.items() if k.endswith(f" {depth} jobs waiting")}, flush=True)
     clock.close()
+    server.close()
     return out
+
+
+def _round(v: Any) -> Any:
+    return round(v, 3) if isinstance(v, float) else v
 
 
 def main(argv: list[str] | None = None) -> dict:

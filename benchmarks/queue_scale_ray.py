@@ -92,7 +92,7 @@ def _windows(rows: list[dict]) -> dict[str, Any]:
 
 
 def ray_part(store: Any, trials: int, workers: int, budget_s: float, window_s: float = 10.0) -> dict:
-    from benchmarks.queue_scale import StoreClock, jobs_list_s
+    from benchmarks.queue_scale import ServerClock, StoreClock, WaitSampler, jobs_list_s, per_trial
     from cluster import session
     from jobs.queue.pool import PoolOptions, serve
     from jobs.run.runner import RunOptions
@@ -107,11 +107,13 @@ def ray_part(store: Any, trials: int, workers: int, budget_s: float, window_s: f
     run = RunOptions(address=cluster.address, gpus=workers, show_progress=False, echo=lambda _m: None,
                      oversubscribe=True, observer=observed, ready_wait_s=600.0)  # fmt: skip
     options = PoolOptions(run=run, idle_exit_s=5.0)
-    clock = StoreClock(store.engine)
+    clock, server = StoreClock(store.engine), ServerClock(store.url)
+    waits = WaitSampler(store.url).start()
     rows: list[dict] = []
     lists: list[float] = []
     started = time.perf_counter()
     first: list[float | None] = [None]  # when the first trial was written: the budget counts from there
+    server_from = [0]  # trials written when the server's clock was reset
 
     def watch() -> None:  # the pool runs in the main thread (Ray's driver); this one watches it
         while not options.stop.is_set():
@@ -127,6 +129,8 @@ def ray_part(store: Any, trials: int, workers: int, budget_s: float, window_s: f
             print(f"ray: {written[0]:,} of {trials:,} trials written; last window {rows[-1]}", flush=True)
             if written[0] and first[0] is None:
                 first[0] = time.perf_counter()
+                server.reset()  # the server's time from the first trial written (the workers' start left out)
+                server_from[0] = written[0]
             if len(rows) % VACUUM_EVERY == 0:
                 _vacuum(store)
             late = first[0] is None and time.perf_counter() - started >= STARTUP_S  # no worker came up
@@ -151,6 +155,8 @@ def ray_part(store: Any, trials: int, workers: int, budget_s: float, window_s: f
         "seconds": time.perf_counter() - started,
         "seconds from the first trial written": time.perf_counter() - (first[0] or started),
         "statements that took longest (count, s)": clock.top(),
+        **per_trial(server.read(), written[0] - server_from[0], top=8),
+        "server backends active, by statement and wait (samples)": waits.close(),
         **_windows(rows),
     }
     if lists:
