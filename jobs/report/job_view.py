@@ -86,7 +86,7 @@ def stored_baseline(reads: JobReads) -> tuple[str, int, dict[int, int]] | None:
     from jobs.judge.baselines import point_key
 
     store, job = reads.store, reads.job
-    used = {(f.evidence or {}).get("baseline_job") for f in store.failures(job_id=reads.job_id)} - {None}
+    used = {(f.evidence or {}).get("baseline_job") for f in reads.failures} - {None}
     named = (
         [b for b, _ in store.list_baselines() if b.job_id in used and b.family == job.family] if used else []
     )
@@ -127,8 +127,8 @@ def speedup_summary(items: list[Speedup]) -> Table | None:
     return Table(head, out)
 
 
-def anomalies_table(store: Store, job_id: int) -> Table | None:
-    found = store.anomalies(job_id)
+def anomalies_table(reads: JobReads) -> Table | None:
+    found = reads.anomalies
     if not found:
         return None
     return Table(["severity", "kind", "message"], [[a.severity, a.kind, a.message] for a in found], left=3)
@@ -208,11 +208,11 @@ def job_view(store: Store, job_id: int, reads: JobReads | None = None) -> JobVie
         commit=job.git_commit or "unknown commit",
         timing="GPU timings" if device else "CPU timings (not GPU numbers)",
         envs=[Environment(e.host, e.device_name, e.device_kind) for e in envs],
-        verdict=verdict_view(store, job_id, reads.trials),
+        verdict=verdict_view(store, job_id, reads),
         speedups=speedup_summary(items),
         figures=job_figures(reads, job.family, rows, items, device),
         pruned=pruned_table(rows),
         history=recent_history(store, job_id, job.family),
-        anomalies=anomalies_table(store, job_id),
+        anomalies=anomalies_table(reads),
         trials=trials_table(rows),
     )

@@ -169,7 +169,8 @@ def build_rows(store: Store, job_id: int, trials: list[Any] | None = None) -> li
 @dataclass
 class JobReads:
     """What a job's reports read of the store, each once and when first used: the job, its trials (by
-    seq), their rows (build_rows), the environments they ran in, and the kept samples of the trials the
+    seq), their rows (build_rows), the environments they ran in, its anomalies and failures (the verdict's,
+    the stored baseline's and the anomalies' table), and the kept samples of the trials the
     speedups and figures use (the job's timed trials in one read, a baseline job's matched trials in one
     more). `farm report JOB --html` prints the table and writes the page from one JobReads."""
 
@@ -192,6 +193,15 @@ class JobReads:
     @cached_property
     def environments(self) -> list[Environment]:
         return self.store.environments(self.job_id)
+
+    @cached_property
+    def anomalies(self) -> list[Any]:
+        return self.store.anomalies(self.job_id)
+
+    @cached_property
+    def failures(self) -> list[Any]:
+        """The failure bank's entries of the job."""
+        return self.store.failures(job_id=self.job_id)
 
     def ids(self) -> dict[int, int]:
         """A trial's seq (a row's `trial`) -> its id."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from jobs.report.rows import JobReads
 from jobs.report.templating import render
 from jobs.report.views import Table
 from jobs.store import Store
@@ -50,18 +51,13 @@ def _undecided(anomaly: Any) -> str | None:
     return check
 
 
-def _judged(
-    store: Store, job_id: int, failures: list[Any], anomalies: list[Any], trials: list[Any] | None
-) -> list[Judged]:
-    """The failure bank's entries of the job, then the undecided assertions not in it (`trials`: the
-    job's, when read already)."""
+def _judged(failures: list[Any], anomalies: list[Any], reads: JobReads) -> list[Judged]:
+    """The failure bank's entries of the job, then the undecided assertions not in it."""
     from jobs.judge.acceptance import trial_label
 
     banked = {(f.trial_id, f.assertion) for f in failures}
     judged = [Judged(f.outcome, f.assertion, f.label, f.message) for f in failures]
-    if anomalies and trials is None:
-        trials = store.trials(job_id)
-    by_id = {t.id: t for t in trials or ()}
+    by_id = {t.id: t for t in reads.trials} if anomalies else {}
     for a in anomalies:
         check = _undecided(a)
         if check is None or (a.trial_id, check) in banked:
@@ -71,11 +67,11 @@ def _judged(
     return judged
 
 
-def verdict_view(store: Store, job_id: int, trials: list[Any] | None = None) -> VerdictView:
-    """The verdict box of the job (`trials`: the job's, when read already)."""
-    failures = store.failures(job_id=job_id)
-    anomalies = store.anomalies(job_id)
-    judged = _judged(store, job_id, failures, anomalies, trials)
+def verdict_view(store: Store, job_id: int, reads: JobReads | None = None) -> VerdictView:
+    """The verdict box of the job (`reads`: what was read of it already, its page's)."""
+    reads = reads or JobReads(store, job_id)
+    failures, anomalies = reads.failures, reads.anomalies
+    judged = _judged(failures, anomalies, reads)
     n_fail = sum(j.outcome == "fail" for j in judged)
     counts = f"{n_fail} failed, {len(judged) - n_fail} ambiguous"
     if failures:  # a failure bank entry: the verdict was fail (ambiguous ones too under --ambiguous fail)

@@ -39,9 +39,9 @@ def test_a_job_page_reads_its_trials_once_and_its_samples_twice(store, monkeypat
     assert out.exit_code == 0, out.output
     job = make_job(store, scale=1.5, failures=False)
     names = ("trials", "kept_samples_of", "kept_samples", "samples", "judging", "baseline_matches")
-    calls = _counted(store, monkeypatch, names)
+    calls = _counted(store, monkeypatch, (*names, "anomalies", "failures"))
     view = job_view(store, job)
-    assert calls == Counter(trials=1, kept_samples_of=2, baseline_matches=1), calls
+    assert calls == Counter(trials=1, kept_samples_of=2, baseline_matches=1, anomalies=1, failures=1), calls
     ids = [f.div_id for f in view.figures]
     assert "plot-speedup-stored-baseline" in ids and "plot-samples" in ids
 
@@ -59,11 +59,11 @@ def test_farm_report_html_reads_the_trials_once_for_the_same_table_and_page(stor
     # one read for both: the same table, the same page (the rows are not changed by either)
     reads = JobReads(store, job)
     console = Console(file=io.StringIO(), width=200, color_system=None)
-    calls = _counted(store, monkeypatch, ("trials", "get_job", "environments"))
+    calls = _counted(store, monkeypatch, ("trials", "get_job", "environments", "failures"))
     render_terminal(store, job, console, reads)
     assert render_html(store, job, reads) == alone
     assert console.file.getvalue() == table
-    assert calls == Counter(trials=1, get_job=1, environments=1), calls
+    assert calls == Counter(trials=1, get_job=1, environments=1, failures=1), calls
     # through the command: the page it writes is the same page
     page = tmp_path / "job.html"
     out = CliRunner().invoke(main, ["report", str(job), "--html", str(page), "--db", store.url])
