@@ -6,6 +6,10 @@ when the first took under 3 s; the figure is the median of those. The modules th
 they run (WARM: SciPy, Plotly, the report's and the history's, and the kernel families of the store's
 jobs, torch with them) are imported before the first: a first run over 3 s was the figure, and the first
 command timed paid 1-5 s of imports the others did not.
+`--memory` (or `--memory-only`, without the in-process times) runs each command once more in a fresh
+process (multiprocessing's spawn) that imports the same modules first: its figure is the peak resident
+memory while the command ran over what the process held after the imports (VmHWM, set back to VmRSS
+by /proc/self/clear_refs before the command: what the command itself costs), beside that run's time.
 `accept` is the judge's read (`Store.judging` of the job with its baseline and samples), what `farm
 accept` waits on before judging.
 
@@ -20,12 +24,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 SERIES = ["--family", "gemm", "--backend", "torch_bf16", "--shape", "m=64,n=256,k=256"]
 # what the commands import when they run (those a checkout lacks are left out: --before's)
@@ -150,6 +156,105 @@ def time_all(
         return {name: timed(run, repeat, tick) for name, run in found.items() if not only or name in only}
 
 
+# --- memory: each command in a fresh process --------------------------------------------------------------
+def _status_mb(field: str) -> float:
+    """This process's VmRSS (resident now) or VmHWM (its peak) in MB, from /proc/self/status."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no {field} in /proc/self/status (memory is read on Linux only)")
+
+
+def _reset_peak() -> bool:
+    """The peak (VmHWM) set back to what is resident now (Linux: clear_refs 5); False where refused."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+def peak_over(run: Callable[[], object], clock: str = "wall") -> dict[str, Any]:
+    """`run` once in this process: what was resident before it ("base_mb"), the peak while it ran
+    ("peak_mb"; the process's peak set back to the base first, else its peak so far: "reset"), the
+    peak's increase over the base ("mb") and the run's time ("s", on `clock`)."""
+    import gc
+
+    tick = CLOCKS[clock]
+    gc.collect()
+    base = _status_mb("VmRSS")
+    reset = _reset_peak()
+    start = tick()
+    run()
+    took = tick() - start
+    peak = _status_mb("VmHWM")
+    return {"s": took, "base_mb": base, "peak_mb": peak, "mb": max(0.0, peak - base), "reset": reset}
+
+
+def _one_in_child(db: str, name: str, clock: str, old_schema: bool, conn) -> None:
+    """In a fresh process: the modules imported as `time_all` imports them, the command run once
+    (`peak_over`); sends its figures."""
+    try:
+        if old_schema:
+            _old_schema()
+        warm(db)
+        import jobs.cli  # noqa: F401 - what every command imports
+
+        with tempfile.TemporaryDirectory(prefix="kf-scale-mem-") as tmp:
+            conn.send(peak_over(commands(db, Path(tmp))[name], clock))
+    except BaseException as e:  # noqa: BLE001 - the parent raises it with the command's name
+        conn.send({"error": f"{type(e).__name__}: {e}"})
+    finally:
+        conn.close()
+
+
+def memory_one(db: str, name: str, clock: str = "wall", old_schema: bool = False) -> dict[str, Any]:
+    """`name` run once in a fresh process (multiprocessing's spawn: nothing of this one's heap): "mb" is
+    its peak resident memory over what the process held after importing the commands' modules (what
+    the command itself costs), with "base_mb" and "peak_mb", and "s" the run's time on `clock`."""
+    ctx = multiprocessing.get_context("spawn")
+    recv, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_one_in_child, args=(db, name, clock, old_schema, send))
+    child.start()
+    send.close()
+    try:
+        got = recv.recv()
+    except EOFError:
+        got = {"error": "the process ended without a figure"}
+    child.join()
+    if "error" in got:
+        raise RuntimeError(f"{name}: {got['error']} (exit {child.exitcode})")
+    return got
+
+
+def memory_all(
+    db: str, only: list[str] | None = None, clock: str = "wall", old_schema: bool = False
+) -> dict[str, dict[str, Any]]:
+    """`memory_one` for each command (or those in `only`: a name not among them is an error)."""
+    with tempfile.TemporaryDirectory(prefix="kf-scale-") as tmp:
+        known = list(commands(db, Path(tmp)))
+    unknown = sorted(set(only or ()) - set(known))
+    if unknown:
+        raise ValueError(f"no command named {unknown}; the commands: {'; '.join(known)}")
+    names = [n for n in known if not only or n in only]
+    return {name: memory_one(db, name, clock, old_schema) for name in names}
+
+
+def memory_table(rows: dict[str, dict[str, dict[str, Any]]]) -> str:
+    """Commands (rows) at each store (columns, the keys of `rows`): MB over the imports, and the time of
+    that run in a fresh process."""
+    cols = list(rows)
+    names = list(dict.fromkeys(n for r in rows.values() for n in r))
+    out = ["| command | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
+    for name in names:
+        cells = []
+        for col in cols:
+            m = rows[col].get(name)
+            cells.append("-" if m is None else f"{m['mb']:.1f} MB, {m['s']:.2f} s")
+        out.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def _old_schema() -> None:
     """The old checkout refuses a store at a revision it does not know: its schema check is skipped (the
     tables it reads are as it had them: the store was downgraded to its revision's samples)."""
@@ -169,11 +274,24 @@ def main(argv: list[str]) -> int:
         "--clock", choices=sorted(CLOCKS), default="wall", help="cpu: this process's CPU time (a busy host's"
         " share of a core left out; the database server's time too)",
     )  # fmt: skip
+    ap.add_argument(
+        "--memory", action="store_true", help="each command also run once in a fresh process: its peak "
+        'memory over the imports; --out then holds {"times": {...}, "memory": {...}}',
+    )  # fmt: skip
+    ap.add_argument("--memory-only", action="store_true", help="--memory without the in-process times")
     args = ap.parse_args(argv)
     if args.old_schema:
         _old_schema()
     only = args.only.split(";") if args.only else None
-    Path(args.out).write_text(json.dumps(time_all(args.db, args.repeat, only, args.clock)))
+    if not (args.memory or args.memory_only):
+        Path(args.out).write_text(json.dumps(time_all(args.db, args.repeat, only, args.clock)))
+        return 0
+    out: dict[str, Any] = {}
+    if not args.memory_only:
+        out["times"] = time_all(args.db, args.repeat, only, args.clock)
+    out["memory"] = memory_all(args.db, only, args.clock, args.old_schema)
+    Path(args.out).write_text(json.dumps(out, indent=1))
+    print(memory_table({args.db: out["memory"]}))
     return 0
 
 
