@@ -17,6 +17,7 @@ module exists, runs at each size too and its rows are kept beside these.
     .venv/bin/python -m benchmarks scale                       # 1/64 of a year (a few minutes)
     .venv/bin/python -m benchmarks scale --full                # 1/64, 1/16, 1/4
     .venv/bin/python -m benchmarks scale --sizes 1/256 --backends sqlite --before /tmp/before
+    .venv/bin/python -m benchmarks scale --sizes 1/64,1/16 --backends sqlite --memory   # and peak memory
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ def _options(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--site", action="store_true", help="time `farm site` after one more night (first size)")
     ap.add_argument("--queue", type=int, default=0, help="trials per queue depth through the queue (0: none)")
     ap.add_argument("--commands", default=None, help="only these commands (names as the table has them, ';')")
+    ap.add_argument("--memory", action="store_true", help="each command's peak memory in a fresh process too")
     known, _ = ap.parse_known_args(argv)  # the ledger's options are its own
     return known
 
@@ -223,6 +225,8 @@ def _measure(backend: str, sizes: list[str], opts: argparse.Namespace) -> list[d
                   f"(built in {built:.0f} s); timing the commands ...", flush=True)  # fmt: skip
             only = opts.commands.split(";") if opts.commands else None
             row["times"] = scale_commands.time_all(store.url, opts.repeat, only)
+            if opts.memory:  # before the queue's jobs are added: the same commands as timed
+                row["memory"] = scale_commands.memory_all(store.url, only)
             if opts.queue:  # after the commands: its jobs stay in the store
                 from benchmarks.scale_queue import queue_part
 
@@ -290,6 +294,11 @@ def main(argv: list[str] | None = None) -> dict:
     part = None if opts.no_ledger else _ledger_part()
     ledger = [r for size in sizes for r in part(size, argv or [])] if part else []
     text = table(rows)
+    if any("memory" in r for r in rows):
+        from benchmarks.scale_commands import memory_table
+
+        mem = memory_table({f"{r['backend']} {r['size']}": r["memory"] for r in rows if "memory" in r})
+        text += f"\n\npeak memory over the imports, each command once in a fresh process (its time)\n\n{mem}"
     print(
         "\nseconds per command, in this process (median of runs); (before issue 46) where measured\n" + text
     )
