@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from rich import box
-from rich.cells import cell_len
+from rich.cells import cell_len as rich_cell_len
 from rich.console import Console, ConsoleOptions
 from rich.segment import Segment
 from rich.style import Style
@@ -109,6 +109,12 @@ class TextTable:
             yield Segment.line()
 
 
+def cell_len(text: str) -> int:
+    """The text's width in terminal cells, as rich's cell_len counts it: a character each for printable
+    ASCII (most cells: numbers, names), without looking each character up."""
+    return len(text) if text.isascii() and text.isprintable() else rich_cell_len(text)
+
+
 def _plain(cell: Cell) -> str:
     return cell.plain if isinstance(cell, Text) else cell
 
@@ -134,11 +140,13 @@ def _narrowed(natural: list[int], least: list[int], room: int) -> list[int]:
 def _lines(console: Console, cell: Cell, width: int) -> list[tuple[list[Segment], int]]:
     """The cell's lines at `width`, each as its segments and its width in cells."""
     if isinstance(cell, str):
-        if "\n" not in cell and cell_len(cell) <= width:
-            return [([Segment(cell)], cell_len(cell))]
+        used = cell_len(cell)
+        if "\n" not in cell and used <= width:
+            return [([Segment(cell)], used)]
         cell = Text(cell)
-    if "\n" not in cell.plain and cell.cell_len <= width:
-        return [(_segments(console, cell), cell.cell_len)]
+    used = cell_len(cell.plain)
+    if "\n" not in cell.plain and used <= width:
+        return [(_segments(console, cell), used)]
     out = []
     for line in cell.wrap(console, width, overflow="fold"):
         line.rstrip()

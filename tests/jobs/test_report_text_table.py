@@ -71,3 +71,16 @@ def test_a_row_of_the_wrong_length_is_refused():
         assert "1 cells for 2 columns" in str(err)
     else:
         raise AssertionError("a short row was accepted")
+
+
+def test_a_cells_width_is_riches():
+    """text_table.cell_len (printable ASCII counted by len) gives rich's cell_len for every text: ASCII
+    control characters count 0, wide characters 2, combining marks 0."""
+    from rich.cells import cell_len as rich_cell_len
+
+    from jobs.report.text_table import cell_len
+
+    texts = ["", "abc", "1.2345", "m=64 n=256 k=256", "a\tb", "x\x1b[0m", "\x00", "日本", "é", "e\u0301",
+             "🙂 ok", "~" * 50, "".join(map(chr, range(128)))]  # fmt: skip
+    for text in texts:
+        assert cell_len(text) == rich_cell_len(text), repr(text)
