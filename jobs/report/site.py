@@ -167,6 +167,16 @@ def _index(rows: list[dict], jobs: list[SiteJob], account: Account) -> str:
     )
 
 
+def _write_changed(path: Path, text: str) -> None:
+    """`text` into `path` unless it holds it already (plotly.js: 3.5 MB a build, the same each time)."""
+    try:
+        if path.read_text() == text:
+            return
+    except (OSError, ValueError):
+        pass
+    path.write_text(text)
+
+
 def _manifest(out: Path) -> dict | None:
     try:
         found = json.loads((out / MANIFEST).read_text())
@@ -182,7 +192,7 @@ def build_site(store: Store, out: Path, account: Account | None = None, *, full:
     out = Path(out)
     (out / "kernels").mkdir(parents=True, exist_ok=True)
     (out / "jobs").mkdir(parents=True, exist_ok=True)
-    (out / "plotly.min.js").write_text(plotly_js())
+    _write_changed(out / "plotly.min.js", plotly_js())
     before = None if full else _manifest(out)
     stamps = store.job_stamps()
     if before is None:

@@ -79,3 +79,15 @@ def test_a_manifest_of_another_version_or_none_means_a_full_build(history, tmp_p
     assert build_site(history, out).pages == 2 + 2 + 8
     (out / MANIFEST).unlink()
     assert build_site(history, out).pages == 2 + 2 + 8
+
+
+def test_plotly_js_is_written_once_and_again_only_when_it_differs(history, tmp_path):
+    out = tmp_path / "site"
+    build_site(history, out)
+    js = out / "plotly.min.js"
+    written = js.stat().st_mtime_ns
+    build_site(history, out)
+    assert js.stat().st_mtime_ns == written
+    js.write_text("stale")
+    build_site(history, out)
+    assert js.stat().st_size > 1_000_000
