@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import bindparam, func, insert, select, update
@@ -30,6 +30,8 @@ from kernels.base import FINISHED, Summary
 def kept(samples: Sequence[int], summary: dict[str, Any] | None) -> list[int]:
     """The samples a trial's summary stands on: all of them but those the measurement discarded
     (summary["discarded"], e.g. taken while the GPU was throttled)."""
+    if summary is None or (isinstance(summary, Mapping) and not summary.get("discarded")):
+        return list(samples)  # nothing discarded (most trials): no summary to read back
     dropped = set(Summary.from_stored(summary).discarded)
     return [v for i, v in enumerate(samples) if i not in dropped]
 

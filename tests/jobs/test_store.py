@@ -137,3 +137,17 @@ def test_results_are_typed_from_the_worker_to_the_row(tmp_path):
     store.record_results([_result(trial.id, [3, 1, 2])])
     (row,) = [t for t in store.trials(trial.job_id) if t.id == trial.id]
     assert row.stats.median == row.median_ns == 2 and row.stats.n == row.stats.n_kept == 3
+
+
+def test_kept_reads_the_summary_only_when_it_discarded_samples():
+    """trial_store.kept: every sample for a summary that discarded none (none stored, an empty or missing
+    list: no Summary read back), all but the discarded ones otherwise; what a malformed summary keeps is
+    what Summary.from_stored reads of it."""
+    from jobs.store.trial_store import kept
+
+    samples = [10, 11, 12, 13]
+    for summary in (None, {}, {"n": 4}, {"discarded": []}, {"discarded": None}, "not a mapping"):
+        assert kept(samples, summary) == samples, summary  # type: ignore[arg-type]
+    assert kept(samples, {"discarded": [1, 3]}) == [10, 12]
+    assert kept(samples, {"discarded": [0, "x", True, 9]}) == [12, 13]  # True is an int: index 1
+    assert kept(samples, Summary.from_samples([1, 2, 3]).to_dict()) == samples
