@@ -48,17 +48,21 @@ class ChangePoint:
 
 
 def _prepared(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(v, rank, rowsum) of a segment: its values less their minimum (the distances unchanged, the sums
-    small), each value's rank (ties in order of position) and its sum of distances to every value."""
-    v = x - x.min()
-    order = np.argsort(v, kind="stable")
-    rank = np.empty(len(v), dtype=np.int64)
-    rank[order] = np.arange(len(v))
-    s = v[order]
-    before = np.concatenate(([0.0], np.cumsum(s)))  # before[j]: the sum of the j smallest
-    j = np.arange(len(v))
-    rowsum = np.empty(len(v))
-    rowsum[order] = s * j - before[j] + (before[-1] - before[j + 1]) - s * (len(v) - 1 - j)
+    """(v, rank, rowsum) of a segment (or of each row of segments of one length, along the last axis): its
+    values less their minimum (the distances unchanged, the sums small), each value's rank (ties in order
+    of position) and its sum of distances to every value."""
+    n = x.shape[-1]
+    v = x - x.min(axis=-1, keepdims=True)
+    order = np.argsort(v, axis=-1, kind="stable")
+    j = np.broadcast_to(np.arange(n), v.shape)
+    rank = np.empty(v.shape, dtype=np.int64)
+    np.put_along_axis(rank, order, j, axis=-1)
+    s = np.take_along_axis(v, order, axis=-1)
+    zero = np.zeros((*v.shape[:-1], 1))
+    before = np.concatenate((zero, np.cumsum(s, axis=-1)), axis=-1)  # before[j]: the sum of the j smallest
+    sums = s * j - before[..., :-1] + (before[..., -1:] - before[..., 1:]) - s * (n - 1 - j)
+    rowsum = np.empty(v.shape)
+    np.put_along_axis(rowsum, order, sums, axis=-1)
     return v, rank, rowsum
 
 
@@ -225,7 +229,7 @@ def e_divisive_many(
         if len(x) >= 2 * min_size:  # a shorter one has no split
             by_length[len(x)].append(i)
     for ids in by_length.values():
-        v, rank, rowsum = (np.stack(part) for part in zip(*(_prepared(xs[i]) for i in ids), strict=True))
+        v, rank, rowsum = _prepared(np.stack([xs[i] for i in ids]))
         q = _best_rows(v, rank, rowsum, min_size)
         stopped = _first_tests_stop(v, rank, rowsum, q, min_size, permutations, p_value, seed)
         for i, stop in zip(ids, stopped, strict=True):
