@@ -447,15 +447,18 @@ def _environments(s: Session, ids: set[int]) -> dict[int, Environment]:
     return {e.id: e for e in s.scalars(select(Environment).where(Environment.id.in_(ids)))}
 
 
-def _jobs_of(conn: Connection, ids: set[int]) -> dict[int, Row]:
+_UNSEEN = object()
+
+
+def _jobs_of(conn: Connection, ids: set[int]) -> dict[int, tuple[str, str | None, datetime]]:
     """(name, git_commit, created_at) of each job in `ids`, read once a job, a thousand ids a statement."""
     ordered = sorted(ids)
-    out: dict[int, Row] = {}
+    out: dict[int, tuple[str, str | None, datetime]] = {}
     for start in range(0, len(ordered), 1000):
         q = select(Job.id, Job.name, Job.git_commit, Job.created_at).where(
             Job.id.in_(ordered[start : start + 1000])
         )
-        out.update((r.id, r) for r in conn.execute(q))
+        out.update((r.id, (r.name, r.git_commit, r.created_at)) for r in conn.execute(q))
     return out
 
 
@@ -465,29 +468,32 @@ def collect(store: Store, selection: Selection | None = None, *, detect: bool = 
     selection = selection or Selection()
     by_key: dict[PointKey, Series] = {}
     keys: dict[tuple, PointKey] = {}
+    of_raw: dict[tuple, Series | None] = {}  # a trial's stored point -> its series (None: not selected)
     with store.engine.connect() as conn:
         rows = conn.execute(series_query(selection)).all()
         jobs = _jobs_of(conn, {r.job_id for r in rows})
     with Session(store.engine, expire_on_commit=False) as s:
         envs = _environments(s, {r.environment_id for r in rows if r.environment_id is not None})
+    env_data = {i: e.data for i, e in envs.items()}
     for tid, job_id, fam, backend, shape, config, dtype, median, env_id, *stats, flags, unread in rows:
-        key = _point_key(keys, (fam, backend, shape, config, dtype, env_id), envs)
-        if not selection.matches(key):
-            continue
-        series = by_key.get(key)
+        raw = (fam, backend, shape, config, dtype, env_id)
+        series = of_raw.get(raw, _UNSEEN)
+        if series is _UNSEEN:
+            key = _point_key(keys, raw, envs)
+            series = of_raw[raw] = by_key.setdefault(key, Series(key)) if selection.matches(key) else None
         if series is None:
-            series = by_key[key] = Series(key)
-        elif series.points[-1].job_id == job_id:
+            continue
+        points = series.points
+        if points and points[-1].job_id == job_id:
             continue  # the same point twice in one job (it differs only in variant keys): the first counts
-        job = jobs[job_id]
+        name, commit, created = jobs[job_id]
         p10, p90, iqr, mad, n, flags = _unread(unread) if unread else (*stats, _flags(flags))
-        env = envs.get(env_id) if env_id is not None else None
-        series.points.append(
+        points.append(
             HistoryPoint(
                 job_id,
-                job.name,
-                job.git_commit,
-                job.created_at,
+                name,
+                commit,
+                created,
                 tid,
                 float(median),
                 p10,
@@ -496,7 +502,7 @@ def collect(store: Store, selection: Selection | None = None, *, detect: bool = 
                 n or 0,
                 mad,
                 flags,
-                env.data if env is not None else None,
+                env_data.get(env_id) if env_id is not None else None,
             )  # fmt: skip
         )
     out = list(by_key.values())
