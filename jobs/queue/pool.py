@@ -225,9 +225,13 @@ def serve(store: Store, options: PoolOptions | None = None) -> int:
         wrote = bool(source.lines)  # a result came since the last turn: a job may have ended
         source.write_lines()
         source.charge()
-        if wrote or beat:  # and at each beat: another pool serving the same job may have written its last
-            completed += _finish(queue, source, options)
-        _cancel(d, queue, source, pool, options)
+        # finished jobs looked for after a turn that wrote a result, and at each beat (another pool serving
+        # the same job may have written its last); cancelled ones at every turn, by the same statement
+        finishing = wrote or beat
+        done, gone = queue.settle(set(source.job_of.values()), finish=finishing)
+        if finishing:
+            completed += _finish(queue, source, options, done)
+        _cancel(d, queue, source, pool, options, gone)
         _preempt(d, queue, source, pool)
         if options.stop.is_set():
             d.stop()
@@ -308,9 +312,11 @@ def _load(d: Dispatcher, source: _Source) -> dict[str, dict]:
     return out
 
 
-def _cancel(d: Dispatcher, queue: Queue, source: _Source, pool: str, options: PoolOptions) -> None:
-    """Cancelled jobs: their queued trials leave the dispatcher, a worker running one is replaced."""
-    gone = queue.cancelled(set(source.job_of.values()))
+def _cancel(
+    d: Dispatcher, queue: Queue, source: _Source, pool: str, options: PoolOptions, gone: set[int]
+) -> None:
+    """Cancelled jobs (`gone`, Queue.settle's): their queued trials leave the dispatcher, a worker running
+    one is replaced."""
     if gone:
         dropped = d.drop(lambda item: source.job_of.get(item.trial_id) in gone)
         queue.release([item.trial_id for item in dropped] + source.unheld(gone))
@@ -357,9 +363,11 @@ def _preempt(d: Dispatcher, queue: Queue, source: _Source, pool: str) -> int:
     return stopped
 
 
-def _finish(queue: Queue, source: _Source, options: PoolOptions) -> int:
-    """Complete the jobs whose trials are all written; forget their trials."""
-    done = queue.finish(set(source.job_of.values()))
+def _finish(queue: Queue, source: _Source, options: PoolOptions, done: list[int] | None = None) -> int:
+    """Complete the jobs whose trials are all written (`done`: those Queue.settle completed; None: asked
+    now); forget their trials."""
+    if done is None:
+        done = queue.finish(set(source.job_of.values()))
     if done:
         finished = set(done)
         source.job_of = {t: j for t, j in source.job_of.items() if j not in finished}

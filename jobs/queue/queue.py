@@ -414,24 +414,33 @@ class Queue:
         return before
 
     def cancelled(self, job_ids: set[int]) -> set[int]:
-        if not job_ids:
-            return set()
-        q = select(Job.id).where(Job.id.in_(job_ids), Job.status == "cancelled")
-        with self.engine.connect() as conn:
-            return set(conn.scalars(q))
+        """The cancelled jobs among `job_ids`."""
+        return self.settle(job_ids, finish=False)[1]
 
     def finish(self, job_ids: set[int]) -> list[int]:
         """Mark the running jobs among `job_ids` that have no pending trial left completed, and drop the
         claims of finished trials. Returns the jobs finished now."""
+        return self.settle(job_ids)[0]
+
+    def settle(self, job_ids: set[int], *, finish: bool = True) -> tuple[list[int], set[int]]:
+        """A pool's turn on its jobs, in one transaction: with `finish`, what `finish` does, and in any
+        case which of them are cancelled, read by the statement that probes them for a pending trial
+        (a turn that wrote results sent the two probes apart). Returns (jobs finished now, cancelled)."""
         done: list[int] = []
+        if not job_ids and not finish:
+            return done, set()
         with Session(self.engine) as s, s.begin():
-            # the claims of trials written since: each of the few claims' trial probed by its id
-            s.execute(delete(TrialClaim).where(claimed_status() != PENDING))
+            if finish:  # the claims of trials written since: each of the few claims' trial probed by id
+                s.execute(delete(TrialClaim).where(claimed_status() != PENDING))
             if not job_ids:
-                return done
-            # the jobs among them with a pending trial left: one probe per job on (job_id, status, seq)
-            left = set(s.scalars(select(Job.id).where(Job.id.in_(sorted(job_ids)), _has_pending())))
-            for job_id in sorted(set(job_ids) - left):
+                return done, set()
+            # their status, and (finishing) whether a pending trial is left: one probe per job on
+            # (job_id, status, seq)
+            probe = [Job.id, Job.status] + ([_has_pending().label("pending")] if finish else [])
+            rows = s.execute(select(*probe).where(Job.id.in_(sorted(job_ids)))).all()
+            gone = {row[0] for row in rows if row[1] == "cancelled"}
+            left = {row[0] for row in rows if finish and row[2]}
+            for job_id in sorted(set(job_ids) - left) if finish else ():
                 changed = s.execute(
                     update(Job)
                     .where(Job.id == job_id, Job.status.in_(WAITING))
@@ -440,7 +449,7 @@ class Queue:
                 if changed:
                     done.append(job_id)
                     s.add(JobEvent(job_id=job_id, line="completed"))  # with the status: one commit
-        return done
+        return done, gone
 
     # ---- what farm jobs list shows -----------------------------------------------------------------
     def lines(self) -> list[QueueLine]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from datetime import timedelta
 
-from sqlalchemy import update
+from sqlalchemy import event, update
 
 from jobs.queue.queue import Queue
 from jobs.run.source import kernels_source
@@ -87,6 +87,31 @@ def test_a_job_is_completed_when_its_last_trial_is_written(store):
     store.record_results([result_of(claims[1].trial.id, [1, 2, 3])])
     assert q.finish({job}) == [job]
     assert store.get_job(job).status == "completed" and store.get_job(job).finished_at is not None
+
+
+def test_a_pools_turn_finds_its_finished_and_cancelled_jobs_in_one_probe(store):
+    """Queue.settle, a pool's turn: the jobs whose trials are all written completed, the cancelled ones
+    named, read by one statement (the pool sent a cancel probe and a pending probe apart; issue 46)."""
+    q = Queue(store)
+    done, cancelled, running = (q.submit(spec(name, 2)) for name in ("done", "cancelled", "running"))
+    taken = [q.claim("p") for _ in range(6)]
+    store.record_results([result_of(c.trial.id, [1, 2, 3]) for c in taken if c.job.id == done])
+    q.cancel(cancelled)
+    sent: list[str] = []
+
+    def record(conn, cursor, statement, parameters, context, executemany):  # noqa: ARG001
+        sent.append(statement)
+
+    event.listen(store.engine, "before_cursor_execute", record)
+    try:
+        assert q.settle({done, cancelled, running}, finish=False) == ([], {cancelled})
+        assert len(sent) == 1
+        assert q.settle({done, cancelled, running}) == ([done], {cancelled})
+    finally:
+        event.remove(store.engine, "before_cursor_execute", record)
+    assert [s.split()[0] for s in sent[1:3]] == ["DELETE", "SELECT"]  # then the completion's writes
+    assert store.get_job(done).status == "completed" and store.get_job(running).status == "running"
+    assert q.finish({done, running}) == [] and q.cancelled({done, cancelled}) == {cancelled}
 
 
 def test_the_trials_of_a_pool_that_went_quiet_are_taken_again(store):
