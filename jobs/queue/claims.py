@@ -112,13 +112,13 @@ def claim_first(
         return out
     for job_id, n in wanted.items():  # SQLite: one writer at a time
         out[job_id] = [(t, j, d) for t, j, d in s.execute(rows.where(*_waiting(job_id)).limit(n))]
-    values_ = [
+    new_claims = [
         {"trial_id": t.id, "job_id": t.job_id, "pool": pool, "claimed_at": at}
         for found in out.values()
         for t, _, _ in found
     ]
-    if values_:  # one statement for all of them; a concurrent claim of one fails it (IntegrityError)
-        s.execute(insert(TrialClaim).values(values_))
+    if new_claims:  # one statement for all of them; a concurrent claim of one fails it (IntegrityError)
+        s.execute(insert(TrialClaim).values(new_claims))
     return out
 
 
