@@ -16,7 +16,7 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
-from jobs.report.views import Link, Spark
+from jobs.report.views import Link, Spark, Table
 
 TEMPLATES = Path(__file__).with_name("templates")
 
@@ -26,6 +26,45 @@ def _escaped(value: Any) -> Any:
     if hasattr(value, "__html__"):
         return value
     return Markup(html.escape(str(value)))
+
+
+def _text(value: Any) -> str:
+    """A value as a template prints it (_escaped, then autoescape): a Markup's markup, else escaped."""
+    return str(value.__html__()) if hasattr(value, "__html__") else html.escape(str(value))
+
+
+def _spark(s: Spark) -> str:
+    dots = "".join(f'<circle cx="{_text(x)}" cy="{_text(y)}" r="2.5" fill="#b00020"/>' for x, y in s.dots)
+    w, h, points = _text(s.width), _text(s.height), _text(s.points)
+    return (
+        f'<svg class="spark" width="{w}" height="{h}" viewBox="0 0 {w} {h}"><polyline points="{points}"'
+        f' fill="none" stroke="#366ccc" stroke-width="1.5"/>{dots}</svg>'
+    )
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, Link):
+        return f'<a href="{_text(value.href)}">{_text(value.text)}</a>'
+    if isinstance(value, Spark):
+        return _spark(value)
+    return _text(value)
+
+
+def table_html(t: Table) -> Markup:
+    """A Table as every page places it (the `table` macro of _macros.html.j2 writes this): a header row,
+    then a row per row with its class, the first `left` columns left-aligned, a cell a value, a Link or a
+    Spark (an inline SVG), every value escaped as the templates escape it. Made as one string: the macro
+    took 0.1 ms a row (a job page's 500 trials and 500 points of history, 50 ms)."""
+    left = ' class="l"'
+    head = "".join(f"<th{left if i < t.left else ''}>{_text(h)}</th>" for i, h in enumerate(t.head))
+    out = [f"<table><tr>{head}</tr>"]
+    for n, row in enumerate(t.rows):
+        cls = t.classes[n] if t.classes else ""
+        out.append(f'<tr class="{_text(cls)}">' if cls else "<tr>")
+        out += [f"<td{left if i < t.left else ''}>{_cell(v)}</td>" for i, v in enumerate(row)]
+        out.append("</tr>")
+    out.append("</table>")
+    return Markup("".join(out))
 
 
 @cache
@@ -39,8 +78,7 @@ def environment() -> jinja2.Environment:
         lstrip_blocks=True,
         keep_trailing_newline=True,
     )
-    env.tests["link"] = lambda v: isinstance(v, Link)
-    env.tests["spark"] = lambda v: isinstance(v, Spark)
+    env.globals["table_html"] = table_html
     return env
 
 

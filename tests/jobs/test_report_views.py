@@ -68,3 +68,43 @@ def test_a_page_without_a_figure_loads_no_plotly_and_shows_its_nav():
     page = render_account(Account([]), (Link("index.html", "index"),))
     assert "<script" not in page and '<nav><a href="index.html">index</a></nav>' in page
     assert page.startswith("<!doctype html>") and "<title>Token account</title>" in page
+
+
+# the table macro as it was written in the templates before issue 46 (a cell at a time), the markup
+# templating.table_html must write
+_MACRO = """{% macro spark(s) -%}
+<svg class="spark" width="{{ s.width }}" height="{{ s.height }}" viewBox="0 0 {{ s.width }} {{ s.height }}"><polyline points="{{ s.points }}" fill="none" stroke="#366ccc" stroke-width="1.5"/>
+{%- for x, y in s.dots %}<circle cx="{{ x }}" cy="{{ y }}" r="2.5" fill="#b00020"/>{% endfor %}</svg>
+{%- endmacro %}
+{% macro table(t) -%}
+<table><tr>
+{%- for h in t.head %}<th{% if loop.index0 < t.left %} class="l"{% endif %}>{{ h }}</th>{% endfor %}</tr>
+{%- for r in t.rows %}
+{%- set cls = t.classes[loop.index0] if t.classes else "" %}
+<tr{% if cls %} class="{{ cls }}"{% endif %}>
+{%- for v in r %}<td{% if loop.index0 < t.left %} class="l"{% endif %}>
+{%- if v is link %}<a href="{{ v.href }}">{{ v.text }}</a>{% elif v is spark %}{{ spark(v) }}{% else %}{{ v }}{% endif -%}
+</td>{% endfor %}</tr>
+{%- endfor %}</table>
+{%- endmacro %}
+{{ table(t) }}"""  # noqa: E501 (the macro's lines as they were)
+
+
+def test_a_tables_markup_is_what_the_macro_wrote_a_cell_at_a_time():
+    from markupsafe import Markup
+
+    env = environment().overlay()
+    env.tests["link"] = lambda v: isinstance(v, Link)
+    env.tests["spark"] = lambda v: isinstance(v, Spark)
+    macro = env.from_string(_MACRO)
+    cells = [1, 2.5, None, "", "a & b", "<i>'x'</i>", '"q"', Markup("<b>kept</b>"),
+             Link("a.html?x=1&y=<2>", "l'<"), spark([1.0, 3.0, 2.0], marks=(0, 2)), spark([]), spark([5.0]),
+             Spark(10, 4, "0,1 <2,3>", ())]  # fmt: skip
+    tables = [
+        Table(["a", "b<", "c"], [cells[:3], cells[3:6], cells[6:9], cells[9:12]], left=1),
+        Table(["x"], [[c] for c in cells], ["bad" if i % 2 else "" for i in range(len(cells))], left=0),
+        Table(["p", "q"], [[c, cells[-1 - i]] for i, c in enumerate(cells)], ['ev"il<'] * len(cells), left=2),
+        Table(["only a header"], []),
+    ]
+    for t in tables:
+        assert _table(t) == macro.render(t=t)
