@@ -31,14 +31,13 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import cache
 from typing import Any
 
-from sqlalchemy import Connection, Float, Integer, Row, Select, String, cast, select, tuple_
+from sqlalchemy import Connection, Row, Select, String, cast, select, tuple_
 from sqlalchemy.exc import CompileError
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session
@@ -279,66 +278,56 @@ def _point_key(keys: dict[tuple, PointKey], raw: tuple, envs: dict[int, Environm
     return key
 
 
-class _SummaryValue(FunctionElement):
-    """One value of a trial's stored summary (JSON), read by the database: a number (`kind` "number"),
-    a count (a non-negative integer: "count") or a list (its JSON text: "list"); NULL where the summary
-    holds none or a value of another type, as Summary.from_stored reads it as absent. A point reads five
-    of the summary's twenty values: the database picks them out, not json.loads in Python. "unread": the
-    summary's text where the database cannot read it as JSON (SQLite's json functions take no NaN or
-    Infinity, which Python writes), NULL elsewhere: that trial's values are read in Python."""
+_STATS = ("p10", "p90", "iqr", "mad", "n", "flags")  # what a point keeps of its trial's summary
+
+
+class _SummaryStats(FunctionElement):
+    """A trial's stored summary's p10, p90, iqr, mad, n and flags as a JSON list, picked out by the
+    database (`kind` "stats": one json_extract of six paths; a point reads six of the summary's twenty
+    values, and json.loads of the whole summary in Python cost a read of a family's year more than the
+    rest of it); "unread": the summary's text where SQLite cannot read it as JSON (its json functions take
+    no NaN or Infinity, which Python writes), NULL elsewhere: that trial's values are read in Python."""
 
     inherit_cache = True
-    name = "summary_value"
+    name = "summary_stats"
+    type = String()
 
-    def __init__(self, key: str, kind: str) -> None:
-        if kind not in ("number", "count", "list", "unread") or not key.isidentifier():
-            raise ValueError(f"no summary value {key!r} of kind {kind!r}")
-        self.key, self.kind = key, kind
-        self.type = Float() if kind == "number" else Integer() if kind == "count" else String()
+    def __init__(self, kind: str) -> None:
+        if kind not in ("stats", "unread"):
+            raise ValueError(f"no summary {kind!r}")
+        self.kind = kind
         super().__init__(TrialRow.summary)
 
     @property
-    def _static_cache_key(self):  # the key and kind are part of the statement
-        return (type(self), self.key, self.kind)
+    def _static_cache_key(self):  # the kind is part of the statement
+        return (type(self), self.kind)
 
 
-@compiles(_SummaryValue, "sqlite")
-def _summary_value_sqlite(element: _SummaryValue, compiler, **kw) -> str:
+@compiles(_SummaryStats, "sqlite")
+def _summary_stats_sqlite(element: _SummaryStats, compiler, **kw) -> str:
     col = compiler.process(element.clauses.clauses[0], **kw)
     if element.kind == "unread":
         return f"CASE WHEN json_valid({col}) THEN NULL ELSE {col} END"
-    path = f"'$.{element.key}'"
-    kind = f"json_type({col}, {path})"
-    value = f"json_extract({col}, {path})"
-    test = {
-        "number": f"{kind} IN ('integer', 'real') AND abs({value}) <= {sys.float_info.max!r}",  # not 1e999
-        "count": f"{kind} = 'integer' AND {value} >= 0",
-        "list": f"{kind} = 'array'",
-    }[element.kind]
-    return f"CASE WHEN json_valid({col}) THEN CASE WHEN {test} THEN {value} END END"
+    paths = ", ".join(f"'$.{k}'" for k in _STATS)
+    return f"CASE WHEN json_valid({col}) THEN json_extract({col}, {paths}) END"
 
 
-@compiles(_SummaryValue, "postgresql")
-def _summary_value_postgresql(element: _SummaryValue, compiler, **kw) -> str:
+@compiles(_SummaryStats, "postgresql")
+def _summary_stats_postgresql(element: _SummaryStats, compiler, **kw) -> str:
     col = compiler.process(element.clauses.clauses[0], **kw)
-    kind = f"json_typeof({col} -> '{element.key}')"
-    text = f"({col} ->> '{element.key}')"
-    return {  # PostgreSQL's json is valid JSON: no NaN or Infinity
-        "number": f"CASE WHEN {kind} = 'number' THEN CAST({text} AS DOUBLE PRECISION) END",
-        "count": f"CASE WHEN {kind} = 'number' AND {text} ~ '^[0-9]{{1,18}}$' THEN CAST({text} AS BIGINT) END",  # noqa: E501
-        "list": f"CASE WHEN {kind} = 'array' THEN {text} END",
-        "unread": "NULL",
-    }[element.kind]
+    if element.kind == "unread":
+        return "NULL"  # PostgreSQL's json is valid JSON
+    return f"CAST(json_build_array({', '.join(f'{col} -> {k!r}' for k in _STATS)}) AS TEXT)"
 
 
-@compiles(_SummaryValue)
-def _summary_value_other(element: _SummaryValue, compiler, **kw) -> str:
-    raise CompileError(f"a summary value is read on SQLite and PostgreSQL only, not {compiler.dialect.name}")
+@compiles(_SummaryStats)
+def _summary_stats_other(element: _SummaryStats, compiler, **kw) -> str:
+    raise CompileError(f"a summary is read on SQLite and PostgreSQL only, not {compiler.dialect.name}")
 
 
 # What a point of a series needs of its trial: no metrics, correctness, memory or resources; the shape and
 # config as their stored JSON text (decoded once a point), of the summary only the values a point keeps
-# (`_SummaryValue`). Its job's name, commit and date are read once a job (`_jobs_of`), not once a trial.
+# (`_SummaryStats`). Its job's name, commit and date are read once a job (`_jobs_of`), not once a trial.
 _COLUMNS = (
     TrialRow.id,
     TrialRow.job_id,
@@ -349,21 +338,26 @@ _COLUMNS = (
     TrialRow.dtype,
     TrialRow.median_ns,
     TrialRow.environment_id,
-    _SummaryValue("p10", "number").label("p10"),
-    _SummaryValue("p90", "number").label("p90"),
-    _SummaryValue("iqr", "number").label("iqr"),
-    _SummaryValue("mad", "number").label("mad"),
-    _SummaryValue("n", "count").label("n"),
-    _SummaryValue("flags", "list").label("flags"),
-    _SummaryValue("summary", "unread").label("unread"),
+    _SummaryStats("stats").label("stats"),
+    _SummaryStats("unread").label("unread"),
 )
+_NO_STATS = (None, None, None, None, 0, ())
 
 
-def _flags(text: str | None) -> tuple[str, ...]:
-    """A summary's flags (their JSON list as the database gives it): its strings."""
-    if text is None or text == "[]":
-        return ()
-    return tuple(f for f in json.loads(text) if isinstance(f, str))
+def _number(v: Any) -> float | None:
+    """A statistic as Summary.from_stored reads it: a finite int or float (not a bool), else absent."""
+    return float(v) if type(v) in (float, int) and math.isfinite(v) else None
+
+
+def _stats(text: str | None) -> tuple[float | None, float | None, float | None, float | None, int, tuple]:
+    """(p10, p90, iqr, mad, n, flags) of the database's JSON list of them (`_SummaryStats`), typed as
+    Summary.from_stored types them (n: a non-negative int, else 0; flags: a list's strings)."""
+    if text is None:
+        return _NO_STATS
+    p10, p90, iqr, mad, n, flags = json.loads(text)
+    n = n if type(n) is int and n >= 0 else 0
+    flags = tuple(f for f in flags if isinstance(f, str)) if type(flags) is list and flags else ()
+    return _number(p10), _number(p90), _number(iqr), _number(mad), n, flags
 
 
 def _unread(text: str) -> tuple[float | None, float | None, float | None, float | None, int, tuple[str, ...]]:
@@ -475,7 +469,7 @@ def collect(store: Store, selection: Selection | None = None, *, detect: bool = 
     with Session(store.engine, expire_on_commit=False) as s:
         envs = _environments(s, {r.environment_id for r in rows if r.environment_id is not None})
     env_data = {i: e.data for i, e in envs.items()}
-    for tid, job_id, fam, backend, shape, config, dtype, median, env_id, *stats, flags, unread in rows:
+    for tid, job_id, fam, backend, shape, config, dtype, median, env_id, stats, unread in rows:
         raw = (fam, backend, shape, config, dtype, env_id)
         series = of_raw.get(raw, _UNSEEN)
         if series is _UNSEEN:
@@ -487,7 +481,7 @@ def collect(store: Store, selection: Selection | None = None, *, detect: bool = 
         if points and points[-1].job_id == job_id:
             continue  # the same point twice in one job (it differs only in variant keys): the first counts
         name, commit, created = jobs[job_id]
-        p10, p90, iqr, mad, n, flags = _unread(unread) if unread else (*stats, _flags(flags))
+        p10, p90, iqr, mad, n, flags = _unread(unread) if unread else _stats(stats)
         points.append(
             HistoryPoint(
                 job_id,
@@ -524,9 +518,9 @@ def _env_change(points: list[HistoryPoint], i: int) -> list[Difference]:
 def environment_marks(points: list[HistoryPoint]) -> list[EnvMark]:
     """The points whose environment differs from the previous point's in a performance component."""
     out = []
-    for i, p in enumerate(points):
-        if found := _env_change(points, i):
-            out.append(EnvMark(p.job_id, p.commit, i, found))
+    for i in range(1, len(points)):
+        if points[i].env is not points[i - 1].env and (found := _env_change(points, i)):
+            out.append(EnvMark(points[i].job_id, points[i].commit, i, found))
     return out
 
 
