@@ -24,7 +24,7 @@ from typing import Any
 
 from sqlalchemy import delete, exists, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 
 from cluster.shipping import PackedSource
 from jobs.queue.claims import WAITING, Progress, claim_first, claimed_status, progress, waiting_jobs
@@ -62,7 +62,7 @@ class Claimed:
 class QueueLine:
     """A queued or running job as `farm jobs list` shows it."""
 
-    job: Job
+    job: Job  # without its spec (Queue.spec reads it)
     priority: int
     owner: str
     place: int | None  # 1: served first; None: running (its trials are being taken)
@@ -466,6 +466,7 @@ class Queue:
                 select(Job, QueuedJob)
                 .join(QueuedJob, QueuedJob.job_id == Job.id)
                 .where(Job.status.in_(WAITING), Job.id.in_(list(states)))
+                .options(defer(Job.spec))  # megabytes for a large grid, and not shown
             ).all()
             paces = progress(s, list(states))
         rows.sort(key=lambda r: (not states[r[0].id].running, places.get(r[0].id, len(places) + 1),

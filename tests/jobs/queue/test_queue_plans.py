@@ -12,6 +12,7 @@ of submissions (its statistics say that almost no trial is pending)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -198,6 +199,7 @@ def _statements_of_jobs_list(url: str) -> int:
         event.remove(store.engine, "before_cursor_execute", count)
         store.close()
     assert lines, "the queue is listed"
+    assert [s for s in sent if re.search(r"\bjobs\.spec\b", s)] == []  # a large grid's is megabytes
     return len(sent)
 
 
