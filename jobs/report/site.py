@@ -22,10 +22,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from html import escape
 from pathlib import Path
-
-from markupsafe import Markup
 
 from jobs.drafts.account import Account, build_account
 from jobs.history.series import Selection, Series, collect
@@ -70,33 +67,24 @@ class SiteJob:
     commit: str
 
 
-JOBS_HEAD = ("job", "commit", "created", "median ms", "spread", "change", "environment")
-JOBS_LEFT = 3  # columns from the left that are left-aligned
-
-
-def _jobs_table(series: Series) -> Markup:
-    """A kernel page's table of its jobs (each linked to its page): the markup the pages' table macro
-    writes for a Table of these columns (tests/jobs/test_site.py compares them), made here as one string
-    (the macro took 4.3 ms of CPU a page, a nightly site's 2,000 pages 9 s). Every value is escaped as the
-    templates escape it; the numbers and dates have nothing to escape."""
-    changes = {c.job_id: f"{c.magnitude:+.1%}" for c in series.changes}
-    marks = {m.job_id: escape(m.text) for m in series.marks}
-    left = '<td class="l">'
-    head = "".join(
-        f'<th class="l">{h}</th>' if i < JOBS_LEFT else f"<th>{h}</th>" for i, h in enumerate(JOBS_HEAD)
-    )
-    rows = [
-        f'<tr>{left}<a href="../jobs/{p.job_id}.html">{p.job_id}</a></td>{left}{escape(p.commit or "-")}</td>'
-        f"{left}{p.created_at:%Y-%m-%d %H:%M}</td><td>{p.median_ns / 1e6:.4f}</td>"
-        f"<td>{f'{p.spread_pct:.1f}%' if p.spread_pct is not None else '-'}</td>"
-        f"<td>{changes.get(p.job_id, '')}</td><td>{marks.get(p.job_id, '')}</td></tr>"
-        for p in series.points
-    ]
-    return Markup(f"<table><tr>{head}</tr>{''.join(rows)}</table>")
-
-
 def _kernel_page(series: Series) -> str:
     """One point's history: its change points, the figure and the table of its jobs (each linked)."""
+    changes = {c.job_id: c for c in series.changes}
+    marks = {m.job_id: m.text for m in series.marks}
+    rows = []
+    for p in series.points:
+        c = changes.get(p.job_id)
+        rows.append(
+            [
+                Link(f"../jobs/{p.job_id}.html", str(p.job_id)),
+                p.commit or "-",
+                p.created_at.strftime("%Y-%m-%d %H:%M"),
+                f"{p.median_ns / 1e6:.4f}",
+                f"{p.spread_pct:.1f}%" if p.spread_pct is not None else "-",
+                f"{c.magnitude:+.1%}" if c else "",
+                marks.get(p.job_id, ""),
+            ]
+        )
     return render_page(
         "kernel.html.j2",
         series.key.label,
@@ -116,7 +104,9 @@ def _kernel_page(series: Series) -> str:
         ],  # fmt: skip
         marks=series.marks,
         figure=figure_view(history_figure(series), "plot-history", 460),
-        listing=_jobs_table(series),
+        listing=Table(
+            ["job", "commit", "created", "median ms", "spread", "change", "environment"], rows, left=3
+        ),
     )
 
 
