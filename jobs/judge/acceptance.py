@@ -435,12 +435,11 @@ def recurring(store: Store, min_jobs: int = 1, *, by_environment: bool = False) 
     by fingerprint and the environment the trial ran in, labelled by the performance components whose
     value is not the same across the bank (a failure seen on one torch version only reads `torch 2.13.0`),
     or by torch and triton when none varies."""
-    banked = store.failures_in_environments()
-    fps = [environment.fingerprint(env) for _f, env in banked]
-    shown = environment.varying(fps) or ["gpu", "torch", "triton"]
+    fps = {i: environment.fingerprint(env) for i, env in store.bank_environments().items()}
+    shown = environment.varying(fps.values()) or ["gpu", "torch", "triton"]
     groups: dict[tuple[str, str], Recurring] = {}
-    for (f, _env), fp in zip(banked, fps, strict=True):
-        where = environment.label(fp, shown) if by_environment else ""
+    for f in store.bank_rows():
+        where = environment.label(fps[f.environment_id], shown) if by_environment else ""
         new = Recurring(f.fingerprint, f.assertion, f.label, [], [], [], "", where)
         g = groups.setdefault((f.fingerprint, where), new)
         if f.job_id not in g.jobs:

@@ -5,10 +5,10 @@ replaced: the A/Bs of a job are its record of what was compared under which envi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from sqlalchemy import delete, insert, select
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, Row
 from sqlalchemy.orm import Session
 
 from jobs.store.records import AnomalyRecord, FailureRecord, columns
@@ -76,6 +76,42 @@ class FindingStore:
             if job_id is not None:
                 q = q.where(Failure.job_id == job_id)
             return [(f, env) for f, env in s.execute(q)]
+
+    def bank_rows(self, chunk: int = 500) -> Iterator[Row]:
+        """The failure bank's entries in the order they were written, each only what `farm failures list`
+        groups and shows (fingerprint, assertion, label, job_id, git_commit, tag, message) and its trial's
+        environment_id, streamed `chunk` rows at a time: the bank's evidence, cards and environments are
+        not read per entry (its memory is the groups' lists, not the bank's rows)."""
+        q = (
+            select(
+                Failure.fingerprint, Failure.assertion, Failure.label, Failure.job_id, Failure.git_commit,
+                Failure.tag, Failure.message, TrialRow.environment_id,
+            )
+            .outerjoin(TrialRow, TrialRow.id == Failure.trial_id)
+            .order_by(Failure.id)
+        )  # fmt: skip
+        with self.engine.connect() as conn:
+            yield from conn.execution_options(yield_per=chunk).execute(q)
+
+    def bank_environments(self) -> dict[int | None, Environment | None]:
+        """The environments the failure bank's trials ran in, by id, each once (the key None: a failure
+        whose trial or trial's environment is not recorded)."""
+        with Session(self.engine, expire_on_commit=False) as s:
+            ids = set(
+                s.scalars(
+                    select(TrialRow.environment_id)
+                    .select_from(Failure)
+                    .outerjoin(TrialRow, TrialRow.id == Failure.trial_id)
+                    .distinct()
+                )
+            )
+            known = [i for i in ids if i is not None]
+            envs = (
+                {e.id: e for e in s.scalars(select(Environment).where(Environment.id.in_(known)))}
+                if known
+                else {}
+            )
+        return {i: envs.get(i) for i in ids}
 
     def record_comparison(self, **fields: object) -> int:
         """Keep one `farm compare` run (the Comparison table's fields); its id."""

@@ -62,3 +62,53 @@ def test_the_failures_of_one_job(store):
     assert [f.message for f in store.failures(job_id=b)] == [f"job {b}"]
     assert [f.message for f in store.failures("f" * 32, job_id=a)] == [f"job {a}"]
     assert len(store.failures()) == 2
+
+
+def _bank_selects(store) -> tuple[list[str], list]:
+    """The SELECTs `farm failures list` (recurring) sends, and what it returned."""
+    from sqlalchemy import event
+
+    from jobs.judge.acceptance import recurring
+
+    seen: list[str] = []
+
+    def record(conn, cursor, statement, parameters, context, executemany):  # noqa: ARG001
+        if statement.lstrip().upper().startswith("SELECT"):
+            seen.append(statement)
+
+    event.listen(store.engine, "before_cursor_execute", record)
+    try:
+        out = recurring(store, by_environment=True)
+    finally:
+        event.remove(store.engine, "before_cursor_execute", record)
+    return seen, out
+
+
+def test_the_failure_banks_listing_reads_its_shown_columns_in_three_statements_whatever_its_size(store):
+    """`farm failures list` reads the bank's entries without their evidence or cards, each environment
+    once (not one per entry), streamed, in as many statements at 2 as at 40 entries (issue 46)."""
+    from jobs.store import FailureRecord
+
+    def bank(job: int, n: int) -> None:
+        trials = store.trials(job)
+        store.replace_failures(
+            job,
+            [
+                FailureRecord(trials[i % len(trials)].id, "probe", "correct", "fail", f"{i % 3}" * 32, "x",
+                              f"job {job} {i}", {"big": "e" * 1000}, git_commit=f"c{job}", tag=None)
+                for i in range(n)
+            ],
+        )  # fmt: skip
+
+    a, b = _job(store), _job(store)
+    bank(a, 1), bank(b, 1)
+    small, _ = _bank_selects(store)
+    bank(a, 20), bank(b, 20)
+    big, groups = _bank_selects(store)
+    assert len(small) == len(big) == 2  # the environments' ids, the entries (no environment recorded here)
+    for statement in big:
+        assert "evidence" not in statement and "failures.card" not in statement
+    assert sorted((g.fingerprint[0], g.jobs, g.commits) for g in groups) == [
+        (str(i), [a, b], [f"c{a}", f"c{b}"]) for i in range(3)
+    ]
+    assert {g.last_message for g in groups} == {f"job {b} 17", f"job {b} 18", f"job {b} 19"}
