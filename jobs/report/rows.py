@@ -1,6 +1,8 @@
 """The view of a job's trials that every report shares: one `Row` per trial (`build_rows`), the family's
 declared report metrics and scaling (`family_view`), a speedup with its bootstrap interval
-(`speedup_ci`), and the few formatting rules the terminal, the exports and the HTML pages all follow.
+(`speedup_ci`), what a job's reports read of the store, each once (`JobReads`: the table and the page of
+`farm report JOB --html` share one), and the few formatting rules the terminal, the exports and the HTML
+pages all follow.
 
 The terminal report (jobs.report.render) and the HTML pages (jobs.report.html and the modules it
 assembles) both read this module; neither imports the other's internals.
