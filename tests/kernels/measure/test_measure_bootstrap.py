@@ -65,6 +65,20 @@ def test_the_interval_is_seeded():
     assert first != bootstrap_ratio_ci(a, b, n_boot=2000, confidence=0.99, seed=1)
 
 
+@pytest.mark.parametrize(("n_base", "n_cand"), [(100, 100), (81, 100), (7, 8), (1, 2)])
+def test_the_interval_is_the_medians_drawn_from_one_generator_whatever_was_asked_before(n_base, n_cand):
+    """The interval's draws are kept per seed and sizes (a report asks 750 intervals of the same sizes):
+    each interval is still the candidate's then the baseline's bootstrap medians from one generator of its
+    seed, for new values of the same sizes as for the first."""
+    rng = np.random.default_rng(3)
+    for seed in (0, 0, 1):
+        base, cand = rng.lognormal(0, 0.1, n_base), rng.lognormal(0.05, 0.1, n_cand)
+        drawn = np.random.default_rng(seed)
+        ratios = bootstrap_medians(cand, 400, drawn) / bootstrap_medians(base, 400, drawn)
+        want = tuple(float(v) for v in np.percentile(ratios, [2.5, 97.5]))
+        assert bootstrap_ratio_ci(base, cand, n_boot=400, confidence=0.95, seed=seed) == want
+
+
 def test_the_p_value_is_scipys():
     rng = np.random.default_rng(7)
     cases = [(np.ones(10), np.ones(12)), (np.arange(5.0), np.arange(3.0, 9.0))]  # all tied; small, exact
