@@ -24,7 +24,8 @@ def jobs_list(db: str | None, limit: int) -> None:
     table = Table()
     for col in ("job", "name", "family", "status", "trials", "ok", "not ok", "created", "kernels commit"):
         table.add_column(col)
-    for job, counts in store.list_jobs(limit):
+    listed = store.list_jobs(limit)
+    for job, counts in listed:
         total = sum(counts.values())
         bad = sum(n for s, n in counts.items() if s not in NOT_FAILED and s != TrialStatus.PENDING)
         table.add_row(
@@ -40,7 +41,7 @@ def jobs_list(db: str | None, limit: int) -> None:
         )
     out = console()
     out.print(table)
-    waiting = queue_table(store)
+    waiting = queue_table(store, {job.id: counts for job, counts in listed})  # each job counted once
     if waiting is not None:
         out.print(waiting)
 

@@ -430,14 +430,14 @@ def _write_junit(store, job_id: int, path: Path) -> None:
     ET.ElementTree(suite).write(path, encoding="unicode", xml_declaration=True)
 
 
-def queue_table(store):
+def queue_table(store, counted=None):
     """The queued and running jobs of the queue in the order they are served (`farm jobs list`), or None
-    when the queue is empty."""
+    when the queue is empty; `counted`: job -> its trials by status, read already (not counted again)."""
     from rich.table import Table
 
     from jobs.queue.queue import Queue
 
-    lines = Queue(store).lines()
+    lines = Queue(store).lines(counted)
     if not lines:
         return None
     table = Table(title="queue (served by priority, then fair share by project and owner)")

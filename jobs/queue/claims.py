@@ -13,20 +13,23 @@ tests/jobs/test_query_plans.py):
   over 1 MB: read with each of a batch's rows it was 70% of a 64-worker pool's time in the store);
   `Queue.spec` reads it;
 - `claimed_status`: a claim's trial's status, probed by the trial's id for each of the few claims;
-- `progress`: every listed job's trial count and the pace of its finished trials, one grouped statement
-  for all of them (not two per job).
+- `TrialCounts`: each listed job's trials by status, counted once for `farm jobs list` (one grouped
+  statement on (job_id, status, seq) for the jobs not counted yet) and given to its three users: the
+  jobs table, the fair-share plan's waiting trials (pending less running) and the progress column;
+- `progress`: every listed job's trial count (from the counts) and, for the jobs with trials running
+  (the ETA's only users), the pace of their written trials, one grouped statement for all of them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import Integer, case, column, exists, func, insert, literal, select, true, values
 from sqlalchemy.orm import Session, defer
 
-from jobs.store import PENDING, Job, QueuedJob, TrialClaim, TrialRow
+from jobs.store import PENDING, Job, QueuedJob, TrialClaim, TrialRow, status_counts
 
 WAITING = ("queued", "running")  # the statuses of a job the pool serves
 
@@ -52,26 +55,45 @@ def _unclaimed():
     return ~exists().where(TrialClaim.trial_id == TrialRow.id)
 
 
-def waiting_jobs(s: Session, cap: int | None) -> list[Waiting]:
+class TrialCounts:
+    """Each job's trials by status, counted once however many readers a listing has: `of` counts the
+    jobs not counted yet in one grouped statement (on (job_id, status, seq)); `known`: counts already
+    read (`farm jobs list`'s table's)."""
+
+    def __init__(self, known: Mapping[int, Mapping[str, int]] | None = None) -> None:
+        self.by_job: dict[int, Mapping[str, int]] = dict(known or {})
+
+    def of(self, s: Session, job_ids: Collection[int]) -> dict[int, Mapping[str, int]]:
+        missing = sorted(set(job_ids) - self.by_job.keys())
+        if missing:
+            found = status_counts(s, missing)
+            self.by_job.update({job_id: found.get(job_id, {}) for job_id in missing})
+        return {job_id: self.by_job[job_id] for job_id in job_ids}
+
+
+def waiting_jobs(s: Session, cap: int | None, counts: TrialCounts | None = None) -> list[Waiting]:
     """The queued and running jobs, each with its trials running and waiting; `cap`: count a job's
-    waiting trials only up to this many (None: all of them, what a queued-trials quota needs)."""
+    waiting trials only up to this many (None: all of them, what a queued-trials quota needs);
+    `counts`: take each job's waiting trials as its pending ones less those running, from these counts
+    (`farm jobs list`: the trials counted once for the listing), not counted here."""
     running = (
         select(func.count())
         .select_from(TrialClaim)
         .where(TrialClaim.job_id == QueuedJob.job_id, claimed_status() == PENDING)
         .scalar_subquery()
     )
+    listed = select(QueuedJob, running).join(Job, Job.id == QueuedJob.job_id).where(Job.status.in_(WAITING))
+    if counts is not None:
+        rows = s.execute(listed.order_by(QueuedJob.job_id)).all()
+        by_job = counts.of(s, [entry.job_id for entry, _r in rows])
+        pending = {job_id: c.get(PENDING, 0) for job_id, c in by_job.items()}
+        return [Waiting(e, int(r), max(pending[e.job_id] - int(r), 0)) for e, r in rows]
     mine = select(TrialRow.id).where(TrialRow.job_id == QueuedJob.job_id, TrialRow.status == PENDING)
     mine = mine.where(_unclaimed()).correlate(QueuedJob)
     if cap is not None:
         mine = mine.limit(cap)
     waiting = select(func.count()).select_from(mine.subquery()).scalar_subquery()
-    q = (
-        select(QueuedJob, running, waiting)
-        .join(Job, Job.id == QueuedJob.job_id)
-        .where(Job.status.in_(WAITING))
-        .order_by(QueuedJob.job_id)
-    )
+    q = listed.add_columns(waiting).order_by(QueuedJob.job_id)
     return [Waiting(entry, int(r), int(w)) for entry, r, w in s.execute(q).all()]
 
 
@@ -144,20 +166,29 @@ class Progress:
         return per_trial * left / taken
 
 
-def progress(s: Session, job_ids: Sequence[int]) -> dict[int, Progress]:
-    """Each job's progress, in one grouped statement (a job without trials is left out)."""
-    if not job_ids:
-        return {}
-    paced = (TrialRow.status != PENDING) & TrialRow.started_at.is_not(None)
+def progress(
+    s: Session, counts: Mapping[int, Mapping[str, int]], running: Collection[int]
+) -> dict[int, Progress]:
+    """Each job's progress: its trial count from `counts` (its trials by status) and, for the jobs with
+    trials `running` (an ETA needs some), the pace of its written trials, in one grouped statement for
+    all of them on (job_id, status, seq) by the statuses other than pending that the counts saw (a job
+    without trials is left out)."""
+    out = {job_id: Progress(sum(c.values()), 0, None, None) for job_id, c in counts.items() if c}
+    paced = sorted(job_id for job_id in running if job_id in out)
+    written = sorted({st for job_id in paced for st in counts[job_id] if st != PENDING})
+    if not paced or not written:
+        return out
+    started = TrialRow.started_at.is_not(None)
     q = (
         select(
             TrialRow.job_id,
-            func.count(),
-            func.count(case((paced, 1))),
-            func.min(case((paced, TrialRow.started_at))),
-            func.max(case((paced, TrialRow.finished_at))),
+            func.count(case((started, 1))),
+            func.min(TrialRow.started_at),
+            func.max(case((started, TrialRow.finished_at))),
         )
-        .where(TrialRow.job_id.in_(sorted(job_ids)))
+        .where(TrialRow.job_id.in_(paced), TrialRow.status.in_(written))
         .group_by(TrialRow.job_id)
     )
-    return {job_id: Progress(*rest) for job_id, *rest in s.execute(q).all()}
+    for job_id, done, first, last in s.execute(q).all():
+        out[job_id] = Progress(out[job_id].total, done, first, last)
+    return out

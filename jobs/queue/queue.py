@@ -27,7 +27,15 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, defer
 
 from cluster.shipping import PackedSource
-from jobs.queue.claims import WAITING, Progress, claim_first, claimed_status, progress, waiting_jobs
+from jobs.queue.claims import (
+    WAITING,
+    Progress,
+    TrialCounts,
+    claim_first,
+    claimed_status,
+    progress,
+    waiting_jobs,
+)
 from jobs.queue.fairshare import JobState, Plan, decayed
 from jobs.queue.policy import Policy
 from jobs.spec.sweep import SweepSpec, dump_spec
@@ -220,26 +228,30 @@ class Queue:
             s.execute(insert(JobEvent), lines)
         return out
 
-    def state(self, policy: Policy | None = None) -> tuple[list[JobState], dict[str, float], float]:
+    def state(
+        self, policy: Policy | None = None, counts: TrialCounts | None = None
+    ) -> tuple[list[JobState], dict[str, float], float]:
         """The queue as fairshare sees it now: the waiting and running jobs, each owner's decayed usage,
-        and the time (fairshare's clock)."""
+        and the time (fairshare's clock); `counts`: the jobs' trials by status, read once for a listing
+        (their waiting trials taken from them)."""
         policy = policy or self.current_policy()
         with Session(self.engine) as s:
             at = now()
-            jobs, usage = self._state(s, at, policy)
+            jobs, usage = self._state(s, at, policy, counts=counts)
         return jobs, usage, seconds_of(at)
 
-    def plan(self, policy: Policy | None = None) -> Plan:
+    def plan(self, policy: Policy | None = None, counts: TrialCounts | None = None) -> Plan:
         policy = policy or self.current_policy()
-        jobs, usage, at = self.state(policy)
+        jobs, usage, at = self.state(policy, counts)
         return Plan(jobs, usage, policy, at)
 
     @staticmethod
     def _state(
-        s: Session, at: datetime, policy: Policy, *, cap: int | None = None
+        s: Session, at: datetime, policy: Policy, *, cap: int | None = None, counts: TrialCounts | None = None
     ) -> tuple[list[JobState], dict[str, float]]:
         """`cap`: each job's waiting trials counted up to this many (enough for `cap` picks, and flat in
-        a large job); None: every one counted (what `farm jobs list` and queued-trial quotas need)."""
+        a large job); None: every one counted (what queued-trial quotas need); `counts`: taken from these
+        (`farm jobs list`: each job's trials counted once for the listing)."""
         jobs = [
             JobState(
                 w.entry.job_id,
@@ -253,7 +265,7 @@ class Queue:
                 gpu_type=w.entry.gpu_type,
                 min_memory_gb=w.entry.min_gpu_memory_gb,
             )  # fmt: skip
-            for w in waiting_jobs(s, cap)
+            for w in waiting_jobs(s, cap, counts)
         ]
         usage = {
             u.owner: decayed(u.usage_s, (at - u.at).total_seconds(), policy.half_life)
@@ -452,12 +464,15 @@ class Queue:
         return done, gone
 
     # ---- what farm jobs list shows -----------------------------------------------------------------
-    def lines(self) -> list[QueueLine]:
+    def lines(self, counted: Mapping[int, Mapping[str, int]] | None = None) -> list[QueueLine]:
         """Queued and running jobs in the order they are served, with progress, an ETA and, for a job
         that no free worker would take, why (a quota, a GPU type the pools lack). A fixed number of
-        statements, whatever the number of jobs (the queue's state, their rows, their progress)."""
+        statements, whatever the number of jobs (the queue's state, their rows, their trial counts, the
+        running jobs' pace); each job's trials counted once (`counted`: the counts `farm jobs list`'s
+        table read, a job among them not counted again), for the plan and the progress both."""
         served = self.served()
-        plan = self.plan(served.policy)
+        counts = TrialCounts(counted)
+        plan = self.plan(served.policy, counts)
         types = list(served.gpu_types) or [None]
         places = _places(plan, types)
         states = {j.job_id: j for j in plan.jobs}
@@ -468,7 +483,7 @@ class Queue:
                 .where(Job.status.in_(WAITING), Job.id.in_(list(states)))
                 .options(defer(Job.spec))  # megabytes for a large grid, and not shown
             ).all()
-            paces = progress(s, list(states))
+            paces = progress(s, counts.of(s, list(states)), [j for j, st in states.items() if st.running])
         rows.sort(key=lambda r: (not states[r[0].id].running, places.get(r[0].id, len(places) + 1),
                                  -r[1].priority, r[1].submitted_at, r[0].id))  # fmt: skip
         out, place = [], 0

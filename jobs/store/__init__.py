@@ -43,6 +43,7 @@ from jobs.store.tables import (
     TrialRow,
     now,
 )
+from jobs.store.trial_store import status_counts
 
 __all__ = [
     "DEFAULT_DB",
@@ -81,6 +82,7 @@ __all__ = [
     "display_url",
     "make_engine",
     "now",
+    "status_counts",
     "result_of",
     "store_error",
 ]

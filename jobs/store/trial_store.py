@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 
 from jobs.store.engine import insert_or_ignore
 from jobs.store.records import TrialPoint
@@ -103,7 +103,8 @@ class TrialStore:
 
     def list_jobs(self, limit: int = 50) -> list[tuple[Job, dict[str, int]]]:
         with Session(self.engine, expire_on_commit=False) as s:
-            jobs = list(s.scalars(select(Job).order_by(Job.id.desc()).limit(limit)))
+            q = select(Job).options(defer(Job.spec))  # megabytes for a large grid, and not listed
+            jobs = list(s.scalars(q.order_by(Job.id.desc()).limit(limit)))
             counts = self._status_counts(s, [j.id for j in jobs])
             return [(j, counts.get(j.id, {})) for j in jobs]
 
@@ -113,17 +114,7 @@ class TrialStore:
 
     @staticmethod
     def _status_counts(s: Session, job_ids: list[int]) -> dict[int, dict[str, int]]:
-        out: dict[int, dict[str, int]] = {}
-        if not job_ids:
-            return out
-        q = (
-            select(TrialRow.job_id, TrialRow.status, func.count())
-            .where(TrialRow.job_id.in_(job_ids))
-            .group_by(TrialRow.job_id, TrialRow.status)
-        )
-        for job_id, status, n in s.execute(q):
-            out.setdefault(job_id, {})[status] = n
-        return out
+        return status_counts(s, job_ids)
 
     def recent_jobs(self, family: str, up_to: int, limit: int) -> list[int]:
         """The ids of the family's newest `limit` jobs created up to job `up_to` (it included)."""
@@ -299,3 +290,19 @@ class TrialStore:
     def get_trial(self, trial_id: int) -> TrialRow | None:
         with Session(self.engine, expire_on_commit=False) as s:
             return s.get(TrialRow, trial_id)
+
+
+def status_counts(s: Session, job_ids: Sequence[int]) -> dict[int, dict[str, int]]:
+    """Each job's trials by status, in one grouped statement on (job_id, status, seq) (a job without
+    trials is left out)."""
+    out: dict[int, dict[str, int]] = {}
+    if not job_ids:
+        return out
+    q = (
+        select(TrialRow.job_id, TrialRow.status, func.count())
+        .where(TrialRow.job_id.in_(sorted(job_ids)))
+        .group_by(TrialRow.job_id, TrialRow.status)
+    )
+    for job_id, status, n in s.execute(q):
+        out.setdefault(job_id, {})[status] = n
+    return out
