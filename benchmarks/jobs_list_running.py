@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(
         prog="python -m benchmarks.jobs_list_running", description=__doc__.splitlines()[0]
     )
-    ap.add_argument("--url", default=None, help="a store built by an earlier run (--keep prints it)")
+    ap.add_argument("--url", default=None, help="a store an earlier run built (--serve-s prints its URL)")
     ap.add_argument("--trials", type=int, default=100_000)
     ap.add_argument("--done", type=int, default=40_000)
     ap.add_argument("--jobs", type=int, default=20, help="finished jobs of 400 trials listed beside it")
@@ -111,27 +111,28 @@ def main(argv: list[str] | None = None) -> dict:
         "--serve-s", type=float, default=0, help="build, print the store's URL, keep its server this long"
     )
     args = ap.parse_args(argv)
-    url = args.url
+    url, server = args.url, None
     if url is None:
         sys.path.insert(0, str(REPO / "tests"))
         from pgserver import start_server
 
         server = start_server()
-        url = server.url(server.create_database("jobslist"))
-        start = time.perf_counter()
-        build(url, args.trials, args.done, args.jobs, args.vacuum)
-        print(f"built in {time.perf_counter() - start:.0f} s: {url}", flush=True)
-        if args.serve_s:
-            time.sleep(args.serve_s)
+    try:
+        if server is not None:
+            url = server.url(server.create_database("jobslist"))
+            start = time.perf_counter()
+            build(url, args.trials, args.done, args.jobs, args.vacuum)
+            print(f"built in {time.perf_counter() - start:.0f} s: {url}", flush=True)
+            if args.serve_s:
+                time.sleep(args.serve_s)  # until then, or ^C
+                return {}
+        out = time_list(url, args.repeat)
+    finally:
+        if server is not None:
             server.stop()
-            return {}
-    out = time_list(url, args.repeat)
-    printed = {k: v for k, v in out.items() if k != "output"}
-    print(json.dumps(printed, indent=1))
+    print(json.dumps({k: v for k, v in out.items() if k != "output"}, indent=1))
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=1))
-    if args.url is None:
-        server.stop()
     return out
 
 
