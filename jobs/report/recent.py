@@ -60,6 +60,29 @@ def _environments(store: Store, ids: set[int]) -> dict[int, Environment]:
         return {e.id: e for e in s.scalars(select(Environment).where(Environment.id.in_(sorted(ids))))}
 
 
+def _group(row: Any) -> tuple:
+    """What a row's point is counted by: backend, shape key, dtype, config, environment."""
+    return row[3], row[4], row[7], row[6], row[9]
+
+
+class _JobsPerGroup:
+    """The jobs read so far of each of one job's points (groups), newest first."""
+
+    def __init__(self, job_id: int) -> None:
+        self.job_id = job_id
+        self.jobs: dict[tuple, set[int]] | None = None  # None until the job's own rows are read
+
+    def complete(self, rows: list, last: int) -> bool:
+        """Count these rows; whether each of the job's points has `last` jobs now (or the job had none)."""
+        if self.jobs is None:
+            self.jobs = {_group(r): set() for r in rows if r[1] == self.job_id}
+        for r in rows:
+            jobs = self.jobs.get(_group(r))
+            if jobs is not None:
+                jobs.add(r[1])
+        return all(len(jobs) >= last for jobs in self.jobs.values())
+
+
 def recent_series(
     store: Store, job_id: int, family: str, jobs: Iterable[int], last: int = HISTORY_JOBS
 ) -> dict[PointKey, list[HistoryPoint]]:
@@ -74,7 +97,6 @@ def recent_series(
         *(cast(TrialRow.shape, String), cast(TrialRow.config, String), TrialRow.dtype),
         *(TrialRow.median_ns, TrialRow.environment_id, TrialRow.seq),
     ).where(
-        TrialRow.job_id.in_(ids),
         TrialRow.status == TrialStatus.OK,
         TrialRow.median_ns.is_not(None),
         # the series as one value: one IN that PostgreSQL hashes (a tuple IN is an OR of a term per series,
@@ -84,23 +106,35 @@ def recent_series(
             sorted({"/".join(s) for s in series})
         ),
     )
+    wanted = set(series) if any("/" in f + b for f, b, _k in series) else None  # names the IN may confuse
     with store.engine.connect() as conn:
         found = conn.execute(select(Job.id, Job.created_at, Job.git_commit).where(Job.id.in_(ids))).all()
-        # a job's rows in grid order (SQLite reads them so off the job's index; no sort of its own)
-        read = conn.execute(q.order_by(TrialRow.job_id, TrialRow.seq)).all()
-    order = {job: (created, job) for job, created, _commit in found}  # commit order
+        order = {job: (created, job) for job, created, _commit in found}  # commit order
+        newest = sorted(order, key=order.__getitem__, reverse=True)
+        # `last` jobs at a time from the newest, until each of the job's points has its `last` jobs (the
+        # table shows those only): a nightly spec's points are all in its last `last` runs, a quarter of
+        # what the family's newest jobs hold
+        read: list = []
+        seen = _JobsPerGroup(job_id)
+        for start in range(0, len(newest), last):
+            chunk = sorted(newest[start : start + last])
+            # a job's rows in grid order (SQLite reads them so off the job's index; no sort of its own)
+            rows = conn.execute(
+                q.where(TrialRow.job_id.in_(chunk)).order_by(TrialRow.job_id, TrialRow.seq)
+            ).all()
+            rows = [r for r in rows if (r[2], r[3], r[4]) in wanted] if wanted is not None else rows
+            read += rows
+            if seen.complete(rows, last):
+                break
     commits = {job: commit for job, _created, commit in found}
     blocks = {job: list(rows) for job, rows in groupby(read, key=itemgetter(1))}
     timed = [r for job in sorted(blocks, key=order.__getitem__) for r in blocks[job]]
-    if any("/" in f + b for f, b, _k in series):  # the names the statement matched may be another series'
-        wanted = set(series)
-        timed = [r for r in timed if (r[2], r[3], r[4]) in wanted]
     # each point's last `last` jobs (or a finer group's: a point key is a function of these columns),
     # counted from the newest: rows of one job are next to each other in this order
     rows = []
     counted: dict[tuple, tuple[int, int]] = {}  # group -> (the job counted last, how many jobs)
     for r in reversed(timed):
-        group = (r[3], r[4], r[7], r[6], r[9])  # backend, shape key, dtype, config, environment
+        group = _group(r)
         job, n = counted.get(group, (-1, 0))
         if job != r[1]:
             counted[group] = job, n = r[1], n + 1

@@ -84,6 +84,11 @@ def test_the_table_is_the_series_table_from_each_points_last_jobs(store_url):
         assert series and all(len(points) <= 3 for points in series.values())
         assert max(p.job_id for points in series.values() for p in points) == jobs[6]
         assert len(series) == 8  # noop n=0,1; spin ms=1,2,3 x n=0,1 that ran up to job 6
+        # the jobs are read `last` at a time from the newest until each of the job's points has `last`:
+        # job 10's ms=1 points are in jobs 10, 8 and 7 (same environment), so 2 of the 4 reads of 3 jobs
+        newest = store.recent_jobs("probe", jobs[10], 80)
+        seen = _captured(store, lambda: recent_series(store, jobs[10], "probe", newest, 3))
+        assert len([s for s, _p in seen if "FROM trials" in s]) == 1 + 2, seen  # the job's series, 2 reads
     finally:
         store.close()
 
