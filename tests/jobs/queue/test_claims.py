@@ -7,23 +7,28 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Callable
 
 from sqlalchemy import event
+from test_queue import spec
 
 from jobs.queue.queue import Queue
 from jobs.spec.sweep import loads_spec
 from jobs.store import Store
 
-SPEC = """
-name: {name}
-family: probe
-backends: [{{name: noop, baseline: true}}]
-shapes: {{grid: {{n: {grid}}}}}
-"""
 
+def _sent(q: Queue, call: Callable[[], object]) -> tuple[object, list[str]]:
+    """What `call` returns, and the statements it sent to the queue's database."""
+    sent: list[str] = []
 
-def spec(name: str, n: int):
-    return loads_spec(SPEC.format(name=name, grid=list(range(n))))
+    def record(conn, cursor, statement, parameters, context, executemany):  # noqa: ARG001
+        sent.append(statement)
+
+    event.listen(q.engine, "before_cursor_execute", record)
+    try:
+        return call(), sent
+    finally:
+        event.remove(q.engine, "before_cursor_execute", record)
 
 
 def _queue(url: str) -> Queue:
@@ -88,16 +93,7 @@ def test_a_claim_reads_its_job_without_the_spec_and_queue_spec_gives_it(store_ur
     time in the store (issue 46). The claim reads the job's row without it; `Queue.spec` reads it."""
     q = Queue(Store(store_url))
     job = q.submit(spec("wide", 300))
-    sent: list[str] = []
-
-    def record(conn, cursor, statement, parameters, context, executemany):  # noqa: ARG001
-        sent.append(statement)
-
-    event.listen(q.engine, "before_cursor_execute", record)
-    try:
-        taken = q.claim_many("p", None, 20)
-    finally:
-        event.remove(q.engine, "before_cursor_execute", record)
+    taken, sent = _sent(q, lambda: q.claim_many("p", None, 20))
     assert [c.trial.seq for c in taken] == list(range(20))
     assert [s for s in sent if re.search(r"\bjobs\.spec\b", s)] == []  # spec_hash is read, not spec
     assert loads_spec(q.spec(job)).name == "wide"
@@ -110,16 +106,7 @@ def test_a_batch_over_several_jobs_on_postgresql_is_claimed_in_one_statement(pos
     one = _queue(postgres.url(postgres.create_database("one")))
     batch = _queue(postgres.url(postgres.create_database("batch")))
     singles = [one.claim("p") for _ in range(12)]
-    sent: list[str] = []
-
-    def record(conn, cursor, statement, parameters, context, executemany):  # noqa: ARG001
-        sent.append(statement)
-
-    event.listen(batch.engine, "before_cursor_execute", record)
-    try:
-        taken = batch.claim_many("p", None, 12)
-    finally:
-        event.remove(batch.engine, "before_cursor_execute", record)
+    taken, sent = _sent(batch, lambda: batch.claim_many("p", None, 12))
     assert [(c.job.id, c.trial.seq, c.owner) for c in taken] == [
         (c.job.id, c.trial.seq, c.owner) for c in singles
     ]
