@@ -17,7 +17,8 @@ tests/jobs/test_query_plans.py):
   statement on (job_id, status, seq) for the jobs not counted yet) and given to its three users: the
   jobs table, the fair-share plan's waiting trials (pending less running) and the progress column;
 - `progress`: every listed job's trial count (from the counts) and, for the jobs with trials running
-  (the ETA's only users), the pace of their written trials, one grouped statement for all of them.
+  (the ETA's only users), the mean duration of their newest written trials, a bounded read of each
+  (job, status) on (job_id, status, seq), one statement for all of them.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import Integer, case, column, exists, func, insert, literal, select, true, values
+from sqlalchemy import Integer, column, exists, func, insert, literal, select, true, union_all, values
 from sqlalchemy.orm import Session, defer
 
 from jobs.store import PENDING, Job, QueuedJob, TrialClaim, TrialRow, status_counts
@@ -149,46 +150,51 @@ def _waiting(job_id):
     return (TrialRow.job_id == job_id, TrialRow.status == PENDING, _unclaimed())
 
 
+PACE_SAMPLE = 64  # the newest written trials of each (job, status) a running job's pace is read from
+
+
 @dataclass(frozen=True)
 class Progress:
     total: int  # trials of the job
-    done: int  # trials written that had started (the pace's sample)
-    first_started: datetime | None
-    last_finished: datetime | None
+    timed: int  # written trials that had started and finished among the newest read (the pace's sample)
+    mean_s: float | None  # their mean duration
 
     def eta_s(self, left: int, taken: int) -> float | None:
-        """Seconds to the end at the pace of the finished trials, with as many at once as run now."""
+        """Seconds to the end: the trials `left` at the mean duration of the sampled ones, `taken` (as many
+        as run now) at a time."""
         if not left:
             return 0.0
-        if not self.done or self.first_started is None or self.last_finished is None or not taken:
+        if not self.timed or self.mean_s is None or not taken:
             return None
-        per_trial = max((self.last_finished - self.first_started).total_seconds(), 0.0) / self.done
-        return per_trial * left / taken
+        return self.mean_s * left / taken
 
 
 def progress(
     s: Session, counts: Mapping[int, Mapping[str, int]], running: Collection[int]
 ) -> dict[int, Progress]:
     """Each job's progress: its trial count from `counts` (its trials by status) and, for the jobs with
-    trials `running` (an ETA needs some), the pace of its written trials, in one grouped statement for
-    all of them on (job_id, status, seq) by the statuses other than pending that the counts saw (a job
-    without trials is left out)."""
-    out = {job_id: Progress(sum(c.values()), 0, None, None) for job_id, c in counts.items() if c}
-    paced = sorted(job_id for job_id in running if job_id in out)
-    written = sorted({st for job_id in paced for st in counts[job_id] if st != PENDING})
-    if not paced or not written:
+    trials `running` (an ETA needs some), the pace of their newest written trials: for each status other
+    than pending that the counts saw, the last PACE_SAMPLE trials in grid order (the pool claims in grid
+    order: the last written), each read backwards on (job_id, status, seq) and stopped there, all in one
+    statement. The read is bounded whatever the size of the job (the sum over all of a 10^5-trial job's
+    written trials grew with it); a job without trials is left out."""
+    out = {job_id: Progress(sum(c.values()), 0, None) for job_id, c in counts.items() if c}
+    parts = [
+        select(TrialRow.job_id, TrialRow.seq, TrialRow.started_at, TrialRow.finished_at)
+        .where(TrialRow.job_id == job_id, TrialRow.status == status)
+        .order_by(TrialRow.seq.desc())
+        .limit(PACE_SAMPLE)
+        .subquery()
+        for job_id in sorted(j for j in running if j in out)
+        for status in sorted(st for st in counts[job_id] if st != PENDING)
+    ]
+    if not parts:
         return out
-    started = TrialRow.started_at.is_not(None)
-    q = (
-        select(
-            TrialRow.job_id,
-            func.count(case((started, 1))),
-            func.min(TrialRow.started_at),
-            func.max(case((started, TrialRow.finished_at))),
-        )
-        .where(TrialRow.job_id.in_(paced), TrialRow.status.in_(written))
-        .group_by(TrialRow.job_id)
-    )
-    for job_id, done, first, last in s.execute(q).all():
-        out[job_id] = Progress(out[job_id].total, done, first, last)
+    newest: dict[int, list[tuple[int, float]]] = {}
+    for job_id, seq, started, finished in s.execute(union_all(*(select(*p.c) for p in parts))).all():
+        if started is not None and finished is not None:
+            newest.setdefault(job_id, []).append((seq, max((finished - started).total_seconds(), 0.0)))
+    for job_id, timed in newest.items():
+        sample = [d for _seq, d in sorted(timed, reverse=True)[:PACE_SAMPLE]]
+        out[job_id] = Progress(out[job_id].total, len(sample), sum(sample) / len(sample))
     return out

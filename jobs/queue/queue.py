@@ -77,7 +77,7 @@ class QueueLine:
     total: int
     finished: int
     taken: int  # trials running now
-    eta_s: float | None  # at the pace of its finished trials, with the workers it has now
+    eta_s: float | None  # its trials left at its newest written ones' mean duration, as many at once as now
     waiting: str | None = None  # why it gets no worker whatever is free (quota, GPU type), else None
     project: str | None = None
 
@@ -488,7 +488,7 @@ class Queue:
                                  -r[1].priority, r[1].submitted_at, r[0].id))  # fmt: skip
         out, place = [], 0
         for job, q in rows:
-            state, pace = states[job.id], paces.get(job.id, Progress(0, 0, None, None))
+            state, pace = states[job.id], paces.get(job.id, Progress(0, 0, None))
             left, taken = state.queued + state.running, state.running
             if taken == 0:
                 place += 1

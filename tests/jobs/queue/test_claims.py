@@ -115,3 +115,37 @@ def test_a_batch_over_several_jobs_on_postgresql_is_claimed_in_one_statement(pos
     assert len([s for s in sent if "FOR UPDATE" in s]) == 1
     one.store.close()
     batch.store.close()
+
+
+def test_the_eta_is_the_newest_written_trials_mean_duration_over_the_trials_running(tmp_path):
+    """`farm jobs list`'s ETA: the trials left (pending, running among them) at the mean duration of the
+    job's newest written trials, as many at once as run now. Two workers ran the first 94 trials two at a
+    time: 30 slow ones (100 s) then 64 of 10 s; the pace is the last 64's (10 s), not the whole job's, and
+    not the wall span over the trials written (the ETA read 1/workers of the time before), and the read
+    stops at the newest PACE_SAMPLE of each status."""
+    from datetime import datetime, timedelta
+
+    from sqlalchemy import text
+
+    from jobs.queue.claims import PACE_SAMPLE
+
+    assert PACE_SAMPLE == 64  # the case below is built on it
+    store = Store(str(tmp_path / "eta.db"))
+    q = Queue(store)
+    job = q.submit(spec("eta", 100), owner="ana")
+    t0, rows = datetime(2026, 12, 7, 12, 0), []
+    for seq in range(94):
+        slow = seq < 30
+        start = t0 + timedelta(seconds=100 * (min(seq, 30) // 2) + 10 * (max(seq - 30, 0) // 2))
+        rows.append({"j": job, "seq": seq, "s": start, "f": start + timedelta(seconds=100 if slow else 10)})
+    with store.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE trials SET status = 'ok', started_at = :s, finished_at = :f "
+                 "WHERE job_id = :j AND seq = :seq"),
+            rows,
+        )  # fmt: skip
+    q.claim_many("p", None, 2)
+    (line,) = q.lines()
+    assert (line.total, line.finished, line.taken) == (100, 94, 2)
+    assert line.eta_s == 10 * 6 / 2  # 6 left (2 of them running), 2 at a time, 10 s each
+    store.close()
