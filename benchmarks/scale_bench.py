@@ -66,6 +66,10 @@ def _options(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--queue", type=int, default=0, help="trials per queue depth through the queue (0: none)")
     ap.add_argument("--commands", default=None, help="only these commands (names as the table has them, ';')")
     ap.add_argument("--memory", action="store_true", help="each command's peak memory in a fresh process too")
+    ap.add_argument(
+        "--keep-server", action="store_true", help="PostgreSQL: the server and its store left running at the "
+        "end (its URL and data folder printed) until this process gets SIGTERM or ^C",
+    )  # fmt: skip
     known, _ = ap.parse_known_args(argv)  # the ledger's options are its own
     return known
 
@@ -218,15 +222,18 @@ def _measure(backend: str, sizes: list[str], opts: argparse.Namespace) -> list[d
             scale_store.build(
                 store, scale_store.days_of(Fraction(size)) - scale_store._days_done(store), pools=pools
             )
+            _analyze(store)
             built = time.perf_counter() - start
-            row = {"backend": backend, "size": size, "build_s": built, **_sizes(store)}
+            row = {"backend": backend, "size": size, "build_s": built, "url": store.url, **_sizes(store)}
             mb = row["db_bytes"] / 1e6
             print(f"{backend} {size}: {row['jobs']:,} jobs, {row['trials']:,} trials, {mb:.0f} MB "
                   f"(built in {built:.0f} s); timing the commands ...", flush=True)  # fmt: skip
             only = opts.commands.split(";") if opts.commands else None
-            row["times"] = scale_commands.time_all(store.url, opts.repeat, only)
+            clocks = scale_commands.time_all_clocks(store.url, opts.repeat, only)
+            row["times"] = clocks.pop("wall")
+            row["clocks"] = clocks  # cpu: this process's; server_cpu: PostgreSQL's (its processes' CPU)
             if opts.memory:  # before the queue's jobs are added: the same commands as timed
-                row["memory"] = scale_commands.memory_all(store.url, only)
+                row["memory"] = scale_commands.memory_all(store.url, only, clock="cpu")
             if opts.queue:  # after the commands: its jobs stay in the store
                 from benchmarks.scale_queue import queue_part
 
@@ -244,6 +251,33 @@ def _measure(backend: str, sizes: list[str], opts: argparse.Namespace) -> list[d
     return rows
 
 
+def _analyze(store) -> None:
+    """PostgreSQL: VACUUM ANALYZE after a bulk load, as a team's server's autovacuum would have done (the
+    benchmark's server, tests/pgserver.py's, runs without autovacuum): the planner's statistics and the
+    visibility map the index-only scans read."""
+    if store.engine.dialect.name != "postgresql":
+        return
+    with store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql("VACUUM ANALYZE")
+
+
+def _hold(url: str) -> None:
+    """--keep-server: the PostgreSQL server and its store kept until SIGTERM or ^C (then stopped)."""
+    import os
+    import signal
+
+    print(
+        f"PostgreSQL kept: {url} (data {_PG.data}; this process {os.getpid()}: kill it to stop the server)",
+        flush=True,
+    )
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # atexit stops the server
+    try:
+        while True:
+            signal.pause()
+    except KeyboardInterrupt:
+        pass
+
+
 def _cell(v: Any) -> str:
     if v is None:
         return "-"
@@ -252,10 +286,13 @@ def _cell(v: Any) -> str:
     return f"{v:,}" if isinstance(v, int) else str(v)
 
 
-def table(rows: list[dict]) -> str:
+def table(rows: list[dict], clock: str = "wall") -> str:
     """Every command (rows) at every size and backend (columns), after, with before in brackets where
-    measured; a figure over TARGET_S in bold."""
+    measured; a figure over TARGET_S in bold. `clock`: wall, or one of the row's "clocks" (cpu,
+    server_cpu), without before's figures (timed on wall)."""
     cols = [(r["backend"], r["size"]) for r in rows]
+    if clock != "wall":
+        rows = [r | {"times": r.get("clocks", {}).get(clock, {}), "before": {}} for r in rows]
     names = list(dict.fromkeys(n for r in rows for n in r["times"]))
     out = ["| command | " + " | ".join(f"{b} {s}" for b, s in cols) + " |", "|---|" + "---:|" * len(cols)]
     for name in names:
@@ -294,11 +331,14 @@ def main(argv: list[str] | None = None) -> dict:
     part = None if opts.no_ledger else _ledger_part()
     ledger = [r for size in sizes for r in part(size, argv or [])] if part else []
     text = table(rows)
+    for clock, what in (("cpu", "this process's CPU"), ("server_cpu", "the PostgreSQL server's CPU")):
+        if any(r.get("clocks", {}).get(clock) for r in rows):
+            text += f"\n\n{what}, seconds per command in the same runs (median)\n\n{table(rows, clock)}"
     if any("memory" in r for r in rows):
         from benchmarks.scale_commands import memory_table
 
         mem = memory_table({f"{r['backend']} {r['size']}": r["memory"] for r in rows if "memory" in r})
-        text += f"\n\npeak memory over the imports, each command once in a fresh process (its time)\n\n{mem}"
+        text += f"\n\npeak memory over the imports, each command once in a fresh process (its CPU s)\n\n{mem}"
     print(
         "\nseconds per command, in this process (median of runs); (before issue 46) where measured\n" + text
     )
@@ -307,4 +347,6 @@ def main(argv: list[str] | None = None) -> dict:
     md = RESULTS / f"scale-{tag}-{platform.node()}-{stamp}.md"
     md.write_text(f"# python -m benchmarks scale {' '.join(argv or [])}\n\n{text}\n")
     print(f"(table written to {md})")
+    if opts.keep_server and _PG is not None:
+        _hold(next(r["url"] for r in reversed(rows) if r["backend"] == "postgresql"))
     return {"sizes": sizes, "farm": rows, "ledger": ledger}

@@ -41,3 +41,35 @@ def test_a_command_in_a_fresh_process_gives_its_memory_and_time(two_nights):
 def test_an_unknown_command_is_named_with_the_known_ones(two_nights):
     with pytest.raises(ValueError, match=r"no command named \['jobs lsit'\].*jobs list"):
         sc.memory_all(two_nights, only=["jobs lsit"])
+
+
+def test_every_clock_is_read_over_the_same_runs(two_nights):
+    got = sc.time_all_clocks(two_nights, repeat=1, only=["drafts account"])
+    assert set(got) == {"wall", "cpu"}  # SQLite: no server's clock
+    assert got["wall"]["drafts account"] > 0 and got["cpu"]["drafts account"] > 0
+
+
+def test_a_postgresql_servers_cpu_is_a_clock_of_its_processes(postgres):
+    from sqlalchemy import text
+
+    url = postgres.url(postgres.create_database("clocks"))
+    store = Store(url)
+    try:
+        pool = ss.make_pool(ss.SPECS["gemm-nightly"], ss.environment_id(store), seed=0, draws=1)
+        plans = [ss.JobPlan("gemm-nightly", n, ss.START, 0, frozenset()) for n in range(2)]
+        ss.write_jobs(store, plans, {"gemm-nightly": pool})
+        clock = sc.server_cpu_clock(url)
+        assert clock is not None
+        before = clock()
+        with store.engine.connect() as conn:  # a backend's own work, counted while it runs
+            conn.execute(text("SELECT count(*) FROM generate_series(1, 3000000)")).scalar()
+            assert clock() > before
+        got = sc.time_all_clocks(url, repeat=0, only=["drafts list JOB"])
+        assert set(got) == {"wall", "cpu", "server_cpu"}
+        assert got["server_cpu"]["drafts list JOB"] >= 0
+    finally:
+        store.close()
+
+
+def test_no_server_clock_for_sqlite(two_nights):
+    assert sc.server_cpu_clock(two_nights) is None
