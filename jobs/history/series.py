@@ -29,9 +29,11 @@ a mark carries its changes (`Change.environment`): "environment changed there", 
 
 from __future__ import annotations
 
+import gc
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import cache
@@ -152,6 +154,10 @@ class Series:
     marks: list[EnvMark] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
+        return self._dict([_job_dict(p) for p in self.points])
+
+    def _dict(self, jobs: Any) -> dict[str, Any]:
+        """`to_dict` with `jobs` for its jobs."""
         return {
             "point": {
                 "family": self.key.family,
@@ -161,20 +167,7 @@ class Series:
                 "dtype": self.key.dtype,
                 "environment": self.key.env,
             },
-            "jobs": [
-                {
-                    "job": p.job_id,
-                    "commit": p.commit,
-                    "created_at": p.created_at.isoformat(),
-                    "median_ms": p.median_ns / 1e6,
-                    "level_ms": p.level_ns / 1e6,
-                    "level_se_ms": se / 1e6 if (se := p.uncertainty_ns) is not None else None,
-                    "contended": p.contended,
-                    "spread_pct": p.spread_pct,
-                    "n": p.n,
-                }
-                for p in self.points
-            ],
+            "jobs": jobs,
             "min_jobs": min_jobs(),
             "changes": [
                 {
@@ -195,25 +188,88 @@ class Series:
         }
 
 
+def _job_dict(p: HistoryPoint) -> dict[str, Any]:
+    """A point as `Series.to_dict` lists it among the series' jobs."""
+    return {
+        "job": p.job_id,
+        "commit": p.commit,
+        "created_at": p.created_at.isoformat(),
+        "median_ms": p.median_ns / 1e6,
+        "level_ms": p.level_ns / 1e6,
+        "level_se_ms": se / 1e6 if (se := p.uncertainty_ns) is not None else None,
+        "contended": p.contended,
+        "spread_pct": p.spread_pct,
+        "n": p.n,
+    }
+
+
+def _json(v: Any) -> str:
+    """`v` as `farm history --json` writes a value."""
+    return json.dumps(v, default=str)
+
+
+# A job of a series as _json writes `_job_dict(p)`, where its five numbers are finite floats and n an int:
+# json writes such a float as its repr, an int as its repr, and the job, commit and date (`_JobJson`) once
+# a job; the job's values stay those of _job_dict, checked against it (tests/jobs/test_history.py).
+_JOB_LINE = (
+    '%s"median_ms": %r, "level_ms": %r, "level_se_ms": %r, "contended": %s, "spread_pct": %r, "n": %r}'
+)
+
+
+class _JobJson(dict):
+    """The opening of a job's line, `{"job": ..., "commit": ..., "created_at": ..., `, made once a job
+    (a family's series share their jobs) by _json, keyed by (job, commit, date)."""
+
+    def __missing__(self, key: tuple[Any, str | None, datetime]) -> str:
+        job, commit, created = key
+        head = _json({"job": job, "commit": commit, "created_at": created.isoformat()})[:-1] + ", "
+        self[key] = head
+        return head
+
+
+def _jobs_json(points: list[HistoryPoint], heads: _JobJson) -> list[str]:
+    """Each point as _json writes `_job_dict(p)`: by `_JOB_LINE` where its numbers allow (the values of
+    the dict, without the dict), else by _json of the dict."""
+    out = []
+    for p in points:
+        median, level, se, spread, n = (
+            p.median_ns / 1e6,
+            p.level_ns / 1e6,
+            p.uncertainty_ns,
+            p.spread_pct,
+            p.n,
+        )
+        if se is not None:
+            se = se / 1e6
+        if (
+            type(median) is float and type(level) is float and type(se) is float and type(spread) is float
+            and type(n) is int and -_INF < median + level + se + spread < _INF
+        ):  # fmt: skip
+            head = heads[p.job_id, p.commit, p.created_at]
+            contended = "true" if p.contended else "false"
+            out.append(_JOB_LINE % (head, median, level, se, contended, spread, n))
+        else:
+            out.append(_json(_job_dict(p)))
+    return out
+
+
 def series_json(found: list[Series]) -> str:
     """The series as `farm history --json` prints them: a JSON list of `Series.to_dict()`, indented, each
-    job of a series on a line of its own. Made by the json module's C encoder a series' jobs at a time (with
-    `indent` json is pure Python: 1,000 series of 30 points took 0.4 s), the lines broken between the jobs:
-    `}, {"job": ` is found nowhere else (a string in JSON holds its quotes escaped)."""
-
-    def value(v: Any) -> str:
-        return json.dumps(v, default=str)
-
+    job of a series on a line of its own. Made by the json module's C encoder (with `indent` json is pure
+    Python: 1,000 series of 30 points took 0.4 s), a job's line by `_jobs_json`: 1,000 series of 50 points
+    are 50,000 lines, and a dict a line cost more than the rest of the command."""
+    heads = _JobJson()
     out = []
     for s in found:
         fields = []
-        for name, v in s.to_dict().items():
-            if name == "jobs" and v:
-                jobs = value(v)[1:-1].replace('}, {"job": ', '},\n      {"job": ')
-                v = f"[\n      {jobs}\n    ]"
+        for name, v in s._dict(None).items():
+            if name != "jobs":
+                v = _json(v)
+            elif s.points:
+                v = "[\n      " + ",\n      ".join(_jobs_json(s.points, heads)) + "\n    ]"
             else:
-                v = value(v)
-            fields.append(f"    {value(name)}: {v}")
+                v = "[]"
+            fields.append(f"    {_json(name)}: {v}")
         out.append("  {\n" + ",\n".join(fields) + "\n  }")
     return "[\n" + ",\n".join(out) + "\n]" if out else "[]"
 
@@ -283,40 +339,30 @@ _STATS = ("p10", "p90", "iqr", "mad", "n", "flags")  # what a point keeps of its
 
 class _SummaryStats(FunctionElement):
     """A trial's stored summary's p10, p90, iqr, mad, n and flags as a JSON list, picked out by the
-    database (`kind` "stats": one json_extract of six paths; a point reads six of the summary's twenty
-    values, and json.loads of the whole summary in Python cost a read of a family's year more than the
-    rest of it); "unread": the summary's text where SQLite cannot read it as JSON (its json functions take
-    no NaN or Infinity, which Python writes), NULL elsewhere: that trial's values are read in Python."""
+    database (one json_extract of six paths on SQLite, json_build_array on PostgreSQL: a point reads six of
+    the summary's twenty values, and json.loads of the whole summary in Python cost a read of a family's
+    year more than the rest of it). Where SQLite cannot read the summary as JSON (its json functions take
+    no NaN or Infinity, which Python writes) the summary's own text (an object, `{`): that trial's values
+    are read in Python (`_unread`). One column: the summary is tested once a trial."""
 
     inherit_cache = True
     name = "summary_stats"
     type = String()
 
-    def __init__(self, kind: str) -> None:
-        if kind not in ("stats", "unread"):
-            raise ValueError(f"no summary {kind!r}")
-        self.kind = kind
+    def __init__(self) -> None:
         super().__init__(TrialRow.summary)
-
-    @property
-    def _static_cache_key(self):  # the kind is part of the statement
-        return (type(self), self.kind)
 
 
 @compiles(_SummaryStats, "sqlite")
 def _summary_stats_sqlite(element: _SummaryStats, compiler, **kw) -> str:
     col = compiler.process(element.clauses.clauses[0], **kw)
-    if element.kind == "unread":
-        return f"CASE WHEN json_valid({col}) THEN NULL ELSE {col} END"
     paths = ", ".join(f"'$.{k}'" for k in _STATS)
-    return f"CASE WHEN json_valid({col}) THEN json_extract({col}, {paths}) END"
+    return f"CASE WHEN json_valid({col}) THEN json_extract({col}, {paths}) ELSE {col} END"
 
 
 @compiles(_SummaryStats, "postgresql")
 def _summary_stats_postgresql(element: _SummaryStats, compiler, **kw) -> str:
-    col = compiler.process(element.clauses.clauses[0], **kw)
-    if element.kind == "unread":
-        return "NULL"  # PostgreSQL's json is valid JSON
+    col = compiler.process(element.clauses.clauses[0], **kw)  # PostgreSQL's json is valid JSON
     return f"CAST(json_build_array({', '.join(f'{col} -> {k!r}' for k in _STATS)}) AS TEXT)"
 
 
@@ -338,10 +384,10 @@ _COLUMNS = (
     TrialRow.dtype,
     TrialRow.median_ns,
     TrialRow.environment_id,
-    _SummaryStats("stats").label("stats"),
-    _SummaryStats("unread").label("unread"),
+    _SummaryStats().label("stats"),
 )
 _NO_STATS = (None, None, None, None, 0, ())
+_INF = math.inf
 
 
 def _number(v: Any) -> float | None:
@@ -349,15 +395,37 @@ def _number(v: Any) -> float | None:
     return float(v) if type(v) in (float, int) and math.isfinite(v) else None
 
 
-def _stats(text: str | None) -> tuple[float | None, float | None, float | None, float | None, int, tuple]:
-    """(p10, p90, iqr, mad, n, flags) of the database's JSON list of them (`_SummaryStats`), typed as
-    Summary.from_stored types them (n: a non-negative int, else 0; flags: a list's strings)."""
-    if text is None:
-        return _NO_STATS
-    p10, p90, iqr, mad, n, flags = json.loads(text)
+def _typed(p10: Any, p90: Any, iqr: Any, mad: Any, n: Any, flags: Any) -> tuple:
+    """(p10, p90, iqr, mad, n, flags) typed as Summary.from_stored types them (a statistic: a finite int or
+    float, else None; n: a non-negative int, else 0; flags: a list's strings)."""
     n = n if type(n) is int and n >= 0 else 0
     flags = tuple(f for f in flags if isinstance(f, str)) if type(flags) is list and flags else ()
     return _number(p10), _number(p90), _number(iqr), _number(mad), n, flags
+
+
+def _stats_of(texts: list[str | None]) -> list[tuple]:
+    """Each trial's (p10, p90, iqr, mad, n, flags) from the database's column (`_SummaryStats`): the JSON
+    lists decoded in one json.loads (a call a trial cost more than the decoding), typed by `_typed`, a
+    list of four floats, a count and no flags taken as it is (the sum of four floats is finite only when
+    each is); a summary the database could not read by `_unread`; none (NULL): no statistics."""
+    lists = [t for t in texts if t and t[0] == "["]
+    decoded = iter(json.loads(f"[{','.join(lists)}]"))
+    out = []
+    for text in texts:
+        if not text:
+            out.append(_NO_STATS)
+        elif text[0] != "[":
+            out.append(_unread(text))
+        else:
+            p10, p90, iqr, mad, n, flags = v = next(decoded)
+            if (
+                type(p10) is float and type(p90) is float and type(iqr) is float and type(mad) is float
+                and type(n) is int and n >= 0 and not flags and -_INF < p10 + p90 + iqr + mad < _INF
+            ):  # fmt: skip
+                out.append((p10, p90, iqr, mad, n, ()))
+            else:
+                out.append(_typed(*v))
+    return out
 
 
 def _unread(text: str) -> tuple[float | None, float | None, float | None, float | None, int, tuple[str, ...]]:
@@ -456,20 +524,49 @@ def _jobs_of(conn: Connection, ids: set[int]) -> dict[int, tuple[str, str | None
     return out
 
 
+@contextmanager
+def _no_gc() -> Iterator[None]:
+    """Python's cyclic collector paused while a read builds its points: tens of thousands of objects,
+    none of them in a cycle, that made it scan the whole heap again and again (a quarter of a family's
+    read); set back as it was after."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def collect(store: Store, selection: Selection | None = None, *, detect: bool = True) -> list[Series]:
     """Every selected point's series (one query, reading only the selected points' trials, then their
     jobs and the environments they ran in), with its change points when `detect`."""
     selection = selection or Selection()
+    with _no_gc():
+        out = _read(store, selection)
+        for series in out:
+            series.marks = environment_marks(series.points)
+        if detect:
+            for series, found in zip(out, changes_of_many([s.points for s in out]), strict=True):
+                series.changes = found
+    return out
+
+
+def _read(store: Store, selection: Selection) -> list[Series]:
+    """The selected points' series, their points in commit order (no change points, no marks)."""
     by_key: dict[PointKey, Series] = {}
     keys: dict[tuple, PointKey] = {}
     of_raw: dict[tuple, Series | None] = {}  # a trial's stored point -> its series (None: not selected)
     with store.engine.connect() as conn:
         rows = conn.execute(series_query(selection)).all()
-        jobs = _jobs_of(conn, {r.job_id for r in rows})
+        jobs = _jobs_of(conn, {r[1] for r in rows})
     with Session(store.engine, expire_on_commit=False) as s:
-        envs = _environments(s, {r.environment_id for r in rows if r.environment_id is not None})
+        envs = _environments(s, {r[8] for r in rows if r[8] is not None})
     env_data = {i: e.data for i, e in envs.items()}
-    for tid, job_id, fam, backend, shape, config, dtype, median, env_id, stats, unread in rows:
+    stats = _stats_of([r[9] for r in rows])
+    for (tid, job_id, fam, backend, shape, config, dtype, median, env_id, _), values in zip(
+        rows, stats, strict=True
+    ):
         raw = (fam, backend, shape, config, dtype, env_id)
         series = of_raw.get(raw, _UNSEEN)
         if series is _UNSEEN:
@@ -481,7 +578,7 @@ def collect(store: Store, selection: Selection | None = None, *, detect: bool = 
         if points and points[-1].job_id == job_id:
             continue  # the same point twice in one job (it differs only in variant keys): the first counts
         name, commit, created = jobs[job_id]
-        p10, p90, iqr, mad, n, flags = _unread(unread) if unread else _stats(stats)
+        p10, p90, iqr, mad, n, flags = values
         points.append(
             HistoryPoint(
                 job_id,
@@ -493,19 +590,13 @@ def collect(store: Store, selection: Selection | None = None, *, detect: bool = 
                 p10,
                 p90,
                 iqr,
-                n or 0,
+                n,
                 mad,
                 flags,
                 env_data.get(env_id) if env_id is not None else None,
             )  # fmt: skip
         )
-    out = list(by_key.values())
-    for series in out:
-        series.marks = environment_marks(series.points)
-    if detect:
-        for series, found in zip(out, changes_of_many([s.points for s in out]), strict=True):
-            series.changes = found
-    return out
+    return list(by_key.values())
 
 
 def _env_change(points: list[HistoryPoint], i: int) -> list[Difference]:
