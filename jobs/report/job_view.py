@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 from jobs.report import figures
 from jobs.report.plotting import PlainFigure, figure_view
 from jobs.report.recent import recent_history
-from jobs.report.rows import JobReads, Row, Speedup, baseline_for, family_view, label, num, speedup_ci
+from jobs.report.rows import JobReads, Row, Speedup, baseline_for, family_view, label, num, speedup_cis
 from jobs.report.verdict import VerdictView, verdict_view
 from jobs.report.views import FigureView, Table
 from jobs.store import Store
@@ -53,12 +53,12 @@ class JobView:
 def _speedups(reads: JobReads, pairs: list[tuple[str, str, int, int]]) -> list[Speedup]:
     """(shape, label, baseline trial id, trial id) -> the speedups with their intervals."""
     samples = reads.kept(i for _s, _l, a, b in pairs for i in (a, b))
-    out = []
-    for shape, name, a, b in pairs:
-        ratio = speedup_ci(reads.store, a, b, samples)
-        if ratio is not None:
-            out.append(Speedup(shape, name, *ratio))
-    return out
+    found = speedup_cis(reads.store, [(a, b) for _s, _l, a, b in pairs], samples)
+    return [
+        Speedup(shape, name, *ratio)
+        for (shape, name, _a, _b), ratio in zip(pairs, found, strict=True)
+        if ratio
+    ]
 
 
 def speedups(reads: JobReads, rows: list[Row]) -> list[Speedup]:
@@ -212,7 +212,7 @@ def job_view(store: Store, job_id: int, reads: JobReads | None = None) -> JobVie
         speedups=speedup_summary(items),
         figures=job_figures(reads, job.family, rows, items, device),
         pruned=pruned_table(rows),
-        history=recent_history(store, job_id, job.family),
+        history=recent_history(store, job_id, job.family, reads=reads.recent),
         anomalies=anomalies_table(reads),
         trials=trials_table(rows),
     )

@@ -20,6 +20,9 @@ from jobs.store import Environment, Job, Store, TrialRow
 from kernels.base import TrialStatus
 from kernels.registry import get_family
 
+N_BOOT = 400  # a speedup's bootstrap resamples
+CONFIDENCE = 0.95  # ... and its interval
+
 
 @dataclass
 class Row:
@@ -179,6 +182,7 @@ class JobReads:
     store: Store
     job_id: int
     samples: dict[int, list[int]] = field(default_factory=dict)
+    recent: Any = None  # a jobs.report.recent.RecentReads several pages share (a site's night), or None
 
     @cached_property
     def job(self) -> Job | None:
@@ -227,20 +231,43 @@ def speedup_ci(
     """(baseline median / median, low, high): a speedup with a 95% bootstrap interval over both trials'
     kept samples; None when either has none. `samples` (trial id -> kept samples, Store.kept_samples_of)
     are used when given: a page of many speedups reads them all at once."""
+    return speedup_cis(store, [(base_trial_id, trial_id)], samples)[0]
+
+
+def speedup_cis(
+    store: Store, pairs: list[tuple[int, int]], samples: dict[int, list[int]] | None = None
+) -> list[tuple[float, float, float] | None]:
+    """speedup_ci of each (baseline trial id, trial id), all at once: each trial's samples sorted once, the
+    intervals of the pairs whose sides have the same sizes taken together (their bootstrap draws are the
+    same: kernels.measure.stats.bootstrap_ratio_ci, whose values these are, in one numpy call a size pair;
+    a job page's 850 intervals one at a time were 0.12 s)."""
     import numpy as np
 
-    from kernels.measure.stats import bootstrap_ratio_ci
+    from kernels.measure.stats import _ratio_positions
 
-    def kept(trial: int) -> list[int]:
-        return samples[trial] if samples is not None and trial in samples else store.kept_samples(trial)
+    ordered: dict[int, np.ndarray] = {}
 
-    a = np.asarray(kept(base_trial_id), dtype=float)
-    b = np.asarray(kept(trial_id), dtype=float)
-    if len(a) == 0 or len(b) == 0:
-        return None
-    lo, hi = bootstrap_ratio_ci(a, b, n_boot=400, confidence=0.95, seed=0)  # of b/a: inverted below
-    return (
-        float(np.median(a) / np.median(b)),
-        (1 / hi if hi else float("nan")),
-        (1 / lo if lo else float("nan")),
-    )
+    def side(trial: int) -> np.ndarray:
+        found = ordered.get(trial)
+        if found is None:
+            values = samples[trial] if samples is not None and trial in samples else store.kept_samples(trial)
+            found = ordered[trial] = np.sort(np.asarray(values, dtype=float))
+        return found
+
+    out: list[tuple[float, float, float] | None] = [None] * len(pairs)
+    sized: dict[tuple[int, int], list[int]] = {}  # (candidate's size, baseline's) -> the pairs
+    for i, (a, b) in enumerate(pairs):
+        base, cand = side(a), side(b)
+        if len(base) and len(cand):
+            sized.setdefault((cand.size, base.size), []).append(i)
+    tail = (1.0 - CONFIDENCE) / 2.0 * 100.0
+    for (n_cand, n_base), at in sized.items():
+        base = np.stack([ordered[pairs[i][0]] for i in at])
+        cand = np.stack([ordered[pairs[i][1]] for i in at])
+        c_low, c_high, b_low, b_high = _ratio_positions(0, n_cand, n_base, N_BOOT)
+        ratios = ((cand[:, c_low] + cand[:, c_high]) / 2.0) / ((base[:, b_low] + base[:, b_high]) / 2.0)
+        lows, highs = np.percentile(ratios, [tail, 100.0 - tail], axis=1)  # of b/a: inverted below
+        medians = np.median(base, axis=1) / np.median(cand, axis=1)
+        for i, ratio, lo, hi in zip(at, medians.tolist(), lows.tolist(), highs.tolist(), strict=True):
+            out[i] = (ratio, (1 / hi if hi else float("nan")), (1 / lo if lo else float("nan")))
+    return out

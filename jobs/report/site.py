@@ -31,6 +31,8 @@ from jobs.report.account_page import render_account
 from jobs.report.figures import history_figure
 from jobs.report.html import render_job
 from jobs.report.plotting import figure_view
+from jobs.report.recent import RecentReads
+from jobs.report.rows import JobReads
 from jobs.report.templating import plotly_js, render_page
 from jobs.report.views import NAV_INDEX, Link, Spark, Table, spark
 from jobs.store import Store
@@ -201,8 +203,12 @@ def build_site(store: Store, out: Path, account: Account | None = None, *, full:
     for s in all_series:
         (out / "kernels" / f"{s.key.slug}.html").write_text(_kernel_page(s))
         kernels[s.key.slug] = _index_row(s)
+    recent = RecentReads(store, changed)  # the pages' recent histories: each job's rows read once
     for job_id in changed:
-        (out / "jobs" / f"{job_id}.html").write_text(render_job(store, job_id, "../plotly.min.js", NAV_INDEX))
+        reads = JobReads(store, job_id, recent=recent)
+        (out / "jobs" / f"{job_id}.html").write_text(
+            render_job(store, job_id, "../plotly.min.js", NAV_INDEX, reads)
+        )
     if account is None:
         account = build_account(store, use_env=False)
     (out / "account.html").write_text(render_account(account, (Link("index.html", "index"),)))

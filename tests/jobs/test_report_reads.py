@@ -69,3 +69,25 @@ def test_farm_report_html_reads_the_trials_once_for_the_same_table_and_page(stor
     out = CliRunner().invoke(main, ["report", str(job), "--html", str(page), "--db", store.url])
     assert out.exit_code == 0, out.output
     assert page.read_text() == alone
+
+
+def test_the_speedups_taken_together_are_each_ones_interval(store):
+    """speedup_cis (a page's intervals in one numpy call a size pair) gives, for every pair, the values
+    bootstrap_ratio_ci gives that pair alone: sides of different sizes, shared trials, an empty side."""
+    import numpy as np
+
+    from jobs.report.rows import speedup_cis
+    from kernels.measure.stats import bootstrap_ratio_ci
+
+    rng = np.random.default_rng(7)
+    kept = {i: [int(v) for v in rng.lognormal(13, 0.1, size)] for i, size in enumerate([100, 97, 100, 3, 64])}
+    kept[5] = []
+    pairs = [(0, 1), (0, 2), (1, 2), (2, 0), (3, 4), (4, 3), (0, 5), (5, 1), (0, 0), (2, 1)]
+    got = speedup_cis(store, pairs, kept)
+    for (a, b), found in zip(pairs, got, strict=True):
+        if not kept[a] or not kept[b]:
+            assert found is None
+            continue
+        base, cand = np.asarray(kept[a], dtype=float), np.asarray(kept[b], dtype=float)
+        lo, hi = bootstrap_ratio_ci(base, cand, n_boot=400, confidence=0.95, seed=0)
+        assert found == (float(np.median(base) / np.median(cand)), 1 / hi, 1 / lo), (a, b)

@@ -8,7 +8,7 @@ import pytest
 from test_query_plans import BIG, _captured, _plan_scans, pg_store  # noqa: F401 (a fixture)
 
 from jobs.history.series import Selection, collect
-from jobs.report.recent import RECENT_JOBS, recent_history, recent_series
+from jobs.report.recent import RECENT_JOBS, RecentReads, recent_history, recent_series
 from jobs.report.views import Table, spark
 from jobs.store import Store
 from jobs.store.results import result_of
@@ -77,6 +77,12 @@ def test_the_table_is_the_series_table_from_each_points_last_jobs(store_url):
                 got = recent_history(store, job, "probe", last)
                 assert got == _reference(store, job, "probe", last), (job, last)
         assert recent_history(store, jobs[0], "probe") is None  # no earlier job
+        # a site's night: the pages' histories from one RecentReads, each job's rows read once for all
+        shared = RecentReads(store, jobs[3:])
+        for job in reversed(jobs[3:]):
+            assert recent_history(store, job, "probe", reads=shared) == recent_history(store, job, "probe")
+        seen = _captured(store, lambda: [recent_history(store, j, "probe", reads=shared) for j in jobs[5:]])
+        assert not [s for s, _p in seen if "FROM trials" in s], seen  # all read already
         table = recent_history(store, jobs[11], "probe", 5)
         assert table is not None and all("environment changed: torch" in r[-1] for r in table.rows)
         # read: at most `last` points of each series, none of a later job
