@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
 
@@ -75,8 +76,11 @@ def _earlier(v: np.ndarray, rank: np.ndarray) -> np.ndarray:
     calls: a nightly team's month is 150 points)."""
     rows, n = v.shape
     if n <= SHORT:
-        lower = np.arange(n)[None, :] < np.arange(n)[:, None]  # [t, i]: i < t
-        return (np.abs(v[:, :, None] - v[:, None, :]) * lower).sum(axis=2)
+        lower = _lower(n)  # [t, i]: i < t
+        d = v[:, :, None] - v[:, None, :]
+        np.abs(d, out=d)  # in place: one array of the distances, not three
+        d *= lower
+        return d.sum(axis=2)
     t = np.arange(n)
     count = np.zeros((rows, n))
     below = np.zeros((rows, n))
@@ -96,6 +100,14 @@ def _earlier(v: np.ndarray, rank: np.ndarray) -> np.ndarray:
         below[:, right] += (sums[at] - sums[start]).reshape(rows, -1)
         half *= 2
     return v * (2 * count - t) + (np.cumsum(v, axis=1) - v) - 2 * below
+
+
+@cache
+def _lower(n: int) -> np.ndarray:
+    """[t, i]: 1.0 where i < t, else 0.0 (n by n)."""
+    out = (np.arange(n)[None, :] < np.arange(n)[:, None]).astype(float)
+    out.flags.writeable = False
+    return out
 
 
 def _scores(v: np.ndarray, rank: np.ndarray, rowsum: np.ndarray, min_size: int) -> np.ndarray:

@@ -113,7 +113,7 @@ class HistoryPoint:
     @property
     def contended(self) -> bool:
         """Measured while other processes had the cores, drifting, or throttled: kept, not detected on."""
-        return bool(CONTAMINATED_FLAGS & set(self.flags))
+        return bool(self.flags) and not CONTAMINATED_FLAGS.isdisjoint(self.flags)
 
     @property
     def spread_pct(self) -> float | None:
@@ -208,11 +208,12 @@ def _json(v: Any) -> str:
     return json.dumps(v, default=str)
 
 
-# A job of a series as _json writes `_job_dict(p)`, where its five numbers are finite floats and n an int:
-# json writes such a float as its repr, an int as its repr, and the job, commit and date (`_JobJson`) once
-# a job; the job's values stay those of _job_dict, checked against it (tests/jobs/test_history.py).
+# A job of a series as _json writes `_job_dict(p)`, where its numbers are finite floats and n an int: json
+# writes such a float as its repr and an int as its repr; the job, commit and date (`_JobJson`) are written
+# once a job, a level that is its median (HistoryPoint.level_ns) once (a float's repr is most of a line's
+# cost). The values are those of _job_dict, checked against it (tests/jobs/test_history.py).
 _JOB_LINE = (
-    '%s"median_ms": %r, "level_ms": %r, "level_se_ms": %r, "contended": %s, "spread_pct": %r, "n": %r}'
+    '%s"median_ms": %s, "level_ms": %s, "level_se_ms": %r, "contended": %s, "spread_pct": %r, "n": %r}'
 )
 
 
@@ -231,25 +232,23 @@ def _jobs_json(points: list[HistoryPoint], heads: _JobJson) -> list[str]:
     """Each point as _json writes `_job_dict(p)`: by `_JOB_LINE` where its numbers allow (the values of
     the dict, without the dict), else by _json of the dict."""
     out = []
+    append, line, inf = out.append, _JOB_LINE, _INF
     for p in points:
-        median, level, se, spread, n = (
-            p.median_ns / 1e6,
-            p.level_ns / 1e6,
-            p.uncertainty_ns,
-            p.spread_pct,
-            p.n,
-        )
+        median_ns, level_ns = p.median_ns, p.level_ns
+        median, se, spread, n = median_ns / 1e6, p.uncertainty_ns, p.spread_pct, p.n
+        level = median if level_ns is median_ns else level_ns / 1e6
         if se is not None:
             se = se / 1e6
         if (
             type(median) is float and type(level) is float and type(se) is float and type(spread) is float
-            and type(n) is int and -_INF < median + level + se + spread < _INF
+            and type(n) is int and -inf < median + level + se + spread < inf
         ):  # fmt: skip
             head = heads[p.job_id, p.commit, p.created_at]
-            contended = "true" if p.contended else "false"
-            out.append(_JOB_LINE % (head, median, level, se, contended, spread, n))
+            median_text = repr(median)
+            level_text = median_text if level is median else repr(level)
+            append(line % (head, median_text, level_text, se, "true" if p.contended else "false", spread, n))
         else:
-            out.append(_json(_job_dict(p)))
+            append(_json(_job_dict(p)))
     return out
 
 
@@ -435,14 +434,16 @@ def _unread(text: str) -> tuple[float | None, float | None, float | None, float 
 
 
 def series_query(selection: Selection) -> Select:
-    """The selected points' trials, in commit order: family, backend, shape (by its stored key, the
-    index ix_trials_series), dtype and spec filtered by the database; the config (which a backend's variant
-    keys leave out of the point) and the environment class are matched after."""
+    """The selected points' trials, by job (id) and each job's in order (`_in_commit_order` puts the jobs
+    in the order they were created: the database sorted rows of the jobs table it had joined, a tenth of a
+    family's read): family, backend, shape (by its stored key, the index ix_trials_series), dtype and spec
+    filtered by the database; the config (which a backend's variant keys leave out of the point) and the
+    environment class are matched after."""
     q = (
         select(*_COLUMNS)
         .join(Job, Job.id == TrialRow.job_id)
         .where(TrialRow.status == TrialStatus.OK, TrialRow.median_ns.is_not(None))
-        .order_by(Job.created_at, Job.id, TrialRow.seq)
+        .order_by(TrialRow.job_id, TrialRow.seq)
     )
     if selection.last is not None and _whole_jobs(selection):
         # a family's newest jobs: their trials by the job's index (with the family in the statement, the
@@ -538,6 +539,17 @@ def _no_gc() -> Iterator[None]:
             gc.enable()
 
 
+def _in_commit_order(rows: list[Row], jobs: dict[int, tuple[str, str | None, datetime]]) -> list[Row]:
+    """`rows` (trials by job id, then seq) with their jobs in the order they were created (then by id), each
+    job's trials in their order; as they are where no job was created before one of a lower id."""
+    ids = sorted(jobs)
+    order = sorted(ids, key=lambda j: (jobs[j][2], j))
+    if order == ids:
+        return rows
+    rank = {j: i for i, j in enumerate(order)}
+    return sorted(rows, key=lambda r: rank[r[1]])  # stable: a job's trials stay in their order
+
+
 def collect(store: Store, selection: Selection | None = None, *, detect: bool = True) -> list[Series]:
     """Every selected point's series (one query, reading only the selected points' trials, then their
     jobs and the environments they ran in), with its change points when `detect`."""
@@ -560,6 +572,7 @@ def _read(store: Store, selection: Selection) -> list[Series]:
     with store.engine.connect() as conn:
         rows = conn.execute(series_query(selection)).all()
         jobs = _jobs_of(conn, {r[1] for r in rows})
+    rows = _in_commit_order(rows, jobs)
     with Session(store.engine, expire_on_commit=False) as s:
         envs = _environments(s, {r[8] for r in rows if r[8] is not None})
     env_data = {i: e.data for i, e in envs.items()}

@@ -273,3 +273,32 @@ def test_a_points_statistics_are_read_as_the_stored_summary_reads(store_url):
             want.flags,
         ), summary
     assert points[trials[0]].contended and points[trials[2]].flags == ("drift",)
+
+
+def test_jobs_created_out_of_the_order_of_their_ids_are_taken_in_the_order_they_were_created(store_url):
+    """The database returns a job's trials by job id; the series take the jobs in the order they were
+    created (then id), as the old read did: a job created before one of a lower id (a clock set back, an
+    import) comes first, on SQLite and PostgreSQL, in a family's series and in its newest jobs."""
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    store = Store(store_url)
+    jobs = [spec_job(store, SPECS["probe-b"], git_commit=f"c{i}") for i in range(4)]
+    for job in jobs:
+        store.record_results([result_of(t.id, [1000 + job, 1010, 1020]) for t in store.trials(job)])
+    with store.engine.begin() as conn:
+        first = conn.scalar(select(Job.created_at).where(Job.id == jobs[0]))
+        conn.execute(update(Job).where(Job.id == jobs[2]).values(created_at=first - timedelta(hours=1)))
+    created = [jobs[2], jobs[0], jobs[1], jobs[3]]
+    try:
+        every = collect(store, Selection(family="probe"))
+        assert every and all([p.job_id for p in s.points] == created for s in every)
+        found = {s.key: [p.trial_id for p in s.points] for s in every}
+        assert found == _old_collect(store, Selection(family="probe"))
+        newest = collect(store, Selection(family="probe", last=3))
+        assert newest and all([p.job_id for p in s.points] == created[1:] for s in newest)
+        one = collect(store, Selection(family="probe", backend="wait", shape={"n": 64}, last=3))
+        assert [[p.job_id for p in s.points] for s in one] == [created[1:]]
+    finally:
+        store.close()

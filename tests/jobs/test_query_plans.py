@@ -1,7 +1,8 @@
 """The farm's hot reads stay on their indexes (issue 46), checked on PostgreSQL (the session's server,
 tests/pgserver.py) by EXPLAIN of the statements the code itself sends: `farm history` of one series (all
-of it, and its newest jobs), a job's trials, `farm jobs list`'s trial counts, the failure bank by
-fingerprint, the judge's read of a baseline's points and trials, and a trial's samples.
+of it, and its newest jobs) and of a family (its newest jobs' trials), a job's trials, `farm jobs list`'s
+trial counts, the failure bank by fingerprint, the judge's read of a baseline's points and trials, and a
+trial's samples.
 
 How the check can fail: the store holds two nights of the synthetic team (benchmarks/scale_store.py: 40
 jobs, 20,000 trials), too few rows for the planner to prefer an index on its own costs, so each plan is
@@ -127,6 +128,13 @@ CASES = [
         "trials",
         frozenset({"ix_trials_series"}),
         ("DROP INDEX ix_trials_series",),
+    ),
+    Case(
+        "history of a family, its newest jobs (farm history --family's default)",
+        lambda st, _k: collect(st, Selection(family="gemm", last=100)),
+        "trials",
+        JOB_TRIALS,
+        DROP_JOB_TRIALS,
     ),
     Case(
         "a job's trials",
