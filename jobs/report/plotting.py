@@ -84,8 +84,13 @@ def log_ticks(lo: float, hi: float) -> tuple[list[float], list[str]]:
 
 
 def _positive(values: Any) -> list[float]:
+    """The positive finite numbers of `values` (booleans aside), as floats."""
+    if values is None:
+        return []
+    if isinstance(values, list) and all(type(v) is float for v in values):  # most: one pass in C
+        return [v for v in values if 0 < v < math.inf]
     out = []
-    for v in values if values is not None else ():
+    for v in values:
         if type(v) is float:  # most values (a samples figure's 50,000): the checks below in one comparison
             if 0 < v < math.inf:
                 out.append(v)
@@ -97,7 +102,7 @@ def _positive(values: Any) -> list[float]:
 
 def _on_axis(data: list[dict], layout: dict, axis: str) -> list[float]:
     """Every positive value the figure puts on `axis` ("xaxis", "yaxis2"): its traces' values with their
-    error bars, its shapes and its annotations (all in data units)."""
+    error bars, its shapes and its annotations (all in data units), in no particular order."""
     letter, n = axis[0], axis[5:]
     ref = letter + n
     values: list[float] = []
@@ -115,9 +120,11 @@ def _on_axis(data: list[dict], layout: dict, axis: str) -> list[float]:
             plus = list(err["array"])
             minus = list(err["arrayminus"]) if err.get("arrayminus") is not None else plus
             nums = [float(v) if isinstance(v, int | float | np.number) else None for v in vs]
+            ends = []  # each value's whisker ends (only the least and the greatest are used)
             for v, p, m in zip(nums, plus, minus, strict=False):
                 if v is not None:
-                    values += _positive([v + (p or 0), v - (m or 0)])
+                    ends += (v + (p or 0), v - (m or 0))
+            values += _positive(ends)
     for shape in layout.get("shapes", ()):
         if shape.get(f"{letter}ref", letter) == ref:
             values += _positive([shape.get(f"{letter}0"), shape.get(f"{letter}1")])
@@ -223,8 +230,19 @@ class PlainFigure:
     layout: dict[str, Any] = field(default_factory=dict)
 
     def to_plotly_json(self) -> dict[str, Any]:
-        """A copy that placing may change (the traces are read, never changed)."""
-        return {"data": list(self.data), "layout": copy.deepcopy(self.layout)}
+        """A copy that placing may change (the traces are read, never changed; placing changes the
+        layout's dicts and lists only)."""
+        return {"data": list(self.data), "layout": _copied(self.layout)}
+
+
+def _copied(value: Any) -> Any:
+    """`value` with its dicts and lists copied all the way down (copy.deepcopy of a kernel page's layout
+    was 0.1 ms, 2,000 pages a site's night)."""
+    if type(value) is dict:
+        return {k: _copied(v) for k, v in value.items()}
+    if type(value) is list:
+        return [_copied(v) for v in value]
+    return copy.deepcopy(value) if isinstance(value, dict | list | set) else value
 
 
 def hline(y: float, text: str) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -20,8 +20,12 @@ everything.
 
 from __future__ import annotations
 
+import gc
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from datetime import datetime
 from pathlib import Path
 
 from jobs.drafts.account import Account, build_account
@@ -39,6 +43,8 @@ from jobs.store import Store
 
 MANIFEST = ".site-manifest.json"
 MANIFEST_VERSION = 1
+PAGES_A_READ = 40  # job pages whose recent histories are read together (a night's 20; a full build's
+# thousands, 40 consecutive ones at a time: what is kept in memory stays a few nights' rows)
 
 
 @dataclass
@@ -69,18 +75,23 @@ class SiteJob:
     commit: str
 
 
-def _kernel_page(series: Series) -> str:
-    """One point's history: its change points, the figure and the table of its jobs (each linked)."""
+def _kernel_page(series: Series, dates: dict[datetime, str] | None = None) -> str:
+    """One point's history: its change points, the figure and the table of its jobs (each linked);
+    `dates`: each job's date as written, kept across the pages (a job is on a thousand of them)."""
     changes = {c.job_id: c for c in series.changes}
     marks = {m.job_id: m.text for m in series.marks}
+    dates = {} if dates is None else dates
     rows = []
     for p in series.points:
         c = changes.get(p.job_id)
+        created = dates.get(p.created_at)
+        if created is None:
+            created = dates[p.created_at] = p.created_at.strftime("%Y-%m-%d %H:%M")
         rows.append(
             [
                 Link(f"../jobs/{p.job_id}.html", str(p.job_id)),
                 p.commit or "-",
-                p.created_at.strftime("%Y-%m-%d %H:%M"),
+                created,
                 f"{p.median_ns / 1e6:.4f}",
                 f"{p.spread_pct:.1f}%" if p.spread_pct is not None else "-",
                 f"{c.magnitude:+.1%}" if c else "",
@@ -177,11 +188,30 @@ def _manifest(out: Path) -> dict | None:
     return found if isinstance(found, dict) and found.get("version") == MANIFEST_VERSION else None
 
 
+@contextmanager
+def _no_cycle_collection() -> Iterator[None]:
+    """The cyclic garbage collector paused: a night's build keeps ~a million objects alive until it ends
+    (the series' points, the pages' rows) and its full passes over them were 1.2-1.6 s of 10-12 s of CPU
+    at 1/64; pausing it changed the build's peak memory by under 2% (391 -> 397 MB). Reference counting
+    frees everything else as before; the collector runs again once the build is done."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def build_site(store: Store, out: Path, account: Account | None = None, *, full: bool = False) -> SiteResult:
     """The site of ``store`` in ``out``, rewriting only what changed since the last build there (unless
     ``full``). ``account``: the token account to show (`farm site` reads the gateway's ledger for it);
     None: the farm's own, without asking any gateway."""
-    out = Path(out)
+    with _no_cycle_collection():
+        return _build(store, Path(out), account, full)
+
+
+def _build(store: Store, out: Path, account: Account | None, full: bool) -> SiteResult:
     (out / "kernels").mkdir(parents=True, exist_ok=True)
     (out / "jobs").mkdir(parents=True, exist_ok=True)
     _write_changed(out / "plotly.min.js", plotly_js())
@@ -200,11 +230,14 @@ def build_site(store: Store, out: Path, account: Account | None = None, *, full:
         ran = [j for j in changed if (kept.get(str(j)) or [None, None])[:2] != stamps[j][:2]]
         keys = store.series_keys_of(ran)
         all_series = collect(store, Selection(series=frozenset(keys))) if keys else []
+    dates: dict[datetime, str] = {}
     for s in all_series:
-        (out / "kernels" / f"{s.key.slug}.html").write_text(_kernel_page(s))
+        (out / "kernels" / f"{s.key.slug}.html").write_text(_kernel_page(s, dates))
         kernels[s.key.slug] = _index_row(s)
-    recent = RecentReads(store, changed)  # the pages' recent histories: each job's rows read once
-    for job_id in changed:
+    recent = RecentReads(store)
+    for at, job_id in enumerate(changed):
+        if at % PAGES_A_READ == 0:  # the next pages' recent histories: each job's rows read once for them
+            recent = RecentReads(store, changed[at : at + PAGES_A_READ])
         reads = JobReads(store, job_id, recent=recent)
         (out / "jobs" / f"{job_id}.html").write_text(
             render_job(store, job_id, "../plotly.min.js", NAV_INDEX, reads)

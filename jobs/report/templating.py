@@ -43,6 +43,11 @@ def _spark(s: Spark) -> str:
 
 
 def _cell(value: Any) -> str:
+    kind = type(value)
+    if kind is str:  # most cells (a kernel page's 2,000 tables of 500 cells): no __html__ looked for
+        return html.escape(value)
+    if kind is int or kind is float:
+        return str(value)  # digits, a sign, a point, e, inf, nan: nothing to escape
     if isinstance(value, Link):
         return f'<a href="{_text(value.href)}">{_text(value.text)}</a>'
     if isinstance(value, Spark):
