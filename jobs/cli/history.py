@@ -8,7 +8,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from jobs.cli.common import console, db_option, parse_point, store_for
-from jobs.history.series import Selection, Series, collect, min_jobs, series_json
+from jobs.history.series import Selection, Series, collect, min_jobs, paused_gc, series_json
 from jobs.judge.environment import changed_text
 
 DEFAULT_LAST = 100  # jobs `farm history` shows unless --last or --all: a year of a nightly spec is 1,825
@@ -118,6 +118,12 @@ def history(
         )
     except ValueError as err:
         raise click.UsageError(str(err)) from None
+    with paused_gc():  # a family's points are freed by their counts at the end of the command
+        _show(db, selection, as_json)
+
+
+def _show(db: str | None, selection: Selection, as_json: bool) -> None:
+    """The selected series, as JSON or as tables."""
     store = store_for(db, create=False)
     try:
         found = collect(store, selection)

@@ -526,10 +526,11 @@ def _jobs_of(conn: Connection, ids: set[int]) -> dict[int, tuple[str, str | None
 
 
 @contextmanager
-def _no_gc() -> Iterator[None]:
-    """Python's cyclic collector paused while a read builds its points: tens of thousands of objects,
-    none of them in a cycle, that made it scan the whole heap again and again (a quarter of a family's
-    read); set back as it was after."""
+def paused_gc() -> Iterator[None]:
+    """Python's cyclic collector paused while a read builds its points (and while `farm history` writes
+    them): tens of thousands of objects, none of them in a cycle, that made it scan the whole heap again
+    and again (a quarter of a family's read), freed by their counts once the command drops them; set back
+    as it was after (inside another pause: left paused)."""
     was = gc.isenabled()
     gc.disable()
     try:
@@ -554,7 +555,7 @@ def collect(store: Store, selection: Selection | None = None, *, detect: bool = 
     """Every selected point's series (one query, reading only the selected points' trials, then their
     jobs and the environments they ran in), with its change points when `detect`."""
     selection = selection or Selection()
-    with _no_gc():
+    with paused_gc():
         out = _read(store, selection)
         for series in out:
             series.marks = environment_marks(series.points)

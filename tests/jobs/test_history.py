@@ -274,3 +274,29 @@ def test_the_json_of_every_kind_of_job_is_the_bytes_json_dumps_writes():
     assert series_json(found) == _one_job_a_line(found)
     assert series_json(found[1:2]) == _one_job_a_line(found[1:2])
     assert series_json([]) == _one_job_a_line([]) == "[]"
+
+
+def test_the_collector_is_paused_while_a_read_builds_its_points_and_set_back_after():
+    """paused_gc: Python's cyclic collector off inside, on again after (an error too), left off after a
+    pause inside another; collect leaves it as it found it."""
+    import gc
+
+    from jobs.history.series import paused_gc
+
+    assert gc.isenabled()
+    with paused_gc():
+        assert not gc.isenabled()
+        with paused_gc():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), paused_gc():
+        raise RuntimeError("boom")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with paused_gc():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
