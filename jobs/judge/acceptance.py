@@ -438,16 +438,24 @@ def recurring(store: Store, min_jobs: int = 1, *, by_environment: bool = False) 
     fps = {i: environment.fingerprint(env) for i, env in store.bank_environments().items()}
     shown = environment.varying(fps.values()) or ["gpu", "torch", "triton"]
     groups: dict[tuple[str, str], Recurring] = {}
+    # a group's jobs, commits and tags as dicts (insertion-ordered sets): a membership test a bank entry,
+    # not a scan of the group's list (a fingerprint seen in a year's 1,500 jobs made the listing quadratic)
+    seen: dict[tuple[str, str], tuple[dict, dict, dict]] = {}
     for f in store.bank_rows():
         where = environment.label(fps[f.environment_id], shown) if by_environment else ""
-        new = Recurring(f.fingerprint, f.assertion, f.label, [], [], [], "", where)
-        g = groups.setdefault((f.fingerprint, where), new)
-        if f.job_id not in g.jobs:
-            g.jobs.append(f.job_id)
-        if f.git_commit and f.git_commit not in g.commits:
-            g.commits.append(f.git_commit)
-        if f.tag and f.tag not in g.tags:
-            g.tags.append(f.tag)
+        key = (f.fingerprint, where)
+        g = groups.get(key)
+        if g is None:
+            g = groups[key] = Recurring(f.fingerprint, f.assertion, f.label, [], [], [], "", where)
+            seen[key] = ({}, {}, {})
+        jobs, commits, tags = seen[key]
+        jobs[f.job_id] = None
+        if f.git_commit:
+            commits[f.git_commit] = None
+        if f.tag:
+            tags[f.tag] = None
         g.label, g.last_message = f.label, f.message
+    for key, g in groups.items():
+        g.jobs, g.commits, g.tags = (list(d) for d in seen[key])
     out = [g for g in groups.values() if len(g.jobs) >= min_jobs]
     return sorted(out, key=lambda g: (-len(g.jobs), -max(g.jobs)))

@@ -117,3 +117,21 @@ def test_the_failure_banks_listing_reads_its_shown_columns_in_three_statements_w
         (str(i), [a, b], [f"c{a}", f"c{b}"]) for i in range(3)
     ]
     assert {g.last_message for g in groups} == {f"job {b} 17", f"job {b} 18", f"job {b} 19"}
+
+
+def test_a_recurring_failure_lists_each_job_commit_and_tag_once_in_the_order_first_seen(store):
+    """recurring's groups keep their jobs, commits and tags as first seen, each once, however often an
+    entry repeats them (a membership test an entry, not a scan of the group: issue 46)."""
+    from jobs.judge.acceptance import recurring
+    from jobs.store import FailureRecord
+
+    def rec(commit: str | None, tag: str | None, message: str) -> FailureRecord:
+        return FailureRecord(None, "probe", "correct", "fail", "r" * 32, "x", message, {}, commit, tag)
+
+    a, b, c = _job(store), _job(store), _job(store)
+    store.replace_failures(b, [rec("c2", "t2", "b1"), rec("c1", None, "b2"), rec("c2", "t2", "b3")])
+    store.replace_failures(a, [rec("c1", "t1", "a1"), rec(None, "t2", "a2")])
+    store.replace_failures(c, [rec("c3", "t1", "c1")])
+    (g,) = recurring(store)
+    assert (g.jobs, g.commits, g.tags, g.last_message) == ([b, a, c], ["c2", "c1", "c3"], ["t2", "t1"], "c1")
+    assert recurring(store, min_jobs=3) == [g] and recurring(store, min_jobs=4) == []
