@@ -21,32 +21,38 @@ from kernels.base import TrialStatus
 from kernels.hardware import limits_for
 
 
-def time_per_shape(rows: list[Row]) -> go.Figure | None:
+def time_per_shape(rows: list[Row]) -> PlainFigure | None:
+    """The medians per shape, a bar per backend/config side by side (whisker p10..p90): a PlainFigure,
+    the JSON its go.Figure (add_bar, update_layout) gave, keys in its order (20-70 ms a job page)."""
     timed = [r for r in rows if r.median_ms]
     if not timed:
         return None
-    fig = go.Figure()
-    for name in dict.fromkeys(row_label(r) for r in timed):
-        mine = [r for r in timed if row_label(r) == name]
-        fig.add_bar(
-            name=name + (" (baseline)" if mine[0].baseline else ""),
-            x=[r.shape for r in mine],
-            y=[r.median_ms for r in mine],
-            error_y={
-                "type": "data",
-                "symmetric": False,
+    by_label: dict[str, list[Row]] = {}
+    for r in timed:
+        by_label.setdefault(row_label(r), []).append(r)
+    traces = [
+        {
+            "error_y": {
                 "array": [max(r.p90_ms - r.median_ms, 0) if r.p90_ms else 0 for r in mine],
                 "arrayminus": [max(r.median_ms - r.p10_ms, 0) if r.p10_ms else 0 for r in mine],
+                "symmetric": False,
+                "type": "data",
             },
-            hovertemplate="%{x}<br>%{y:.4g} ms<extra>" + html.escape(name) + "</extra>",
-        )
-    fig.update_layout(
-        title="Time per shape (median, whisker p10..p90), log axis",
-        barmode="group",
-        yaxis={"type": "log", "title": "median time (ms)"},
-        xaxis={"title": "shape"},
-    )
-    return fig
+            "hovertemplate": "%{x}<br>%{y:.4g} ms<extra>" + html.escape(name) + "</extra>",
+            "name": name + (" (baseline)" if mine[0].baseline else ""),
+            "x": [r.shape for r in mine],
+            "y": [r.median_ms for r in mine],
+            "type": "bar",
+        }
+        for name, mine in by_label.items()
+    ]
+    layout = {
+        "yaxis": {"type": "log", "title": {"text": "median time (ms)"}},
+        "title": {"text": "Time per shape (median, whisker p10..p90), log axis"},
+        "barmode": "group",
+        "xaxis": {"title": {"text": "shape"}},
+    }
+    return PlainFigure(traces, layout)
 
 
 def _log_colorbar(log10_ms: list[float]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ candidate stays visible).
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import math
 import re
@@ -53,6 +54,12 @@ def _round(v: float) -> float:
     return float(f"{v:.12g}")
 
 
+@functools.lru_cache(maxsize=256)
+def _decades(mantissas: tuple[float, ...], d0: int, d1: int) -> tuple[float, ...]:
+    """The ticks `mantissas` make in decades d0..d1 (the same few spans on a site's thousands of axes)."""
+    return tuple(_round(m * 10.0**d) for d in range(d0, d1 + 1) for m in mantissas)
+
+
 def log_ticks(lo: float, hi: float) -> tuple[list[float], list[str]]:
     """Ticks for a log axis that shows the data from `lo` to `hi` (> 0): values and their labels. The
     sparsest of decades, 1-2-5, 1-1.5-2-3-5-7 and a finer set per decade that puts MIN_LOG_TICKS ticks
@@ -71,7 +78,7 @@ def log_ticks(lo: float, hi: float) -> tuple[list[float], list[str]]:
         values = [_round(10.0**d) for d in range(d0 - d0 % k, d1 + 1, k)]
     else:
         for mantissas in LOG_MANTISSAS:
-            values = [_round(m * 10.0**d) for d in range(d0, d1 + 1) for m in mantissas]
+            values = list(_decades(mantissas, d0, d1))
             if sum(lo <= v <= hi for v in values) >= MIN_LOG_TICKS:
                 break
         else:  # a narrow span: the longest linear step of 1, 2 or 5 times a power of ten that fits
@@ -87,7 +94,7 @@ def _positive(values: Any) -> list[float]:
     """The positive finite numbers of `values` (booleans aside), as floats."""
     if values is None:
         return []
-    if isinstance(values, list) and all(type(v) is float for v in values):  # most: one pass in C
+    if isinstance(values, list) and set(map(type, values)) <= {float}:  # most: checked in C
         return [v for v in values if 0 < v < math.inf]
     out = []
     for v in values:

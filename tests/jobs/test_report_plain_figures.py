@@ -4,11 +4,12 @@ they are the JSON the go.Figure they replace gave (issue 46)."""
 
 from __future__ import annotations
 
+import html
 import json
 
 import plotly.graph_objects as go
 
-from jobs.report.figures import samples_figure, speedup_figure
+from jobs.report.figures import samples_figure, speedup_figure, time_per_shape
 from jobs.report.plotting import figure_view
 from jobs.report.rows import Row, Speedup
 from jobs.report.rows import label as row_label
@@ -81,3 +82,38 @@ def test_the_samples_figure_places_as_its_go_figure_did():
     assert _placed(plain) == _placed(fig)
     assert _placed(plain) == _placed(plain)  # placing it does not change it
     assert samples_figure(rows[2:], ids, kept) is None
+
+
+def _time_per_shape_as_go(rows: list[Row]) -> go.Figure:
+    """The figure as it was built before (go.Figure, add_bar a backend/config, update_layout)."""
+    timed = [r for r in rows if r.median_ms]
+    fig = go.Figure()
+    for name in dict.fromkeys(row_label(r) for r in timed):
+        mine = [r for r in timed if row_label(r) == name]
+        fig.add_bar(
+            name=name + (" (baseline)" if mine[0].baseline else ""),
+            x=[r.shape for r in mine], y=[r.median_ms for r in mine],
+            error_y={"type": "data", "symmetric": False,
+                     "array": [max(r.p90_ms - r.median_ms, 0) if r.p90_ms else 0 for r in mine],
+                     "arrayminus": [max(r.median_ms - r.p10_ms, 0) if r.p10_ms else 0 for r in mine]},
+            hovertemplate="%{x}<br>%{y:.4g} ms<extra>" + html.escape(name) + "</extra>",
+        )  # fmt: skip
+    fig.update_layout(
+        title="Time per shape (median, whisker p10..p90), log axis",
+        barmode="group",
+        yaxis={"type": "log", "title": "median time (ms)"},
+        xaxis={"title": "shape"},
+    )
+    return fig
+
+
+def test_the_time_per_shape_figure_places_as_its_go_figure_did_byte_for_byte():
+    rows = [_row(0, "noop", "-", 1.0), _row(1, "spin", "ms=1", 2.0), _row(2, "spin", "ms=2", None)]
+    rows += [_row(3, "spin", "ms=1", 3.5), _row(4, "w<a>&'", "-", 0.25), _row(5, "noop", "-", 4)]
+    rows[0].baseline, rows[5].shape = True, "n=1"
+    rows[1].p10_ms, rows[1].p90_ms, rows[3].p90_ms = 1.5, 2.5, 3.0  # a p90 below its median: whisker 0
+    plain = time_per_shape(rows)
+    placed, before = figure_view(plain, "plot-time"), figure_view(_time_per_shape_as_go(rows), "plot-time")
+    assert placed == before  # the same JSON text: the page the same byte for byte
+    assert figure_view(plain, "plot-time") == placed  # placing it does not change it
+    assert time_per_shape(rows[2:3]) is None

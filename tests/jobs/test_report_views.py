@@ -105,6 +105,10 @@ def test_a_tables_markup_is_what_the_macro_wrote_a_cell_at_a_time():
         Table(["x"], [[c] for c in cells], ["bad" if i % 2 else "" for i in range(len(cells))], left=0),
         Table(["p", "q"], [[c, cells[-1 - i]] for i, c in enumerate(cells)], ['ev"il<'] * len(cells), left=2),
         Table(["only a header"], []),
+        Table(
+            ["plain", "n"], [["a", 1], [Link("b.html", "b"), 2.5], [True, None], ["c d", -3], ["", 0]], left=1
+        ),
+        Table(["x"], [[c] for c in cells if not isinstance(c, str | Link | Spark)], left=1),
     ]
     for t in tables:
         assert _table(t) == macro.render(t=t)
