@@ -25,7 +25,6 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from datetime import datetime
 from pathlib import Path
 
 from jobs.drafts.account import Account, build_account
@@ -75,25 +74,27 @@ class SiteJob:
     commit: str
 
 
-def _kernel_page(series: Series, dates: dict[datetime, str] | None = None) -> str:
+def _kernel_page(series: Series, jobs: dict[tuple, tuple[Link, str, str]] | None = None) -> str:
     """One point's history: its change points, the figure and the table of its jobs (each linked);
-    `dates`: each job's date as written, kept across the pages (a job is on a thousand of them)."""
+    `jobs`: a job's first cells (its link, commit and date), kept across the pages (a job is on a
+    thousand of them)."""
     changes = {c.job_id: c for c in series.changes}
     marks = {m.job_id: m.text for m in series.marks}
-    dates = {} if dates is None else dates
+    jobs = {} if jobs is None else jobs
     rows = []
     for p in series.points:
         c = changes.get(p.job_id)
-        created = dates.get(p.created_at)
-        if created is None:
-            created = dates[p.created_at] = p.created_at.strftime("%Y-%m-%d %H:%M")
+        job = (p.job_id, p.commit, p.created_at)
+        cells = jobs.get(job)
+        if cells is None:
+            link = Link(f"../jobs/{p.job_id}.html", str(p.job_id))
+            cells = jobs[job] = (link, p.commit or "-", p.created_at.strftime("%Y-%m-%d %H:%M"))
+        spread = p.spread_pct
         rows.append(
             [
-                Link(f"../jobs/{p.job_id}.html", str(p.job_id)),
-                p.commit or "-",
-                created,
+                *cells,
                 f"{p.median_ns / 1e6:.4f}",
-                f"{p.spread_pct:.1f}%" if p.spread_pct is not None else "-",
+                f"{spread:.1f}%" if spread is not None else "-",
                 f"{c.magnitude:+.1%}" if c else "",
                 marks.get(p.job_id, ""),
             ]
@@ -230,9 +231,9 @@ def _build(store: Store, out: Path, account: Account | None, full: bool) -> Site
         ran = [j for j in changed if (kept.get(str(j)) or [None, None])[:2] != stamps[j][:2]]
         keys = store.series_keys_of(ran)
         all_series = collect(store, Selection(series=frozenset(keys))) if keys else []
-    dates: dict[datetime, str] = {}
+    jobs: dict[tuple, tuple[Link, str, str]] = {}
     for s in all_series:
-        (out / "kernels" / f"{s.key.slug}.html").write_text(_kernel_page(s, dates))
+        (out / "kernels" / f"{s.key.slug}.html").write_text(_kernel_page(s, jobs))
         kernels[s.key.slug] = _index_row(s)
     recent = RecentReads(store)
     for at, job_id in enumerate(changed):
