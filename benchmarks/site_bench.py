@@ -99,8 +99,9 @@ def _night(db: Path, work: Path) -> dict[str, float]:
     built = (time.perf_counter() - wall, time.process_time() - cpu)
     new = [j for j in store.job_stamps() if str(j) not in manifest["jobs"]]
     wall, cpu = time.perf_counter(), time.process_time()
+    pages_of = _job_pages(store)
     for job_id in new:  # the part that is jobs.report.html's: the night's job pages, once more
-        render_job(store, job_id, "../plotly.min.js", NAV_INDEX)
+        render_job(store, job_id, "../plotly.min.js", NAV_INDEX, pages_of(job_id, new))
     pages = (time.perf_counter() - wall, time.process_time() - cpu)
     store.close()
     index = "site: every series read and detected (a full build's index)"
@@ -113,6 +114,24 @@ def _night(db: Path, work: Path) -> dict[str, float]:
         f"site: its {len(new)} job pages alone (jobs.report.html, rendered again) [cpu]": pages[1],
         "site pages rewritten after the night": night.pages,
     }
+
+
+def _job_pages(store: Store):
+    """job id, the night's jobs -> the reads its page is rendered from, as the site's build makes them:
+    one jobs.report.recent.RecentReads for the night's pages (none in a checkout without it)."""
+    try:
+        from jobs.report.recent import RecentReads
+        from jobs.report.rows import JobReads
+    except ImportError:
+        return lambda _job_id, _night: None
+    shared: dict[tuple, RecentReads] = {}
+
+    def reads(job_id: int, night: list[int]) -> JobReads:
+        if tuple(night) not in shared:
+            shared[tuple(night)] = RecentReads(store, night)
+        return JobReads(store, job_id, recent=shared[tuple(night)])
+
+    return reads
 
 
 def at_scale(db: Path, repeat: int, with_site: bool) -> dict[str, float]:
