@@ -8,7 +8,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from jobs.cli.common import console, db_option, parse_point, store_for
-from jobs.history.series import Selection, Series, collect, min_jobs, paused_gc, series_json
+from jobs.history.series import Selection, Series, collect, min_jobs, paused_gc, series_json_parts
 from jobs.judge.environment import changed_text
 
 DEFAULT_LAST = 100  # jobs `farm history` shows unless --last or --all: a year of a nightly spec is 1,825
@@ -132,7 +132,9 @@ def _show(db: str | None, selection: Selection, as_json: bool) -> None:
     if not found:
         raise click.ClickException("no finished trial matches that selection")
     if as_json:
-        click.echo(series_json(found))
+        for part in series_json_parts(found):
+            click.echo(part, nl=False)
+        click.echo()
         return
     out_console = console()
     for series in found:

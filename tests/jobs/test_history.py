@@ -195,14 +195,14 @@ def test_a_level_that_moves_a_hundredth_of_a_percent_is_no_change():
 def test_the_json_of_series_is_their_dicts_a_job_a_line():
     """`farm history --json` (series_json, issue 46): the series' to_dict() as json.dumps writes them, each
     job on a line of its own; no series: an empty list."""
+    from dataclasses import replace
+
     from jobs.history.series import PointKey, Series, changes_of, environment_marks, series_json
 
     rng = np.random.default_rng(7)
     levels = [20e6 * (1.6 if i >= 8 else 1.0) * rng.normal(1, 0.02) for i in range(16)]
     points = _points(levels, levels, contended=(3,))
-    points[2] = type(points[2])(
-        **{**points[2].__dict__, "commit": 'a"b\\c\n', "iqr_ns": None}
-    )  # what JSON escapes
+    points[2] = replace(points[2], commit='a"b\\c\n', iqr_ns=None)  # what JSON escapes
     key = PointKey("probe", "wait", (("n", 64),), (("ms", 1),), "float32", "cpu:CPU A")
     found = [Series(key, points, changes_of(points), environment_marks(points)), Series(key, [], [], [])]
     text = series_json(found)
