@@ -40,17 +40,15 @@ from functools import cache
 from typing import Any
 
 from sqlalchemy import Connection, Row, Select, String, cast, select, tuple_
-from sqlalchemy.exc import CompileError
-from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session
-from sqlalchemy.sql.functions import FunctionElement
 
 from jobs.history.changepoints import ChangePoint, e_divisive, e_divisive_many
+from jobs.history.summary_stats import SummaryStats, stats_of
 from jobs.judge.baselines import env_class, point_config
 from jobs.judge.environment import Difference, changed_text, changes, performance
 from jobs.store import Environment, Job, Store, TrialRow
 from jobs.store.tables.trials import shape_key
-from kernels.base import Summary, TrialStatus
+from kernels.base import TrialStatus
 
 MEDIAN_SE_FACTOR = 1.2533  # sd of the median of n normal samples / (sd / sqrt(n)), large n
 CONTAMINATED_FLAGS = frozenset({"contended", "drift", "throttled"})
@@ -203,84 +201,6 @@ def _job_dict(p: HistoryPoint) -> dict[str, Any]:
     }
 
 
-def _json(v: Any) -> str:
-    """`v` as `farm history --json` writes a value."""
-    return json.dumps(v, default=str)
-
-
-# A job of a series as _json writes `_job_dict(p)`, where its numbers are finite floats and n an int: json
-# writes such a float as its repr and an int as its repr; the job, commit and date (`_JobJson`) are written
-# once a job, a level that is its median (HistoryPoint.level_ns) once (a float's repr is most of a line's
-# cost). The values are those of _job_dict, checked against it (tests/jobs/test_history.py).
-_JOB_LINE = (
-    '%s"median_ms": %s, "level_ms": %s, "level_se_ms": %r, "contended": %s, "spread_pct": %r, "n": %r}'
-)
-
-
-class _JobJson(dict):
-    """The opening of a job's line, `{"job": ..., "commit": ..., "created_at": ..., `, made once a job
-    (a family's series share their jobs) by _json, keyed by (job, commit, date)."""
-
-    def __missing__(self, key: tuple[Any, str | None, datetime]) -> str:
-        job, commit, created = key
-        head = _json({"job": job, "commit": commit, "created_at": created.isoformat()})[:-1] + ", "
-        self[key] = head
-        return head
-
-
-def _jobs_json(points: list[HistoryPoint], heads: _JobJson) -> list[str]:
-    """Each point as _json writes `_job_dict(p)`: by `_JOB_LINE` where its numbers allow (the values of
-    the dict, without the dict), else by _json of the dict."""
-    out = []
-    append, line, inf = out.append, _JOB_LINE, _INF
-    for p in points:
-        median_ns, level_ns = p.median_ns, p.level_ns
-        median, se, spread, n = median_ns / 1e6, p.uncertainty_ns, p.spread_pct, p.n
-        level = median if level_ns is median_ns else level_ns / 1e6
-        if se is not None:
-            se = se / 1e6
-        if (
-            type(median) is float and type(level) is float and type(se) is float and type(spread) is float
-            and type(n) is int and -inf < median + level + se + spread < inf
-        ):  # fmt: skip
-            head = heads[p.job_id, p.commit, p.created_at]
-            median_text = repr(median)
-            level_text = median_text if level is median else repr(level)
-            append(line % (head, median_text, level_text, se, "true" if p.contended else "false", spread, n))
-        else:
-            append(_json(_job_dict(p)))
-    return out
-
-
-def series_json(found: list[Series]) -> str:
-    """The series as `farm history --json` prints them: a JSON list of `Series.to_dict()`, indented, each
-    job of a series on a line of its own (`series_json_parts` joined)."""
-    return "".join(series_json_parts(found))
-
-
-def series_json_parts(found: list[Series]) -> Iterator[str]:
-    """`series_json` a series at a time (a family's is 13 MB: written as it is made, not held whole). Made
-    by the json module's C encoder (with `indent` json is pure Python: 1,000 series of 30 points took 0.4
-    s), a job's line by `_jobs_json`: 1,000 series of 50 points are 50,000 lines, and a dict a line cost
-    more than the rest of the command."""
-    if not found:
-        yield "[]"
-        return
-    heads = _JobJson()
-    for i, s in enumerate(found):
-        fields = []
-        for name, v in s._dict(None).items():
-            if name != "jobs":
-                v = _json(v)
-            elif s.points:
-                v = "[\n      " + ",\n      ".join(_jobs_json(s.points, heads)) + "\n    ]"
-            else:
-                v = "[]"
-            fields.append(f"    {_json(name)}: {v}")
-        yield ("[\n" if i == 0 else ",\n") + "  {\n" + ",\n".join(fields) + "\n  }"
-    yield "\n]"
-
-
 @dataclass(frozen=True)
 class Selection:
     """Which points: any field left None matches every value. `spec` is a job (spec) name."""
@@ -341,46 +261,9 @@ def _point_key(keys: dict[tuple, PointKey], raw: tuple, envs: dict[int, Environm
     return key
 
 
-_STATS = ("p10", "p90", "iqr", "mad", "n", "flags")  # what a point keeps of its trial's summary
-
-
-class _SummaryStats(FunctionElement):
-    """A trial's stored summary's p10, p90, iqr, mad, n and flags as a JSON list, picked out by the
-    database (one json_extract of six paths on SQLite, json_build_array on PostgreSQL: a point reads six of
-    the summary's twenty values, and json.loads of the whole summary in Python cost a read of a family's
-    year more than the rest of it). Where SQLite cannot read the summary as JSON (its json functions take
-    no NaN or Infinity, which Python writes) the summary's own text (an object, `{`): that trial's values
-    are read in Python (`_unread`). One column: the summary is tested once a trial."""
-
-    inherit_cache = True
-    name = "summary_stats"
-    type = String()
-
-    def __init__(self) -> None:
-        super().__init__(TrialRow.summary)
-
-
-@compiles(_SummaryStats, "sqlite")
-def _summary_stats_sqlite(element: _SummaryStats, compiler, **kw) -> str:
-    col = compiler.process(element.clauses.clauses[0], **kw)
-    paths = ", ".join(f"'$.{k}'" for k in _STATS)
-    return f"CASE WHEN json_valid({col}) THEN json_extract({col}, {paths}) ELSE {col} END"
-
-
-@compiles(_SummaryStats, "postgresql")
-def _summary_stats_postgresql(element: _SummaryStats, compiler, **kw) -> str:
-    col = compiler.process(element.clauses.clauses[0], **kw)  # PostgreSQL's json is valid JSON
-    return f"CAST(json_build_array({', '.join(f'{col} -> {k!r}' for k in _STATS)}) AS TEXT)"
-
-
-@compiles(_SummaryStats)
-def _summary_stats_other(element: _SummaryStats, compiler, **kw) -> str:
-    raise CompileError(f"a summary is read on SQLite and PostgreSQL only, not {compiler.dialect.name}")
-
-
 # What a point of a series needs of its trial: no metrics, correctness, memory or resources; the shape and
 # config as their stored JSON text (decoded once a point), of the summary only the values a point keeps
-# (`_SummaryStats`). Its job's name, commit and date are read once a job (`_jobs_of`), not once a trial.
+# (`SummaryStats`). Its job's name, commit and date are read once a job (`_jobs_of`), not once a trial.
 _COLUMNS = (
     TrialRow.id,
     TrialRow.job_id,
@@ -391,54 +274,8 @@ _COLUMNS = (
     TrialRow.dtype,
     TrialRow.median_ns,
     TrialRow.environment_id,
-    _SummaryStats().label("stats"),
+    SummaryStats().label("stats"),
 )
-_NO_STATS = (None, None, None, None, 0, ())
-_INF = math.inf
-
-
-def _number(v: Any) -> float | None:
-    """A statistic as Summary.from_stored reads it: a finite int or float (not a bool), else absent."""
-    return float(v) if type(v) in (float, int) and math.isfinite(v) else None
-
-
-def _typed(p10: Any, p90: Any, iqr: Any, mad: Any, n: Any, flags: Any) -> tuple:
-    """(p10, p90, iqr, mad, n, flags) typed as Summary.from_stored types them (a statistic: a finite int or
-    float, else None; n: a non-negative int, else 0; flags: a list's strings)."""
-    n = n if type(n) is int and n >= 0 else 0
-    flags = tuple(f for f in flags if isinstance(f, str)) if type(flags) is list and flags else ()
-    return _number(p10), _number(p90), _number(iqr), _number(mad), n, flags
-
-
-def _stats_of(texts: list[str | None]) -> list[tuple]:
-    """Each trial's (p10, p90, iqr, mad, n, flags) from the database's column (`_SummaryStats`): the JSON
-    lists decoded in one json.loads (a call a trial cost more than the decoding), typed by `_typed`, a
-    list of four floats, a count and no flags taken as it is (the sum of four floats is finite only when
-    each is); a summary the database could not read by `_unread`; none (NULL): no statistics."""
-    lists = [t for t in texts if t and t[0] == "["]
-    decoded = iter(json.loads(f"[{','.join(lists)}]"))
-    out = []
-    for text in texts:
-        if not text:
-            out.append(_NO_STATS)
-        elif text[0] != "[":
-            out.append(_unread(text))
-        else:
-            p10, p90, iqr, mad, n, flags = v = next(decoded)
-            if (
-                type(p10) is float and type(p90) is float and type(iqr) is float and type(mad) is float
-                and type(n) is int and n >= 0 and not flags and -_INF < p10 + p90 + iqr + mad < _INF
-            ):  # fmt: skip
-                out.append((p10, p90, iqr, mad, n, ()))
-            else:
-                out.append(_typed(*v))
-    return out
-
-
-def _unread(text: str) -> tuple[float | None, float | None, float | None, float | None, int, tuple[str, ...]]:
-    """(p10, p90, iqr, mad, n, flags) of a summary the database could not read (its JSON text)."""
-    d = Summary.from_stored(json.loads(text))
-    return d.p10, d.p90, d.iqr, d.mad, d.n, d.flags
 
 
 def series_query(selection: Selection) -> Select:
@@ -585,7 +422,7 @@ def _read(store: Store, selection: Selection) -> list[Series]:
     with Session(store.engine, expire_on_commit=False) as s:
         envs = _environments(s, {r[8] for r in rows if r[8] is not None})
     env_data = {i: e.data for i, e in envs.items()}
-    stats = _stats_of([r[9] for r in rows])
+    stats = stats_of([r[9] for r in rows])
     for (tid, job_id, fam, backend, shape, config, dtype, median, env_id, _), values in zip(
         rows, stats, strict=True
     ):

@@ -1,0 +1,102 @@
+"""What a point of `farm history` keeps of its trial's stored summary: p10, p90, iqr, mad, n and flags,
+picked out by the database (`SummaryStats`, one column) and typed as Summary.from_stored types them
+(`stats_of`): a point reads six of the summary's twenty values, and json.loads of the whole summary in
+Python cost a read of a family's year more than the rest of it."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from sqlalchemy import String
+from sqlalchemy.exc import CompileError
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.functions import FunctionElement
+
+from jobs.store import TrialRow
+from kernels.base import Summary
+
+_STATS = ("p10", "p90", "iqr", "mad", "n", "flags")  # what a point keeps of its trial's summary
+
+
+class SummaryStats(FunctionElement):
+    """A trial's stored summary's p10, p90, iqr, mad, n and flags as a JSON list, picked out by the
+    database (one json_extract of six paths on SQLite, json_build_array on PostgreSQL: a point reads six of
+    the summary's twenty values, and json.loads of the whole summary in Python cost a read of a family's
+    year more than the rest of it). Where SQLite cannot read the summary as JSON (its json functions take
+    no NaN or Infinity, which Python writes) the summary's own text (an object, `{`): that trial's values
+    are read in Python (`_unread`). One column: the summary is tested once a trial."""
+
+    inherit_cache = True
+    name = "summary_stats"
+    type = String()
+
+    def __init__(self) -> None:
+        super().__init__(TrialRow.summary)
+
+
+@compiles(SummaryStats, "sqlite")
+def _summary_stats_sqlite(element: SummaryStats, compiler, **kw) -> str:
+    col = compiler.process(element.clauses.clauses[0], **kw)
+    paths = ", ".join(f"'$.{k}'" for k in _STATS)
+    return f"CASE WHEN json_valid({col}) THEN json_extract({col}, {paths}) ELSE {col} END"
+
+
+@compiles(SummaryStats, "postgresql")
+def _summary_stats_postgresql(element: SummaryStats, compiler, **kw) -> str:
+    col = compiler.process(element.clauses.clauses[0], **kw)  # PostgreSQL's json is valid JSON
+    return f"CAST(json_build_array({', '.join(f'{col} -> {k!r}' for k in _STATS)}) AS TEXT)"
+
+
+@compiles(SummaryStats)
+def _summary_stats_other(element: SummaryStats, compiler, **kw) -> str:
+    raise CompileError(f"a summary is read on SQLite and PostgreSQL only, not {compiler.dialect.name}")
+
+
+_NO_STATS = (None, None, None, None, 0, ())
+_INF = math.inf
+
+
+def _number(v: Any) -> float | None:
+    """A statistic as Summary.from_stored reads it: a finite int or float (not a bool), else absent."""
+    return float(v) if type(v) in (float, int) and math.isfinite(v) else None
+
+
+def _typed(p10: Any, p90: Any, iqr: Any, mad: Any, n: Any, flags: Any) -> tuple:
+    """(p10, p90, iqr, mad, n, flags) typed as Summary.from_stored types them (a statistic: a finite int or
+    float, else None; n: a non-negative int, else 0; flags: a list's strings)."""
+    n = n if type(n) is int and n >= 0 else 0
+    flags = tuple(f for f in flags if isinstance(f, str)) if type(flags) is list and flags else ()
+    return _number(p10), _number(p90), _number(iqr), _number(mad), n, flags
+
+
+def stats_of(texts: list[str | None]) -> list[tuple]:
+    """Each trial's (p10, p90, iqr, mad, n, flags) from the database's column (`SummaryStats`): the JSON
+    lists decoded in one json.loads (a call a trial cost more than the decoding), typed by `_typed`, a
+    list of four floats, a count and no flags taken as it is (the sum of four floats is finite only when
+    each is); a summary the database could not read by `_unread`; none (NULL): no statistics."""
+    lists = [t for t in texts if t and t[0] == "["]
+    decoded = iter(json.loads(f"[{','.join(lists)}]"))
+    out = []
+    for text in texts:
+        if not text:
+            out.append(_NO_STATS)
+        elif text[0] != "[":
+            out.append(_unread(text))
+        else:
+            p10, p90, iqr, mad, n, flags = v = next(decoded)
+            if (
+                type(p10) is float and type(p90) is float and type(iqr) is float and type(mad) is float
+                and type(n) is int and n >= 0 and not flags and -_INF < p10 + p90 + iqr + mad < _INF
+            ):  # fmt: skip
+                out.append((p10, p90, iqr, mad, n, ()))
+            else:
+                out.append(_typed(*v))
+    return out
+
+
+def _unread(text: str) -> tuple[float | None, float | None, float | None, float | None, int, tuple[str, ...]]:
+    """(p10, p90, iqr, mad, n, flags) of a summary the database could not read (its JSON text)."""
+    d = Summary.from_stored(json.loads(text))
+    return d.p10, d.p90, d.iqr, d.mad, d.n, d.flags
