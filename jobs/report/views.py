@@ -4,6 +4,7 @@ value (jobs.report.templating)."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,12 +60,17 @@ def spark(
         return ""
     lo, hi = min(values), max(values)
     span = (hi - lo) or 1.0
-    step = width / max(len(values) - 1, 1)
-    xy = [
-        (f"{i * step:.1f}", f"{height - 2 - (v - lo) / span * (height - 4):.1f}")
-        for i, v in enumerate(values)
-    ]
+    ys = [f"{height - 2 - (v - lo) / span * (height - 4):.1f}" for v in values]
+    xy = list(zip(_xs(len(values), width), ys, strict=True))
     return Spark(width, height, " ".join(f"{x},{y}" for x, y in xy), tuple(xy[i] for i in marks))
+
+
+@functools.lru_cache(maxsize=256)
+def _xs(n: int, width: int) -> tuple[str, ...]:
+    """The x of each of a sparkline's n points, as written (the same for every line of n points: a site's
+    night draws thousands)."""
+    step = width / max(n - 1, 1)
+    return tuple(f"{i * step:.1f}" for i in range(n))
 
 
 NAV_INDEX = (Link("../index.html", "index"),)  # a page one folder below the site's index
