@@ -147,12 +147,31 @@ def bootstrap_ratio_ci(
     """Percentile bootstrap interval of median(candidate)/median(baseline), resampling each side
     (bootstrap_medians: the resamples' medians drawn directly, the candidate's then the baseline's from
     one generator of `seed`)."""
-    c, b = np.sort(candidate), np.sort(baseline)
-    c_low, c_high, b_low, b_high = _ratio_positions(int(seed), c.size, b.size, int(n_boot))
-    ratios = ((c[c_low] + c[c_high]) / 2.0) / ((b[b_low] + b[b_high]) / 2.0)
+    low, high = bootstrap_ratio_cis(
+        np.sort(baseline)[None, :],
+        np.sort(candidate)[None, :],
+        n_boot=n_boot,
+        confidence=confidence,
+        seed=seed,
+    )
+    return float(low[0]), float(high[0])
+
+
+def bootstrap_ratio_cis(
+    baselines: np.ndarray, candidates: np.ndarray, *, n_boot: int, confidence: float, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """bootstrap_ratio_ci of many pairs at once: row i of `baselines` and of `candidates` (2-D, each row
+    sorted, every row of a side the same size) is a pair; the pairs share their draws, which depend only
+    on the seed and the sizes (a job page's 850 intervals one at a time were 0.12 s). The lows and highs."""
+    c_low, c_high, b_low, b_high = _ratio_positions(
+        int(seed), candidates.shape[1], baselines.shape[1], int(n_boot)
+    )
+    ratios = ((candidates[:, c_low] + candidates[:, c_high]) / 2.0) / (
+        (baselines[:, b_low] + baselines[:, b_high]) / 2.0
+    )
     tail = (1.0 - confidence) / 2.0 * 100.0
-    low, high = np.percentile(ratios, [tail, 100.0 - tail])
-    return float(low), float(high)
+    low, high = np.percentile(ratios, [tail, 100.0 - tail], axis=1)
+    return low, high
 
 
 def mann_whitney_p(x: np.ndarray, y: np.ndarray) -> float:
