@@ -373,9 +373,9 @@ def _jobs_of(conn: Connection, ids: set[int]) -> dict[int, tuple[str, str | None
 @contextmanager
 def paused_gc() -> Iterator[None]:
     """Python's cyclic collector paused while a read builds its points (and while `farm history` writes
-    them): tens of thousands of objects, none of them in a cycle, that made it scan the whole heap again
-    and again (a quarter of a family's read), freed by their counts once the command drops them; set back
-    as it was after (inside another pause: left paused)."""
+    them, and while `farm site` builds its pages): tens of thousands of objects, none of them in a cycle,
+    that made it scan the whole heap again and again (a quarter of a family's read), freed by their counts
+    once the command drops them; set back as it was after (inside another pause: left paused)."""
     was = gc.isenabled()
     gc.disable()
     try:
