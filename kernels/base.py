@@ -416,14 +416,18 @@ class Summary:
             v = d.get(key)
             return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
 
+        def listed(key: str, kind: type) -> tuple:
+            """A list's items of `kind` (a string or a mapping in its place: none, not its characters)."""
+            v = d.get(key)
+            return tuple(i for i in v if isinstance(i, kind)) if isinstance(v, list | tuple) else ()
+
         clocks, step = d.get("clocks"), d.get("step")
         throttled = throttle_count(d) or 0
         return cls(
             n=count("n"), median=num("median"), mean=num("mean"), min=num("min"), max=num("max"),
             p10=num("p10"), p90=num("p90"), iqr=num("iqr"), mad=num("mad"), stdev=num("stdev"), cv=num("cv"),
             n_throttled=throttled, n_kept=count("n_kept"),
-            discarded=tuple(i for i in d.get("discarded") or () if isinstance(i, int)),
-            flags=tuple(f for f in d.get("flags") or () if isinstance(f, str)),
+            discarded=listed("discarded", int), flags=listed("flags", str),
             clocks=dict(clocks) if isinstance(clocks, Mapping) else {},
             step=dict(step) if isinstance(step, Mapping) else None,
             warmup_iters=count("warmup_iters"), wall_s=num("wall_s") or 0.0,

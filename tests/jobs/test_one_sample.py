@@ -137,6 +137,11 @@ def test_a_stored_summary_reads_back_typed_whatever_the_row_holds():
     assert (odd.n, odd.median, odd.p10, odd.cv) == (3, None, None, 0.5)
     assert odd.flags == ("noisy",) and odd.discarded == (1,) and odd.n_kept == 0
     assert odd.clocks["cpu_time_ratio"] == 0.4
+    # a list's place holding a string or a mapping: no flags, no discarded samples (not its characters or
+    # keys; what the history's own read of the flags gives, jobs.history.summary_stats)
+    for wrong in ("drift", {"drift": True}, 5):
+        bare = Summary.from_stored({"flags": wrong, "discarded": wrong})
+        assert (bare.flags, bare.discarded) == ((), ()), wrong
     stored = Summary(n=2, median=1.0, mean=1.0, min=1.0, max=1.0, p10=1.0, p90=1.0, iqr=0.0, mad=0.0,
                      stdev=0.0, cv=0.0, flags=("few_samples",), discarded=(0,))  # fmt: skip
     assert Summary.from_stored(stored.to_dict()) == stored  # what the store keeps reads back the same
