@@ -105,16 +105,12 @@ class TrialStore:
         with Session(self.engine, expire_on_commit=False) as s:
             q = select(Job).options(defer(Job.spec))  # megabytes for a large grid, and not listed
             jobs = list(s.scalars(q.order_by(Job.id.desc()).limit(limit)))
-            counts = self._status_counts(s, [j.id for j in jobs])
+            counts = status_counts(s, [j.id for j in jobs])
             return [(j, counts.get(j.id, {})) for j in jobs]
 
     def status_counts(self, job_id: int) -> dict[str, int]:
         with Session(self.engine) as s:
-            return self._status_counts(s, [job_id]).get(job_id, {})
-
-    @staticmethod
-    def _status_counts(s: Session, job_ids: list[int]) -> dict[int, dict[str, int]]:
-        return status_counts(s, job_ids)
+            return status_counts(s, [job_id]).get(job_id, {})  # the module's function, by (job_id, status)
 
     def recent_jobs(self, family: str, up_to: int, limit: int) -> list[int]:
         """The ids of the family's newest `limit` jobs created up to job `up_to` (it included)."""
