@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
 
 from sqlalchemy import String
 from sqlalchemy.exc import CompileError
@@ -69,24 +68,12 @@ _NO_STATS = (None, None, None, None, 0, ())
 _INF = math.inf
 
 
-def _number(v: Any) -> float | None:
-    """A statistic as Summary.from_stored reads it: a finite int or float (not a bool), else absent."""
-    return float(v) if type(v) in (float, int) and math.isfinite(v) else None
-
-
-def _typed(p10: Any, p90: Any, iqr: Any, mad: Any, n: Any, flags: Any) -> tuple:
-    """(p10, p90, iqr, mad, n, flags) typed as Summary.from_stored types them (a statistic: a finite int or
-    float, else None; n: a non-negative int, else 0; flags: a list's strings)."""
-    n = n if type(n) is int and n >= 0 else 0
-    flags = tuple(f for f in flags if isinstance(f, str)) if type(flags) is list and flags else ()
-    return _number(p10), _number(p90), _number(iqr), _number(mad), n, flags
-
-
 def stats_of(texts: list[str | None]) -> list[tuple]:
     """Each trial's (p10, p90, iqr, mad, n, flags) from the database's column (`SummaryStats`): the JSON
-    lists decoded in one json.loads (a call a trial cost more than the decoding), typed by `_typed`, a
-    list of four floats, a count and no flags taken as it is (the sum of four floats is finite only when
-    each is); a summary the database could not read by `_unread`; none (NULL): no statistics."""
+    lists decoded in one json.loads (a call a trial cost more than the decoding); a list of four floats, a
+    count and flags that are strings (or none) taken as it is (the sum of four floats is finite only when
+    each is), any other typed by Summary.from_stored; a summary the database could not read by `_unread`;
+    none (NULL): no statistics."""
     lists = [t for t in texts if t and t[0] == "["]
     decoded = iter(json.loads(f"[{','.join(lists)}]"))
     out = []
@@ -99,15 +86,19 @@ def stats_of(texts: list[str | None]) -> list[tuple]:
             p10, p90, iqr, mad, n, flags = v = next(decoded)
             if (
                 type(p10) is float and type(p90) is float and type(iqr) is float and type(mad) is float
-                and type(n) is int and n >= 0 and not flags and -_INF < p10 + p90 + iqr + mad < _INF
+                and type(n) is int and n >= 0 and -_INF < p10 + p90 + iqr + mad < _INF
+                and (not flags or type(flags) is list and all(type(f) is str for f in flags))
             ):  # fmt: skip
-                out.append((p10, p90, iqr, mad, n, ()))
+                out.append((p10, p90, iqr, mad, n, tuple(flags) if flags else ()))
             else:
-                out.append(_typed(*v))
+                out.append(_stats(Summary.from_stored(dict(zip(_STATS, v, strict=True)))))
     return out
 
 
-def _unread(text: str) -> tuple[float | None, float | None, float | None, float | None, int, tuple[str, ...]]:
+def _unread(text: str) -> tuple:
     """(p10, p90, iqr, mad, n, flags) of a summary the database could not read (its JSON text)."""
-    d = Summary.from_stored(json.loads(text))
+    return _stats(Summary.from_stored(json.loads(text)))
+
+
+def _stats(d: Summary) -> tuple[float | None, float | None, float | None, float | None, int, tuple[str, ...]]:
     return d.p10, d.p90, d.iqr, d.mad, d.n, d.flags
