@@ -43,7 +43,7 @@ from gateway.http.server import install_log_filter, serve_forever
 from gateway.http.services import Services
 from gateway.limits.base import Limiters
 from gateway.limits.local import Limits
-from gateway.store.db import create_engine, ensure_ready
+from gateway.store.db import create_engine, ensure_ready, within_deadline
 from gateway.store.keys import KeyStore, utcnow
 from gateway.store.ledger import LedgerWriter
 from gateway.store.ledger_queries import usage_today
@@ -195,15 +195,17 @@ class Gateway:
     async def healthz(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
+    async def _select_one(self) -> None:
+        async with self.engine.connect() as conn:
+            await conn.execute(text("SELECT 1"))
+
     async def readyz(self, request: web.Request) -> web.Response:
         problems = []
         if not self.ready:
             problems.append("not started")
         problems += self.ledger.problems()  # not running, behind, flushes failing, spool not writable
         try:  # within the key lookup's deadline: a hung database makes /readyz late by that much at most
-            async with asyncio.timeout(self.settings.key_lookup_timeout_s):
-                async with self.engine.connect() as conn:
-                    await conn.execute(text("SELECT 1"))
+            await within_deadline(self.settings.key_lookup_timeout_s, self._select_one)
         except TimeoutError:
             problems.append(f"store unreachable: no answer within {self.settings.key_lookup_timeout_s:g} s")
         except Exception as e:

@@ -15,8 +15,9 @@ this module passes it the gateway's tables, migrations folder, version table, lo
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import (
     BigInteger,
@@ -290,6 +291,34 @@ def database_problem(e: BaseException, url: str) -> StartupError | None:
             "database_url"
         )
     return None
+
+
+_T = TypeVar("_T")
+_abandoned: set[asyncio.Task[Any]] = set()  # work past its deadline, cleaning up in the background
+
+
+async def within_deadline(timeout_s: float, work: Callable[[], Awaitable[_T]]) -> _T:
+    """``work()``'s answer, or TimeoutError once ``timeout_s`` has passed without one: the deadline is the
+    caller's, cleanup included. ``work`` runs as a task of its own that is cancelled at the deadline and
+    not waited for: SQLAlchemy closes a connection cancelled mid-statement gracefully, which on a hung
+    server waits 2 s more (asyncpg's close timeout), so ``asyncio.timeout`` around the statement alone
+    would answer at the deadline plus 2 s. A caller cancelled itself cancels the work too."""
+    task = asyncio.ensure_future(work())
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await asyncio.shield(task)
+    except BaseException:
+        if not task.done():
+            task.cancel()
+            _abandoned.add(task)  # held until it ends; its error (the cancellation) is read, not logged
+            task.add_done_callback(_forget)
+        raise
+
+
+def _forget(task: asyncio.Task[Any]) -> None:
+    _abandoned.discard(task)
+    if not task.cancelled():
+        task.exception()
 
 
 async def ensure_ready(engine: AsyncEngine, url: str, deadline_s: float) -> SchemaState:

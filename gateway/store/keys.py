@@ -15,13 +15,14 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import Row, select, update
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.errors import StoreUnavailable
-from gateway.store.db import api_keys
+from gateway.store.db import api_keys, within_deadline
 
 KEY_PREFIX = "kf_"
 _ID_LEN = 12
@@ -348,9 +349,12 @@ class KeyStore:
         return await asyncio.shield(fut)  # a waiter cancelled does not cancel the others' query
 
     async def _query(self, key_id: str) -> tuple[KeyInfo, str] | None:
+        async def lookup() -> Row[Any] | None:
+            async with self._engine.connect() as conn:
+                return (await conn.execute(select(api_keys).where(api_keys.c.id == key_id))).first()
+
         try:
-            async with asyncio.timeout(self._lookup_timeout), self._engine.connect() as conn:
-                row = (await conn.execute(select(api_keys).where(api_keys.c.id == key_id))).first()
+            row = await within_deadline(self._lookup_timeout, lookup)
         except TimeoutError:  # a hung database: the request's deadline, not the database's
             self._store_down_until = self._mono() + _RETRY_S
             raise self._unavailable(f"no answer within {self._lookup_timeout:g} s") from None

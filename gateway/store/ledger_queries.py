@@ -14,20 +14,19 @@ a day.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, time, timedelta
 from datetime import date as date_type
 from typing import Any
 
-from sqlalchemy import BigInteger, Select, case, cast, func, select, union_all
+from sqlalchemy import BigInteger, RowMapping, Select, case, cast, func, select, union_all
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.core.record import DayUsage
 from gateway.errors import StoreUnavailable
-from gateway.store.db import ledger, usage_daily
+from gateway.store.db import ledger, usage_daily, within_deadline
 
 # what a row of ``request_rows`` carries (gateway.summaries.schema.RequestUsage names them for the client)
 _REQUEST_COLUMNS = (
@@ -77,6 +76,11 @@ def request_rows_select(project: str, ids: Sequence[str]) -> Select:
     )
 
 
+async def _read_rows(engine: AsyncEngine, project: str, ids: list[str]) -> Sequence[RowMapping]:
+    async with engine.connect() as conn:
+        return (await conn.execute(request_rows_select(project, ids))).mappings().all()
+
+
 async def request_rows(
     engine: AsyncEngine, project: str, request_ids: Sequence[str], *, timeout_s: float = 10.0
 ) -> list[dict[str, Any]]:
@@ -88,8 +92,7 @@ async def request_rows(
     if not ids:
         return []
     try:
-        async with asyncio.timeout(timeout_s), engine.connect() as conn:
-            found = (await conn.execute(request_rows_select(project, ids))).mappings().all()
+        found = await within_deadline(timeout_s, lambda: _read_rows(engine, project, ids))
     except (SQLAlchemyError, OSError, TimeoutError) as e:
         why = f"the ledger could not be read ({e.__class__.__name__}); try again"
         raise StoreUnavailable(why, error_class="ledger_unavailable") from None

@@ -7,6 +7,7 @@ outage is the store's engine pointed at a port where nothing listens, or one tha
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 
 import pytest
@@ -16,6 +17,7 @@ from sqlalchemy import event
 from gateway.core.metrics import GatewayMetrics
 from gateway.errors import StoreUnavailable
 from gateway.redis.channels import KeyRevocations
+from gateway.store import db
 from gateway.store.db import create_engine
 from gateway.store.keys import KeyStore
 from tests.gateway.serving import free_port
@@ -123,6 +125,30 @@ async def test_a_hung_database_costs_one_lookup_deadline_then_is_not_asked_for_a
         keys._engine = engine
         await hung.dispose()
         silent.close()
+        await engine.dispose()
+
+
+@pytest.mark.service("postgresql")
+async def test_a_server_that_stops_answering_on_an_open_connection_costs_one_lookup_deadline(pg_server):
+    """Every PostgreSQL process stopped with the pool's connection open (a hung server, not a refused
+    connection): the last known good answers after the lookup's deadline, while the cancelled statement's
+    connection is still being closed (SQLAlchemy closes it gracefully, which waits 2 s more on a hung
+    server: that wait is not the request's)."""
+    engine = create_engine(await pg_server.create_database())
+    clock = Clock()
+    keys = KeyStore(engine, SECRET, cache_ttl_s=1, stale_ttl_s=60, lookup_timeout_s=0.5, monotonic=clock)
+    key, info = await keys.create("alpha", "k")
+    keys.forget_all()
+    await keys.authenticate(key)  # the pool holds an open connection
+    try:
+        with pg_server.server.frozen():
+            clock.now += 2
+            assert (await keys.authenticate(key)).id == info.id  # the last known good
+            assert len(db._abandoned) == 1  # answered before the cancelled statement's cleanup ended
+        for task in list(db._abandoned):  # once the server answers again it ends
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    finally:
         await engine.dispose()
 
 
