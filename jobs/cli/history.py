@@ -9,10 +9,8 @@ from rich.table import Table
 
 from jobs.cli.common import console, db_option, parse_point, store_for
 from jobs.history.jsonout import series_json_parts
-from jobs.history.series import Selection, Series, collect, min_jobs, paused_gc
+from jobs.history.series import DEFAULT_LAST, Selection, Series, collect, min_jobs, paused_gc
 from jobs.judge.environment import changed_text
-
-DEFAULT_LAST = 100  # jobs `farm history` shows unless --last or --all: a year of a nightly spec is 1,825
 
 
 def _fmt(v: float | None, fmt: str) -> str:

@@ -56,6 +56,9 @@ CONTAMINATED_FLAGS = frozenset({"contended", "drift", "throttled"})
 # run-queue-corrected CPU level a flat series' points differ by ~0.01%, which e-divisive can call
 # significant (issue 45: 2 such points in 10 unchanged series of python -m benchmarks history-noise --fresh).
 MIN_CHANGE = 0.01
+# The newest jobs of a point that `farm history` and a site's kernel page show (unless --last or --all): a
+# year of a nightly spec is 1,825, and what a page shows is what it costs to build
+DEFAULT_LAST = 100
 
 
 @dataclass(frozen=True)
