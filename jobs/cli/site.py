@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from jobs.cli.common import db_option, echo, store_for
+from jobs.history.series import DEFAULT_LAST
 
 
 @click.command("site")
@@ -19,7 +20,14 @@ from jobs.cli.common import db_option, echo, store_for
 @click.option(
     "--full", is_flag=True, help="rewrite every page (default: only what changed since the last build)"
 )
-def site(db: str | None, output: Path, full: bool) -> None:
+@click.option(
+    "--last",
+    type=click.IntRange(min=1),
+    default=DEFAULT_LAST,
+    show_default=True,
+    help="the newest N jobs of each kernel a kernel page shows (as farm history)",
+)
+def site(db: str | None, output: Path, full: bool, last: int) -> None:
     """Write a static site of every job and every kernel's history, which opens offline. Into a folder it
     built before, only the pages of new or changed jobs and of the kernels they ran are written again."""
     from jobs.drafts.account import build_account
@@ -31,7 +39,7 @@ def site(db: str | None, output: Path, full: bool) -> None:
         account = build_account(store)
         if account.note:
             echo(f"token account: {account.note}")
-        result = build_site(store, output, account, full=full)
+        result = build_site(store, output, account, full=full, last=last)
     finally:
         store.close()
     echo(

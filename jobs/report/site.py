@@ -10,12 +10,16 @@ plotly.min.js         plotly.js, once for the whole site: every page opens offli
 
 Every page is rendered from its template (jobs/report/templates/); this module prepares their data.
 
+A kernel page shows the point's newest `last` jobs (jobs.history.series.DEFAULT_LAST, as `farm history`
+does; --last on `farm site`), its change points found on those, and keeps them beside it as
+kernels/<slug>.json (jobs.report.site_series).
+
 A rebuild into the same folder writes only what changed (issue 46): `.site-manifest.json` keeps each
 job's stamp (jobs.store.page_reads: status, end, verdict, its family's baselines) and each kernel's index
 row; a job whose stamp changed (or a new one) gets its page again, and the kernel pages of the series its
-trials are in (read by their indexed keys, change points found again); the other pages stay as they are
-and the index is made from the kept rows. `full=True`, a manifest of another version, or none, rebuilds
-everything.
+trials are in: only those jobs' trials are read, their points merged into the kept series (change points
+found again); the other pages stay as they are and the index is made from the kept rows. `full=True`, a
+manifest of another version or of another `last`, none, or a job gone from the store rebuilds everything.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from jobs.drafts.account import Account, build_account
-from jobs.history.series import Selection, Series, collect, paused_gc
+from jobs.history.series import DEFAULT_LAST, Selection, Series, collect, paused_gc
 from jobs.judge.environment import changed_text
 from jobs.report.account_page import render_account
 from jobs.report.figures import history_figure
@@ -33,12 +37,14 @@ from jobs.report.html import render_job
 from jobs.report.plotting import figure_view
 from jobs.report.recent import RecentReads
 from jobs.report.rows import JobReads
+from jobs.report.site_series import dumps, found, loads, merged, window
 from jobs.report.templating import plotly_js, render_page
 from jobs.report.views import NAV_INDEX, Link, Spark, Table, spark
 from jobs.store import Store
+from jobs.store.tables.trials import shape_key
 
 MANIFEST = ".site-manifest.json"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2  # 2: a kernel's row names its stored series; the manifest says the pages' `last`
 PAGES_A_READ = 40  # job pages whose recent histories are read together (a night's 20; a full build's
 # thousands, 40 consecutive ones at a time: what is kept in memory stays a few nights' rows)
 
@@ -71,10 +77,10 @@ class SiteJob:
     commit: str
 
 
-def _kernel_page(series: Series, jobs: dict[tuple, tuple[Link, str, str]] | None = None) -> str:
-    """One point's history: its change points, the figure and the table of its jobs (each linked);
-    `jobs`: a job's first cells (its link, commit and date), kept across the pages (a job is on a
-    thousand of them)."""
+def _kernel_page(series: Series, last: int, jobs: dict[tuple, tuple[Link, str, str]] | None = None) -> str:
+    """One point's history (its newest `last` jobs): its change points, the figure and the table of its
+    jobs (each linked); `jobs`: a job's first cells (its link, commit and date), kept across the pages (a
+    job is on a thousand of them)."""
     changes = {c.job_id: c for c in series.changes}
     marks = {m.job_id: m.text for m in series.marks}
     jobs = {} if jobs is None else jobs
@@ -102,6 +108,7 @@ def _kernel_page(series: Series, jobs: dict[tuple, tuple[Link, str, str]] | None
         "../plotly.min.js",
         nav=NAV_INDEX,
         series=series,
+        last=last,
         changes=[
             ChangeLine(
                 c.job_id,
@@ -127,6 +134,7 @@ def _index_row(s: Series) -> dict:
     line = spark([p.median_ns for p in s.points], marks=tuple(c.index for c in s.changes))
     return {
         "family": s.key.family,
+        "series": [s.key.family, s.key.backend, shape_key(dict(s.key.shape))],  # its trials' indexed key
         "slug": s.key.slug,
         "label": s.key.label,
         "env": s.key.env,
@@ -178,46 +186,63 @@ def _write_changed(path: Path, text: str) -> None:
     path.write_text(text)
 
 
-def _manifest(out: Path) -> dict | None:
+def _manifest(out: Path, last: int) -> dict | None:
     try:
         found = json.loads((out / MANIFEST).read_text())
     except (OSError, ValueError):
         return None
-    return found if isinstance(found, dict) and found.get("version") == MANIFEST_VERSION else None
+    if not isinstance(found, dict) or found.get("version") != MANIFEST_VERSION or found.get("last") != last:
+        return None
+    return found
 
 
-def build_site(store: Store, out: Path, account: Account | None = None, *, full: bool = False) -> SiteResult:
+def build_site(
+    store: Store,
+    out: Path,
+    account: Account | None = None,
+    *,
+    full: bool = False,
+    last: int = DEFAULT_LAST,
+) -> SiteResult:
     """The site of ``store`` in ``out``, rewriting only what changed since the last build there (unless
     ``full``). ``account``: the token account to show (`farm site` reads the gateway's ledger for it);
-    None: the farm's own, without asking any gateway."""
+    None: the farm's own, without asking any gateway. ``last``: the newest jobs a kernel page shows."""
+    if last < 1:
+        raise ValueError(f"last={last}: a kernel page shows at least 1 job")
     # the collector paused: a night's build keeps ~a million objects alive until it ends (the series'
     # points, the pages' rows); its full passes over them were 1.2-1.6 s of 10-12 s of CPU at 1/64
     with paused_gc():
-        return _build(store, Path(out), account, full)
+        return _build(store, Path(out), account, full, last)
 
 
-def _build(store: Store, out: Path, account: Account | None, full: bool) -> SiteResult:
+def _build(store: Store, out: Path, account: Account | None, full: bool, last: int) -> SiteResult:
     (out / "kernels").mkdir(parents=True, exist_ok=True)
     (out / "jobs").mkdir(parents=True, exist_ok=True)
     _write_changed(out / "plotly.min.js", plotly_js())
-    before = None if full else _manifest(out)
+    before = None if full else _manifest(out, last)
     stamps = store.job_stamps()
+    if before is not None and not set(before["jobs"]) <= {str(j) for j in stamps}:
+        before = None  # a job left the store: which kept series showed it is not known without them all
     if before is None:
-        changed, kernels, all_series = sorted(stamps), {}, collect(store)
+        changed, kernels = sorted(stamps), {}
+        windows = [window(s, last) for s in collect(store, detect=False)]
     else:
         kept = before["jobs"]
         changed = sorted(j for j, stamp in stamps.items() if kept.get(str(j)) != stamp)
-        for gone in set(kept) - {str(j) for j in stamps}:
-            (out / "jobs" / f"{gone}.html").unlink(missing_ok=True)
         kernels = before["kernels"]
         # a kernel page shows trials' results: only a new job, or one whose status or end moved, has new
         # ones (a new verdict or baseline changes the job's page only)
         ran = [j for j in changed if (kept.get(str(j)) or [None, None])[:2] != stamps[j][:2]]
-        keys = store.series_keys_of(ran)
-        all_series = collect(store, Selection(series=frozenset(keys))) if keys else []
+        windows, emptied = _touched(store, out, kernels, ran, [j for j in ran if str(j) in kept], last)
+        for slug in emptied:  # no point of it is left in the store
+            del kernels[slug]
+            for suffix in (".html", ".json"):
+                (out / "kernels" / f"{slug}{suffix}").unlink(missing_ok=True)
+    found(windows)
     jobs: dict[tuple, tuple[Link, str, str]] = {}
-    for s in all_series:
-        (out / "kernels" / f"{s.key.slug}.html").write_text(_kernel_page(s, jobs))
+    for s in windows:
+        (out / "kernels" / f"{s.key.slug}.html").write_text(_kernel_page(s, last, jobs))
+        (out / "kernels" / f"{s.key.slug}.json").write_text(dumps(s))
         kernels[s.key.slug] = _index_row(s)
     recent = RecentReads(store)
     for at, job_id in enumerate(changed):
@@ -234,8 +259,47 @@ def _build(store: Store, out: Path, account: Account | None, full: bool) -> Site
     (out / "index.html").write_text(_index(list(kernels.values()), listed, account))
     manifest = {
         "version": MANIFEST_VERSION,
+        "last": last,
         "jobs": {str(j): st for j, st in stamps.items()},
         "kernels": kernels,
     }
     (out / MANIFEST).write_text(json.dumps(manifest))
-    return SiteResult(pages=2 + len(all_series) + len(changed), kernels=len(kernels), jobs=len(stamps))
+    return SiteResult(pages=2 + len(windows) + len(changed), kernels=len(kernels), jobs=len(stamps))
+
+
+def _touched(
+    store: Store, out: Path, kernels: dict[str, dict], ran: list[int], shown: list[int], last: int
+) -> tuple[list[Series], set[str]]:
+    """The series that the jobs `ran` (new, or whose results moved; `shown`: those of them the site showed
+    before) touch, with their points now, and the kept ones left with no point. Only those jobs' trials
+    are read, and in whole a series whose kept window cannot tell its new one (site_series.merged)."""
+    if not ran:
+        return [], set()
+    fresh = {s.key.slug: s for s in collect(store, Selection(jobs=frozenset(ran)), detect=False)}
+    slugs = set(fresh)
+    if shown:  # their old points may be in series they have no point in now
+        series = {tuple(k) for k in store.series_keys_of(shown)}
+        slugs |= {slug for slug, row in kernels.items() if tuple(row["series"]) in series}
+    windows, again, emptied = [], set(), set()
+    for slug in sorted(slugs):
+        kept = loads(_read(out / "kernels" / f"{slug}.json")) if slug in kernels else None
+        w = None if slug in kernels and kept is None else merged(kept, fresh.get(slug), set(ran), last)
+        if w is None:
+            again.add(slug)
+        elif w.points:
+            windows.append(w)
+        else:
+            emptied.add(slug)
+    if again:  # read whole: the few series whose window lost a point that nothing kept replaces
+        series = frozenset(tuple(kernels[slug]["series"]) for slug in again)
+        read = [window(s, last) for s in collect(store, Selection(series=series), detect=False)]
+        windows += [s for s in read if s.key.slug in again]
+        emptied |= again - {s.key.slug for s in read}
+    return windows, emptied
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
