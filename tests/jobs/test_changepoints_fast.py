@@ -147,3 +147,10 @@ def test_many_series_at_once_give_each_series_own_change_points(seed):
     assert cp.e_divisive_many([]) == []
     with pytest.raises(ValueError, match="finite"):
         cp.e_divisive_many([[1.0] * 8, [1.0, float("inf")] * 4])
+
+
+def test_many_series_without_orderings_to_test_have_no_change_point():
+    """With no orderings (or too few for the p-value) no split stands, in one series as in many."""
+    x = [1.0] * 20 + [2.0] * 20
+    for settings in ({"permutations": 0}, {"permutations": 50, "p_value": 0.01}):
+        assert cp.e_divisive_many([x, x[:30]], **settings) == [e_divisive(x, **settings), []] == [[], []]
