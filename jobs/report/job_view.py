@@ -81,7 +81,8 @@ def speedups(reads: JobReads, rows: list[Row]) -> list[Speedup]:
 
 def stored_baseline(reads: JobReads) -> tuple[str, int, dict[int, int]] | None:
     """The stored baseline (`farm baseline set`) the job is judged against: the one `farm accept` used
-    when its failures name a baseline job, else the newest one matching the job's points. Returns
+    when its failures name a baseline job, else the newest one matching the job's points as the baselines
+    stood when the job ended (all of them now while it runs; a move since changes no report). Returns
     (name, its job, trial id of the job -> the matching baseline trial id), or None."""
     from jobs.judge.baselines import point_key
 
@@ -92,7 +93,12 @@ def stored_baseline(reads: JobReads) -> tuple[str, int, dict[int, int]] | None:
     )
     # the named baseline's matches, else the newest baseline that matches (as Store.judging finds it)
     found, matched = store.baseline_matches(
-        job, reads.trials, reads.environments, key=point_key, baseline=named[0].name if named else None
+        job,
+        reads.trials,
+        reads.environments,
+        key=point_key,
+        baseline=named[0].name if named else None,
+        as_of=job.finished_at,  # where the baselines stood when it ended: a page that stays as it is
     )
     return (found.name, found.job_id, matched) if found is not None and matched else None
 

@@ -77,7 +77,9 @@ class SiteJob:
     commit: str
 
 
-def _kernel_page(series: Series, last: int, jobs: dict[tuple, tuple[Link, str, str]] | None = None) -> str:
+def _kernel_page(
+    series: Series, last: int = DEFAULT_LAST, jobs: dict[tuple, tuple[Link, str, str]] | None = None
+) -> str:
     """One point's history (its newest `last` jobs): its change points, the figure and the table of its
     jobs (each linked); `jobs`: a job's first cells (its link, commit and date), kept across the pages (a
     job is on a thousand of them)."""

@@ -7,21 +7,25 @@ back to the store.
 
 The baseline is the one named, else the newest baseline of the job's family, other than the job itself,
 that has a point of the job. Points are matched by the caller's `key` (jobs.judge.baselines.match_key of
-the trial and its environment's class): the store keeps the keys, the judge says what a point is.
+the trial and its environment's class): the store keeps the keys, the judge says what a point is. A job's
+report asks for the baselines as they stood when the job ended (`baseline_matches(as_of=...)`): a baseline
+moved since is matched on the job it was on then, its points taken from that job's trials.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from jobs.store.sample_codec import unpack
-from jobs.store.tables import Baseline, BaselineTrial, Environment, Job, Sample, TrialRow
+from jobs.store.tables import Baseline, BaselineMove, BaselineTrial, Environment, Job, Sample, TrialRow
 from jobs.store.trial_store import kept
+from kernels.base import TrialStatus
 
 PointKey = Callable[[TrialRow, Environment | None], str]  # a trial and its environment -> its match key
 
@@ -87,10 +91,13 @@ class JudgingStore:
         *,
         key: PointKey,
         baseline: str | None = None,
+        as_of: datetime | None = None,
     ) -> tuple[Baseline | None, dict[int, int]]:
         """The baseline `judging` finds for the job and the job's trial id -> its matched baseline
         trial's id (those still stored), from the job's trials and their environments as read already
-        (a job's report): the baseline's points and its matched trials' ids are read, not its trials."""
+        (a job's report): the baseline's points and its matched trials' ids are read, not its trials.
+        `as_of`: the family's baselines where they stood then (a finished job's report: what its verdict
+        was judged against when it ended, whatever moved since), not where they stand now."""
         envs = {e.id: e for e in environments}
 
         def env_of(t: TrialRow) -> Environment | None:
@@ -98,7 +105,7 @@ class JudgingStore:
 
         with Session(self.engine) as s:
             named = _named(s, baseline) if baseline is not None else None
-            found, matched = _matched(s, job, trials, env_of, key, named)
+            found, matched = _matched(s, job, trials, env_of, key, named, as_of)
             if matched:
                 ids = set(matched.values())
                 stored = set(s.scalars(select(TrialRow.id).where(TrialRow.id.in_(ids))))
@@ -113,12 +120,18 @@ def _matched(
     env_of: Callable[[TrialRow], Environment | None],
     key: PointKey,
     named: Baseline | None,
+    as_of: datetime | None = None,
 ) -> tuple[Baseline | None, dict[int, int]]:
     """The baseline the job is judged against (the named one, else the newest of its family with a point
-    of the job) and the job's trial id -> the baseline trial id of its point."""
+    of the job; `as_of`: of the family's baselines where they stood then) and the job's trial id -> the
+    baseline trial id of its point."""
     keys = {t.id: key(t, env_of(t)) for t in trials}
-    for candidate in [named] if named is not None else _family_baselines(s, job):
-        points = _points(s, candidate)
+    if named is not None:
+        candidates = [named]
+    else:
+        candidates = _family_baselines(s, job) if as_of is None else _baselines_then(s, job, as_of)
+    for candidate in candidates:
+        points = _points(s, candidate) if candidate.id is not None else _points_of_job(s, candidate, key)
         found = {t.id: points[keys[t.id]] for t in trials if points.get(keys[t.id], t.id) != t.id}
         if found or named is not None:
             return candidate, found
@@ -143,6 +156,48 @@ def _family_baselines(s: Session, job: Job) -> list[Baseline]:
         .order_by(Baseline.created_at.desc(), Baseline.id.desc())
     )
     return list(s.scalars(q))
+
+
+def _baselines_then(s: Session, job: Job, as_of: datetime) -> list[Baseline]:
+    """The baselines of the job's family on other jobs where they stood at `as_of`, newest first: each
+    name's last move by then (baseline_history). A name still on that job is its row (its stored
+    points); one that moved since is a Baseline not stored (id None) on the job it was on."""
+    moves = s.execute(
+        select(BaselineMove.name, BaselineMove.job_id, BaselineMove.git_commit, BaselineMove.set_at)
+        .where(BaselineMove.family == job.family, BaselineMove.set_at <= as_of)
+        .order_by(BaselineMove.set_at, BaselineMove.id)
+    ).all()
+    stood = {name: (job_id, commit, at) for name, job_id, commit, at in moves}  # the last move wins
+    now = {b.name: b for b in s.scalars(select(Baseline).where(Baseline.family == job.family))}
+    out = []
+    for name, (job_id, commit, at) in sorted(stood.items(), key=lambda kv: kv[1][2], reverse=True):
+        if job_id == job.id:
+            continue
+        row = now.get(name)
+        if row is not None and row.job_id == job_id:
+            out.append(row)
+        else:
+            then = Baseline(name=name, job_id=job_id, family=job.family, git_commit=commit, created_at=at)
+            out.append(then)
+    return out
+
+
+def _points_of_job(s: Session, baseline: Baseline, key: PointKey) -> dict[str, int]:
+    """The points a baseline on its job has (jobs.judge.baselines.set_baseline's rule: each ok trial in
+    grid order, the first of a match key), from the job's trials: one whose name moved on since."""
+    trials = list(
+        s.scalars(
+            select(TrialRow)
+            .where(TrialRow.job_id == baseline.job_id, TrialRow.status == TrialStatus.OK)
+            .order_by(TrialRow.seq)
+        )
+    )
+    used = {t.environment_id for t in trials if t.environment_id is not None}
+    envs = {e.id: e for e in s.scalars(select(Environment).where(Environment.id.in_(used)))} if used else {}
+    points: dict[str, int] = {}
+    for t in trials:
+        points.setdefault(key(t, envs.get(t.environment_id) if t.environment_id is not None else None), t.id)
+    return points
 
 
 def _points(s: Session, baseline: Baseline) -> dict[str, int]:

@@ -5,12 +5,23 @@ trials, the kernel pages those jobs touch."""
 
 from __future__ import annotations
 
+import math
+from bisect import bisect_right
 from collections.abc import Iterable
+from datetime import datetime
 
 from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 
 from jobs.store.tables import Anomaly, BaselineMove, Failure, Job, TrialRow
+
+
+def _move_then(moves: list[tuple[datetime, int]], end: datetime | None) -> int | None:
+    """The id of the last of a family's `moves` (set at, id; in order) set by `end` (None: the last)."""
+    if end is None:
+        return moves[-1][1] if moves else None
+    at = bisect_right(moves, (end, math.inf))
+    return moves[at - 1][1] if at else None
 
 
 class PageReads:
@@ -19,18 +30,18 @@ class PageReads:
     engine: Engine
 
     def job_stamps(self) -> dict[int, list]:
-        """job id -> [status, finished_at, failures, anomalies, its family's last baseline move]: a page
-        whose stamp is unchanged shows the same."""
+        """job id -> [status, finished_at, failures, anomalies, its family's last baseline move by its end
+        (the last one while it runs: jobs.report.job_view.stored_baseline)]: a page whose stamp is
+        unchanged shows the same."""
         with self.engine.connect() as conn:
             failures = dict(conn.execute(select(Failure.job_id, func.count()).group_by(Failure.job_id)).all())
             anomalies = dict(
                 conn.execute(select(Anomaly.job_id, func.count()).group_by(Anomaly.job_id)).all()
             )
-            moves = dict(
-                conn.execute(
-                    select(BaselineMove.family, func.max(BaselineMove.id)).group_by(BaselineMove.family)
-                ).all()
-            )
+            moves: dict[str, list[tuple[datetime, int]]] = {}  # family -> (set at, move id), in order
+            q = select(BaselineMove.family, BaselineMove.set_at, BaselineMove.id)
+            for fam, at, move in conn.execute(q.order_by(BaselineMove.set_at, BaselineMove.id)):
+                moves.setdefault(fam, []).append((at, move))
             jobs = conn.execute(select(Job.id, Job.status, Job.finished_at, Job.family)).all()
         return {
             j: [
@@ -38,7 +49,7 @@ class PageReads:
                 end.isoformat() if end else None,
                 failures.get(j, 0),
                 anomalies.get(j, 0),
-                moves.get(fam),
+                _move_then(moves.get(fam, []), end),
             ]
             for j, status, end, fam in jobs
         }

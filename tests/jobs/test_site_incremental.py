@@ -187,3 +187,20 @@ def test_a_site_built_for_another_window_is_built_again(history, tmp_path):
     assert build_site(history, out, last=5).pages == 2
     with pytest.raises(ValueError, match="last=0"):
         build_site(history, out, last=0)
+
+
+def test_a_baseline_moved_after_the_jobs_ended_rewrites_none_of_their_pages(history, tmp_path):
+    """A job page compares with the stored baseline as it stood when the job ended (the one its verdict
+    was judged against): a weekly move rewrites the index and the account, not every job of the family."""
+    from jobs.judge import baselines
+
+    store, out = history, tmp_path / "site"
+    jobs = sorted(int(j) for j in store.job_stamps())
+    baselines.set_from_job(store, jobs[2], "probe-nightly")
+    night = _night(store, 9)
+    build_site(store, out)
+    before = (out / "jobs" / f"{night}.html").read_text()
+    baselines.set_from_job(store, jobs[-1], "probe-nightly", force=True)
+    assert build_site(store, out).pages == 2
+    assert (out / "jobs" / f"{night}.html").read_text() == before
+    _same_as_a_full_build(store, out, tmp_path)

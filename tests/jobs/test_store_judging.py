@@ -81,6 +81,42 @@ def test_the_baseline_matches_of_trials_read_already_are_judgings(store):
         store.baseline_matches(store.get_job(job), trials, envs, key=baselines.point_key, baseline="gone")
 
 
+def test_a_report_matches_the_baselines_where_they_stood_when_the_job_ended(store):
+    """`as_of` (a finished job's report): each name where its last move by then put it, a name moved since
+    matched on the job it was on (its points from that job's trials), a name set later not at all."""
+    from datetime import datetime
+
+    from sqlalchemy import update
+    from sqlalchemy.orm import Session
+
+    from jobs.store import Job
+    from jobs.store.tables import BaselineMove
+
+    first, second = _job(store, [10, 11, 12]), _job(store, [20, 21, 22])
+    job, later = _job(store, [30, 31, 32]), _job(store, [40, 41, 42])
+    baselines.set_from_job(store, first, "nightly")
+    baselines.set_from_job(store, second, "nightly", force=True)
+    baselines.set_from_job(store, later, "weekly")
+    day = lambda d: datetime(2026, 3, d)  # noqa: E731
+    with Session(store.engine) as s, s.begin():  # nightly on first (day 1), job ends (day 2), then moves
+        for move, d in zip(store.baseline_history(), (1, 3, 4), strict=True):
+            s.execute(update(BaselineMove).where(BaselineMove.id == move.id).values(set_at=day(d)))
+        s.execute(update(Job).where(Job.id == job).values(finished_at=day(2)))
+    row, trials, envs = store.get_job(job), store.trials(job), store.environments(job)
+
+    def matches(as_of):
+        found, matched = store.baseline_matches(row, trials, envs, key=baselines.point_key, as_of=as_of)
+        return (found.name, found.job_id, sorted(matched.values())) if found else None
+
+    ids = lambda j: sorted(t.id for t in store.trials(j))  # noqa: E731
+    assert matches(day(2)) == ("nightly", first, ids(first))  # moved to `second` since: matched on `first`
+    assert matches(day(3)) == ("nightly", second, ids(second))  # where it stands now: its stored points
+    assert matches(day(5)) == matches(None) == ("weekly", later, ids(later))
+    assert matches(datetime(2026, 2, 1)) is None  # no baseline yet
+    store.set_job_status(first, "failed")  # its trials still stored: the points are its ok trials
+    assert matches(day(2))[1] == first
+
+
 def test_an_unknown_baseline_is_named_and_a_missing_job_is_none(store):
     job = _job(store, [1, 2, 3])
     baselines.set_from_job(store, job, "main")
