@@ -60,12 +60,13 @@ def merged(kept: Series | None, fresh: Series | None, ran: set[int], last: int) 
 def dumps(series: Series) -> str:
     """The window as kernels/<slug>.json holds it (see the module docstring)."""
     envs: dict[str, int] = {}  # each environment once, by its content, in the order the jobs met them
+    of_object: dict[int, int | None] = {}  # a read's points share an environment's mapping: each read once
     rows = []
     for p in series.points:
-        env = None
-        if p.env is not None:
-            text = json.dumps(p.env, sort_keys=True)
-            env = envs.setdefault(text, len(envs))
+        env = of_object.get(id(p.env), -1)
+        if env == -1:
+            env = None if p.env is None else envs.setdefault(json.dumps(p.env, sort_keys=True), len(envs))
+            of_object[id(p.env)] = env
         rows.append(
             [
                 p.job_id,
@@ -92,8 +93,8 @@ def dumps(series: Series) -> str:
         "dtype": k.dtype,
         "environment": k.env,
     }
-    environments = [json.loads(text) for text in envs]
-    return json.dumps({"format": FORMAT, "point": point, "environments": environments, "jobs": rows})
+    head = json.dumps({"format": FORMAT, "point": point})[:-1]
+    return f'{head}, "environments": [{", ".join(envs)}], "jobs": {json.dumps(rows)}}}'
 
 
 def loads(text: str) -> Series | None:
