@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
+from functools import lru_cache
 from typing import Any
 
 from jobs.history.series import HistoryPoint, PointKey, Series, changes_of_many, environment_marks
@@ -124,7 +125,7 @@ def _series(data: dict[str, Any]) -> Series:
             job,
             name,
             commit,
-            datetime.fromisoformat(created),
+            _when(created),
             trial,
             median,
             p10,
@@ -132,9 +133,15 @@ def _series(data: dict[str, Any]) -> Series:
             iqr,
             n,
             mad,
-            tuple(flags),
+            tuple(flags) if flags else (),
             envs[env] if env is not None else None,
         )  # fmt: skip
         for job, name, commit, created, trial, median, p10, p90, iqr, n, mad, flags, env in data["jobs"]
     ]
     return Series(key, points)
+
+
+@lru_cache(maxsize=8192)
+def _when(created: str) -> datetime:
+    """A job's creation time from its ISO text: a night's site reads each job's on a thousand series."""
+    return datetime.fromisoformat(created)
