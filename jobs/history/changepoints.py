@@ -34,10 +34,12 @@ TIE = 1e-9  # relative: two statistics this close are one (summed in another ord
 FIRST_BATCH = 4  # orderings scored at once in a permutation test, doubling while it goes on
 BATCH_CELLS = 1 << 20  # at most this many values in one batch of orderings
 SHORT = 96  # segments up to this long are scored from their distances (see _earlier)
-# orderings a batch in the first tests of many series (`_first_tests`): a thousand series' batch is
-# thousands of orderings, and most tests stop at their second (p > 0.01 of 199), none scored past it
-# (batches doubling from FIRST_BATCH scored a family's 1,000 series' orderings 1.3 times over)
+# the first tests of many series (`_first_tests`): while many series' tests go on, a batch is a few
+# orderings of each (at least MANY_BATCH, MANY_ORDERINGS in all): most stop at their second (p > 0.01 of
+# 199), and batches doubling from FIRST_BATCH for all of them scored a family's 1,000 series' orderings
+# 1.3 times over; when few go on (a stepped series, or one series), doubling batches save numpy calls
 MANY_BATCH = 2
+MANY_ORDERINGS = 256
 
 
 @dataclass(frozen=True)
@@ -199,19 +201,21 @@ def _first_tests(
     """For segments of one length (rows of v, rank and rowsum as `_prepared` makes them, q their best
     splits' Q), the p of the permutation test of each best split, NaN where it stops with p > p_value, and
     the generator as such a test that does not stop leaves it. Each segment's test, with a fresh generator
-    of `seed`, draws the same orderings (it draws nothing else): they are drawn once, MANY_BATCH at a
-    time, and every pending segment's batch scored in one numpy call; the same hits, so the same p, as
-    `_significance` with a fresh generator (what a test that stands draws, all its orderings, does not
-    depend on how they are batched)."""
+    of `seed`, draws the same orderings (it draws nothing else): they are drawn once, a batch at a time
+    (doubling from FIRST_BATCH, as `_significance` draws them, but no more than MANY_ORDERINGS orderings of
+    all pending segments together, and no fewer than MANY_BATCH), and every pending segment's batch scored
+    in one numpy call; the same hits, so the same p, as `_significance` with a fresh generator (what a
+    test that stands draws, all its orderings, does not depend on how they are batched)."""
     rows, n = v.shape
     rng = np.random.default_rng(seed)
     reach = q - TIE * np.abs(q)
     reached = np.zeros(rows, dtype=np.int64)
     p = np.full(rows, np.nan)
     pending = np.arange(rows)
-    done = 0
+    done, batch = 0, FIRST_BATCH
     while done < permutations and len(pending):
-        take = min(MANY_BATCH, permutations - done)
+        many = max(MANY_BATCH, MANY_ORDERINGS // len(pending))  # a batch's orderings of all pending rows
+        take = min(batch, many, permutations - done, max(1, BATCH_CELLS // n))
         order = np.stack([rng.permutation(n) for _ in range(take)])
         src = np.repeat(pending, take)[:, None]
         at = np.tile(order, (len(pending), 1))
@@ -223,7 +227,7 @@ def _first_tests(
         over = ((1 + hits) / (1 + permutations) > p_value).any(axis=1)
         reached[pending] = hits[:, -1]
         pending = pending[~over]
-        done += take
+        done, batch = done + take, batch * 2
     final = (1 + reached[pending]) / (1 + permutations)
     p[pending] = np.where(final <= p_value, final, np.nan)  # none stands without orderings to test it
     return p, rng
