@@ -246,7 +246,7 @@ def e_divisive_many(
     a numpy call a batch of all of them, not one a series (a family's 1,000 series of 30 points took 0.4
     ms each, mostly numpy's overhead a call). A series whose first split does not stand has no change
     point (e_divisive's search ends there); a series whose does is searched on from it as e_divisive
-    searches it (its first test not run again: a fifth of a family's series stepped took 0.4 s more)."""
+    searches it (its first test not run again: 1,000 series of 50 points, a tenth stepped, 0.57 -> 0.30 s)."""
     xs = [_checked(x, min_size) for x in series]
     out: list[list[ChangePoint]] = [[] for _ in xs]
     by_length: dict[int, list[int]] = defaultdict(list)
