@@ -246,11 +246,12 @@ def _build(store: Store, out: Path, account: Account | None, full: bool, last: i
         (out / "kernels" / f"{s.key.slug}.html").write_text(_kernel_page(s, last, jobs))
         (out / "kernels" / f"{s.key.slug}.json").write_text(dumps(s))
         kernels[s.key.slug] = _index_row(s)
-    recent = RecentReads(store)
+    recent, samples = RecentReads(store), {}
     for at, job_id in enumerate(changed):
         if at % PAGES_A_READ == 0:  # the next pages' recent histories: each job's rows read once for them
             recent = RecentReads(store, changed[at : at + PAGES_A_READ])
-        reads = JobReads(store, job_id, recent=recent)
+            samples = {}  # and the kept samples they read (a stored baseline's: once, not once a page)
+        reads = JobReads(store, job_id, samples=samples, recent=recent)
         (out / "jobs" / f"{job_id}.html").write_text(
             render_job(store, job_id, "../plotly.min.js", NAV_INDEX, reads)
         )
