@@ -45,6 +45,7 @@ from jobs.store import (
     TrialRow,
 )
 from jobs.store.results import result_of
+from jobs.store.tables import Baseline, BaselineMove
 from jobs.store.trial_store import pending_row, result_row, sample_row
 
 JOBS_PER_DAY = 20
@@ -237,7 +238,14 @@ def _move_baseline(store: Store, job_id: int, name: str) -> None:
     env = store.environments(job_id)[0]
     points = [BaselinePoint(point_key(t, env), env_class(env), t.id) for t in store.trials(job_id)]
     current = store.get_baseline(name)
-    store.set_baseline(name, job, points, expect_job_id=current.job_id if current else None)
+    row, _previous = store.set_baseline(name, job, points, expect_job_id=current.job_id if current else None)
+    # set when the team set it, a minute after the job ended (the store's clock is today's): a job's report
+    # compares it with the baseline as it stood when the job ended (jobs.report.job_view.stored_baseline)
+    at = job.finished_at + timedelta(minutes=1)
+    with store.engine.begin() as conn:
+        conn.execute(update(Baseline).where(Baseline.id == row.id).values(created_at=at))
+        newest = select(func.max(BaselineMove.id)).where(BaselineMove.name == name).scalar_subquery()
+        conn.execute(update(BaselineMove).where(BaselineMove.id == newest).values(set_at=at))
 
 
 def environment_id(store: Store) -> int:

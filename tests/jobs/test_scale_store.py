@@ -38,3 +38,19 @@ def test_a_bulk_job_has_the_rows_of_the_same_job_written_through_the_store(tmp_p
     finally:
         bulk.close()
         api.close()
+
+
+def test_a_baseline_is_set_at_the_teams_time_a_minute_after_its_job_ended(tmp_path):
+    """The synthetic year's clock, not the build's: a job's report takes the baseline as it stood when the
+    job ended, which a move stamped with today's time would put after every job of the year."""
+    store = Store(str(tmp_path / "farm.db"))
+    try:
+        ss.build(store, 1, pools=ss.make_pools(store))
+        moves = store.baseline_history()
+        assert len(moves) == len(ss.SPECS)
+        for move in moves:
+            job = store.get_job(move.job_id)
+            assert move.set_at == job.finished_at + timedelta(minutes=1)
+            assert store.get_baseline(move.name).created_at == move.set_at
+    finally:
+        store.close()
