@@ -223,7 +223,10 @@ def _build(store: Store, out: Path, account: Account | None, full: bool, last: i
     _write_changed(out / "plotly.min.js", plotly_js())
     before = None if full else _manifest(out, last)
     stamps = store.job_stamps()
-    if before is not None and not set(before["jobs"]) <= {str(j) for j in stamps}:
+    gone = set(before["jobs"]) - {str(j) for j in stamps} if before is not None else set()
+    for job_id in gone:
+        (out / "jobs" / f"{job_id}.html").unlink(missing_ok=True)
+    if gone:
         before = None  # a job left the store: which kept series showed it is not known without them all
     if before is None:
         changed, kernels = sorted(stamps), {}

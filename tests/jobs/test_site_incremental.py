@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import filecmp
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -28,6 +29,7 @@ def _mtimes(out) -> dict[str, int]:
 def _same_as_a_full_build(store: Store, out, tmp_path, last: int = DEFAULT_LAST, but: tuple = ()) -> None:
     """The pages and kept series in `out` are a full build's, byte for byte (`but` these pages)."""
     full = tmp_path / "full"
+    shutil.rmtree(full, ignore_errors=True)
     build_site(store, full, full=True, last=last)
 
     def files(root) -> list[str]:
@@ -177,6 +179,7 @@ def test_a_damaged_kept_series_is_read_again_and_a_job_gone_rebuilds_everything(
     first = min(int(j) for j in store.job_stamps())
     _edit(store, delete(TrialRow).where(TrialRow.job_id == first), delete(Job).where(Job.id == first))
     assert build_site(store, out, last=3).pages == 2 + 2 + 8  # every page: the job left the store
+    assert not (out / "jobs" / f"{first}.html").exists()
     _same_as_a_full_build(store, out, tmp_path, last=3)
 
 
