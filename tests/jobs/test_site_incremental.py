@@ -58,8 +58,10 @@ def _edit(store: Store, *statements) -> None:
 
 
 @pytest.fixture
-def history(tmp_path):
-    store = Store(str(tmp_path / "farm.db"))
+def history(store_url):
+    """8 jobs of the history spec, on SQLite and on PostgreSQL (the night's read, the kept series' merge
+    and the baselines as they stood are statements of both)."""
+    store = Store(store_url)
     hs.build_history_store(store, jobs=8, slow_from=5)
     yield store
     store.close()

@@ -81,9 +81,18 @@ def test_the_baseline_matches_of_trials_read_already_are_judgings(store):
         store.baseline_matches(store.get_job(job), trials, envs, key=baselines.point_key, baseline="gone")
 
 
-def test_a_report_matches_the_baselines_where_they_stood_when_the_job_ended(store):
+def test_a_report_matches_the_baselines_where_they_stood_when_the_job_ended(store_url):
     """`as_of` (a finished job's report): each name where its last move by then put it, a name moved since
-    matched on the job it was on (its points from that job's trials), a name set later not at all."""
+    matched on the job it was on (its points from that job's trials), a name set later not at all. SQLite
+    and PostgreSQL."""
+    store = Store(store_url)
+    try:
+        _baselines_as_they_stood(store)
+    finally:
+        store.close()
+
+
+def _baselines_as_they_stood(store: Store) -> None:
     from datetime import datetime
 
     from sqlalchemy import update
