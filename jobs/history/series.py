@@ -36,7 +36,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from functools import cache
+from functools import cache, cached_property
 from typing import Any
 
 from sqlalchemy import Connection, Row, Select, String, cast, select, tuple_
@@ -70,13 +70,13 @@ class PointKey:
     dtype: str
     env: str
 
-    @property
+    @cached_property  # a site's night asks each of 2,000 points' label and slug a few times
     def label(self) -> str:
         shape = " ".join(f"{k}={v}" for k, v in self.shape) or "-"
         config = " ".join(f"{k}={v}" for k, v in self.config)
         return " ".join(p for p in (self.family, self.backend, shape, config, self.dtype) if p)
 
-    @property
+    @cached_property
     def slug(self) -> str:
         """A file name for the point (the site's kernel pages)."""
         raw = f"{self.label} {self.env}"
