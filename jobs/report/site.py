@@ -25,7 +25,9 @@ manifest of another version or of another `last`, none, or a job gone from the s
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from itertools import islice
 from pathlib import Path
 
 from jobs.drafts.account import Account, build_account
@@ -45,6 +47,7 @@ from jobs.store.tables.trials import shape_key
 
 MANIFEST = ".site-manifest.json"
 MANIFEST_VERSION = 2  # 2: a kernel's row names its stored series; the manifest says the pages' `last`
+WINDOWS_AT_ONCE = 250  # kernel pages made together (their change points found in one batch), then let go
 PAGES_A_READ = 40  # job pages whose recent histories are read together (a night's 20; a full build's
 # thousands, 40 consecutive ones at a time: what is kept in memory stays a few nights' rows)
 
@@ -228,9 +231,10 @@ def _build(store: Store, out: Path, account: Account | None, full: bool, last: i
         (out / "jobs" / f"{job_id}.html").unlink(missing_ok=True)
     if gone:
         before = None  # a job left the store: which kept series showed it is not known without them all
+    emptied: set[str] = set()  # kept series left with no point in the store
     if before is None:
         changed, kernels = sorted(stamps), {}
-        windows = [window(s, last) for s in collect(store, detect=False)]
+        windows: Iterator[Series] = (window(s, last) for s in collect(store, detect=False))
     else:
         kept = before["jobs"]
         changed = sorted(j for j, stamp in stamps.items() if kept.get(str(j)) != stamp)
@@ -238,17 +242,20 @@ def _build(store: Store, out: Path, account: Account | None, full: bool, last: i
         # a kernel page shows trials' results: only a new job, or one whose status or end moved, has new
         # ones (a new verdict or baseline changes the job's page only)
         ran = [j for j in changed if (kept.get(str(j)) or [None, None])[:2] != stamps[j][:2]]
-        windows, emptied = _touched(store, out, kernels, ran, [j for j in ran if str(j) in kept], last)
-        for slug in emptied:  # no point of it is left in the store
-            del kernels[slug]
-            for suffix in (".html", ".json"):
-                (out / "kernels" / f"{slug}{suffix}").unlink(missing_ok=True)
-    found(windows)
+        windows = _touched(store, out, kernels, ran, [j for j in ran if str(j) in kept], last, emptied)
     jobs: dict[tuple, tuple[Link, str, str]] = {}
-    for s in windows:
-        (out / "kernels" / f"{s.key.slug}.html").write_text(_kernel_page(s, last, jobs))
-        (out / "kernels" / f"{s.key.slug}.json").write_text(dumps(s))
-        kernels[s.key.slug] = _index_row(s)
+    kernel_pages = 0
+    while chunk := list(islice(windows, WINDOWS_AT_ONCE)):
+        found(chunk)
+        for s in chunk:
+            (out / "kernels" / f"{s.key.slug}.html").write_text(_kernel_page(s, last, jobs))
+            (out / "kernels" / f"{s.key.slug}.json").write_text(dumps(s))
+            kernels[s.key.slug] = _index_row(s)
+        kernel_pages += len(chunk)
+    for slug in emptied:
+        del kernels[slug]
+        for suffix in (".html", ".json"):
+            (out / "kernels" / f"{slug}{suffix}").unlink(missing_ok=True)
     recent, samples = RecentReads(store), {}
     for at, job_id in enumerate(changed):
         if at % PAGES_A_READ == 0:  # the next pages' recent histories: each job's rows read once for them
@@ -270,38 +277,44 @@ def _build(store: Store, out: Path, account: Account | None, full: bool, last: i
         "kernels": kernels,
     }
     (out / MANIFEST).write_text(json.dumps(manifest))
-    return SiteResult(pages=2 + len(windows) + len(changed), kernels=len(kernels), jobs=len(stamps))
+    return SiteResult(pages=2 + kernel_pages + len(changed), kernels=len(kernels), jobs=len(stamps))
 
 
 def _touched(
-    store: Store, out: Path, kernels: dict[str, dict], ran: list[int], shown: list[int], last: int
-) -> tuple[list[Series], set[str]]:
+    store: Store,
+    out: Path,
+    kernels: dict[str, dict],
+    ran: list[int],
+    shown: list[int],
+    last: int,
+    emptied: set[str],
+) -> Iterator[Series]:
     """The series that the jobs `ran` (new, or whose results moved; `shown`: those of them the site showed
-    before) touch, with their points now, and the kept ones left with no point. Only those jobs' trials
-    are read, and in whole a series whose kept window cannot tell its new one (site_series.merged)."""
+    before) touch, with their points now, one at a time (a night's are 2,000); the kept ones left with no
+    point go into `emptied`. Only those jobs' trials are read, and in whole a series whose kept window
+    cannot tell its new one (site_series.merged)."""
     if not ran:
-        return [], set()
+        return
     fresh = {s.key.slug: s for s in collect(store, Selection(jobs=frozenset(ran)), detect=False)}
     slugs = set(fresh)
     if shown:  # their old points may be in series they have no point in now
         series = {tuple(k) for k in store.series_keys_of(shown)}
         slugs |= {slug for slug, row in kernels.items() if tuple(row["series"]) in series}
-    windows, again, emptied = [], set(), set()
+    again = set()
     for slug in sorted(slugs):
         kept = loads(_read(out / "kernels" / f"{slug}.json")) if slug in kernels else None
-        w = None if slug in kernels and kept is None else merged(kept, fresh.get(slug), set(ran), last)
+        w = None if slug in kernels and kept is None else merged(kept, fresh.pop(slug, None), set(ran), last)
         if w is None:
             again.add(slug)
         elif w.points:
-            windows.append(w)
+            yield w
         else:
             emptied.add(slug)
     if again:  # read whole: the few series whose window lost a point that nothing kept replaces
         series = frozenset(tuple(kernels[slug]["series"]) for slug in again)
         read = [window(s, last) for s in collect(store, Selection(series=series), detect=False)]
-        windows += [s for s in read if s.key.slug in again]
+        yield from (s for s in read if s.key.slug in again)
         emptied |= again - {s.key.slug for s in read}
-    return windows, emptied
 
 
 def _read(path: Path) -> str:
