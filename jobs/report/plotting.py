@@ -107,6 +107,23 @@ def _positive(values: Any) -> list[float]:
     return out
 
 
+def _whisker_ends(values: Any, plus: list, minus: list) -> list[float]:
+    """Each value's error bar ends, v + plus and v - minus (a missing bar: 0; a value that is no number:
+    none): only the least and the greatest are used."""
+    if set(map(type, values)) | set(map(type, plus)) | set(map(type, minus)) <= {float}:  # most: in C
+        n = min(len(values), len(plus), len(minus))
+        vs = values[:n]
+        return [v + p for v, p in zip(vs, plus[:n], strict=True)] + [
+            v - m for v, m in zip(vs, minus[:n], strict=True)
+        ]
+    nums = [float(v) if isinstance(v, int | float | np.number) else None for v in values]
+    ends = []
+    for v, p, m in zip(nums, plus, minus, strict=False):
+        if v is not None:
+            ends += (v + (p or 0), v - (m or 0))
+    return ends
+
+
 def _on_axis(data: list[dict], layout: dict, axis: str) -> list[float]:
     """Every positive value the figure puts on `axis` ("xaxis", "yaxis2"): its traces' values with their
     error bars, its shapes and its annotations (all in data units), in no particular order."""
@@ -126,12 +143,7 @@ def _on_axis(data: list[dict], layout: dict, axis: str) -> list[float]:
         if pos and err.get("array") is not None:
             plus = list(err["array"])
             minus = list(err["arrayminus"]) if err.get("arrayminus") is not None else plus
-            nums = [float(v) if isinstance(v, int | float | np.number) else None for v in vs]
-            ends = []  # each value's whisker ends (only the least and the greatest are used)
-            for v, p, m in zip(nums, plus, minus, strict=False):
-                if v is not None:
-                    ends += (v + (p or 0), v - (m or 0))
-            values += _positive(ends)
+            values += _positive(_whisker_ends(vs, plus, minus))
     for shape in layout.get("shapes", ()):
         if shape.get(f"{letter}ref", letter) == ref:
             values += _positive([shape.get(f"{letter}0"), shape.get(f"{letter}1")])

@@ -405,3 +405,22 @@ def test_the_values_a_log_axis_spans_are_the_positive_finite_numbers():
     assert _positive(values) == [2.5, 1e-300, 3.0, 5.5, 6.0, 0.25]
     assert all(type(v) is float for v in _positive(values))
     assert _positive(None) == []
+
+
+def test_whisker_ends_of_plain_floats_are_those_of_the_general_path():
+    """The error bars' ends of a trace of floats (a kernel page's levels: taken in C) span what the
+    general path (None, ints, numpy numbers, missing bars) finds for the same numbers."""
+    import numpy as np
+
+    from jobs.report.plotting import _whisker_ends
+
+    rng = np.random.default_rng(3)
+    values = [float(v) for v in rng.lognormal(0, 2, 100)]
+    plus = [float(v) for v in rng.uniform(0, 1, 100)]
+    minus = [float(v) for v in rng.uniform(0, 5, 100)]
+    fast = _whisker_ends(values, plus, minus)
+    general = _whisker_ends([np.float64(v) for v in values], plus, minus)  # not all floats: the loop
+    assert sorted(fast) == sorted(general) and len(fast) == 200
+    assert min(fast) == min(v - m for v, m in zip(values, minus, strict=True))
+    assert _whisker_ends([1.0, None, 3], [0.5, 0.5, None], [0.5, 0.5, 1]) == [1.5, 0.5, 3.0, 2.0]
+    assert _whisker_ends([1.0, 2.0], [0.5], [0.5, 0.5]) == [1.5, 0.5]  # as far as the shortest goes
