@@ -73,7 +73,7 @@ def dumps(series: Series) -> str:
                 p.job_id,
                 p.job_name,
                 p.commit,
-                p.created_at.isoformat(),
+                _iso(p.created_at),
                 p.trial_id,
                 p.median_ns,
                 p.p10_ns,
@@ -81,7 +81,7 @@ def dumps(series: Series) -> str:
                 p.iqr_ns,
                 p.n,
                 p.mad_ns,
-                list(p.flags),
+                p.flags,  # a tuple: a JSON array
                 env,
             ]  # fmt: skip
         )
@@ -139,6 +139,12 @@ def _series(data: dict[str, Any]) -> Series:
         for job, name, commit, created, trial, median, p10, p90, iqr, n, mad, flags, env in data["jobs"]
     ]
     return Series(key, points)
+
+
+@lru_cache(maxsize=8192)
+def _iso(created: datetime) -> str:
+    """A job's creation time as ISO text: written once for all the series it is on."""
+    return created.isoformat()
 
 
 @lru_cache(maxsize=8192)
