@@ -46,14 +46,17 @@ def _order(p: HistoryPoint) -> tuple[datetime, int]:
 def merged(kept: Series | None, fresh: Series | None, ran: set[int], last: int) -> Series | None:
     """The window once the jobs `ran` (new ones, or ones whose results moved) were read again: `kept`
     without their points, with their points now (`fresh`), the newest `last`. None where the store must
-    be read: `kept` was full (older points may exist beyond it) and is left with fewer than `last`."""
+    be read: `kept` was full (older points may exist beyond it) and fewer than `last` points are left from
+    its oldest one on (a point of a job older than the window is no fill: one between may be newer)."""
     if kept is None and fresh is None:
         return None
     key = (kept or fresh).key  # type: ignore[union-attr]  # one of them is there
     old = [p for p in kept.points if p.job_id not in ran] if kept is not None else []
     points = old + (fresh.points if fresh is not None else [])
-    if kept is not None and len(kept.points) >= last and len(points) < last:
-        return None
+    if kept is not None and kept.points and len(kept.points) >= last:
+        oldest = _order(kept.points[0])
+        if sum(_order(p) >= oldest for p in points) < last:
+            return None
     points.sort(key=_order)
     return Series(key, points[-last:])
 

@@ -86,3 +86,12 @@ def test_a_full_window_that_loses_a_point_asks_for_the_store():
     # points ordered by creation, then job id, as the store's read orders them
     late = replace(_point(2), created_at=T0 + timedelta(days=30))
     assert [p.job_id for p in merged(kept, Series(KEY, [late]), {2}, 5).points] == [5, 6, 7, 8, 2]
+
+
+def test_a_job_older_than_a_full_window_is_no_fill_for_a_point_it_lost():
+    """Jobs 4..8 kept (full, 5); job 6 lost its point and job 1, older than the window, gained one: job 3,
+    which the window does not keep, may be newer than 1 and belong: the store must say."""
+    kept = window(_series(range(1, 9)), 5)
+    assert merged(kept, Series(KEY, [_point(1)]), {1, 6}, 5) is None
+    # a point gained at or after the window's oldest fills it
+    assert [p.job_id for p in merged(kept, Series(KEY, [_point(9)]), {6, 9}, 5).points] == [4, 5, 7, 8, 9]
