@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from jobs.errors import BadInput, NoSuchJob
-from jobs.store import Baseline, BaselineMoved, BaselinePoint, Environment, Store, TrialRow
+from jobs.store import Baseline, BaselineMoved, BaselinePoint, Environment, Store, TrialRow, baseline_points
 from kernels import registry
-from kernels.base import TrialStatus
 
 
 def point_config(t: TrialRow) -> dict[str, Any]:
@@ -104,21 +103,9 @@ def set_from_job(store: Store, job_id: int, name: str | None = None, *, force: b
                 f"(`farm baseline list --history` shows its moves)"
             )
     envs = trial_envs(store, job_id)
-    points: list[BaselinePoint] = []
-    seen: set[str] = set()
-    skipped: list[str] = []
-    for t in store.trials(job_id):
-        label = f"#{t.seq} {t.backend} {t.shape} {t.config}"
-        if t.status != TrialStatus.OK:
-            skipped.append(f"{label}: status {t.status}")
-            continue
-        cls = env_class(env_of(t, envs))
-        key = match_key(t, cls)
-        if key in seen:
-            skipped.append(f"{label}: same point as an earlier trial (differs only in variant keys)")
-            continue
-        seen.add(key)
-        points.append(BaselinePoint(key, cls, t.id))
+    taken, left = baseline_points(store.trials(job_id), lambda t: point_key(t, env_of(t, envs)))
+    points = [BaselinePoint(key, env_class(env_of(t, envs)), t.id) for key, t in taken.items()]
+    skipped = [f"#{t.seq} {t.backend} {t.shape} {t.config}: {why}" for t, why in left]
     if not points:
         raise BadInput(f"job {job_id} has no ok trial to take as a baseline")
     expect = current.job_id if current is not None else None

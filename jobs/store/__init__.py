@@ -7,7 +7,7 @@ typed records (records.py, results.py). Everything above imports its names from 
 from jobs.settings import DEFAULT_DB
 from jobs.store.engine import make_engine
 from jobs.store.errors import BaselineMoved, store_error
-from jobs.store.judging import Judging
+from jobs.store.judging import Judging, baseline_points
 from jobs.store.records import (
     AnomalyRecord,
     BaselinePoint,
@@ -46,6 +46,7 @@ from jobs.store.tables import (
 from jobs.store.trial_store import status_counts
 
 __all__ = [
+    "baseline_points",
     "DEFAULT_DB",
     "DRAFT_NEW",
     "PENDING",

@@ -182,9 +182,27 @@ def _baselines_then(s: Session, job: Job, as_of: datetime) -> list[Baseline]:
     return out
 
 
+def baseline_points(
+    trials: Iterable[TrialRow], key_of: Callable[[TrialRow], str]
+) -> tuple[dict[str, TrialRow], list[tuple[TrialRow, str]]]:
+    """The points a baseline on a job takes from its trials in grid order (`farm baseline set`, and a
+    baseline as it stood on a job it has left since): each ok trial, the first of its match key
+    (`key_of`); and the trials left out, each with why."""
+    points: dict[str, TrialRow] = {}
+    left: list[tuple[TrialRow, str]] = []
+    for t in trials:
+        if t.status != TrialStatus.OK:
+            left.append((t, f"status {t.status}"))
+        elif (k := key_of(t)) in points:
+            left.append((t, "same point as an earlier trial (differs only in variant keys)"))
+        else:
+            points[k] = t
+    return points, left
+
+
 def _points_of_job(s: Session, baseline: Baseline, key: PointKey) -> dict[str, int]:
-    """The points a baseline on its job has (jobs.judge.baselines.set_baseline's rule: each ok trial in
-    grid order, the first of a match key), from the job's trials: one whose name moved on since."""
+    """The points of a baseline on its job (`baseline_points`), from the job's trials: one whose name
+    moved on since, its stored points gone with the move."""
     trials = list(
         s.scalars(
             select(TrialRow)
@@ -194,10 +212,10 @@ def _points_of_job(s: Session, baseline: Baseline, key: PointKey) -> dict[str, i
     )
     used = {t.environment_id for t in trials if t.environment_id is not None}
     envs = {e.id: e for e in s.scalars(select(Environment).where(Environment.id.in_(used)))} if used else {}
-    points: dict[str, int] = {}
-    for t in trials:
-        points.setdefault(key(t, envs.get(t.environment_id) if t.environment_id is not None else None), t.id)
-    return points
+    points, _left = baseline_points(
+        trials, lambda t: key(t, envs.get(t.environment_id) if t.environment_id is not None else None)
+    )
+    return {k: t.id for k, t in points.items()}
 
 
 def _points(s: Session, baseline: Baseline) -> dict[str, int]:
